@@ -1,0 +1,17 @@
+# The two commands the README promises. Each sets everything up by itself (scripts/setup.sh).
+.PHONY: lab test setup
+VENV ?= .venv
+PORT ?= 8888
+LAB_ARGS ?=
+PYTEST_ARGS ?=
+
+setup:
+	bash scripts/setup.sh
+
+## make lab: set up, then open JupyterLab on the tutorials (the demo model needs no network or GPU)
+lab: setup
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(LAB_ARGS)
+
+## make test: set up, then run the whole test suite (GPU tests skip with a reason without CUDA)
+test: setup
+	HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 $(VENV)/bin/python -m pytest -ra $(PYTEST_ARGS)

@@ -1,0 +1,94 @@
+"""nvkit: Hugging Face Transformers on NVIDIA GPUs, from a notebook.
+
+``import nvkit`` is cheap and never touches CUDA: names resolve lazily to the module that holds
+them, so the server extension and ``%load_ext nvkit`` don't pay for importing torch, and a saved GPU
+selection can still be applied before any CUDA work (see ``nvkit.selection``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+
+from .errors import NvkitError
+from .events import mark
+
+__version__ = "0.1.0"
+
+# public name -> module that holds it (relative to nvkit)
+_LAZY = {
+    # GPUs
+    "GPU": "gpus", "gpus": "gpus",
+    "select_gpus": "selection", "selection": "selection", "launch_command": "selection",
+    # model choices
+    "attention_backends": "backends", "quantization_methods": "quant",
+    # the session
+    "Session": "session", "load": "session", "session": "session",
+    # memory
+    "estimate": "estimate", "Estimate": "estimate",
+    "memory_report": "memory", "Sampler": "memory",
+    "monitor": "ui.memory_chart", "MemoryChart": "ui.memory_chart",
+    # fine-tune
+    "finetune": "finetune", "FinetuneRun": "finetune", "launch": "launch",
+    # bench
+    "bench": "bench",
+    # panels
+    "panel": "ui.app", "GPUSelector": "ui.gpu_selector", "LoadPanel": "ui.load_panel",
+    "GeneratePanel": "ui.generate_panel", "FinetunePanel": "ui.finetune_panel",
+    # demo model
+    "demo": None,
+}
+
+__all__ = ["NvkitError", "mark", "__version__", *_LAZY]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'nvkit' has no attribute {name!r}")
+    where = _LAZY[name]
+    if where is None:
+        value = importlib.import_module(f".{name}", __name__)
+    else:
+        value = getattr(importlib.import_module(f".{where}", __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))
+
+
+def load_ipython_extension(ipython):
+    """``%load_ext nvkit``: register ``%nvkit`` / ``%%nvkit``."""
+    from .magics import load_ipython_extension as _load
+    _load(ipython)
+
+
+def _jupyter_server_extension_points():
+    return [{"module": "nvkit.server"}]
+
+
+def _jupyter_labextension_paths():
+    return [{"src": "labextension", "dest": "nvkit"}]
+
+
+class _Package(types.ModuleType):
+    """nvkit's module type: some public functions share their module's name (``nvkit.session()``
+    lives in ``nvkit/session.py``). Importing a submodule would rebind the package attribute to the
+    module and hide the function, so that binding is skipped; the module stays in sys.modules."""
+
+    def __setattr__(self, name, value):
+        if (_LAZY.get(name) is not None and isinstance(value, types.ModuleType)
+                and value.__name__ == f"{__name__}.{name}"):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+# A GPU choice saved before this kernel restarted is applied here, before any CUDA work (cheap: one
+# file lookup, and only inside a Jupyter kernel; no torch).
+from .selection import apply_saved as _apply_saved  # noqa: E402
+
+_apply_saved()

@@ -1,0 +1,111 @@
+"""Long work in a worker thread, with three ways to wait for it.
+
+- ``job.result()`` blocks, but joins in short slices so the notebook's Interrupt (a
+  KeyboardInterrupt in the main thread) turns into a clean stop instead of an abandoned thread.
+- ``await job`` polls with ``asyncio.sleep`` so the kernel keeps serving widget messages (a Stop
+  click) while the cell awaits; a thread join would not let them through.
+- ``job.done`` / callbacks for panels that fire and forget.
+
+Widget callbacks only set ``job.stop_event``; the worker checks it between steps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any, Callable
+
+_SLICE = 0.05  # seconds between checks for Interrupt while blocking
+
+
+class Job:
+    """A function running in a daemon thread, with a stop event it may watch."""
+
+    def __init__(self, fn: Callable[["Job"], Any], name: str = "nvkit-worker", device: Any = None):
+        self.stop_event = threading.Event()
+        self._fn = fn
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[["Job"], None]] = []
+        self._lock = threading.Lock()
+        self._device = device
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> "Job":
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            if self._device is not None:
+                # The CUDA current device is per thread: a worker starts on cuda:0 otherwise.
+                import torch
+                if torch.cuda.is_available():
+                    torch.cuda.set_device(self._device)
+            self._result = self._fn(self)
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the result
+            self._error = e
+        finally:
+            self._done.set()
+            with self._lock:
+                callbacks = list(self._callbacks)
+            for cb in callbacks:
+                try:
+                    cb(self)
+                except Exception:
+                    pass
+
+    # --- state ---------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._error
+
+    def stop(self) -> None:
+        """Ask the work to end at its next check; returns at once."""
+        self.stop_event.set()
+
+    def add_done_callback(self, cb: Callable[["Job"], None]) -> None:
+        with self._lock:
+            if not self._done.is_set():
+                self._callbacks.append(cb)
+                return
+        cb(self)
+
+    # --- waiting -------------------------------------------------------------------------------
+    def result(self, timeout: float | None = None) -> Any:
+        """Block until done. Interrupt (KeyboardInterrupt) stops the work cleanly, waits for the
+        worker to reach its stop check, then re-raises so the cell still ends as interrupted."""
+        try:
+            waited = 0.0
+            while not self._done.wait(_SLICE):
+                waited += _SLICE
+                if timeout is not None and waited >= timeout:
+                    raise TimeoutError(f"{self._thread.name} still running after {timeout} s")
+        except KeyboardInterrupt:
+            self.stop()
+            self._done.wait(30)
+            raise
+        return self._value()
+
+    def _value(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    async def wait(self) -> Any:
+        while not self._done.is_set():
+            await asyncio.sleep(_SLICE)
+        return self._value()
+
+    def __await__(self):
+        return self.wait().__await__()
+
+
+def run_in_worker(fn: Callable[[Job], Any], name: str = "nvkit-worker", device: Any = None) -> Job:
+    """Start ``fn(job)`` in a worker thread and return the Job."""
+    return Job(fn, name=name, device=device).start()
