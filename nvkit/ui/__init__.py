@@ -1,0 +1,1 @@
+"""nvkit's ipywidgets views: thin panels over the core (each with .code())."""

@@ -1,0 +1,298 @@
+"""``nvkit.GPUSelector()``: tick GPUs, order them, Apply; a view over ``nvkit.select_gpus``.
+
+The order in which GPUs are ticked is their cuda order (tick GPU 2, then GPU 0: cuda:0 is GPU 2);
+the arrow buttons move a ticked GPU earlier or later. Everything shown (env line, cuda:i mapping,
+restart warning) comes from ``nvkit.selection.plan``, the same code ``select_gpus`` runs.
+
+Widgets are created here, in the main thread; the refresh thread only sets values (~1 Hz, one
+cheap NVML read per tick).
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+
+import ipywidgets as w
+
+from ..errors import NvkitError
+from ..gpus import FAKE_ENV, fmt_bytes, gpus, nvml_status
+from ..selection import _inherited, launch_command, plan, select_gpus, selection, startup_env
+
+_MODES = [("Chosen GPUs", "gpus"), ("All GPUs", "all"), ("CPU only", "cpu")]
+
+
+class _Row:
+    """The widgets of one GPU's line."""
+
+    def __init__(self, g, on_check, on_move):
+        self.index = g.index
+        self.check = w.Checkbox(value=False, description=f"GPU {g.index}", indent=False,
+                                layout=w.Layout(width="80px"))
+        self.check.add_class("nvkit-gpu-check")
+        self.check.observe(lambda ch: on_check(g.index, ch["new"]), "value")
+        self.slot = w.HTML("", layout=w.Layout(width="60px"))
+        self.slot.add_class("nvkit-cuda-slot")
+        name = w.HTML(f"<b>{html.escape(g.name)}</b>", layout=w.Layout(width="200px"))
+        arch = w.HTML(f"{html.escape(g.architecture)} · cc {g.capability_str}"
+                      + (" · MIG" if g.mig_mode else ""), layout=w.Layout(width="140px"))
+        arch.add_class("nvkit-gpu-arch")
+        self.bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="180px"))
+        self.bar.add_class("nvkit-mem-bar")
+        self.mem = w.HTML("", layout=w.Layout(width="190px"))
+        self.mem.add_class("nvkit-mem-label")
+        self.util = w.HTML("", layout=w.Layout(width="70px"))
+        self.util.add_class("nvkit-util")
+        self.up = w.Button(icon="arrow-up", tooltip="earlier in cuda order",
+                           layout=w.Layout(width="36px"))
+        self.up.add_class("nvkit-move-up")
+        self.up.on_click(lambda _b: on_move(g.index, -1))
+        self.down = w.Button(icon="arrow-down", tooltip="later in cuda order",
+                             layout=w.Layout(width="36px"))
+        self.down.add_class("nvkit-move-down")
+        self.down.on_click(lambda _b: on_move(g.index, +1))
+        bus = w.HTML(f"<span style='color:var(--jp-ui-font-color2)'>{html.escape(g.pci_bus_id)}</span>",
+                     layout=w.Layout(width="150px"))
+        self.box = w.HBox([self.check, self.slot, name, arch, self.bar, self.mem, self.util,
+                           self.up, self.down, bus], layout=w.Layout(align_items="center"))
+        self.box.add_class("nvkit-gpu-row")
+        self.box.add_class(f"nvkit-gpu-{g.index}")
+        self.update(g)
+
+    def update(self, g) -> None:
+        frac = g.memory_used / g.memory_total if g.memory_total else 0.0
+        if abs(self.bar.value - frac) > 1e-6:
+            self.bar.value = frac
+        style = "danger" if frac > 0.9 else "warning" if frac > 0.7 else "info"
+        if self.bar.bar_style != style:
+            self.bar.bar_style = style
+        mem = f"{fmt_bytes(g.memory_used)} / {fmt_bytes(g.memory_total)}"
+        if self.mem.value != mem:
+            self.mem.value = mem
+        util = "util -" if g.utilization is None else f"util {g.utilization}%"
+        if self.util.value != util:
+            self.util.value = util
+
+
+class GPUSelector(w.VBox):
+    """One row per GPU (tick, name, architecture, capability, live memory bar, utilization),
+    an order, a CPU-only choice and Apply. ``.code()`` is the Python that does the same."""
+
+    def __init__(self, refresh_interval: float | None = 1.0, **kwargs):
+        self._syncing = False
+        self._order: list[int] = []
+        try:
+            found = gpus(processes=False)
+            problem = None if found else nvml_status().reason
+        except NvkitError as e:
+            found, problem = [], str(e)
+        self._gpus = found
+        self._rows = {g.index: _Row(g, self._on_check, self._on_move) for g in found}
+        allowed, _ = _inherited(found)
+        for idx, r in self._rows.items():
+            if allowed is not None and idx not in allowed:   # outside the kernel's inherited set
+                r.check.disabled = True
+                r.box.add_class("nvkit-gpu-unavailable")
+
+        self.header = w.HTML(self._header_html(found, problem))
+        self.header.add_class("nvkit-gpu-header")
+        self.mode = w.ToggleButtons(options=_MODES, value="all", style={"button_width": "110px"})
+        self.mode.add_class("nvkit-mode")
+        self.mode.observe(self._on_mode, "value")
+        self.apply_button = w.Button(description="Apply", button_style="primary", icon="check")
+        self.apply_button.add_class("nvkit-apply")
+        self.apply_button.on_click(lambda _b: self.apply())
+        self.env_line = w.HTML()
+        self.env_line.add_class("nvkit-env-line")
+        self.mapping = w.HTML()
+        self.mapping.add_class("nvkit-mapping")
+        self.status = w.HTML()
+        self.status.add_class("nvkit-status")
+
+        self._load_current()
+        rows = [r.box for r in self._rows.values()]
+        super().__init__(children=[self.header, *rows, w.HBox([self.mode, self.apply_button]),
+                                   self.env_line, self.mapping, self.status], **kwargs)
+        self.add_class("nvkit-gpu-selector")
+        self._refresh_preview()
+
+        self._stop = threading.Event()
+        self._thread = None
+        if refresh_interval and found:
+            self._thread = threading.Thread(target=self._refresh_loop, args=(float(refresh_interval),),
+                                            name="nvkit-gpu-selector", daemon=True)
+            self._thread.start()
+
+    # --- state -----------------------------------------------------------------------------------
+    @property
+    def choice(self) -> tuple[int, ...] | None:
+        """What Apply would select: nvidia-smi indices in cuda order, () for CPU, None for all."""
+        if self.mode.value == "all":
+            return None
+        if self.mode.value == "cpu":
+            return ()
+        return tuple(self._order)
+
+    def code(self) -> str:
+        c = self.choice
+        if c is None:
+            call = "nvkit.select_gpus(None)  # all GPUs"
+        elif c == ():
+            call = "nvkit.select_gpus([])  # CPU only"
+        else:
+            call = f"nvkit.select_gpus({list(c)})"
+        return f"import nvkit\n{call}\n"
+
+    def apply(self):
+        """Run ``nvkit.select_gpus`` with the current choice; returns its Selection (None on error)."""
+        if self.mode.value == "gpus" and not self._order:
+            self._show_status("error", "Tick at least one GPU, or choose CPU only / All GPUs.")
+            return None
+        try:
+            sel = select_gpus(self.choice)
+        except NvkitError as e:
+            self._show_status("error", str(e))
+            return None
+        if sel.restart_needed:
+            saved = ("Saved: it is applied when this kernel restarts (Kernel ▸ Restart), as soon as "
+                     "nvkit is imported." if sel.saved else
+                     f"Start the process again with <code>{html.escape(sel.env_line)}</code>.")
+            self._show_status("restart", "CUDA is already initialised in this kernel, so this choice "
+                              f"takes effect only after a kernel restart. {saved}")
+        else:
+            self._show_status("ok", f"Applied: <code>{html.escape(sel.env_line)}</code> is in force "
+                              "for this kernel (CUDA reads it at its first use).")
+        self._refresh_preview(keep_status=True)
+        return sel
+
+    def close(self):
+        self._stop.set()
+        for r in self._rows.values():
+            r.box.close()
+        super().close()
+
+    # --- events ----------------------------------------------------------------------------------
+    def _on_check(self, index: int, ticked: bool) -> None:
+        if self._syncing:
+            return
+        if ticked and index not in self._order:
+            self._order.append(index)
+        elif not ticked and index in self._order:
+            self._order.remove(index)
+        if self.mode.value != "gpus":
+            self._syncing = True
+            try:
+                self.mode.value = "gpus"
+            finally:
+                self._syncing = False
+        self._refresh_preview()
+
+    def _on_move(self, index: int, step: int) -> None:
+        if index not in self._order:
+            return
+        i = self._order.index(index)
+        j = max(0, min(len(self._order) - 1, i + step))
+        self._order[i], self._order[j] = self._order[j], self._order[i]
+        self._refresh_preview()
+
+    def _on_mode(self, change) -> None:
+        if self._syncing:
+            return
+        if change["new"] in ("all", "cpu"):
+            self._order = []
+            self._sync_checks()
+        self._refresh_preview()
+
+    # --- drawing ---------------------------------------------------------------------------------
+    def _load_current(self) -> None:
+        """Start from the choice in force (or waiting for a restart)."""
+        try:
+            cur = selection()
+        except NvkitError:
+            return
+        if cur.pending is not None:
+            cur = cur.pending
+        env_set = cur.env.get("CUDA_VISIBLE_DEVICES") is not None
+        self._syncing = True
+        try:
+            if cur.choice == ():
+                self.mode.value = "cpu"
+            elif cur.choice is not None and env_set and all(i in self._rows for i in cur.choice):
+                self._order = list(cur.choice)
+                self.mode.value = "gpus"
+        finally:
+            self._syncing = False
+        self._sync_checks()
+
+    def _sync_checks(self) -> None:
+        self._syncing = True
+        try:
+            for idx, r in self._rows.items():
+                r.check.value = idx in self._order
+                pos = self._order.index(idx) if idx in self._order else None
+                r.slot.value = "" if pos is None else f"<code>cuda:{pos}</code>"
+                r.up.disabled = pos is None or pos == 0
+                r.down.disabled = pos is None or pos == len(self._order) - 1
+        finally:
+            self._syncing = False
+
+    def _header_html(self, found, problem) -> str:
+        if not found:
+            return (f"<b>No GPUs</b>: {html.escape(problem or 'none found')}. "
+                    "CPU only is the one choice here.")
+        src = (f" <i>(fake inventory from {FAKE_ENV})</i>" if found[0].fake else "")
+        text = (f"<b>{len(found)} GPU(s)</b>{src}. Tick GPUs in the order you want them as "
+                "cuda:0, cuda:1, …; the arrows reorder them.")
+        inherited = startup_env().get("CUDA_VISIBLE_DEVICES")
+        if inherited is not None:
+            text += (f"<br>This kernel started with <code>CUDA_VISIBLE_DEVICES={html.escape(inherited)}"
+                     "</code>: only those GPUs can be chosen; indices here are nvidia-smi's.")
+        return text
+
+    def _refresh_preview(self, keep_status: bool = False) -> None:
+        self._sync_checks()
+        self.apply_button.disabled = self.mode.value == "gpus" and not self._order
+        if not keep_status:
+            self.status.value = ""
+        if self.mode.value == "gpus" and not self._order:
+            self.env_line.value = "<i>Tick at least one GPU.</i>"
+            self.mapping.value = ""
+            return
+        try:
+            p = plan(self.choice)
+            line = launch_command("train.py", gpus=self.choice)
+        except NvkitError as e:
+            self.env_line.value = ""
+            self.mapping.value = ""
+            self._show_status("error", str(e))
+            return
+        self.env_line.value = (f"<code class='nvkit-env'>{html.escape(p.env_line)}</code>"
+                               + ("" if p.env.get("CUDA_VISIBLE_DEVICES") is not None
+                                  else " <i>(CUDA_VISIBLE_DEVICES unset: every GPU)</i>"))
+        items = "".join(f"<li>{html.escape(str(d))}</li>" for d in p.devices) \
+            or "<li>no cuda devices: torch runs on the CPU</li>"
+        notes = "".join(f"<li><i>{html.escape(n)}</i></li>" for n in p.notes)
+        self.mapping.value = (f"<ul style='margin:2px 0'>{items}{notes}</ul>"
+                              f"<span>for a script: <code>{html.escape(line)}</code></span>")
+        if p.restart_needed and not keep_status:
+            self._show_status("restart", "CUDA is already initialised in this kernel: this choice "
+                              "will take effect only after a kernel restart (Apply saves it for the "
+                              "restart).")
+
+    def _show_status(self, kind: str, message_html: str) -> None:
+        color = {"ok": "var(--jp-success-color1, green)", "error": "var(--jp-error-color1, red)",
+                 "restart": "var(--jp-warn-color1, orange)"}[kind]
+        cls = {"ok": "nvkit-applied", "error": "nvkit-error", "restart": "nvkit-restart-warning"}[kind]
+        body = message_html if kind != "error" else html.escape(message_html)
+        self.status.value = f"<div class='{cls}' style='color:{color}'>{body}</div>"
+
+    # --- live values -----------------------------------------------------------------------------
+    def _refresh_loop(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            try:
+                for g in gpus(processes=False):
+                    row = self._rows.get(g.index)
+                    if row is not None:
+                        row.update(g)
+            except Exception:  # NVML gone (driver reset) or widget closed: stop quietly
+                return
