@@ -22,7 +22,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse that raises instead of exiting the kernel."""
 
     def error(self, message):
-        raise NvkitError(f"%nvkit {self.prog.split()[-1]}: {message}\n\n{self.format_usage().strip()}")
+        raise NvkitError(f"%nvkit {self.prog.split()[-1]}: {message}\n\n{self.format_usage().strip().replace('usage: ', 'usage: %')}")
 
     def exit(self, status=0, message=None):
         if message:
@@ -51,7 +51,8 @@ def command(name: str, help: str):
 def _parser_for(name: str) -> "_Parser":
     parser, fn = COMMANDS[name]
     if parser is None:
-        parser = _Parser(prog=f"%nvkit {name}", description=fn.help, add_help=True)
+        # no "%" in prog: argparse %-formats it into its messages
+        parser = _Parser(prog=f"nvkit {name}", description=fn.help, add_help=True)
         for args, kwargs in getattr(fn, "_arguments", []):
             parser.add_argument(*args, **kwargs)
         COMMANDS[name] = (parser, fn)
@@ -220,7 +221,8 @@ def _cmd_unload(args, cell):
         return None
     freed = s.unload()
     from .memory import fmt_bytes
-    print(f"Unloaded {s.model_id}: {fmt_bytes(freed)} freed.")
+    report = getattr(s, "unload_report", None)
+    print(report if report is not None else f"Unloaded {s.model_id}: {fmt_bytes(freed)} freed.")
 
 
 @command("stop", "stop the generation or fine-tune running in the background")
@@ -286,6 +288,30 @@ def _cmd_finetune(args, cell):
     print(f"{'Stopped' if run.stopped else 'Done'}: {sm['steps']} steps in {sm['seconds']:.1f} s · "
           f"{sm['tokens_per_s']:.0f} tok/s · adapter {sm['adapter_dir']}")
     return None
+
+
+@arg("--unit", default="auto", help="auto (human sizes), bytes, MiB or GiB")
+@arg("--reset", action="store_true", help="start a new peak window after printing")
+@command("memory", "GPU memory per device: NVML used vs torch allocated/reserved, the rest, peaks, prediction")
+def _cmd_memory(args, cell):
+    from . import memory
+    if args.unit == "auto":
+        print(memory.format_report())
+    else:
+        print(memory.memory_report(unit=args.unit).to_string())
+    if args.reset:
+        memory.reset_peak()
+
+
+@arg("text", nargs="*", help="what to write on the memory chart")
+@command("mark", "put an event on the memory chart: mark before LoRA")
+def _cmd_mark(args, cell):
+    from .events import mark
+    text = " ".join(args.text) or (cell or "").strip()
+    if not text:  # checked here: argparse's own "required" message trips over the % in the prog name
+        raise NvkitError("%nvkit mark needs a text, e.g. %nvkit mark before LoRA")
+    ev = mark(text)
+    print(f"marked at {ev.t:.1f} s: {ev.text}")
 
 
 # --- IPython glue ------------------------------------------------------------------------------

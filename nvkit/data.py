@@ -1,0 +1,278 @@
+"""Training data for ``nvkit.finetune``: read, check, tokenize, pack, batch.
+
+Accepted shapes (a list, or a local .jsonl/.json/.csv/.txt file holding them):
+- plain strings (or ``{"text": ...}``): loss on every token;
+- ``{"prompt": ..., "response": ...}``: rendered with the chat template when the tokenizer has one
+  (as a user turn and an assistant turn), plain ``prompt + response`` otherwise; loss on the response;
+- chat messages (``{"messages": [...]}`` or a bare list of ``{"role", "content"}``): rendered with the
+  chat template; loss on the assistant turns.
+
+Everything is checked before training starts, so a typo in a key fails in a second instead of after
+the model has been prepared. Batches are right-padded: under causal attention a pad at the end never
+influences an earlier token, so no attention mask is needed and SDPA/FlashAttention keep their
+fast causal path.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass
+
+from .errors import NvkitError, require
+
+IGNORE = -100
+_ROLES = ("system", "user", "assistant", "tool")
+
+
+@dataclass
+class Example:
+    input_ids: list[int]
+    labels: list[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+
+# --- reading -------------------------------------------------------------------------------------
+
+def read(data) -> list:
+    """The raw examples from a list or a local file (no tokenization yet)."""
+    if isinstance(data, (str, os.PathLike)):
+        return _read_file(os.fspath(data))
+    if isinstance(data, tuple):
+        data = list(data)
+    require(isinstance(data, list),
+            f"data must be a list of examples or a path to a local .jsonl/.json/.csv/.txt file, not {type(data).__name__}.")
+    require(len(data) > 0, "data is empty: give at least one example, e.g. ['NVIDIA GPUs are fast.'] or "
+                           "[{'prompt': 'Hi', 'response': 'Hello!'}].")
+    return data
+
+
+def _read_file(path: str) -> list:
+    p = os.path.expanduser(path)
+    if not os.path.isfile(p):
+        raise NvkitError(f"data file {path!r} not found. Give a local .jsonl, .json, .csv or .txt file, or a list of examples.")
+    ext = os.path.splitext(p)[1].lower()
+    try:
+        with open(p, encoding="utf-8") as f:
+            if ext in (".jsonl", ".ndjson"):
+                rows = []
+                for i, line in enumerate(f, 1):
+                    if line.strip():
+                        try:
+                            rows.append(json.loads(line))
+                        except json.JSONDecodeError as e:
+                            raise NvkitError(f"{path}, line {i}: not valid JSON ({e.msg}). Each line must be one JSON "
+                                             "example: a string, {'text'}, {'prompt','response'} or {'messages'}.") from e
+            elif ext == ".json":
+                try:
+                    rows = json.load(f)
+                except json.JSONDecodeError as e:
+                    raise NvkitError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}).") from e
+                require(isinstance(rows, list), f"{path} must hold a JSON list of examples, not a {type(rows).__name__}.")
+            elif ext in (".csv", ".tsv"):
+                rows = list(csv.DictReader(f, delimiter="\t" if ext == ".tsv" else ","))
+            elif ext in (".txt", ".text", ".md", ""):
+                # One example per paragraph (blank-line separated) keeps multi-line examples whole.
+                rows = [block.strip() for block in f.read().split("\n\n") if block.strip()]
+            else:
+                raise NvkitError(f"Unsupported data file type {ext!r} ({path}). Use .jsonl, .json, .csv or .txt.")
+    except UnicodeDecodeError as e:
+        raise NvkitError(f"{path} is not UTF-8 text: {e}.") from e
+    require(len(rows) > 0, f"{path} holds no examples.")
+    return rows
+
+
+def kind_of(data) -> str:
+    """'text', 'prompt-response' or 'chat' (by the first example; mixing is checked later)."""
+    first = read(data)[0]
+    return _kind(first, 0)
+
+
+def _kind(ex, i: int) -> str:
+    if isinstance(ex, str):
+        return "text"
+    if isinstance(ex, list):
+        return "chat"
+    if isinstance(ex, dict):
+        keys = set(ex)
+        if "messages" in keys:
+            return "chat"
+        if {"prompt", "response"} <= keys:
+            return "prompt-response"
+        if "text" in keys:
+            return "text"
+        raise NvkitError(f"Example {i} has keys {sorted(keys)}; expected 'text', 'prompt' and 'response', or "
+                         "'messages' (a list of {'role', 'content'}).")
+    raise NvkitError(f"Example {i} is a {type(ex).__name__}; expected a string, a dict with 'text', "
+                     "'prompt'/'response' or 'messages', or a list of chat messages.")
+
+
+# --- tokenizing ----------------------------------------------------------------------------------
+
+def _text(value, i: int, key: str) -> str:
+    if not isinstance(value, str):
+        raise NvkitError(f"Example {i}: {key!r} must be a string, not {type(value).__name__}.")
+    if not value.strip():
+        raise NvkitError(f"Example {i}: {key!r} is empty.")
+    return value
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _eos(tokenizer) -> list[int]:
+    return [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+
+
+def _messages(ex, i: int) -> list[dict]:
+    msgs = ex["messages"] if isinstance(ex, dict) else ex
+    require(isinstance(msgs, list) and msgs, f"Example {i}: 'messages' must be a non-empty list of {{'role', 'content'}}.")
+    for j, m in enumerate(msgs):
+        require(isinstance(m, dict) and "role" in m and "content" in m,
+                f"Example {i}, message {j}: each message needs 'role' and 'content', got {m!r:.80}.")
+        require(m["role"] in _ROLES, f"Example {i}, message {j}: role {m['role']!r} is not one of {', '.join(_ROLES)}.")
+        _text(m["content"], i, f"messages[{j}].content")
+    require(any(m["role"] == "assistant" for m in msgs),
+            f"Example {i} has no assistant message: there is nothing to learn (loss is on the assistant turns).")
+    return msgs
+
+
+def _chat_example(tokenizer, msgs: list[dict]) -> Example:
+    """Render with the chat template, one turn at a time, so that the tokens of each assistant turn
+    are known exactly and only they get labels."""
+    ids: list[int] = []
+    labels: list[int] = []
+    rendered = ""
+    for j, m in enumerate(msgs):
+        if m["role"] == "assistant":
+            prefix = tokenizer.apply_chat_template(msgs[:j], add_generation_prompt=True, tokenize=False)
+            full = tokenizer.apply_chat_template(msgs[:j + 1], tokenize=False)
+            # the generation prompt is context, the assistant text (and its end-of-turn) is the target
+            ctx, target = prefix[len(rendered):], full[len(prefix):]
+            c, t = _encode(tokenizer, ctx), _encode(tokenizer, target)
+            ids += c + t
+            labels += [IGNORE] * len(c) + t
+            rendered = full
+    tail = tokenizer.apply_chat_template(msgs, tokenize=False)[len(rendered):]
+    if tail:
+        c = _encode(tokenizer, tail)
+        ids += c
+        labels += [IGNORE] * len(c)
+    return Example(ids, labels)
+
+
+def tokenize(data, tokenizer, seq_len: int) -> tuple[list[Example], str]:
+    """Check and tokenize every example; returns (examples, kind). Raises NvkitError on the first
+    bad one, naming its index and what to fix."""
+    rows = read(data)
+    kind = _kind(rows[0], 0)
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    out: list[Example] = []
+    too_long = []
+    for i, ex in enumerate(rows):
+        k = _kind(ex, i)
+        if k != kind:
+            raise NvkitError(f"Example {i} is {k} but example 0 is {kind}: use one kind of example per run.")
+        if k == "text":
+            text = _text(ex if isinstance(ex, str) else ex["text"], i, "text")
+            ids = _encode(tokenizer, text) + _eos(tokenizer)
+            e = Example(ids, list(ids))
+        elif k == "prompt-response":
+            prompt, response = _text(ex["prompt"], i, "prompt"), _text(ex["response"], i, "response")
+            if has_template:
+                e = _chat_example(tokenizer, [{"role": "user", "content": prompt},
+                                              {"role": "assistant", "content": response}])
+            else:
+                p, r = _encode(tokenizer, prompt), _encode(tokenizer, response) + _eos(tokenizer)
+                e = Example(p + r, [IGNORE] * len(p) + r)
+        else:
+            if not has_template:
+                raise NvkitError("Chat examples need a tokenizer with a chat template, and this one has none. "
+                                 "Use {'prompt', 'response'} or plain text examples instead.")
+            e = _chat_example(tokenizer, _messages(ex, i))
+        if len(e) < 2 or all(t == IGNORE for t in e.labels[1:]):
+            raise NvkitError(f"Example {i} has nothing to learn from after tokenization (too short or no target tokens).")
+        if len(e) > seq_len:
+            too_long.append((i, len(e)))
+        out.append(e)
+    if too_long:
+        worst = max(n for _, n in too_long)
+        listed = ", ".join(f"#{i} ({n} tokens)" for i, n in too_long[:5]) + (" ..." if len(too_long) > 5 else "")
+        raise NvkitError(f"{len(too_long)} example(s) are longer than seq_len={seq_len}: {listed}. "
+                         f"Raise seq_len to at least {worst}, or shorten/split those examples.")
+    return out, kind
+
+
+def pack(examples: list[Example], seq_len: int) -> list[Example]:
+    """Concatenate examples into blocks of at most seq_len tokens, in order, never splitting one.
+    Fewer, fuller rows mean less padding (no wasted FLOPs); attention crosses example boundaries
+    inside a block (each example ends with EOS), the usual trade-off of packing."""
+    blocks: list[Example] = []
+    cur = Example([], [])
+    for e in examples:
+        if len(cur) + len(e) > seq_len and len(cur):
+            blocks.append(cur)
+            cur = Example([], [])
+        # An example's first token is not a target: predicting it from the previous example's
+        # last token would teach the model an arbitrary order of examples.
+        cur.labels += ([IGNORE] + e.labels[1:]) if len(cur) else list(e.labels)
+        cur.input_ids += e.input_ids
+    if len(cur):
+        blocks.append(cur)
+    return blocks
+
+
+class Collator:
+    """Right-pads a list of examples into (input_ids, labels) tensors; lengths are rounded up to a
+    multiple of ``pad_to`` so compiled regions see few distinct shapes. Adds ``num_tokens`` (the
+    real tokens in the batch, for tokens/s)."""
+
+    def __init__(self, pad_id: int, pad_to: int = 8):
+        self.pad_id = int(pad_id)
+        self.pad_to = max(1, int(pad_to))
+
+    def __call__(self, batch):
+        import torch
+        rows = [b if isinstance(b, Example) else Example(b["input_ids"], b["labels"]) for b in batch]
+        n = max(len(r) for r in rows)
+        n = -(-n // self.pad_to) * self.pad_to
+        ids = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
+        labels = torch.full((len(rows), n), IGNORE, dtype=torch.long)
+        for i, r in enumerate(rows):
+            ids[i, :len(r)] = torch.tensor(r.input_ids, dtype=torch.long)
+            labels[i, :len(r)] = torch.tensor(r.labels, dtype=torch.long)
+        return {"input_ids": ids, "labels": labels, "num_tokens": sum(len(r) for r in rows)}
+
+
+class ListDataset:
+    """A map-style dataset over examples (what Trainer's DataLoader needs)."""
+
+    def __init__(self, examples: list[Example]):
+        self.examples = examples
+
+    def __len__(self):
+        return len(self.examples)
+
+    def __getitem__(self, i):
+        return self.examples[i]
+
+
+def prepare(data, tokenizer, seq_len: int, packing) -> tuple[list[Example], dict]:
+    """tokenize + (optionally) pack; returns (rows, facts for the run's info)."""
+    require(isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len >= 8,
+            f"seq_len must be a whole number ≥ 8, not {seq_len!r}.")
+    examples, kind = tokenize(data, tokenizer, seq_len)
+    if packing == "auto":
+        # Supervised examples stay separate: packing them would let a response attend to an
+        # unrelated earlier prompt.
+        packing = kind == "text"
+    require(isinstance(packing, bool), f"packing must be True, False or 'auto', not {packing!r}.")
+    rows = pack(examples, seq_len) if packing else examples
+    n_tokens = sum(len(e) for e in examples)
+    return rows, {"kind": kind, "examples": len(examples), "rows": len(rows), "tokens": n_tokens,
+                  "target_tokens": sum(1 for e in examples for t in e.labels[1:] if t != IGNORE),
+                  "packing": packing}

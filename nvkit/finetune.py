@@ -1,0 +1,648 @@
+"""Short LoRA / QLoRA fine-tunes of the loaded model, in a worker thread: ``nvkit.finetune``.
+
+The loop is transformers' ``Trainer`` (so the settings mean what the guide says they mean) with its
+notebook progress bar off — it would print into whichever cell happens to run — and an nvkit
+callback that records each logged step into ``FinetuneRun.history``, puts steps and checkpoints on
+the event log (the memory chart draws them) and turns ``run.stop()`` into "end after this step".
+
+Speed and memory (the H200 numbers live in the issue and in ``nvkit.bench_lora``):
+- the loss never materializes the full logits: ``fused_linear_cross_entropy`` runs the LM head and
+  the cross-entropy chunk by chunk and keeps only the gradient of the hidden states (the idea of
+  Liger's fused linear cross-entropy, in plain torch so it also runs on CPU); with Qwen3's 152k
+  vocabulary the logits and their fp32 copies are most of plain PEFT's peak;
+- rows are packed (no pad FLOPs) and right-padded only, so attention keeps its causal fast path;
+- on CUDA, each decoder layer is compiled (``compile="auto"``; regional, so it compiles once and
+  every layer reuses it), which fuses norms, SwiGLU, RoPE, LoRA dropout and the adapter adds;
+- Liger's Triton RMSNorm/SwiGLU replace the eager ones when compile is off and liger is installed;
+- fused AdamW on CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import tempfile
+import threading
+import time
+
+from . import events
+from .errors import NvkitError, require
+from .memory import fmt_bytes, rss_bytes
+from .threads import Job, run_in_worker
+
+DEFAULT_LORA = dict(r=16, alpha=32, dropout=0.05, target_modules="all-linear")
+# Model types whose causal-LM head is a plain (optionally tied) linear with no logit scaling or
+# soft-capping, so the fused loss computes exactly what the model's own loss would.
+_FUSED_LOSS_TYPES = {"qwen2", "qwen3", "llama", "mistral", "qwen2_moe", "qwen3_moe", "phi3", "olmo2", "smollm3"}
+_LIGER_TYPES = {"qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "smollm3"}
+
+
+# --- decisions (pure functions, tested directly) ------------------------------------------------
+
+def precision(device_type: str, capability: tuple[int, int] | None) -> str:
+    """'bf16' on CUDA with compute capability ≥ 8.0 (Ampere+), 'fp16' on older CUDA GPUs, 'fp32' on
+    CPU. ``torch.cuda.is_bf16_supported()`` says True on some pre-Ampere GPUs (emulated, slow), and
+    ``TrainingArguments(bf16=True)`` raises on CPU, so the decision is made here."""
+    if device_type != "cuda":
+        return "fp32"
+    return "bf16" if capability is not None and tuple(capability) >= (8, 0) else "fp16"
+
+
+def liger_decision(liger, device_type: str, model_type: str) -> tuple[bool, str]:
+    """(use Liger kernels?, why) for liger=True/False/'auto'."""
+    require(liger in (True, False, "auto"), f"liger must be True, False or 'auto', not {liger!r}.")
+    if liger is False:
+        return False, "off (liger=False)"
+    why_not = None
+    if device_type != "cuda":
+        why_not = "Liger's kernels are Triton (CUDA only) and the model is on the CPU"
+    elif model_type not in _LIGER_TYPES:
+        why_not = f"model type {model_type!r} is not one nvkit applies Liger to ({', '.join(sorted(_LIGER_TYPES))})"
+    else:
+        try:
+            import liger_kernel  # noqa: F401
+        except ImportError:
+            why_not = "liger-kernel is not installed (pip install 'nvkit[cuda]' or pip install liger-kernel)"
+    if why_not is None:
+        return True, "on (RMSNorm, SwiGLU)"
+    if liger is True:
+        raise NvkitError(f"liger=True but {why_not}. Use liger='auto' to fall back silently, or liger=False.")
+    return False, f"off: {why_not}"
+
+
+def _check_lora(lora) -> dict:
+    require(isinstance(lora, dict), f"lora must be a dict like {DEFAULT_LORA}, not {type(lora).__name__}.")
+    unknown = set(lora) - {"r", "alpha", "dropout", "target_modules", "bias", "use_rslora", "use_dora"}
+    require(not unknown, f"Unknown LoRA setting(s) {sorted(unknown)}: use r, alpha, dropout, target_modules "
+                         "(and optionally bias, use_rslora, use_dora).")
+    cfg = {**DEFAULT_LORA, **lora}
+    r = cfg["r"]
+    require(isinstance(r, int) and not isinstance(r, bool) and r >= 1, f"lora r must be a whole number ≥ 1, not {r!r}.")
+    require(isinstance(cfg["alpha"], (int, float)) and cfg["alpha"] > 0, f"lora alpha must be > 0, not {cfg['alpha']!r}.")
+    require(isinstance(cfg["dropout"], (int, float)) and 0 <= cfg["dropout"] < 1,
+            f"lora dropout must be in [0, 1), not {cfg['dropout']!r}.")
+    tm = cfg["target_modules"]
+    require(tm == "all-linear" or (isinstance(tm, (list, tuple)) and tm and all(isinstance(t, str) for t in tm)),
+            f"lora target_modules must be 'all-linear' or a list of module names like ['q_proj', 'v_proj'], not {tm!r}.")
+    return cfg
+
+
+def _pos_int(name, v, allow_none=False):
+    if v is None and allow_none:
+        return None
+    require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{name} must be a whole number ≥ 1, not {v!r}.")
+    return v
+
+
+# --- the fused loss ------------------------------------------------------------------------------
+
+def _chunk_rows(vocab: int) -> int:
+    # ~256 MiB of fp32 logits per chunk: big enough for efficient matmuls, small next to activations
+    return max(16, min(4096, (1 << 26) // max(vocab, 1)))
+
+
+def fused_linear_cross_entropy(hidden, weight, labels, chunk: int | None = None):
+    """Mean cross-entropy of ``hidden @ weight.T`` against ``labels`` (-100 = ignore), computed chunk
+    by chunk: the full (tokens × vocab) logits never exist, and the backward needs no recompute
+    because each chunk's gradient w.r.t. ``hidden`` is formed right away. ``hidden`` (N, H),
+    ``labels`` (N,) already aligned (shifted) with ``hidden``."""
+    return _FusedLinearCE.apply(hidden, weight, labels, chunk or _chunk_rows(weight.shape[0]))
+
+
+def _fused_ce_class():
+    import torch
+
+    class FusedLinearCE(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, hidden, weight, labels, chunk):
+            n = hidden.shape[0]
+            valid_all = labels != -100
+            count = int(valid_all.sum())
+            need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+            grad_h = torch.zeros_like(hidden) if need_h else None
+            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
+            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+            denom = max(count, 1)
+            for s in range(0, n, chunk):
+                y = labels[s:s + chunk]
+                valid = valid_all[s:s + chunk]
+                if not bool(valid.any()):
+                    continue
+                h = hidden[s:s + chunk]
+                logits = (h @ weight.t()).float()
+                lse = torch.logsumexp(logits, dim=-1)
+                yy = y.clamp_min(0)
+                target = logits.gather(1, yy[:, None]).squeeze(1)
+                total += ((lse - target) * valid).sum()
+                if need_h or need_w:
+                    # d(mean CE)/d(logits) = (softmax - onehot) / count, formed in place
+                    g = logits.sub_(lse[:, None]).exp_()
+                    g.scatter_add_(1, yy[:, None], -torch.ones_like(lse)[:, None])
+                    g.mul_((valid.to(g.dtype) / denom)[:, None])
+                    g = g.to(h.dtype)
+                    if need_h:
+                        grad_h[s:s + chunk] = g @ weight
+                    if need_w:
+                        grad_w += (g.t() @ h).float()
+            ctx.save_for_backward(*(t for t in (grad_h, grad_w) if t is not None))
+            ctx.has = (need_h, need_w)
+            ctx.w_dtype = weight.dtype
+            return total / denom
+
+        @staticmethod
+        def backward(ctx, grad_out):
+            saved = list(ctx.saved_tensors)
+            need_h, need_w = ctx.has
+            gh = gw = None
+            if need_h:
+                g = saved.pop(0)
+                gh = g * grad_out.to(g.dtype)
+            if need_w:
+                gw = (saved.pop(0) * grad_out).to(ctx.w_dtype)
+            return gh, gw, None, None
+
+    return FusedLinearCE
+
+
+class _FusedLinearCE:
+    """Builds the autograd Function on first use, so importing this module doesn't import torch."""
+    _cls = None
+
+    @classmethod
+    def apply(cls, *args):
+        if cls._cls is None:
+            cls._cls = _fused_ce_class()
+        return cls._cls.apply(*args)
+
+
+def _causal_lm(model):
+    """The transformers causal-LM module under a PEFT wrapper (or the model itself)."""
+    get = getattr(model, "get_base_model", None)
+    return get() if callable(get) else model
+
+
+def fused_loss_supported(model) -> tuple[bool, str]:
+    lm = _causal_lm(model)
+    cfg = getattr(lm, "config", None)
+    mt = getattr(cfg, "model_type", None)
+    if mt not in _FUSED_LOSS_TYPES:
+        return False, f"model type {mt!r} may scale or cap its logits; using the model's own loss"
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    import torch
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        return False, "the LM head is not a plain linear layer (adapted or quantized); using the model's own loss"
+    return True, "fused linear cross-entropy (chunked; no full logits)"
+
+
+def fused_causal_lm_loss(model, input_ids, labels, attention_mask=None):
+    """Next-token loss of a causal LM through the decoder and the chunked fused loss."""
+    lm = _causal_lm(model)
+    decoder = lm.get_decoder()
+    kwargs = {"input_ids": input_ids, "use_cache": False}
+    if attention_mask is not None:
+        kwargs["attention_mask"] = attention_mask
+    hidden = decoder(**kwargs).last_hidden_state
+    h = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
+    y = labels[:, 1:].reshape(-1)
+    head = lm.get_output_embeddings()
+    return fused_linear_cross_entropy(h, head.weight, y)
+
+
+# --- model preparation ---------------------------------------------------------------------------
+
+def _is_kbit(model) -> bool:
+    return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
+                or getattr(getattr(model, "config", None), "quantization_config", None) is not None
+                and getattr(model, "hf_quantizer", None) is not None)
+
+
+def prepare_lora_model(model, lora: dict, gradient_checkpointing: bool):
+    """Wrap ``model`` with fresh LoRA adapters (QLoRA preparation first when it is 4/8-bit).
+    A model that already carries adapters gets them removed first (unmerged) so the new run trains
+    one adapter; the old one stays on disk."""
+    from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
+    notes = []
+    if isinstance(model, PeftModel):
+        model = model.unload()
+        notes.append("removed the adapter the session had (it stays on disk; load it again with s.load_adapter)")
+    kbit = _is_kbit(model)
+    if kbit:
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
+                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+    elif gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=float(lora["dropout"]),
+                     target_modules=lora["target_modules"] if lora["target_modules"] == "all-linear" else list(lora["target_modules"]),
+                     bias=lora.get("bias", "none"), use_rslora=bool(lora.get("use_rslora", False)),
+                     use_dora=bool(lora.get("use_dora", False)), task_type="CAUSAL_LM")
+    try:
+        peft_model = get_peft_model(model, cfg)
+    except ValueError as e:
+        raise NvkitError(f"PEFT could not add LoRA adapters: {e}. Check lora['target_modules'] against the model's "
+                         "module names (print(s.model) shows them).") from e
+    return peft_model, kbit, notes
+
+
+def _apply_liger(model) -> int:
+    """Swap RMSNorm modules and MLP forwards for Liger's Triton kernels on this model instance only
+    (Liger's apply_liger_kernel_to_* patch classes process-wide, which would also change any other
+    model in the kernel — e.g. the plain baseline of a benchmark)."""
+    import types
+    import torch
+    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    from liger_kernel.transformers.rms_norm import LigerRMSNorm
+    lm = _causal_lm(model)
+    swapped = 0
+    for name, module in list(lm.named_modules()):
+        cls = type(module).__name__
+        if cls.endswith("RMSNorm") and hasattr(module, "weight") and module.weight.dim() == 1:
+            eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+            new = LigerRMSNorm(module.weight.shape[0], eps=eps).to(device=module.weight.device, dtype=module.weight.dtype)
+            with torch.no_grad():
+                new.weight.copy_(module.weight)
+            new.weight.requires_grad_(module.weight.requires_grad)
+            parent_name, _, child = name.rpartition(".")
+            setattr(lm.get_submodule(parent_name) if parent_name else lm, child, new)
+            swapped += 1
+        elif cls.endswith("MLP") and all(hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj")):
+            def forward(self, x):
+                return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
+            module.forward = types.MethodType(forward, module)
+            swapped += 1
+    return swapped
+
+
+def _decoder_layers(model):
+    lm = _causal_lm(model)
+    dec = lm.get_decoder()
+    layers = getattr(dec, "layers", None)
+    return list(layers) if layers is not None else []
+
+
+def _compile_layers(model) -> int:
+    """Regional compilation: each decoder layer's forward is compiled; the layers share code, so
+    dynamo compiles it once per shape and reuses it (seconds, not minutes, for 28 layers)."""
+    import torch
+    layers = _decoder_layers(model)
+    # identical layers differ only in parameters; with one graph per layer the cache would overflow
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 2 * len(layers) + 8)
+    for layer in layers:
+        layer.compile(dynamic=False)
+    return len(layers)
+
+
+def _uncompile_layers(model) -> None:
+    for layer in _decoder_layers(model):
+        if getattr(layer, "_compiled_call_impl", None) is not None:
+            layer._compiled_call_impl = None
+
+
+# --- atomic saves ------------------------------------------------------------------------------
+
+def save_atomic(model, target: str, extra_files: dict[str, str] | None = None) -> str:
+    """``model.save_pretrained`` into a temporary sibling directory, then rename it into place: an
+    interrupted save never leaves a half-written adapter, and a reader sees the old or the new."""
+    target = os.path.abspath(target)
+    parent = os.path.dirname(target)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}-tmp-", dir=parent)
+    try:
+        model.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
+                f.write(text)
+        old = None
+        if os.path.exists(target):
+            old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}-old-", dir=parent)
+            os.replace(target, os.path.join(old, "x"))
+        os.replace(tmp, target)
+        if old:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+# --- the run -----------------------------------------------------------------------------------
+
+class FinetuneRun:
+    """A fine-tune running in a worker thread.
+
+    ``history``: one dict per logged step (step, loss, learning_rate, grad_norm, tokens_per_s,
+    memory, t); ``progress``: step/total/eta; ``adapter_dir``: where the adapter is (written at the
+    end, or at stop); ``info``: the decisions made (precision, fused loss, Liger, compile, data).
+    ``run.result()`` blocks (Interrupt = clean stop), ``await run`` keeps widgets served."""
+
+    def __init__(self, total_steps: int, adapter_dir: str, info: dict):
+        self.total_steps = total_steps
+        self.adapter_dir = adapter_dir
+        self.info = info
+        self.history: list[dict] = []
+        self.step = 0
+        self.started = time.monotonic()
+        self.t0 = events.now()
+        self.ended: float | None = None
+        self.stopped = False
+        self.tokens = 0
+        self.peak_memory = 0
+        self.job: Job | None = None
+        self._listeners: list = []
+        self._lock = threading.Lock()
+
+    # --- state ---------------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.job is not None and self.job.done
+
+    @property
+    def error(self):
+        return self.job.error if self.job is not None else None
+
+    @property
+    def progress(self) -> dict:
+        elapsed = (self.ended or time.monotonic()) - self.started
+        eta = None
+        if 0 < self.step < self.total_steps and not self.done:
+            eta = elapsed / self.step * (self.total_steps - self.step)
+        return {"step": self.step, "total": self.total_steps, "elapsed_s": elapsed, "eta_s": eta,
+                "fraction": min(1.0, self.step / self.total_steps) if self.total_steps else 0.0}
+
+    def summary(self) -> dict:
+        p = self.progress
+        secs = p["elapsed_s"]
+        return {"steps": self.step, "seconds": round(secs, 2), "tokens": self.tokens,
+                "tokens_per_s": self.tokens / secs if secs > 0 else 0.0, "peak_memory": self.peak_memory,
+                "final_loss": self.history[-1]["loss"] if self.history else None,
+                "adapter_dir": self.adapter_dir if os.path.isdir(self.adapter_dir) else None,
+                "stopped": self.stopped}
+
+    def __repr__(self):
+        p = self.progress
+        state = "error" if self.error else ("stopped" if self.stopped and self.done else ("done" if self.done else "running"))
+        loss = f" · loss {self.history[-1]['loss']:.4f}" if self.history and self.history[-1].get("loss") is not None else ""
+        return f"<nvkit.FinetuneRun {state} · step {p['step']}/{p['total']}{loss} · {self.adapter_dir}>"
+
+    # --- control -------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """End after the current step; the adapter is saved. Returns at once."""
+        if self.job is not None and not self.job.done:
+            self.job.stop()
+            events.record("stop", "fine-tune stopped by the user")
+
+    def result(self, timeout: float | None = None) -> "FinetuneRun":
+        """Wait for the end (blocking, in short slices: Interrupt stops cleanly); returns the run."""
+        self.job.result(timeout)
+        return self
+
+    async def wait(self) -> "FinetuneRun":
+        await self.job
+        return self
+
+    def __await__(self):
+        return self.wait().__await__()
+
+    def subscribe(self, fn) -> None:
+        """``fn(record)`` for each logged step, called in the worker thread."""
+        with self._lock:
+            self._listeners.append(fn)
+
+    def _add(self, rec: dict) -> None:
+        with self._lock:
+            self.history.append(rec)
+            listeners = list(self._listeners)
+        for fn in listeners:
+            try:
+                fn(rec)
+            except Exception:
+                pass
+
+
+def _memory_now(device_type: str) -> tuple[int, int]:
+    """(current, peak) bytes: PyTorch's allocator on CUDA, process RSS on CPU."""
+    if device_type == "cuda":
+        import torch
+        return int(torch.cuda.memory_allocated()), int(torch.cuda.max_memory_allocated())
+    r = rss_bytes()
+    return r, r
+
+
+def _trainer_classes():
+    """Trainer subclass and callback, built on first use (transformers imports are heavy)."""
+    import torch
+    from transformers import Trainer, TrainerCallback
+
+    class NvkitTrainer(Trainer):
+        def __init__(self, *a, fused_loss: bool = False, counter=None, **kw):
+            super().__init__(*a, **kw)
+            self.fused_loss = fused_loss
+            self.counter = counter
+            # our loss is a per-batch mean; let Trainer divide by grad_accum itself
+            self.model_accepts_loss_kwargs = False
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            n = inputs.pop("num_tokens", None)
+            if self.counter is not None and n is not None:
+                self.counter["tokens"] += int(n)
+            if self.fused_loss and not return_outputs:
+                return fused_causal_lm_loss(model, inputs["input_ids"], inputs["labels"], inputs.get("attention_mask"))
+            return super().compute_loss(model, inputs, return_outputs=return_outputs)
+
+    class Recorder(TrainerCallback):
+        """History, events, stop and checkpoints; runs in the worker thread."""
+
+        def __init__(self, run: FinetuneRun, job: Job | None, device_type: str, counter: dict,
+                     save_every: int | None, checkpoint_dir: str | None):
+            self.run, self.job, self.device_type, self.counter = run, job, device_type, counter
+            self.save_every, self.checkpoint_dir = save_every, checkpoint_dir
+            self.last_t = time.monotonic()
+            self.last_tokens = 0
+
+        def on_train_begin(self, args, state, control, **kw):
+            self.run.total_steps = state.max_steps or self.run.total_steps
+            self.last_t = time.monotonic()
+            self.run.started = self.last_t
+
+        def on_step_end(self, args, state, control, **kw):
+            self.run.step = state.global_step
+            self.run.tokens = self.counter["tokens"]
+            if self.job is not None and self.job.stop_event.is_set():
+                self.run.stopped = True
+                control.should_training_stop = True
+            if self.save_every and state.global_step % self.save_every == 0 and not control.should_training_stop:
+                path = os.path.join(self.checkpoint_dir, f"checkpoint-{state.global_step}")
+                save_atomic(kw["model"], path)
+                events.record("checkpoint", f"step {state.global_step}: {path}")
+            return control
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = logs or {}
+            if "loss" not in logs:
+                return
+            t = time.monotonic()
+            tokens = self.counter["tokens"]
+            rate = (tokens - self.last_tokens) / (t - self.last_t) if t > self.last_t else 0.0
+            self.last_t, self.last_tokens = t, tokens
+            mem, peak = _memory_now(self.device_type)
+            self.run.peak_memory = max(self.run.peak_memory, peak)
+            rec = {"step": state.global_step, "loss": float(logs["loss"]),
+                   "learning_rate": float(logs.get("learning_rate", float("nan"))),
+                   "grad_norm": float(logs["grad_norm"]) if logs.get("grad_norm") is not None else None,
+                   "tokens_per_s": rate, "memory": mem, "t": events.now()}
+            self.run._add(rec)
+            events.record("train-step", f"step {rec['step']}/{self.run.total_steps} · loss {rec['loss']:.4f}")
+
+    return NvkitTrainer, Recorder
+
+
+def _quiet(trainer) -> None:
+    """Trainer prints its log dicts (PrinterCallback) or draws a progress bar: from a worker thread
+    both land in whichever cell runs at that moment. The run's history and the panel replace them."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+
+
+def training_arguments(output_dir: str, prec: str, device_type: str, *, max_steps, epochs, learning_rate,
+                       batch_size, grad_accum, log_every, seed, gradient_checkpointing, fused_adamw: bool):
+    from transformers import TrainingArguments
+    kw = dict(output_dir=output_dir, per_device_train_batch_size=batch_size, gradient_accumulation_steps=grad_accum,
+              learning_rate=learning_rate, logging_steps=log_every, logging_strategy="steps",
+              save_strategy="no", report_to="none", disable_tqdm=True, seed=seed, data_seed=seed,
+              remove_unused_columns=False, dataloader_num_workers=0, lr_scheduler_type="linear",
+              warmup_steps=0, bf16=prec == "bf16", fp16=prec == "fp16", use_cpu=device_type != "cuda",
+              optim="adamw_torch_fused" if fused_adamw else "adamw_torch",
+              dataloader_pin_memory=device_type == "cuda", include_num_input_tokens_seen="no",
+              gradient_checkpointing=False)  # enabled on the model already (PEFT-aware)
+    if max_steps is not None:
+        kw["max_steps"] = max_steps
+    else:
+        kw["num_train_epochs"] = float(epochs or 1)
+    return TrainingArguments(**kw)
+
+
+def _default_output_dir(session) -> str:
+    name = os.path.basename(os.path.normpath(str(session.model_id))) or "model"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return os.path.abspath(os.path.join("nvkit-runs", f"{name}-lora-{stamp}"))
+
+
+def finetune(session=None, data=None, lora: dict | None = None, max_steps: int | None = None,
+             epochs: float | None = None, learning_rate: float = 2e-4, batch_size: int = 8, grad_accum: int = 1,
+             seq_len: int = 512, packing="auto", gradient_checkpointing: bool = False,
+             output_dir: str | None = None, liger="auto", log_every: int = 1, save_every: int | None = None,
+             compile="auto", seed: int = 0) -> FinetuneRun:
+    """Train LoRA adapters on the session's model (QLoRA when it is loaded in 4/8-bit), in a worker
+    thread; returns a ``FinetuneRun`` at once. After it ends the session generates with the adapter.
+
+    ``data``: a list of strings, of {"prompt", "response"}, of chat messages, or a local
+    .jsonl/.json/.csv/.txt file. Everything is checked before training starts.
+    ``max_steps`` or ``epochs`` (default: one epoch). ``packing="auto"`` packs plain text, not
+    supervised pairs. ``compile="auto"`` compiles the decoder layers on CUDA. ``save_every=N``
+    writes checkpoint-N directories (atomically) beside the final ``adapter``.
+    """
+    # (``from . import session`` could give the function nvkit.session, a lazy public name)
+    from .session import Session, session as current_session
+    s = session if session is not None else current_session()
+    require(isinstance(s, Session), f"session must be an nvkit.Session (from nvkit.load), not {type(s).__name__}.")
+    s._require_loaded()
+    require(data is not None, "finetune needs data: a list of examples or a path to a .jsonl/.json/.csv/.txt file.")
+    lora_cfg = _check_lora(DEFAULT_LORA if lora is None else lora)
+    _pos_int("max_steps", max_steps, allow_none=True)
+    require(epochs is None or (isinstance(epochs, (int, float)) and not isinstance(epochs, bool) and epochs > 0),
+            f"epochs must be > 0, not {epochs!r}.")
+    require(max_steps is None or epochs is None, "Give max_steps or epochs, not both.")
+    require(isinstance(learning_rate, (int, float)) and not isinstance(learning_rate, bool) and 0 < learning_rate < 1,
+            f"learning_rate must be a number in (0, 1), e.g. 2e-4, not {learning_rate!r}.")
+    _pos_int("batch_size", batch_size)
+    _pos_int("grad_accum", grad_accum)
+    _pos_int("seq_len", seq_len)
+    _pos_int("log_every", log_every)
+    _pos_int("save_every", save_every, allow_none=True)
+    require(isinstance(gradient_checkpointing, bool), f"gradient_checkpointing must be True or False, not {gradient_checkpointing!r}.")
+    require(compile in (True, False, "auto"), f"compile must be True, False or 'auto', not {compile!r}.")
+    require(output_dir is None or isinstance(output_dir, (str, os.PathLike)), "output_dir must be a directory path.")
+    if s.busy:
+        raise NvkitError("A generation is running in this session: wait for it or call s.stop() first.")
+    if getattr(s, "_finetune", None) is not None and not s._finetune.done:
+        raise NvkitError("A fine-tune is already running in this session: run.stop() it or wait for it.")
+
+    from . import data as _data
+    rows, data_info = _data.prepare(data, s.tokenizer, seq_len, packing)
+
+    import torch
+    device = s.device
+    device_type = device.type
+    capability = torch.cuda.get_device_capability(device) if device_type == "cuda" else None
+    prec = precision(device_type, capability)
+    model_type = getattr(s.model.config, "model_type", "")
+    use_liger, liger_why = liger_decision(liger, device_type, model_type)
+    do_compile = (device_type == "cuda") if compile == "auto" else bool(compile)
+    if do_compile and use_liger:
+        # compiled layers already fuse norms and SwiGLU; Liger's Triton calls would only break the graphs
+        use_liger, liger_why = False, "off: compiled decoder layers fuse RMSNorm/SwiGLU themselves (compile=False to use Liger)"
+    out = os.path.abspath(os.path.expanduser(os.fspath(output_dir))) if output_dir else _default_output_dir(s)
+    adapter_dir = os.path.join(out, "adapter")
+
+    per_epoch = math.ceil(math.ceil(len(rows) / batch_size) / grad_accum)
+    total = max_steps if max_steps is not None else max(1, math.ceil(per_epoch * float(epochs or 1)))
+    info = {"precision": prec, "capability": capability, "device": str(device), "qlora": False,
+            "lora": lora_cfg, "liger": liger_why, "compile": do_compile, "data": data_info,
+            "gradient_checkpointing": gradient_checkpointing, "output_dir": out}
+    run = FinetuneRun(total, adapter_dir, info)
+    counter = {"tokens": 0}
+    events.record("train-start", f"LoRA r={lora_cfg['r']} on {s.model_id}: {total} steps, {prec}")
+
+    def work(job: Job):
+        NvkitTrainer, Recorder = _trainer_classes()
+        model, kbit, notes = prepare_lora_model(s.model, lora_cfg, gradient_checkpointing)
+        info["qlora"] = kbit
+        info["notes"] = notes
+        s.model = model  # the session generates with the adapter from now on (even after an error)
+        fused, why = fused_loss_supported(model)
+        info["loss"] = why
+        if use_liger:
+            info["liger_modules"] = _apply_liger(model)
+        if do_compile:
+            info["compiled_layers"] = _compile_layers(model)
+        if device_type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        args = training_arguments(out, prec, device_type, max_steps=max_steps, epochs=epochs,
+                                  learning_rate=float(learning_rate), batch_size=batch_size, grad_accum=grad_accum,
+                                  log_every=log_every, seed=seed, gradient_checkpointing=gradient_checkpointing,
+                                  fused_adamw=device_type == "cuda")
+        pad = s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else (s.tokenizer.eos_token_id or 0)
+        # compiled layers see a few padded shapes rather than one per batch length
+        collator = _data.Collator(pad, pad_to=64 if do_compile else 8)
+        recorder = Recorder(run, job, device_type, counter, save_every, out)
+        trainer = NvkitTrainer(model=model, args=args, train_dataset=_data.ListDataset(rows), data_collator=collator,
+                               callbacks=[recorder], fused_loss=fused, counter=counter)
+        _quiet(trainer)
+        model.train()
+        try:
+            trainer.train()
+        except torch.OutOfMemoryError as e:
+            from .memory import oom_error
+            raise oom_error(e, "fine-tune", s) from e
+        finally:
+            if do_compile:
+                _uncompile_layers(model)
+            if gradient_checkpointing and hasattr(model, "gradient_checkpointing_disable"):
+                model.gradient_checkpointing_disable()
+            model.eval()
+            run.ended = time.monotonic()
+            run.tokens = counter["tokens"]
+            _, peak = _memory_now(device_type)
+            run.peak_memory = max(run.peak_memory, peak)
+        save_atomic(model, adapter_dir)
+        events.record("checkpoint", f"adapter saved: {adapter_dir}")
+        sm = run.summary()
+        events.record("train-end", f"{run.step} steps in {sm['seconds']:.1f} s · {sm['tokens_per_s']:.0f} tok/s · "
+                                   f"peak {fmt_bytes(sm['peak_memory'])}{' · stopped' if run.stopped else ''}")
+        return run
+
+    dev_index = device.index if device_type == "cuda" else None
+    run.job = run_in_worker(work, name="nvkit-finetune", device=dev_index)
+    s._finetune = run
+    return run

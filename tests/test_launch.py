@@ -1,0 +1,109 @@
+"""nvkit.launch: the generated script and command, and a real 1-process torchrun run with gloo on CPU."""
+
+from __future__ import annotations
+
+import ast
+import os
+import shlex
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import nvkit  # noqa: E402
+from nvkit.errors import NvkitError  # noqa: E402
+from nvkit.launch import LaunchRun, launch  # noqa: E402
+from tests.finetune_helpers import model_path  # noqa: E402
+
+DATA = ["NVIDIA GPUs are fast.", "The H200 has 141 GB of memory."] * 8
+
+
+@pytest.fixture(scope="module")
+def path(tmp_path_factory):
+    p = model_path(tmp_path_factory)
+    return nvkit.demo.path() if p == "demo" else p
+
+
+def test_written_run_and_command(path, tmp_path):
+    run = launch({"model": path, "data": DATA, "max_steps": 3, "seq_len": 64}, nproc_per_node=2, gpus=[],
+                 run_dir=str(tmp_path / "r"), start=False)
+    assert isinstance(run, LaunchRun) and run.proc is None
+    words = shlex.split(run.command)
+    assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in words and "NCCL_NVLS_ENABLE=0" in words
+    assert "CUDA_VISIBLE_DEVICES=" in words  # CPU only: nothing visible
+    assert "torchrun" in words and "--nproc_per_node=2" in words and "--standalone" in words
+    assert words[-1] == str(tmp_path / "r" / "train.py")
+    src = (tmp_path / "r" / "train.py").read_text()
+    ast.parse(src)  # valid Python
+    assert "import nvkit" not in src and "Trainer" in src and "get_peft_model" in src
+    assert run.command in src  # the script says how to run it
+    rows = (tmp_path / "r" / "data.jsonl").read_text().splitlines()
+    assert rows and '"input_ids"' in rows[0] and '"labels"' in rows[0]
+
+
+def test_multinode_command(path, tmp_path):
+    run = launch({"model": path, "data": DATA, "max_steps": 3, "seq_len": 64}, nproc_per_node=8, gpus=[],
+                 nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.1:29500", run_dir=str(tmp_path / "m"), start=False)
+    for piece in ("--nnodes=2", "--node_rank=1", "--rdzv_backend=c10d", "--rdzv_endpoint=10.0.0.1:29500"):
+        assert piece in run.command
+    assert "--standalone" not in run.command
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(strategy="zero3"), "strategy"),
+    (dict(nproc_per_node=0), "nproc_per_node"),
+    (dict(nnodes=2), "rdzv_endpoint"),
+    (dict(nnodes=2, rdzv_endpoint="h:1"), "node_rank"),
+    (dict(strategy="fsdp"), "fsdp"),
+    (dict(turbo=True), "Unknown launch setting"),
+    (dict(max_steps=0), "max_steps"),
+    (dict(learning_rate=5), "learning_rate"),
+    (dict(quantization="int3"), "quantization"),
+])
+def test_bad_launch_settings(path, tmp_path, kwargs, match):
+    with pytest.raises(NvkitError, match=match):
+        launch({"model": path, "data": DATA, "max_steps": 2}, gpus=[], run_dir=str(tmp_path / "x"), start=False,
+               **kwargs)
+
+
+def test_bad_launch_data(path, tmp_path):
+    with pytest.raises(NvkitError, match="needs data"):
+        launch({"model": path}, gpus=[], run_dir=str(tmp_path / "x"), start=False)
+    with pytest.raises(NvkitError, match="keys"):
+        launch({"model": path, "data": [{"q": 1}]}, gpus=[], run_dir=str(tmp_path / "x"), start=False)
+    with pytest.raises(NvkitError):
+        launch("not a dict", gpus=[], start=False)
+
+
+def test_cpu_torchrun_gloo_run(path, tmp_path):
+    run = launch({"model": path, "data": DATA, "max_steps": 3, "batch_size": 4, "seq_len": 64}, gpus=[],
+                 run_dir=str(tmp_path / "g"))
+    run.result(timeout=400)
+    assert run.returncode == 0, run.text(40)
+    assert run.ranks == [0]
+    logs = [r for r in run.history if r.get("event") == "log"]
+    steps = [r for r in run.history if r.get("event") == "step"]
+    assert [r["step"] for r in logs] == [1, 2, 3] and all(r["loss"] > 0 for r in logs)
+    assert all(r["tokens_per_s"] > 0 and r["memory"] > 0 for r in steps)
+    assert run.progress == {"step": 3, "total": 3}
+    assert os.path.isfile(os.path.join(run.adapter_dir, "adapter_config.json"))
+    assert os.path.isdir(tmp_path / "g" / "logs")  # per-rank logs from --tee/--log_dir
+    s = nvkit.load(path)
+    s.load_adapter(run.adapter_dir)  # the launched run's adapter fits the model
+    s.unload()
+
+
+def test_cpu_torchrun_stop(path, tmp_path):
+    run = launch({"model": path, "data": DATA * 8, "max_steps": 500, "batch_size": 2, "seq_len": 64}, gpus=[],
+                 run_dir=str(tmp_path / "s"))
+    import time
+    deadline = time.monotonic() + 300
+    while not any(r.get("event") == "step" for r in run.history) and time.monotonic() < deadline and not run.done:
+        time.sleep(0.1)
+    run.stop()
+    run.result(timeout=300)
+    assert run.stopped and run.returncode == 0, run.text(40)
+    assert any(r.get("event") == "stopping" for r in run.history)
+    last = max(r["step"] for r in run.history if r.get("event") == "step")
+    assert last < 500
+    assert os.path.isfile(os.path.join(run.adapter_dir, "adapter_model.safetensors"))
