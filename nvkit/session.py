@@ -337,6 +337,8 @@ class Session:
     def _run_generation(self, job: Job, texts, gen, stream, seed, fast, stats: GenerationStats, on_progress):
         import torch
         from . import generation
+        from .memory import expect_generation
+        expect_generation(self, texts, gen)  # the chart's "predicted peak" for this call
         events.record("generate-start", f"{len(texts)} prompt(s), up to {gen['max_new_tokens']} tokens")
         t0 = time.perf_counter()
         try:
@@ -396,15 +398,19 @@ class Session:
                 ft.result(timeout=120)
             except Exception:
                 pass
+        from . import memory
         on_cuda = self.device.type == "cuda"
+        where = str(self.device) if on_cuda else "cpu"
         release()
-        before = torch_allocated() if on_cuda else rss_bytes()
+        before = memory.usage_snapshot()
+        from .fast import forget
+        forget(self.model)  # the fast path's graphs, caches and compiled step hold the model too
         self.model = None
         self.tokenizer = None
         self._job = None
-        release()
-        after = torch_allocated() if on_cuda else rss_bytes()
-        freed = max(0, before - after)
+        # NVML, torch and RSS drops, and the live tensors that still hold memory if any
+        self.unload_report = memory.verified_release(self.model_id, where, before)
+        freed = self.unload_report.freed
         with _current_lock:
             if _current is self:
                 _current = None
@@ -526,7 +532,8 @@ def _load_error(model, path, is_local, e: Exception) -> NvkitError:
     msg = str(e)
     if not is_local:
         offline = os.environ.get("HF_HUB_OFFLINE", "") not in ("", "0", "false", "False")
-        why = ("HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub could not be reached or has no such model")
+        why = ("the Hugging Face Hub is unreachable (HF_HUB_OFFLINE is set)" if offline
+               else "the Hugging Face Hub could not be reached or has no such model")
         return NvkitError(
             f"Could not load {model!r}: it is not a local directory and {why}.\n"
             f"Load a local checkpoint directory instead (one with config.json and weights, e.g. written by "

@@ -1,0 +1,190 @@
+"""Random-weight checkpoints with the exact shape of real models, built from their configs alone.
+
+Benchmarks and memory measurements need a model of real size, and the machines here never reach
+the Hub. A model's shape is fully given by its config, so we keep the published configs of a few
+models here, build each one once with random bf16 weights and cache it on disk. The tokenizer is the
+demo one: its ids are all far below the real vocabulary size, which is all a benchmark needs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..errors import NvkitError
+
+_QWEN3_COMMON = dict(
+    model_type="qwen3",
+    architectures=["Qwen3ForCausalLM"],
+    vocab_size=151936,
+    head_dim=128,
+    hidden_act="silu",
+    max_position_embeddings=40960,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    rms_norm_eps=1e-6,
+    attention_bias=False,
+    attention_dropout=0.0,
+    use_sliding_window=False,
+    sliding_window=None,
+    initializer_range=0.02,
+    bos_token_id=151643,
+    eos_token_id=151645,
+    dtype="bfloat16",
+)
+
+_LLAMA32_COMMON = dict(
+    model_type="llama",
+    architectures=["LlamaForCausalLM"],
+    vocab_size=128256,
+    hidden_act="silu",
+    max_position_embeddings=131072,
+    rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 32.0, "high_freq_factor": 4.0,
+                     "low_freq_factor": 1.0, "original_max_position_embeddings": 8192},
+    rms_norm_eps=1e-5,
+    attention_bias=False,
+    attention_dropout=0.0,
+    mlp_bias=False,
+    initializer_range=0.02,
+    tie_word_embeddings=True,
+    bos_token_id=128000,
+    eos_token_id=128001,
+    dtype="bfloat16",
+)
+
+# name -> config fields, as published in each model's config.json on the Hub.
+SHAPES: dict[str, dict] = {
+    "qwen3-0.6b": {**_QWEN3_COMMON, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "max_window_layers": 28,
+                   "tie_word_embeddings": True},
+    "qwen3-1.7b": {**_QWEN3_COMMON, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+                   "num_attention_heads": 16, "num_key_value_heads": 8, "max_window_layers": 28,
+                   "tie_word_embeddings": True},
+    "qwen3-4b": {**_QWEN3_COMMON, "hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "max_window_layers": 36,
+                 "tie_word_embeddings": True},
+    "qwen3-8b": {**_QWEN3_COMMON, "hidden_size": 4096, "intermediate_size": 12288, "num_hidden_layers": 36,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "max_window_layers": 36,
+                 "tie_word_embeddings": False},
+    "llama-3.2-1b": {**_LLAMA32_COMMON, "hidden_size": 2048, "intermediate_size": 8192, "num_hidden_layers": 16,
+                     "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64},
+    "llama-3.2-3b": {**_LLAMA32_COMMON, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
+                     "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128},
+    # Not a real model: the Qwen3-0.6B layout and vocabulary with tiny layers, so the whole
+    # build-and-load path can be tested on a CPU in seconds (about 10 M parameters, mostly embedding).
+    "qwen3-tiny": {**_QWEN3_COMMON, "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
+                   "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "max_window_layers": 2,
+                   "tie_word_embeddings": True},
+}
+
+_MARKER = "nvkit_shaped.json"
+
+
+def _spec(name: str) -> dict:
+    key = name.lower()
+    if key not in SHAPES:
+        raise NvkitError(f"Unknown model shape {name!r}. Known shapes: {', '.join(sorted(SHAPES))}. "
+                         "Add its config fields to nvkit.demo.shaped.SHAPES to use another one.")
+    return SHAPES[key]
+
+
+def shaped_config(name: str):
+    """The transformers config of a known shape (no weights are built or read)."""
+    from transformers import AutoConfig
+
+    fields = dict(_spec(name))
+    model_type = fields.pop("model_type")
+    return AutoConfig.for_model(model_type, **fields)
+
+
+def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    base = os.environ.get("NVKIT_CACHE")
+    base = Path(base).expanduser() if base else Path.home() / ".cache" / "nvkit"
+    return base / "shaped"
+
+
+def _fingerprint(name: str) -> str:
+    blob = json.dumps({"name": name, "spec": _spec(name)}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _is_built(target: Path, fingerprint: str) -> bool:
+    try:
+        marker = json.loads((target / _MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return marker.get("fingerprint") == fingerprint and (target / "config.json").is_file()
+
+
+def shaped(name: str, cache_dir: str | os.PathLike | None = None) -> str:
+    """Directory of a random-weight model with the exact shape of ``name``; built on first use.
+
+    The cache lives in ``cache_dir/<name>``; by default ``$NVKIT_CACHE/shaped/<name>``, and without
+    ``NVKIT_CACHE`` ``~/.cache/nvkit/shaped/<name>``. A build goes to a temporary directory that is
+    renamed into place when complete, so an interrupted build never leaves a half checkpoint and
+    concurrent builders end with one copy.
+    """
+    key = name.lower()
+    _spec(key)
+    root = _cache_root(cache_dir)
+    target = root / key
+    fingerprint = _fingerprint(key)
+    if _is_built(target, fingerprint):
+        return str(target)
+
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
+    except OSError as e:
+        raise NvkitError(f"Cannot create the shaped-model cache in {root}: {e}. "
+                         "Set NVKIT_CACHE to a writable directory.") from e
+    try:
+        _build(key, tmp, fingerprint)
+        if target.exists():  # stale (older spec) or built meanwhile by another process
+            if _is_built(target, fingerprint):
+                return str(target)
+            old = Path(tempfile.mkdtemp(prefix=f".{key}-old-", dir=root))
+            os.replace(target, old / key)
+            shutil.rmtree(old, ignore_errors=True)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if _is_built(target, fingerprint):  # lost a race to another builder: theirs is as good
+                return str(target)
+            raise
+    except NvkitError:
+        raise
+    except Exception as e:
+        raise NvkitError(f"Building the random-weight {key!r} model in {root} failed: {e}. It needs about "
+                         "two bytes per parameter of free RAM and disk.") from e
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)
+
+
+def _build(name: str, out: Path, fingerprint: str) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from . import path as demo_path
+
+    config = shaped_config(name)
+    torch.manual_seed(0)  # the same random weights on every machine that builds them
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                                               pad_token_id=config.bos_token_id, do_sample=False)
+    model.save_pretrained(out, safe_serialization=True)
+    n_params = sum(p.numel() for p in model.parameters())
+    del model
+    AutoTokenizer.from_pretrained(demo_path()).save_pretrained(out)
+    (out / _MARKER).write_text(json.dumps({
+        "name": name, "fingerprint": fingerprint, "parameters": n_params,
+        "what": "random bf16 weights with the exact shape of the real model; for memory and speed "
+                "measurements only (the text it writes is noise). Tokenizer: the nvkit demo tokenizer.",
+    }, indent=2) + "\n", encoding="utf-8")
