@@ -1,0 +1,270 @@
+"""Decode benchmark: plain transformers against nvkit's paths, in one process, on the same prompts.
+
+``run()`` (also ``nvkit.bench(..., decode=True)`` and ``nvkit bench --decode``) measures
+
+- batch 1, one prompt: plain ``generate`` (dynamic cache), ``generate(cache_implementation="static")``
+  (transformers compiles the decode step), nvkit's fast path (``nvkit.fast``);
+- a batch of mixed-length prompts: left-padded ``generate``, transformers' ``generate_batch``
+  (continuous batching), nvkit's batch path (``Session.generate(list)``);
+
+and gives tokens/s, time to first token, peak PyTorch memory and the ratio to the plain path of
+its group. EOS is set to an id the model cannot produce so every path decodes the same number of
+tokens. Each path runs once untimed first (compiles and captures are not what is measured; the
+table says how long that warm-up took).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+from .errors import NvkitError, require
+
+SINGLE_PATHS = ("generate", "static+compile", "fast")
+BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
+OPTIONAL_PATHS = ("fast eager",)  # the fast path without torch.compile: own capture of the eager forward
+
+
+def _session(model, dtype):
+    from .session import Session, load
+    if isinstance(model, Session):
+        return model
+    require(isinstance(model, str) and model.strip(), f"model must be 'demo', a shape name such as 'qwen3-0.6b', a "
+                                                      f"local directory or a Session, not {model!r}.")
+    from . import demo
+    key = model.strip().lower()
+    if key in demo.SHAPES:
+        print(f"Random-weight {key} (exact shape, built once): loading…", flush=True)
+        return load(demo.shaped(key), dtype=dtype)
+    return load(model, dtype=dtype)
+
+
+def _prompts(tok, prompt_len: int, n: int, seed: int) -> tuple[str, list[str]]:
+    """One prompt of about ``prompt_len`` tokens, and ``n`` of mixed lengths, from the demo corpus."""
+    from . import demo
+    with open(demo.CORPUS, encoding="utf-8") as f:
+        words = f.read().split()
+    rng = random.Random(seed)
+
+    def text(n_tokens: int) -> str:
+        start = rng.randrange(max(1, len(words) - 4 * n_tokens))
+        ids = tok(" ".join(words[start:start + 2 * n_tokens]))["input_ids"][:n_tokens]
+        return tok.decode(ids, skip_special_tokens=True)
+
+    lo, hi = max(4, prompt_len // 4), max(8, prompt_len * 2)
+    return text(prompt_len), [text(rng.randint(lo, hi)) for _ in range(n)]
+
+
+def _cuda():
+    import torch
+    return torch.cuda.is_available()
+
+
+def _peak_reset():
+    import torch
+    if _cuda():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _peak() -> float | None:
+    import torch
+    if not _cuda():
+        return None
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() / 2**30
+
+
+def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_prompts: int = 64,
+        batch_new_tokens: int = 128, paths=None, dtype: str = "auto", k_steps: int | None = None,
+        seed: int = 0, show: bool = True, **unused):
+    """Run the decode benchmark and return a pandas DataFrame (printed when ``show``).
+
+    ``model``: "qwen3-0.6b" (or another ``nvkit.demo.SHAPES`` name: random weights, real shape),
+    "demo", a local checkpoint directory, or a loaded ``Session``. ``paths``: a subset of
+    ``SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS`` (default: the first two groups).
+    ``k_steps``: decode steps per graph replay for the fast path (default ``nvkit.fast.DEFAULT_K``).
+    Keywords meant for other benchmarks (``decode=True`` ...) are ignored."""
+    import pandas as pd
+    import torch
+
+    for name, v, lo in (("new_tokens", new_tokens, 2), ("prompt_len", prompt_len, 1), ("n_prompts", n_prompts, 1),
+                        ("batch_new_tokens", batch_new_tokens, 1)):
+        require(isinstance(v, int) and not isinstance(v, bool) and v >= lo, f"{name} must be a whole number ≥ {lo}, not {v!r}.")
+    known = SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS
+    if paths is None:
+        paths = SINGLE_PATHS + BATCH_PATHS
+    if isinstance(paths, str):
+        paths = [paths]
+    bad = [p for p in paths if p not in known]
+    require(not bad, f"Unknown benchmark path(s) {bad}: choose from {list(known)}.")
+    unused.pop("decode", None)
+    if unused:
+        print(f"(decode benchmark: ignoring {sorted(unused)})")
+
+    from . import fast as fast_mod
+    s = _session(model, dtype)
+    tok, hf = s.tokenizer, s.model
+    cuda = s.device.type == "cuda"
+    never = int(hf.config.get_text_config().vocab_size)  # an id no logit row has: EOS never fires
+    one, many = _prompts(tok, prompt_len, n_prompts, seed)
+    rows = []
+
+    def row(group, path, tokens, seconds, ttft, peak, warm_s, note="", rate=None):
+        rate = rate if rate is not None else (tokens / seconds if seconds else None)
+        rows.append(dict(group=group, path=path, tokens=tokens, seconds=round(seconds, 3) if seconds else None,
+                         tokens_per_s=round(rate, 1) if rate else None,
+                         ttft_ms=round(ttft * 1000, 1) if ttft is not None else None,
+                         peak_mem_gib=round(peak, 2) if peak is not None else None,
+                         warmup_s=round(warm_s, 1) if warm_s is not None else None, note=note))
+
+    def skip(group, path, why):
+        rows.append(dict(group=group, path=path, note=f"skipped: {why}"))
+
+    def single(path, warm_tokens, **kw):
+        # The warm-up asks for as many tokens as the timed run where the cache size is compiled in.
+        warm_t = time.perf_counter()
+        s.generate(one, max_new_tokens=warm_tokens, eos_token_id=never, **kw)
+        warm_s = time.perf_counter() - warm_t
+        _peak_reset()
+        s.generate(one, max_new_tokens=new_tokens, eos_token_id=never, **kw)
+        st = s.last_stats
+        # decode rate as the stats give it: (tokens - 1) / (total - time to first token)
+        row("batch 1", path, st.new_tokens, st.seconds, st.time_to_first_token, _peak(), warm_s,
+            f"ran {st.path}; prompt {st.prompt_tokens} tokens", rate=st.tokens_per_second)
+
+    group1 = f"batch 1 · {new_tokens} new tokens"
+    for path in [p for p in SINGLE_PATHS + OPTIONAL_PATHS if p in paths]:
+        try:
+            if path == "generate":
+                single(path, min(new_tokens, 8), fast=False)
+            elif path == "static+compile":
+                if not cuda:
+                    skip(group1, path, "compiling the decode step is benchmarked on CUDA only")
+                    continue
+                single(path, new_tokens, fast=False, cache_implementation="static")
+            elif path in ("fast", "fast eager"):
+                if not cuda:
+                    skip(group1, path, "the fast path needs CUDA")
+                    continue
+                fast_mod.decoder(s, k_steps=k_steps or fast_mod.DEFAULT_K, compile=(path == "fast"))
+                single(path, new_tokens, fast=True)
+                d = fast_mod.decoder(s)
+                rows[-1]["note"] += f"; K={d.k}, {'compiled' if d.compiled else 'eager'} step" + (
+                    f" (compile failed: {d.compile_error})" if d.compile_error else "")
+        except Exception as e:  # noqa: BLE001 - one broken path must not hide the others' figures
+            skip(group1, path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    for r in rows:
+        r["group"] = group1 if r["group"] == "batch 1" else r["group"]
+
+    group2 = f"{n_prompts} prompts · {batch_new_tokens} new tokens"
+    ids = [tok(p)["input_ids"] for p in many]
+    if "padded generate" in paths:
+        try:
+            def padded(n):
+                old = tok.padding_side
+                tok.padding_side = "left"
+                try:
+                    enc = tok(many, return_tensors="pt", padding=True).to(s.device)
+                finally:
+                    tok.padding_side = old
+                with torch.inference_mode():
+                    hf.generate(**enc, max_new_tokens=n, do_sample=False, eos_token_id=never,
+                                pad_token_id=tok.pad_token_id)
+            t = time.perf_counter()
+            padded(4)
+            warm_s = time.perf_counter() - t
+            _peak_reset()
+            t = time.perf_counter()
+            padded(batch_new_tokens)
+            row(group2, "padded generate", n_prompts * batch_new_tokens, time.perf_counter() - t, None, _peak(), warm_s,
+                "time includes the prefill")
+        except Exception as e:  # noqa: BLE001
+            skip(group2, "padded generate", f"{type(e).__name__}: {e}")
+    if "generate_batch" in paths:
+        if not cuda:
+            skip(group2, "generate_batch", "continuous batching is benchmarked on CUDA only")
+        else:
+            try:
+                import copy
+                from transformers import ContinuousBatchingConfig
+                cfg = copy.deepcopy(hf.generation_config)
+                cfg.update(do_sample=False, eos_token_id=never, pad_token_id=tok.pad_token_id, max_new_tokens=batch_new_tokens)
+
+                def cb(n_new, inputs):
+                    # not under inference_mode: the manager's thread must update the buffers made here
+                    with torch.no_grad():
+                        return hf.generate_batch(inputs=inputs, generation_config=cfg, max_new_tokens=n_new,
+                                                 continuous_batching_config=ContinuousBatchingConfig(
+                                                     use_cuda_graph=True, auto_switch_to_flash=False))
+                t = time.perf_counter()
+                cb(4, ids[:4])
+                warm_s = time.perf_counter() - t
+                _peak_reset()
+                t = time.perf_counter()
+                out = cb(batch_new_tokens, ids)
+                secs = time.perf_counter() - t
+                got = sum(len(o.generated_tokens) for o in out.values())
+                row(group2, "generate_batch", got, secs, None, _peak(), warm_s,
+                    "ContinuousBatchingConfig(use_cuda_graph=True); time includes warm-up capture")
+            except Exception as e:  # noqa: BLE001
+                skip(group2, "generate_batch", f"{type(e).__name__}: {e}")
+    if "nvkit batch" in paths:
+        try:
+            t = time.perf_counter()
+            s.generate(many[:4], max_new_tokens=4, eos_token_id=never)
+            warm_s = time.perf_counter() - t
+            _peak_reset()
+            s.generate(many, max_new_tokens=batch_new_tokens, eos_token_id=never)
+            st = s.last_stats
+            row(group2, "nvkit batch", st.new_tokens, st.seconds, st.time_to_first_token, _peak(), warm_s,
+                f"ran {st.path}")
+        except Exception as e:  # noqa: BLE001
+            skip(group2, "nvkit batch", f"{type(e).__name__}: {e}")
+
+    df = pd.DataFrame(rows, columns=["group", "path", "tokens", "seconds", "tokens_per_s", "ttft_ms", "peak_mem_gib",
+                                     "warmup_s", "note"])
+    base = {}
+    for g, first in (("batch 1", "generate"), ("prompts", "padded generate")):
+        sel = df[df["group"].str.contains(g, regex=False) & (df["path"] == first)]
+        if len(sel) and sel["tokens_per_s"].notna().any():
+            base[g] = float(sel["tokens_per_s"].iloc[0])
+    df["vs_plain"] = [round(r.tokens_per_s / base[g], 2) if r.tokens_per_s and g in base else None
+                      for r, g in ((r, "batch 1" if "batch 1" in r.group else "prompts") for r in df.itertuples())]
+    df.attrs.update(model=s.model_id, device=str(s.device), dtype=str(s.dtype).replace("torch.", ""),
+                    gpu=torch.cuda.get_device_name(s.device) if cuda else "cpu")
+    if show:
+        import pandas
+        with pandas.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 70):
+            print(f"decode benchmark · {s.model_id} · {df.attrs['dtype']} · {df.attrs['gpu']}")
+            print(df.to_string(index=False))
+    return df
+
+
+def main(argv=None) -> int:
+    """``python -m nvkit.bench_decode [--model M] [--new-tokens N] ...``"""
+    import argparse
+    p = argparse.ArgumentParser(prog="nvkit bench --decode", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen3-0.6b")
+    p.add_argument("--new-tokens", type=int, default=256)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--n-prompts", type=int, default=64)
+    p.add_argument("--batch-new-tokens", type=int, default=128)
+    p.add_argument("--k-steps", type=int, default=None)
+    p.add_argument("--paths", default=None, help="comma-separated subset of: " + ", ".join(SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS))
+    p.add_argument("--csv", default=None, help="also write the table here")
+    a = p.parse_args(argv)
+    try:
+        df = run(model=a.model, new_tokens=a.new_tokens, prompt_len=a.prompt_len, n_prompts=a.n_prompts,
+                 batch_new_tokens=a.batch_new_tokens, k_steps=a.k_steps,
+                 paths=a.paths.split(",") if a.paths else None)
+    except NvkitError as e:
+        print(f"NvkitError: {e}")
+        return 2
+    if a.csv:
+        df.to_csv(a.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

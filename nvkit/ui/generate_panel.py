@@ -1,0 +1,271 @@
+"""``nvkit.GeneratePanel()``: prompt, chat, parameters, streamed output, Stop, stats; a view over
+``Session.generate``.
+
+Generate starts the work in a worker thread and returns at once, so the kernel keeps serving
+clicks (Stop) whether or not a cell is awaiting. Streamed text goes into one bounded HTML widget,
+HTML-escaped, refreshed a few times a second; never an Output widget per token. If no model is
+loaded, Generate loads nvkit's demo model first and says so.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+
+import ipywidgets as w
+
+from .. import events
+from ..errors import NvkitError
+from ..threads import Job, run_in_worker
+
+MAX_SHOWN_CHARS = 20_000   # the output widget keeps the tail; the full text is in .text
+REFRESH_S = 0.25           # at most ~4 output updates per second
+
+
+def _pre(text: str) -> str:
+    return f"<pre style='white-space:pre-wrap;margin:0'>{html.escape(text)}</pre>"
+
+
+class GeneratePanel(w.VBox):
+    """Generate text with the current session (``nvkit.session()``), or the demo model if none."""
+
+    def __init__(self, session=None, **kwargs):
+        self._session = session
+        self.job: Job | None = None
+        self.history: list[dict] = []   # chat turns so far: {"role": "user"|"assistant", "content": ...}
+        self.text = ""                  # the last generation's full text
+        self.last_error: str | None = None
+        self._lock = threading.Lock()
+
+        self.prompt = w.Textarea(placeholder="Prompt, e.g. NVIDIA GPUs are", rows=3, layout=w.Layout(width="100%"))
+        self.prompt.add_class("nvkit-generate-prompt")
+        self.chat = w.Checkbox(value=False, description="Chat (uses the tokenizer's chat template)", indent=False)
+        self.chat.add_class("nvkit-generate-chat")
+        self.system = w.Text(placeholder="System prompt (chat mode, optional)", layout=w.Layout(width="100%"))
+        self.system.add_class("nvkit-generate-system")
+        self.max_new_tokens = w.BoundedIntText(value=64, min=1, max=32768, description="max new tokens",
+                                               style={"description_width": "initial"}, layout=w.Layout(width="200px"))
+        self.sampling = w.ToggleButtons(options=[("Greedy", False), ("Sample", True)], value=False)
+        self.sampling.add_class("nvkit-generate-sampling")
+        self.temperature = w.BoundedFloatText(value=0.7, min=0.01, max=5.0, step=0.05, description="temperature",
+                                              layout=w.Layout(width="180px"))
+        self.top_p = w.BoundedFloatText(value=0.9, min=0.01, max=1.0, step=0.05, description="top_p",
+                                        layout=w.Layout(width="180px"))
+        self.top_k = w.BoundedIntText(value=50, min=0, max=100000, description="top_k", layout=w.Layout(width="180px"))
+        self.repetition_penalty = w.BoundedFloatText(value=1.0, min=0.5, max=5.0, step=0.05,
+                                                     description="rep. penalty", layout=w.Layout(width="180px"))
+        self.seed = w.Text(value="", placeholder="seed (optional)", layout=w.Layout(width="140px"))
+        self.fast = w.Dropdown(options=[("fast path: auto", None), ("fast path: on", True), ("fast path: off", False)],
+                               value=None, layout=w.Layout(width="170px"))
+        self.generate_button = w.Button(description="Generate", button_style="primary", icon="play")
+        self.generate_button.add_class("nvkit-generate-button")
+        self.stop_button = w.Button(description="Stop", icon="stop", disabled=True)
+        self.stop_button.add_class("nvkit-stop-button")
+        self.clear_button = w.Button(description="Clear chat", icon="eraser")
+        self.clear_button.add_class("nvkit-clear-button")
+        self.output = w.HTML(value="", layout=w.Layout(max_height="360px", overflow="auto", border="1px solid #ddd",
+                                                       padding="4px", width="100%"))
+        self.output.add_class("nvkit-generate-output")
+        self.stats = w.HTML(value="")
+        self.stats.add_class("nvkit-generate-stats")
+        self.status = w.HTML(value="")
+        self.status.add_class("nvkit-generate-status")
+
+        self.generate_button.on_click(lambda _b: self.start())
+        self.stop_button.on_click(lambda _b: self.stop())
+        self.clear_button.on_click(lambda _b: self.clear())
+        self.sampling.observe(lambda _ch: self._sync_enabled(), "value")
+        self.chat.observe(lambda _ch: self._sync_enabled(), "value")
+        self._sync_enabled()
+
+        params = w.HBox([self.max_new_tokens, self.sampling, self.fast])
+        sample_params = w.HBox([self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.seed])
+        buttons = w.HBox([self.generate_button, self.stop_button, self.clear_button])
+        super().__init__(children=[self.prompt, w.HBox([self.chat]), self.system, params, sample_params, buttons,
+                                   self.status, self.output, self.stats], **kwargs)
+        self.add_class("nvkit-generate-panel")
+
+    # --- state ---------------------------------------------------------------------------------
+    def _sync_enabled(self):
+        sample = self.sampling.value
+        for c in (self.temperature, self.top_p, self.top_k):
+            c.disabled = not sample
+        self.system.disabled = not self.chat.value
+        self.clear_button.disabled = not self.chat.value
+
+    @property
+    def busy(self) -> bool:
+        return self.job is not None and not self.job.done
+
+    def _seed(self):
+        raw = self.seed.value.strip()
+        if not raw:
+            return None
+        try:
+            return int(raw)
+        except ValueError as e:
+            raise NvkitError(f"The seed must be a whole number (or empty), not {raw!r}.") from e
+
+    def generation_kwargs(self) -> dict:
+        """The keywords Generate passes to ``Session.generate`` (besides the prompt and stream)."""
+        kw: dict = {"max_new_tokens": int(self.max_new_tokens.value), "do_sample": bool(self.sampling.value)}
+        if self.sampling.value:
+            kw.update(temperature=float(self.temperature.value), top_p=float(self.top_p.value), top_k=int(self.top_k.value))
+        if float(self.repetition_penalty.value) != 1.0:
+            kw["repetition_penalty"] = float(self.repetition_penalty.value)
+        seed = self._seed()
+        if seed is not None:
+            kw["seed"] = seed
+        if self.chat.value:
+            kw["chat"] = True
+            if self.system.value.strip():
+                kw["system"] = self.system.value
+            if self.history:
+                kw["history"] = [dict(m) for m in self.history]
+        if self.fast.value is not None:
+            kw["fast"] = self.fast.value
+        return kw
+
+    def code(self) -> str:
+        """The Python that does what Generate does with the current settings."""
+        prompt = self.prompt.value
+        kw = self.generation_kwargs()
+        args = ", ".join([repr(prompt)] + [f"{k}={v!r}" for k, v in kw.items()])
+        return ("import nvkit\n"
+                "s = nvkit.session(required=False) or nvkit.load('demo')\n"
+                f"out = s.generate({args},\n"
+                "                 stream=lambda piece: print(piece, end='', flush=True))\n"
+                "print()\n"
+                "print(s.last_stats)\n")
+
+    # --- actions -------------------------------------------------------------------------------
+    def _current_session(self):
+        if self._session is not None and self._session.model is not None:
+            return self._session
+        from ..session import session
+        return session(required=False)
+
+    def start(self) -> Job | None:
+        """Generate click: check the inputs, start the worker, return at once (the Job, or None
+        when the inputs are wrong; the status says why)."""
+        if self.busy:
+            self.status.value = "<span style='color:#a60'>Already generating: Stop it first.</span>"
+            return None
+        prompt = self.prompt.value
+        try:
+            if not prompt.strip():
+                raise NvkitError("The prompt is empty: type some text to continue, e.g. 'NVIDIA GPUs are'.")
+            kw = self.generation_kwargs()
+        except NvkitError as e:
+            self._error(e)
+            return None
+        self.last_error = None
+        self.text = ""
+        self.stats.value = ""
+        self.generate_button.disabled = True
+        self.stop_button.disabled = False
+        self.job = run_in_worker(lambda job: self._work(job, prompt, kw), name="nvkit-generate-panel")
+        self.job.add_done_callback(lambda _j: self._finished())
+        return self.job
+
+    def _work(self, job: Job, prompt: str, kw: dict):
+        s = self._current_session()
+        if s is None:
+            self.status.value = "No model was loaded: loading nvkit's demo model (nvkit.load('demo'))…"
+            from ..session import load
+            s = load("demo")
+            self.status.value = f"Loaded the demo model because no model was loaded: {html.escape(s.summary())}"
+        else:
+            self.status.value = f"Generating with {html.escape(s.model_id)}…"
+        self._session = s
+        if job.stop_event.is_set():
+            return None
+        before = self._transcript()
+        pieces: list[str] = []
+        last = [0.0]
+
+        def flush(force=False):
+            now = time.perf_counter()
+            if force or now - last[0] >= REFRESH_S:
+                last[0] = now
+                shown = before + "".join(pieces)
+                self.output.value = _pre(shown[-MAX_SHOWN_CHARS:])
+
+        def on_piece(piece: str):
+            pieces.append(piece)
+            if job.stop_event.is_set():  # Stop clicked just before the session's job existed
+                s.stop()
+            flush()
+
+        def on_event(ev):
+            if ev.kind in ("compile", "fast-off"):
+                self.status.value = html.escape(ev.text)
+
+        events.subscribe(on_event)
+        try:
+            out = s.generate(prompt, stream=on_piece, **kw)
+        finally:
+            events.unsubscribe(on_event)
+            flush(force=True)
+        self.text = out
+        if kw.get("chat"):
+            with self._lock:
+                self.history += [{"role": "user", "content": prompt}, {"role": "assistant", "content": out}]
+        return out
+
+    def _transcript(self) -> str:
+        """What the output shows before the new text: the chat so far, or the prompt."""
+        if not self.chat.value:
+            return self.prompt.value
+        lines = [f"{m['role']}: {m['content']}" for m in self.history]
+        lines.append(f"user: {self.prompt.value}")
+        return "\n".join(lines) + "\nassistant: "
+
+    def _finished(self):
+        job = self.job
+        self.generate_button.disabled = False
+        self.stop_button.disabled = True
+        if job is not None and job.error is not None:
+            self._error(job.error)
+            return
+        s = self._session
+        st = getattr(s, "last_stats", None) if s is not None else None
+        if st is not None:
+            self.stats.value = (f"{st.new_tokens} tokens · {st.tokens_per_second:.1f} tok/s · first token "
+                                f"{(st.time_to_first_token or 0) * 1000:.0f} ms · {st.seconds:.2f} s · path "
+                                f"{html.escape(st.path)}{' · stopped' if st.stopped else ''}")
+            self.status.value = "Stopped." if st.stopped else "Done."
+
+    def _error(self, e: BaseException):
+        self.last_error = f"{type(e).__name__}: {e}"
+        self.status.value = f"<span style='color:#b00'>{html.escape(self.last_error)}</span>"
+
+    def stop(self):
+        """Stop click: ends the generation within a few tokens."""
+        job = self.job
+        if job is not None and not job.done:
+            job.stop()
+            s = self._session
+            if s is not None:
+                s.stop()
+            self.status.value = "Stopping…"
+
+    def clear(self):
+        """Clear chat: forget the history and empty the output."""
+        with self._lock:
+            self.history = []
+        self.text = ""
+        self.output.value = ""
+        self.stats.value = ""
+        self.status.value = "Chat cleared."
+
+    def wait(self, timeout: float | None = None):
+        """Block until the running generation ends (for scripts and tests); returns its text."""
+        if self.job is None:
+            return None
+        return self.job.result(timeout=timeout)
+
+    def close(self):
+        self.stop()
+        super().close()

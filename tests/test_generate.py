@@ -1,0 +1,206 @@
+"""Generation on the CPU: streaming order, Stop, chat template, batch order, seeds, bad values, and
+the fast path's decode logic (run without graph capture) against plain ``generate``."""
+
+import threading
+import time
+
+import pytest
+import torch
+
+from tests.gen_fixtures import model_dir
+
+import nvkit
+from nvkit import bench_decode, fast, generation
+from nvkit.errors import NvkitError
+from nvkit.session import GenerationStats
+
+NEVER = 10 ** 7  # an eos id no model produces: generation runs to max_new_tokens or Stop
+
+
+@pytest.fixture(scope="module")
+def s():
+    sess = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    yield sess
+    sess.unload()
+
+
+def test_stream_pieces_arrive_in_order_and_make_the_output(s):
+    pieces, progress = [], []
+    out = s.generate("NVIDIA GPUs are", max_new_tokens=12, stream=pieces.append, eos_token_id=NEVER,
+                     on_progress=lambda st: progress.append(st.new_tokens))
+    assert "".join(pieces) == out
+    assert len(pieces) >= 2
+    assert progress == sorted(progress) and progress[-1] >= 11
+    st = s.last_stats
+    assert st.path == "generate" and st.new_tokens == 12 and not st.stopped
+    assert st.time_to_first_token is not None and 0 < st.time_to_first_token <= st.seconds
+
+
+def test_stop_ends_within_a_few_tokens(s):
+    seen = []
+
+    def cb(piece):
+        seen.append(piece)
+        if len(seen) == 3:
+            s.stop()
+
+    s.generate("Hello there", max_new_tokens=300, stream=cb, eos_token_id=NEVER)
+    st = s.last_stats
+    assert st.stopped
+    assert st.new_tokens <= 3 + 3, st  # pieces can lag tokens by one or two (held-back UTF-8)
+
+
+def test_stop_from_another_thread_while_awaiting(s):
+    import asyncio
+
+    async def main():
+        task = asyncio.ensure_future(s.agenerate("Hello there", max_new_tokens=5000, eos_token_id=NEVER))
+        await asyncio.sleep(0.3)
+        s.stop()
+        t = time.perf_counter()
+        await task
+        return time.perf_counter() - t
+
+    waited = asyncio.run(main())
+    assert s.last_stats.stopped and s.last_stats.new_tokens < 5000
+    assert waited < 2.0
+
+
+def test_chat_uses_the_tokenizer_template(s):
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
+    s.generate("What is a GPU?", max_new_tokens=3, chat=True, system="Answer briefly.", history=history)
+    expected = s.tokenizer.apply_chat_template(
+        [{"role": "system", "content": "Answer briefly."}, *history, {"role": "user", "content": "What is a GPU?"}],
+        add_generation_prompt=True, tokenize=False)
+    assert "<|im_start|>system" in expected
+    assert s.last_stats.prompt_tokens == len(s.tokenizer(expected)["input_ids"])
+    s.generate("What is a GPU?", max_new_tokens=3)
+    assert s.last_stats.prompt_tokens == len(s.tokenizer("What is a GPU?")["input_ids"])
+
+
+def test_batch_comes_back_in_input_order(s):
+    prompts = ["NVIDIA GPUs are", "Hello there", "The quick brown fox jumps", "A"]
+    singles = [s.generate(p, max_new_tokens=6, eos_token_id=NEVER) for p in prompts]
+    outs = s.generate(prompts, max_new_tokens=6, eos_token_id=NEVER)
+    assert s.last_stats.path == "generate" and s.last_stats.prompts_done == len(prompts)
+    assert outs == singles
+    assert s.generate(tuple(prompts[:2]), max_new_tokens=2) == s.generate(prompts[:2], max_new_tokens=2)
+
+
+def test_seed_makes_sampling_repeatable(s):
+    kw = dict(max_new_tokens=16, do_sample=True, temperature=1.0, top_k=0, eos_token_id=NEVER)
+    a = s.generate("Hello there", seed=11, **kw)
+    b = s.generate("Hello there", seed=11, **kw)
+    c = s.generate("Hello there", seed=12, **kw)
+    assert a == b
+    assert a != c
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(max_new_tokens=0), "max_new_tokens"),
+    (dict(max_new_tokens="5"), "max_new_tokens"),
+    (dict(do_sample="yes"), "do_sample"),
+    (dict(temperature=-1.0, do_sample=True), "temperature"),
+    (dict(top_p=1.5, do_sample=True), "top_p"),
+    (dict(top_k=-3, do_sample=True), "top_k"),
+    (dict(seed="x"), "seed"),
+    (dict(fast=True), "CUDA"),
+    (dict(stream="print"), "stream"),
+    (dict(chat=True, history=None, system=None, max_new_tokens=1, prompt=""), "empty"),
+])
+def test_bad_values_raise_and_the_session_stays_usable(s, kwargs, match):
+    kwargs = dict(kwargs)
+    prompt = kwargs.pop("prompt", "Hello there")
+    with pytest.raises(NvkitError, match=match):
+        s.generate(prompt, **kwargs)
+    assert isinstance(s.generate("Hello there", max_new_tokens=2), str)
+
+
+def test_bad_prompts(s):
+    for bad in ([], [""], 5, ["ok", 3]):
+        with pytest.raises(NvkitError):
+            s.generate(bad, max_new_tokens=2)
+    with pytest.raises(NvkitError, match="one prompt"):
+        s.generate(["a", "b"], stream=print)
+    assert s.generate("Hello there", max_new_tokens=1)
+
+
+def test_cpu_path_choice_is_recorded(s):
+    s.generate("Hello there", max_new_tokens=2, fast=None)
+    assert s.last_stats.path == "generate"
+    s.generate("Hello there", max_new_tokens=2, fast=False)
+    assert s.last_stats.path == "generate"
+    why = fast.unsupported_reason(s, ["x"], dict(max_new_tokens=2, do_sample=False))
+    assert why and "CUDA" in why
+
+
+# --- the fast path's logic, without CUDA graphs ----------------------------------------------------
+
+def test_resolve_knows_what_the_fast_path_implements(s):
+    ok, why = fast._resolve(s.model, dict(max_new_tokens=5, do_sample=False))
+    assert why is None and ok.key == ("greedy",) and ok.max_new_tokens == 5
+    smp, why = fast._resolve(s.model, dict(max_new_tokens=5, do_sample=True, temperature=0.5, top_p=0.9))
+    assert why is None and smp.key == ("sample", 50, True) and smp.temperature == 0.5  # top_k 50: transformers' default
+    for extra in (dict(repetition_penalty=1.2), dict(num_beams=2), dict(min_new_tokens=3), dict(foo=1)):
+        none, why = fast._resolve(s.model, dict(max_new_tokens=5, do_sample=False, **extra))
+        assert none is None and why, extra
+    assert fast._bucket_len(10) == 256 and fast._bucket_len(257) == 512 and fast._bucket_len(512) == 512
+
+
+def test_k_step_decoding_matches_plain_greedy_and_honours_stop(s):
+    d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
+    ids = s.tokenizer("NVIDIA GPUs are", return_tensors="pt")["input_ids"]
+    sampling, _ = fast._resolve(s.model, dict(max_new_tokens=30, do_sample=False, eos_token_id=NEVER))
+    with torch.inference_mode():
+        ref = s.model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=NEVER,
+                               pad_token_id=s.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+        chunks = []
+        got = d.generate(ids, sampling, on_tokens=chunks.append)
+        assert got == ref
+        assert [len(c) for c in chunks] == [1] + [4] * 7 + [1]  # first token, then K per replay, cut at max
+        # an eos inside a chunk ends the text right after it
+        eos = ref[9]
+        sampling_eos, _ = fast._resolve(s.model, dict(max_new_tokens=30, do_sample=False, eos_token_id=eos))
+        got_eos = d.generate(ids, sampling_eos)
+        assert got_eos == ref[:ref.index(eos) + 1]
+        stop = threading.Event()
+        stop.set()
+        assert len(d.generate(ids, sampling, stop_event=stop)) == 1  # checked before each replay
+    with pytest.raises(NvkitError, match="k_steps"):
+        fast.FastDecoder(s.model, k_steps=0, graphs=False)
+
+
+def test_fast_sampling_is_seeded(s):
+    d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
+    ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]
+    sampling, _ = fast._resolve(s.model, dict(max_new_tokens=12, do_sample=True, temperature=0.9, top_k=20,
+                                              top_p=0.95, eos_token_id=NEVER))
+    with torch.inference_mode():
+        torch.manual_seed(5)
+        a = d.generate(ids, sampling)
+        torch.manual_seed(5)
+        b = d.generate(ids, sampling)
+    assert a == b and len(a) == 12
+
+
+def test_run_refuses_fast_on_cpu(s):
+    class _Job:
+        stop_event = threading.Event()
+    with pytest.raises(NvkitError, match="CUDA"):
+        generation.run(s, _Job, ["x"], dict(max_new_tokens=1, do_sample=False), None, True, GenerationStats(),
+                       time.perf_counter())
+
+
+def test_bench_decode_rejects_bad_values_and_runs_on_cpu(s):
+    with pytest.raises(NvkitError, match="new_tokens"):
+        bench_decode.run(model=s, new_tokens=0, show=False)
+    with pytest.raises(NvkitError, match="path"):
+        bench_decode.run(model=s, paths=["warp drive"], show=False)
+    with pytest.raises(NvkitError):
+        bench_decode.run(model=42, show=False)
+    df = bench_decode.run(model=s, new_tokens=4, prompt_len=8, n_prompts=3, batch_new_tokens=3, decode=True, show=False)
+    assert list(df["path"]) == list(bench_decode.SINGLE_PATHS + bench_decode.BATCH_PATHS)
+    plain = df[df["path"] == "generate"].iloc[0]
+    assert plain["tokens"] == 4 and plain["vs_plain"] == 1.0
+    assert df[df["path"] == "fast"]["note"].iloc[0].startswith("skipped")
+    assert df[df["path"] == "nvkit batch"]["tokens"].iloc[0] == 9
