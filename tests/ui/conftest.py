@@ -1,0 +1,316 @@
+"""Browser-test infrastructure: one real JupyterLab server per session, driven by Debian's chromium.
+
+Fixtures:
+  ``lab``  (session) a running ``jupyter lab`` under base URL ``/nvkit-test/`` with 4 fake GPUs;
+           has ``.url`` (ends in ``/nvkit-test/``), ``.token``, ``.root_dir`` (Path), ``.port``.
+  ``page`` a logged-in Playwright page (sync API) on a fresh browser context; the browser itself
+           is shared by the session.
+Helpers (import from ``tests.ui.conftest`` or use the fixtures of the same name):
+  ``write_notebook(root_dir, name, cells)``, ``open_and_run_notebook(page, lab, name)``,
+  ``screenshot(page, name)`` -> ``docs/screenshots/<name>.png``.
+
+Every test collected under tests/ui gets the ``ui`` marker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = os.environ.get("NVKIT_CHROMIUM", "/usr/bin/chromium")
+BASE_URL = "/nvkit-test/"
+REPO = Path(__file__).resolve().parents[2]
+SCREENSHOTS = REPO / "docs" / "screenshots"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-dev-shm-usage",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+STARTUP_TIMEOUT_S = 120
+
+
+def pytest_collection_modifyitems(config, items):
+    here = Path(__file__).parent
+    for item in items:
+        if here in Path(str(item.fspath)).parents:
+            item.add_marker(pytest.mark.ui)
+
+
+def _require_chromium() -> None:
+    if os.path.exists(CHROMIUM) and os.access(CHROMIUM, os.X_OK):
+        return
+    msg = (f"{CHROMIUM} not found: browser tests need Debian's chromium "
+           "(apt-get install chromium; scripts/setup.sh does it as root)")
+    if os.environ.get("CI"):
+        pytest.fail(msg, pytrace=False)
+    pytest.skip(msg)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Lab:
+    url: str          # http://127.0.0.1:<port>/nvkit-test/
+    token: str
+    root_dir: Path
+    port: int
+    proc: subprocess.Popen
+    log_path: Path
+
+    def api(self, path: str, method: str = "GET", body: dict | None = None, timeout: float = 10):
+        """Call the server's REST API with the token; returns parsed JSON (or None)."""
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(self.url + path.lstrip("/"), data=data, method=method,
+                                     headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+        return json.loads(raw) if raw else None
+
+    def log(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-6000:]
+        except OSError:
+            return ""
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    _require_chromium()
+    root = tmp_path_factory.mktemp("lab-root")
+    home = tmp_path_factory.mktemp("lab-home")
+    log_path = tmp_path_factory.mktemp("lab-log") / "jupyter.log"
+    port = _free_port()
+    token = secrets.token_hex(16)
+    env = dict(os.environ)
+    env.update({
+        "NVKIT_FAKE_GPUS": "4",
+        "HF_HUB_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+        # keep workspaces/settings/runtime files of the test server out of the user's home
+        "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
+        "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
+        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+    })
+    # no "get notified about Jupyter news?" toast over the page and the screenshots
+    notif = home / "settings" / "@jupyterlab" / "apputils-extension"
+    notif.mkdir(parents=True)
+    (notif / "notification.jupyterlab-settings").write_text(
+        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
+    jupyter = Path(sys.executable).with_name("jupyter")
+    cmd = [
+        str(jupyter) if jupyter.exists() else "jupyter", "lab",
+        "--no-browser", "--allow-root",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.base_url={BASE_URL}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--LabApp.expose_app_in_browser=True",
+        # no "build recommended" / news / update check popups over the page
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}{BASE_URL}"
+    server = Lab(url=url, token=token, root_dir=root, port=port, proc=proc, log_path=log_path)
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while True:
+        if proc.poll() is not None:
+            log.close()
+            pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{server.log()}", pytrace=False)
+        try:
+            server.api("api/status", timeout=2)
+            break
+        except (urllib.error.URLError, ConnectionError, OSError):
+            if time.monotonic() > deadline:
+                proc.terminate()
+                log.close()
+                pytest.fail(f"jupyter lab did not answer within {STARTUP_TIMEOUT_S}s:\n{server.log()}",
+                            pytrace=False)
+            time.sleep(0.3)
+    try:
+        yield server
+    finally:
+        # shut kernels down cleanly, then the server
+        try:
+            for k in server.api("api/kernels") or []:
+                server.api(f"api/kernels/{k['id']}", method="DELETE")
+        except Exception:
+            pass
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture(scope="session")
+def browser(lab):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser, lab):
+    # no record_video_dir: video needs a downloaded ffmpeg
+    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context.set_default_timeout(30_000)
+    p = context.new_page()
+    # ?token= logs in and sets the auth cookie for this context
+    p.goto(f"{lab.url}lab?token={lab.token}&reset", wait_until="domcontentloaded")
+    wait_for_app(p)
+    try:
+        yield p
+    finally:
+        context.close()
+
+
+def wait_for_app(page, timeout_ms: int = 60_000) -> None:
+    """Wait until JupyterLab has started (shell attached, app exposed, restored)."""
+    page.wait_for_selector("#jp-main-dock-panel", timeout=timeout_ms)
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.started !== undefined",
+                           timeout=timeout_ms)
+    page.evaluate("async () => { await window.jupyterapp.started; await window.jupyterapp.restored; }")
+
+
+# ---- helpers ------------------------------------------------------------------------------------
+
+def write_notebook(root_dir: Path, name: str, cells: list) -> Path:
+    """Write a notebook of ``cells`` under ``root_dir``. A cell is a source string (code) or a
+    ``("markdown"|"code", source)`` tuple. Returns the path."""
+    nb_cells = []
+    for c in cells:
+        kind, src = ("code", c) if isinstance(c, str) else c
+        cell = {"cell_type": kind, "metadata": {}, "source": src}
+        if kind == "code":
+            cell.update(execution_count=None, outputs=[])
+        nb_cells.append(cell)
+    nb = {
+        "cells": nb_cells,
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python",
+                           "name": "python3"},
+            "language_info": {"name": "python"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
+    path = Path(root_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(nb, indent=1))
+    return path
+
+
+def wait_kernel_idle(page, timeout_ms: int = 120_000) -> None:
+    """Wait until the current notebook's kernel is connected and idle."""
+    page.wait_for_function(
+        """() => {
+            const w = window.jupyterapp.shell.currentWidget;
+            const s = w && w.sessionContext;
+            return !!(s && s.session && s.session.kernel && !s.pendingInput
+                      && s.session.kernel.connectionStatus === 'connected'
+                      && s.session.kernel.status === 'idle');
+        }""",
+        timeout=timeout_ms, polling=250,
+    )
+
+
+def open_notebook(page, lab, name: str) -> None:
+    """Open ``name`` (relative to the server root) as the only tab and wait until it is the
+    current widget, its cells are shown and its kernel is idle."""
+    # ?reset: start from an empty workspace, so tabs of earlier tests don't come back
+    page.goto(f"{lab.url}lab/tree/{name}?reset", wait_until="domcontentloaded")
+    wait_for_app(page)
+    page.wait_for_function(
+        """name => {
+            const w = window.jupyterapp.shell.currentWidget;
+            return !!(w && w.context && w.context.path === name && w.content
+                      && w.content.widgets.length > 0 && w.node.querySelector('.jp-Cell'));
+        }""", arg=name, timeout=60_000, polling=250)
+    wait_kernel_idle(page)
+
+
+def run_all_cells(page, timeout_ms: int = 180_000) -> None:
+    """Run every cell of the current notebook and wait until the kernel is idle again and no cell
+    is pending (``[*]``)."""
+    page.evaluate("() => window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    page.wait_for_function(
+        """() => {
+            const w = window.jupyterapp.shell.currentWidget;
+            if (!w || !w.content) return false;
+            const k = w.sessionContext.session && w.sessionContext.session.kernel;
+            if (!k || k.status !== 'idle') return false;
+            const prompts = [...w.node.querySelectorAll('.jp-InputArea-prompt')];
+            return prompts.every(p => !p.textContent.includes('*'));
+        }""",
+        timeout=timeout_ms, polling=250,
+    )
+
+
+def open_and_run_notebook(page, lab, name: str, timeout_ms: int = 180_000) -> None:
+    """Open ``lab/tree/<name>``, wait for an idle kernel, run all cells, wait until done."""
+    open_notebook(page, lab, name)
+    run_all_cells(page, timeout_ms=timeout_ms)
+
+
+def screenshot(page, name: str, **kwargs) -> Path:
+    """Save a PNG to docs/screenshots/<name>.png (the README uses them) and return its path."""
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / (name if name.endswith(".png") else f"{name}.png")
+    page.screenshot(path=str(path), **kwargs)
+    return path
+
+
+def cell_errors(page) -> list[str]:
+    """Texts of error outputs in the current notebook (tracebacks), for assertion messages."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll(
+                '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-OutputArea-output[data-mime-type="application/vnd.jupyter.stderr"], '
+                + '.jp-NotebookPanel:not(.lm-mod-hidden) .jp-RenderedText[data-mime-type="application/vnd.jupyter.error"]')]
+              .map(e => e.innerText.slice(0, 2000))"""
+    )
+
+
+# fixtures that hand out the helpers, for tests that prefer injection over imports
+@pytest.fixture(name="write_notebook")
+def _write_notebook_fixture():
+    return write_notebook
+
+
+@pytest.fixture(name="open_and_run_notebook")
+def _open_and_run_fixture():
+    return open_and_run_notebook
+
+
+@pytest.fixture(name="screenshot")
+def _screenshot_fixture():
+    return screenshot
