@@ -1,0 +1,299 @@
+"""``nvkit.estimate``: how much GPU memory a model will need, from its config alone.
+
+Nothing is downloaded and no weights are built: the config gives the shapes, and the parameter
+count comes from instantiating the model on the ``meta`` device (tensors without storage), so any
+architecture transformers knows is counted exactly, tied embeddings included.
+
+The activation coefficients (bytes per token per layer) were measured, not guessed: a
+TorchDispatchMode that tracks the storage of every tensor an op creates gives the exact peak of
+live bytes for a real forward/backward (``_live_peak`` in tests/test_estimate.py re-measures them
+on small Qwen3 shapes). Autograd saves the same tensors on every device, so they carry over to
+CUDA; what CUDA adds (its context, cuBLAS workspaces, allocator rounding) is a separate part.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from dataclasses import dataclass, field
+
+from .errors import NvkitError, require
+from .memory import fmt_bytes
+
+MiB = 2**20
+
+# The CUDA context (driver state, module images loaded lazily) plus cuBLAS/cuDNN handles and
+# workspaces: what nvidia-smi shows for a process that has run one matmul and holds no tensors.
+# About 500 MiB with torch 2.x on Hopper; it is there once per GPU the process touches.
+CUDA_CONTEXT_BYTES = 500 * MiB
+
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2,
+                "fp16": 2, "half": 2}
+_QUANT = (None, "nf4", "fp4", "int8")
+_MODES = ("inference", "lora")
+
+
+@dataclass
+class Estimate:
+    """A memory prediction: ``parts`` (name → bytes) and their sum ``total``.
+
+    ``formulas`` says how each part was computed, so the number can be checked by hand."""
+
+    model: str
+    mode: str
+    dtype: str
+    quantization: str | None
+    batch_size: int
+    seq_len: int
+    parameters: int
+    parts: dict[str, int] = field(default_factory=dict)
+    formulas: dict[str, str] = field(default_factory=dict)
+    device: str = "cuda"
+    lora_r: int | None = None
+    gradient_checkpointing: bool = False
+
+    @property
+    def total(self) -> int:
+        return int(sum(self.parts.values()))
+
+    def to_frame(self):
+        import pandas as pd
+        rows = [{"part": k, "bytes": int(v), "size": fmt_bytes(v), "formula": self.formulas.get(k, "")}
+                for k, v in self.parts.items()]
+        rows.append({"part": "total", "bytes": self.total, "size": fmt_bytes(self.total), "formula": ""})
+        return pd.DataFrame(rows).set_index("part")
+
+    def describe(self) -> str:
+        what = f"{self.mode}, batch {self.batch_size} × {self.seq_len} tokens, {self.dtype}"
+        if self.quantization:
+            what += f", {self.quantization}"
+        if self.mode == "lora":
+            what += f", LoRA r={self.lora_r}" + (", gradient checkpointing" if self.gradient_checkpointing else "")
+        return f"{self.model} ({self.parameters / 1e6:.1f} M params; {what})"
+
+    def __str__(self) -> str:
+        width = max(len(k) for k in self.parts) if self.parts else 5
+        lines = [f"Estimate for {self.describe()}:"]
+        for k, v in self.parts.items():
+            lines.append(f"  {k:<{width}}  {fmt_bytes(v):>11}   {self.formulas.get(k, '')}")
+        lines.append(f"  {'total':<{width}}  {fmt_bytes(self.total):>11}")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<nvkit.Estimate {fmt_bytes(self.total)} for {self.describe()}>"
+
+
+# --- the model's shape ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Shape:
+    name: str
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    parameters: int            # unique parameters (tied embeddings counted once)
+    linear_params: int         # in nn.Linear layers other than the output head: what bnb quantizes
+    linear_rows: int           # sum of out_features of those layers (int8 keeps one fp32 scale per row)
+    lora_dims: int             # sum of (in + out) over those layers: LoRA r adds r × this many params
+
+
+_shape_cache: dict[str, _Shape] = {}
+_shape_lock = threading.Lock()
+
+
+def _config_of(model):
+    """(transformers config, display name) for what the user passed."""
+    from transformers import AutoConfig, PretrainedConfig
+    if isinstance(model, PretrainedConfig):
+        return model, getattr(model, "name_or_path", "") or model.model_type
+    cfg = getattr(model, "config", None)  # a loaded transformers model
+    if isinstance(cfg, PretrainedConfig):
+        return cfg, getattr(model, "name_or_path", "") or cfg.model_type
+    inner = getattr(model, "model", None)  # an nvkit Session
+    if inner is not None and isinstance(getattr(inner, "config", None), PretrainedConfig):
+        return inner.config, getattr(model, "model_id", cfg)
+    require(isinstance(model, (str, os.PathLike)) and str(model).strip() != "",
+            f"estimate needs a model: 'demo', a shape name such as 'qwen3-0.6b', a local checkpoint directory, "
+            f"a cached Hub id, a transformers config or a Session, not {model!r}.")
+    name = os.fspath(model).strip()
+    from .demo import SHAPES, path as demo_path, shaped_config
+    if name == "demo":
+        return AutoConfig.from_pretrained(demo_path()), "demo"
+    if name.lower() in SHAPES:
+        return shaped_config(name), name.lower()
+    local = os.path.expanduser(name)
+    if os.path.isdir(local):
+        require(os.path.isfile(os.path.join(local, "config.json")),
+                f"{local} holds no config.json: point estimate at a checkpoint directory.")
+        try:
+            return AutoConfig.from_pretrained(local), name
+        except (OSError, ValueError) as e:
+            raise NvkitError(f"Could not read the config in {local}: {e}") from e
+    try:  # a Hub id: only from the local cache, an estimate must never download
+        return AutoConfig.from_pretrained(name, local_files_only=True), name
+    except (OSError, ValueError) as e:
+        raise NvkitError(
+            f"No config for {name!r}: it is not a local directory, not a known shape ({', '.join(sorted(SHAPES))}) "
+            "and not in the Hugging Face cache (estimate never downloads). Pass a checkpoint directory, a shape "
+            "name, or a transformers config (AutoConfig.for_model(...)).") from e
+
+
+def _text_config(cfg):
+    get = getattr(cfg, "get_text_config", None)
+    return get() if callable(get) else cfg
+
+
+def _shape(cfg, name: str) -> _Shape:
+    key = hashlib.sha256(cfg.to_json_string(use_diff=False).encode()).hexdigest()
+    with _shape_lock:
+        if key in _shape_cache:
+            return _shape_cache[key]
+    import torch
+    from transformers import AutoModelForCausalLM
+    text = _text_config(cfg)
+    try:
+        with torch.device("meta"):
+            m = AutoModelForCausalLM.from_config(cfg)
+    except Exception as e:  # noqa: BLE001 - any failure here means the config is unusable
+        raise NvkitError(f"Could not build {name!r} on the meta device to count its parameters: {e}") from e
+    params = sum(p.numel() for p in m.parameters())  # parameters() yields a tied weight once
+    out_head = m.get_output_embeddings()
+    lin_params = lin_rows = lora_dims = 0
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.Linear) and mod is not out_head:
+            lin_params += mod.weight.numel()
+            lin_rows += mod.out_features
+            lora_dims += mod.in_features + mod.out_features
+    heads = text.num_attention_heads
+    hidden = text.hidden_size
+    shape = _Shape(name=name, layers=text.num_hidden_layers, hidden=hidden,
+                   intermediate=getattr(text, "intermediate_size", 4 * hidden), heads=heads,
+                   kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(text, "head_dim", None) or hidden // heads,
+                   vocab=text.vocab_size, parameters=params, linear_params=lin_params,
+                   linear_rows=lin_rows, lora_dims=lora_dims)
+    with _shape_lock:
+        _shape_cache[key] = shape
+    return shape
+
+
+# --- the estimate ---------------------------------------------------------------------------------
+
+def _check_int(name: str, value, lo: int = 1) -> int:
+    require(isinstance(value, int) and not isinstance(value, bool) and value >= lo,
+            f"{name} must be a whole number ≥ {lo}, not {value!r}.")
+    return value
+
+
+def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference", batch_size=1, seq_len=1024,
+             lora_r=16, gradient_checkpointing=False, *, prompt_len=None, device="cuda") -> Estimate:
+    """Predict the peak GPU memory of running ``model`` (see the module doc for how).
+
+    ``mode="inference"``: ``generate`` over ``batch_size`` prompts of ``prompt_len`` tokens
+    (default: ``seq_len``, the worst case) up to ``seq_len`` tokens in all.
+    ``mode="lora"``: one LoRA training step (all linear layers, AdamW) on ``batch_size`` ×
+    ``seq_len`` tokens; on a ``quantization`` of nf4/fp4 this is QLoRA.
+    ``device="cpu"`` leaves out the CUDA context."""
+    dname = str(dtype).replace("torch.", "").lower()
+    require(dname in _DTYPE_BYTES, f"dtype must be 'bfloat16', 'float16' or 'float32', not {dtype!r}.")
+    qname = quantization.lower() if isinstance(quantization, str) else quantization
+    require(qname in _QUANT, f"quantization must be None, 'nf4', 'fp4' or 'int8', not {quantization!r}.")
+    require(mode in _MODES, f"mode must be 'inference' or 'lora', not {mode!r}.")
+    _check_int("batch_size", batch_size)
+    _check_int("seq_len", seq_len)
+    require(isinstance(gradient_checkpointing, bool), "gradient_checkpointing must be True or False.")
+    require(device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
+    if mode == "lora":
+        _check_int("lora_r", lora_r)
+    if prompt_len is None:
+        prompt_len = seq_len
+    _check_int("prompt_len", prompt_len)
+    require(prompt_len <= seq_len, f"prompt_len ({prompt_len}) cannot exceed seq_len ({seq_len}), the whole context.")
+
+    cfg, name = _config_of(model)
+    s = _shape(cfg, str(name))
+    b = _DTYPE_BYTES[dname]
+    B, S, L, H, I, V = batch_size, seq_len, s.layers, s.hidden, s.intermediate, s.vocab
+    qd, kvd = s.heads * s.head_dim, s.kv_heads * s.head_dim
+    parts: dict[str, int] = {}
+    formulas: dict[str, str] = {}
+
+    # Weights. bitsandbytes quantizes the nn.Linear layers except the output head; embeddings,
+    # norms and the head stay in the compute dtype.
+    other = s.parameters - s.linear_params
+    if qname in ("nf4", "fp4"):
+        # 4 bits per weight, plus the blockwise absmax: one per 64 weights, itself 8-bit with double
+        # quantization (nvkit turns it on), plus one fp32 per 256 absmax blocks.
+        lin = s.linear_params * (0.5 + 1 / 64 + 4 / (64 * 256))
+        formulas["weights"] = f"{s.linear_params / 1e6:.0f} M linear × 0.52 B (4-bit + absmax) + {other / 1e6:.0f} M other × {b} B"
+    elif qname == "int8":
+        lin = s.linear_params * 1 + s.linear_rows * 4  # LLM.int8: int8 weights + one fp32 scale per row
+        formulas["weights"] = f"{s.linear_params / 1e6:.0f} M linear × 1 B + row scales + {other / 1e6:.0f} M other × {b} B"
+    else:
+        lin = s.linear_params * b
+        formulas["weights"] = f"{s.parameters / 1e6:.1f} M params × {b} B ({dname})"
+    parts["weights"] = int(lin + other * b)
+
+    if mode == "inference":
+        # KV cache: every layer keeps K and V for every token of the context, in the compute dtype.
+        parts["KV cache"] = L * kvd * 2 * S * B * b
+        formulas["KV cache"] = f"{L} layers × {s.kv_heads} KV heads × {s.head_dim} × 2 (K,V) × {S} tok × {B} × {b} B"
+        # Prefill is the activation peak: under inference_mode nothing is saved, so it is one
+        # layer's working set for all prompt tokens at once (measured: residual + norm in fp32 +
+        # q/k/v + attention output + gate/up/product of the MLP).
+        T = B * prompt_len
+        per_tok = _INF_H * H + _INF_QD * qd + _INF_KVD * kvd + _INF_I * I
+        parts["activations"] = int(T * per_tok)
+        formulas["activations"] = (f"{T} prompt tok × ({_INF_H}·H + {_INF_QD}·q_dim + {_INF_KVD}·kv_dim + {_INF_I}·I) B, "
+                                   "one layer at a time")
+        # generate keeps only the last position's logits: bf16 out, fp32 copy, processed scores.
+        parts["logits"] = B * V * (b + 4 + 4)
+        formulas["logits"] = f"{B} × vocab {V} × ({b} + 4 + 4) B (last position only)"
+    else:
+        T = B * S
+        n_lora = lora_r * s.lora_dims
+        # PEFT keeps adapters in fp32 (autocast_adapter_dtype) even on a bf16 model.
+        parts["LoRA adapter"] = n_lora * 4
+        formulas["LoRA adapter"] = f"r {lora_r} × Σ(in+out) {s.lora_dims} = {n_lora / 1e6:.2f} M params × 4 B (fp32)"
+        parts["LoRA gradients"] = n_lora * 4
+        formulas["LoRA gradients"] = "adapter params × 4 B"
+        parts["AdamW states"] = n_lora * 8
+        formulas["AdamW states"] = "adapter params × 2 moments × 4 B"
+        # Saved activations, bytes per token per layer, measured with PEFT all-linear LoRA
+        # (fp32 adapters: each adapted layer keeps an fp32 copy of its input) on a bf16 model.
+        per_layer = _LORA_H * H + _LORA_QD * qd + _LORA_KVD * kvd + _LORA_I * I + _LORA_R * lora_r
+        if gradient_checkpointing:
+            # Each layer keeps only its bf16 input; during backward one layer is recomputed at a
+            # time (its activations plus their gradients, about twice its saved set).
+            act = T * (L * 2 * H + _FINAL_H * H) + T * 2 * per_layer
+            formulas["activations"] = (f"{T} tok × ({L} layers × 2·H + {_FINAL_H}·H) + one layer recomputed "
+                                       f"(2 × {per_layer} B/tok)")
+        else:
+            act = T * (L * per_layer + _FINAL_H * H)
+            formulas["activations"] = (f"{T} tok × ({L} layers × ({_LORA_H}·H + {_LORA_QD}·q_dim + {_LORA_KVD}·kv_dim "
+                                       f"+ {_LORA_I}·I + {_LORA_R}·r) + {_FINAL_H}·H) B")
+        parts["activations"] = int(act)
+        # The loss: bf16 logits, their fp32 upcast, log-softmax (saved) and, at the start of
+        # backward, the fp32 gradients of both: 2 + 4 + 4 + 4 bytes per logit.
+        parts["logits"] = T * V * _LOGIT_BYTES
+        formulas["logits"] = f"{B} × {S} tok × vocab {V} × {_LOGIT_BYTES} B (bf16 + fp32 upcast, log-softmax, grads)"
+    if device == "cuda":
+        parts["CUDA context"] = CUDA_CONTEXT_BYTES
+        formulas["CUDA context"] = "driver context, kernels, cuBLAS workspace (≈ 500 MiB per GPU used)"
+    return Estimate(model=str(name), mode=mode, dtype=dname, quantization=qname, batch_size=B, seq_len=S,
+                    parameters=s.parameters, parts={k: int(v) for k, v in parts.items()}, formulas=formulas,
+                    device=device, lora_r=lora_r if mode == "lora" else None,
+                    gradient_checkpointing=gradient_checkpointing if mode == "lora" else False)
+
+
+# Measured coefficients (bytes per token), see the module doc.
+_LORA_H, _LORA_QD, _LORA_KVD, _LORA_I, _LORA_R = 26, 12, 8, 10, 52
+_FINAL_H = 6
+_LOGIT_BYTES = 14
+_INF_H, _INF_QD, _INF_KVD, _INF_I = 12, 4, 4, 6

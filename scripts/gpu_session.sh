@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs on the GPU machine (the device tool), from the checkout root: installs the wheels that
+# travelled with this call (../shared/gpu/wheels.sh fetches them into .whl-*), then runs one phase
+# of the GPU tests and benchmarks with all output teed into $OUT. Usage:
+#     bash scripts/gpu_session.sh PHASE      (PHASE: core | bnb | fa4-first-half | fa4)
+set -uo pipefail
+phase=${1:?phase}
+for inst in .whl-*/install.sh; do eval "$(bash "$inst")"; break; done
+export PYTHONPATH=$PWD:${PYTHONPATH:-} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 NVKIT_CACHE=/tmp/nvkit-cache
+out=${OUT:-/tmp/out}; mkdir -p "$out"
+py() { python3 "$@"; }
+t() { echo "=== $* ($(date +%T))"; timeout "${T:-300}" python3 -m pytest -q -s -p no:cacheprovider -rs "$@"; }
+case "$phase" in
+  core)
+    nvidia-smi --query-gpu=index,name,pci.bus_id,memory.total --format=csv
+    py -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+    T=420 t tests/gpu/test_session_gpu.py tests/gpu/test_gpus_gpu.py tests/gpu/test_memory_gpu.py \
+        tests/gpu/test_fast_gpu.py tests/gpu/test_finetune_gpu.py -k "not bench and not qlora and not ddp" ;;
+  bnb)
+    T=200 t tests/gpu/test_backends_gpu.py -k "bnb or table or fa2_fa3 or local_kernel" tests/gpu/test_finetune_gpu.py -k "qlora or bnb or table or fa2_fa3 or local_kernel"
+    T=300 t tests/gpu/test_fast_gpu.py tests/gpu/test_finetune_gpu.py -k "bench" ;;
+  fa4-first-half)
+    echo "first half of FlashAttention-4 installed" ;;
+  fa4)
+    T=500 t tests/gpu/test_backends_gpu.py -k "generates_trains or bench_qwen3" ;;
+esac

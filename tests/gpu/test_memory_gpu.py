@@ -1,0 +1,123 @@
+"""GPU checks of nvkit.memory / nvkit.estimate (run by the lead on the H200):
+
+- an absurd batch provokes a CUDA OOM that is reported and recovered without restarting;
+- predicted vs measured peak for the Qwen3-0.6B shape: inference at batch 1 and 8, one LoRA step;
+- the sampler's overhead on decode speed (printed; a benchmark, not a timed assertion).
+
+Run: HF_HUB_OFFLINE=1 python -m pytest tests/gpu/test_memory_gpu.py -m gpu -s
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
+
+import nvkit  # noqa: E402
+from nvkit import memory  # noqa: E402
+from nvkit.errors import NvkitError  # noqa: E402
+from nvkit.memory import fmt_bytes  # noqa: E402
+
+TOLERANCE = 0.15
+
+
+@pytest.fixture(scope="module")
+def qwen_dir():
+    return nvkit.demo.shaped("qwen3-0.6b")
+
+
+@pytest.fixture(scope="module")
+def session(qwen_dir):
+    memory.sampler(rate_hz=20)  # NVML peaks between samples: sample fast while measuring
+    s = nvkit.load(qwen_dir, dtype="bfloat16", device_map="cuda")
+    yield s
+    s.unload()
+
+
+def _report(label, est, c):
+    print(f"\n{label}: predicted {fmt_bytes(est.total)} · measured (NVML peak) {fmt_bytes(c.measured)} · "
+          f"error {c.error:+.1%} · torch peak allocated {fmt_bytes(c.measured_torch_allocated)}, "
+          f"reserved {fmt_bytes(c.measured_torch_reserved)}\n{est}")
+
+
+def test_oom_is_recovered_without_restart(session):
+    prompts = ["NVIDIA GPUs are " * 400] * 4096  # ~6 M tokens of prefill: far beyond 141 GB
+    with pytest.raises(NvkitError) as ei:
+        session.generate(prompts, max_new_tokens=8)
+    msg = str(ei.value)
+    print("\n" + msg)
+    assert "Out of GPU memory during generate" in msg and "still usable" in msg
+    assert "smaller batch" in msg
+    assert isinstance(ei.value.__cause__, torch.OutOfMemoryError)
+    memory.release()
+    # memory came back: what is allocated is the weights again (plus small leftovers)
+    assert torch.cuda.memory_allocated() < session.info["footprint_bytes"] + 256 * 2**20
+    assert session.generate("NVIDIA GPUs are", max_new_tokens=8)  # same session, no restart
+    assert nvkit.events.events()[-1].kind == "generate-end"
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+def test_inference_estimate_within_15_percent(session, batch):
+    prompt_len, new = 512, 512
+    ids = torch.randint(1000, 5000, (batch, prompt_len), device="cuda")
+    est = nvkit.estimate("qwen3-0.6b", batch_size=batch, seq_len=prompt_len + new, prompt_len=prompt_len)
+    memory.expect(est)
+    try:
+        nvkit.events.record("generate-start", f"estimate check, batch {batch}")
+        with torch.inference_mode():
+            session.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                                   min_new_tokens=new, do_sample=False)
+        nvkit.events.record("generate-end", f"estimate check, batch {batch}")
+    finally:
+        memory.expect(None)
+    c = memory.last_comparison()
+    _report(f"inference batch {batch} × ({prompt_len} + {new})", est, c)
+    assert abs(c.error) <= TOLERANCE
+
+
+def test_lora_estimate_within_15_percent(qwen_dir):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    cur = nvkit.session(required=False)
+    if cur is not None:
+        cur.unload()
+    memory.release()
+    B, S = 4, 512
+    est = nvkit.estimate("qwen3-0.6b", mode="lora", batch_size=B, seq_len=S, lora_r=16)
+    # The estimate's assumptions: PEFT all-linear LoRA (fp32 adapters, dropout 0), AdamW, the
+    # standard (unfused) loss, no autocast. nvkit.finetune fuses the loss and is printed apart.
+    memory.expect(est)
+    try:
+        nvkit.events.record("train-start", "estimate check")
+        m = AutoModelForCausalLM.from_pretrained(qwen_dir, dtype=torch.bfloat16, device_map="cuda")
+        m = get_peft_model(m, LoraConfig(r=16, target_modules="all-linear", lora_dropout=0.0))
+        opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4)
+        ids = torch.randint(1000, 5000, (B, S), device="cuda")
+        for _ in range(2):
+            out = m(input_ids=ids, labels=ids)
+            out.loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            del out
+        torch.cuda.synchronize()
+        nvkit.events.record("train-end", "estimate check")
+    finally:
+        memory.expect(None)
+    c = memory.last_comparison()
+    _report(f"LoRA r=16, batch {B} × {S}", est, c)
+    del m, opt
+    memory.release()
+    assert abs(c.error) <= TOLERANCE
+
+
+def test_sampler_overhead_on_decode():
+    r = memory.overhead_benchmark("qwen3-0.6b", new_tokens=256, rounds=3, rate_hz=5)
+    print(f"\nsampler overhead: {r['tok_s_without']:.1f} tok/s without, {r['tok_s_with']:.1f} with (5 Hz): "
+          f"{r['difference']:+.2%}; {r['seconds_per_sample'] * 1e6:.0f} µs per sample")
+    assert r["tok_s_without"] > 0 and r["tok_s_with"] > 0

@@ -1,0 +1,270 @@
+"""nvkit.memory on the CPU: ring buffers, the sampler, events, the report, verified unload, OOM text."""
+
+from __future__ import annotations
+
+import os
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import numpy as np
+import pytest
+
+import nvkit
+from nvkit import events, memory
+from nvkit.errors import NvkitError
+
+
+@pytest.fixture
+def fake_gpus(monkeypatch):
+    monkeypatch.setenv("NVKIT_FAKE_GPUS", "2")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    memory._reset_default_sampler()
+    yield
+    memory._reset_default_sampler()
+
+
+@pytest.fixture
+def no_gpus(monkeypatch):
+    monkeypatch.setenv("NVKIT_FAKE_GPUS", "[]")
+    memory._reset_default_sampler()
+    yield
+    memory._reset_default_sampler()
+
+
+def _tiny_model_dir(tmp_path_factory) -> str:
+    try:
+        return nvkit.demo.path()
+    except NvkitError:
+        pass
+    import torch
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config
+    d = tmp_path_factory.mktemp("tiny-qwen3")
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
+    tok.train_from_iterator(["NVIDIA GPUs are fast. Memory is measured."] * 20,
+                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eos>"]))
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>", pad_token="<eos>")
+    fast.save_pretrained(d)
+    cfg = Qwen3Config(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=1, head_dim=32, intermediate_size=128, eos_token_id=1, pad_token_id=1)
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
+    return str(d)
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return _tiny_model_dir(tmp_path_factory)
+
+
+# --- ring buffer --------------------------------------------------------------------------------
+
+def test_ring_buffer_keeps_the_newest_values_in_order():
+    rb = memory.RingBuffer(4)
+    assert len(rb) == 0 and rb.values().dtype == np.float64 and rb.values().size == 0
+    for v in range(3):
+        rb.append(v)
+    assert rb.values().tolist() == [0, 1, 2]
+    for v in range(3, 11):
+        rb.append(v)
+    assert len(rb) == 4
+    assert rb.values().tolist() == [7, 8, 9, 10]
+    rb.clear()
+    assert len(rb) == 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4", None])
+def test_ring_buffer_rejects_bad_capacity(bad):
+    with pytest.raises(NvkitError, match="capacity"):
+        memory.RingBuffer(bad)
+
+
+def test_sampler_buffers_are_bounded(no_gpus):
+    s = memory.Sampler(rate_hz=20, window_s=1)
+    assert s.capacity == 21
+    for _ in range(100):
+        s.sample()
+    t, y = s.series("rss")
+    assert len(t) == len(y) == 21
+    assert np.all(np.diff(t) >= 0) and np.all(y > 0)
+
+
+# --- sampler ---------------------------------------------------------------------------------------
+
+def test_sampler_on_cpu_samples_rss_and_stops(no_gpus):
+    s = memory.Sampler(rate_hz=20, window_s=10)
+    assert s.devices == []
+    s.start()
+    try:
+        time.sleep(0.6)
+        assert s.running
+    finally:
+        s.stop()
+    assert not s.running
+    n = len(s)
+    assert 4 <= n <= 20, n
+    time.sleep(0.2)
+    assert len(s) == n  # stopped means stopped
+    t, y = s.series("rss")
+    assert t.dtype == np.float64 and y.dtype == np.float64
+    assert y.min() > 10 * 2**20  # a Python process with numpy holds more than 10 MiB
+    assert s.peak("rss") == pytest.approx(y.max())
+    with pytest.raises(NvkitError, match="no 'nvml_used' series"):
+        s.series("nvml_used", 0)
+
+
+def test_sampler_with_fake_gpus_samples_each_gpu(fake_gpus):
+    s = memory.Sampler(rate_hz=5)
+    assert [d.cuda_index for d in s.devices] == [0, 1]
+    for _ in range(3):
+        s.sample()
+    for i in (0, 1):
+        t, used = s.series("nvml_used", i)
+        assert len(used) == 3 and np.all(used >= 512 * 2**20)
+        _, alloc = s.series("torch_allocated", i)
+        assert np.all(alloc == 0)  # no CUDA context in this process
+    only = memory.Sampler(devices=[1])
+    assert [d.cuda_index for d in only.devices] == [1]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(rate_hz=0), "rate_hz"), (dict(rate_hz=21), "rate_hz"), (dict(rate_hz="5"), "rate_hz"),
+    (dict(window_s=0), "window_s"), (dict(devices=[7]), "No cuda:7"), (dict(devices="0"), "devices"),
+])
+def test_sampler_rejects_bad_arguments(fake_gpus, kwargs, match):
+    with pytest.raises(NvkitError, match=match):
+        memory.Sampler(**kwargs)
+
+
+def test_set_rate_validates(no_gpus):
+    s = memory.Sampler()
+    s.set_rate(20)
+    assert s.rate_hz == 20
+    with pytest.raises(NvkitError):
+        s.set_rate(100)
+
+
+def test_shared_sampler_is_one_thread(no_gpus):
+    a = memory.sampler(rate_hz=10)
+    b = memory.sampler()
+    assert a is b and a.running and a.rate_hz == 10
+    c = memory.sampler(window_s=600)  # a longer window replaces it
+    assert c is not a and c.window_s == 600 and not a.running
+
+
+# --- events ----------------------------------------------------------------------------------------
+
+def test_events_and_marks_are_recorded_in_order():
+    t0 = events.now()
+    nvkit.mark("before LoRA")
+    events.record("train-step", "step 1")
+    evs = events.events(since=t0)
+    assert [(e.kind, e.text) for e in evs][-2:] == [("mark", "before LoRA"), ("train-step", "step 1")]
+    assert evs[-1].t >= evs[-2].t >= t0
+    for bad in ("", "   ", None, 3):
+        with pytest.raises(NvkitError):
+            nvkit.mark(bad)
+
+
+def test_start_and_end_events_record_a_comparison(no_gpus):
+    est = nvkit.estimate("qwen3-tiny", device="cpu")
+    memory.expect(est)
+    try:
+        events.record("generate-start", "test")
+        assert memory.open_since() is not None
+        events.record("generate-end", "test")
+        c = memory.last_comparison()
+        assert c.what == "generate" and c.device == "cpu"
+        assert c.predicted == est.total and c.measured > 0 and c.error is not None
+        df = memory.comparisons()
+        assert list(df.columns)[:7] == ["what", "device", "t_start", "t_end", "predicted", "measured", "error"]
+        assert memory.open_since() is None
+    finally:
+        memory.expect(None)
+    with pytest.raises(NvkitError, match="Estimate"):
+        memory.expect(123)
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+def test_report_columns_on_fake_gpus(fake_gpus):
+    df = nvkit.memory_report()
+    assert list(df.index) == ["cuda:0", "cuda:1"]
+    assert list(df.columns) == memory.REPORT_COLUMNS
+    row = df.loc["cuda:0"]
+    assert row["source"] == "NVML" and row["used"] >= 512 * 2**20
+    assert row["rest"] == row["used"] - row["torch_reserved"]
+    assert row["total"] == 143771 * 2**20
+    mib = nvkit.memory_report(unit="MiB")
+    assert mib.loc["cuda:0", "total"] == 143771
+    assert list(nvkit.memory_report(devices=[1]).index) == ["cuda:1"]
+    with pytest.raises(NvkitError, match="unit"):
+        nvkit.memory_report(unit="KB")
+    with pytest.raises(NvkitError, match="cuda:5"):
+        nvkit.memory_report(devices=[5])
+    text = memory.format_report(df)
+    assert "cuda:1" in text and "rest = used" in text
+
+
+def test_report_on_cpu_is_one_process_row(no_gpus):
+    df = nvkit.memory_report()
+    assert list(df.index) == ["cpu"]
+    assert df.loc["cpu", "source"] == "RSS" and df.loc["cpu", "used"] > 0
+
+
+def test_memory_magic_prints_the_report(fake_gpus, capsys):
+    from nvkit.magics import run_line
+    run_line("memory")
+    assert "cuda:0" in capsys.readouterr().out
+    run_line("mark checkpoint one")
+    assert events.events()[-1].text == "checkpoint one"
+    with pytest.raises(NvkitError):
+        run_line("memory --unit parsecs")
+    with pytest.raises(NvkitError):
+        run_line("mark")
+
+
+# --- verified unload -------------------------------------------------------------------------------
+
+def test_unload_reports_the_drop_and_keeps_the_int(tiny_dir, no_gpus):
+    s = nvkit.load(tiny_dir, device_map="cpu")
+    assert s.generate("NVIDIA GPUs are", max_new_tokens=3)
+    c = memory.last_comparison()
+    assert c.what == "generate" and c.predicted is not None  # nvkit predicted this generation itself
+    freed = s.unload()
+    assert isinstance(freed, int) and freed >= 0
+    rep = s.unload_report
+    assert rep.freed == freed and rep.device == "cpu"
+    assert rep.after.rss <= rep.before.rss + 64 * 2**20
+    assert "Unloaded" in str(rep) and "process RSS" in str(rep)
+    assert events.events()[-1].kind == "unload"
+    assert s.unload() == 0  # twice is harmless
+
+
+def test_live_tensors_names_their_owners():
+    import torch
+    big = torch.zeros(1024, 1024)       # 4 MiB
+    lin = torch.nn.Linear(512, 512)     # 1 MiB weight
+    ns = {"big": big, "model": lin, "Out": {3: big}}
+    held = memory.live_tensors("cpu", limit=200, namespace=ns)
+    by_size = {h.nbytes: h for h in held}
+    assert "big" in by_size[4 * 2**20].owners
+    assert any("IPython output history" in o for o in by_size[4 * 2**20].owners)
+    assert "model.weight" in by_size[512 * 512 * 4].owners
+    assert "4.00 MiB float32[1024, 1024]" in str(by_size[4 * 2**20])
+
+
+def test_oom_error_says_asked_free_and_next_steps():
+    import torch
+    e = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB. GPU 0 has a total capacity of "
+                               "139.80 GiB of which 1.50 GiB is free. Of the allocated memory ...")
+    err = memory.oom_error(e, "generate")
+    msg = str(err)
+    assert isinstance(err, NvkitError)
+    assert "Asked for 20.00 GiB while 1.50 GiB was free" in msg
+    assert "still usable" in msg and "smaller batch" in msg and "nvkit.estimate" in msg
+    assert events.events()[-1].kind == "oom"
+    assert "gradient_checkpointing" in str(memory.oom_error(e, "fine-tune"))
+    assert "quantization='nf4'" in str(memory.oom_error(e, "load"))
