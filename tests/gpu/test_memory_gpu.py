@@ -47,9 +47,16 @@ def _report(label, est, c):
 
 
 def test_oom_is_recovered_without_restart(session):
-    prompts = ["NVIDIA GPUs are " * 400] * 4096  # ~6 M tokens of prefill: far beyond 141 GB
-    with pytest.raises(NvkitError) as ei:
-        session.generate(prompts, max_new_tokens=8)
+    # A list of prompts would go through continuous batching, which sizes its cache to what is
+    # free and never runs out; so cap this process's allocator just above the weights and send one
+    # long prompt whose KV cache and prefill activations cannot fit.
+    torch.cuda.set_per_process_memory_fraction((session.info["footprint_bytes"] + 512 * 2**20)
+                                               / torch.cuda.get_device_properties(0).total_memory)
+    try:
+        with pytest.raises(NvkitError) as ei:
+            session.generate("NVIDIA GPUs are " * 12000, max_new_tokens=2, fast=False)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
     msg = str(ei.value)
     print("\n" + msg)
     assert "Out of GPU memory during generate" in msg and "still usable" in msg
