@@ -287,6 +287,21 @@ def _fast_rss() -> int:
         return rss_bytes()
 
 
+def pick_devices(every: list, devices, what: str = "sample") -> list:
+    """The devices among ``every`` named by ``devices`` (cuda indices; None = all), or NvkitError."""
+    from .errors import NvkitError, require
+    if devices is None:
+        return list(every)
+    require(isinstance(devices, (list, tuple)) and all(isinstance(d, int) and not isinstance(d, bool) for d in devices),
+            f"devices must be a list of cuda indices such as [0, 1], or None for all, not {devices!r}.")
+    by_ci = {d.cuda_index: d for d in every}
+    missing = [d for d in devices if d not in by_ci]
+    if missing:
+        raise NvkitError(f"No cuda:{missing[0]} to {what}: this process sees "
+                         f"{', '.join(d.label for d in every) or 'no GPU'}. Pick from those, or devices=None.")
+    return [by_ci[d] for d in devices]
+
+
 class Sampler:
     """Samples, ``rate_hz`` times a second in a daemon thread, per GPU: NVML used (whole device),
     torch allocated and reserved (this process); and the process RSS. Each series is a bounded
@@ -298,19 +313,7 @@ class Sampler:
                 f"rate_hz must be a number in (0, {MAX_RATE_HZ:g}], not {rate_hz!r}.")
         require(isinstance(window_s, (int, float)) and not isinstance(window_s, bool) and 1 <= window_s <= 86400,
                 f"window_s must be between 1 and 86400 seconds, not {window_s!r}.")
-        every = visible_gpus()
-        if devices is None:
-            chosen = every
-        else:
-            require(isinstance(devices, (list, tuple)) and all(isinstance(d, int) and not isinstance(d, bool)
-                                                                for d in devices),
-                    f"devices must be a list of cuda indices such as [0, 1], or None for all, not {devices!r}.")
-            by_ci = {d.cuda_index: d for d in every}
-            missing = [d for d in devices if d not in by_ci]
-            if missing:
-                raise NvkitError(f"No cuda:{missing[0]} here: this process sees "
-                                 f"{', '.join(d.label for d in every) or 'no GPU'}. Pick from those, or devices=None.")
-            chosen = [by_ci[d] for d in devices]
+        chosen = pick_devices(visible_gpus(), devices)
         self.devices: list[Device] = chosen
         self.rate_hz = float(rate_hz)
         self.window_s = float(window_s)

@@ -14,22 +14,7 @@ import nvkit
 from nvkit import events, memory
 from nvkit.errors import NvkitError
 
-
-@pytest.fixture
-def fake_gpus(monkeypatch):
-    monkeypatch.setenv("NVKIT_FAKE_GPUS", "2")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    memory._reset_default_sampler()
-    yield
-    memory._reset_default_sampler()
-
-
-@pytest.fixture
-def no_gpus(monkeypatch):
-    monkeypatch.setenv("NVKIT_FAKE_GPUS", "[]")
-    memory._reset_default_sampler()
-    yield
-    memory._reset_default_sampler()
+from tests.memory_fixtures import fake_gpus, no_gpus  # noqa: F401 (pytest fixtures)
 
 
 def _tiny_model_dir(tmp_path_factory) -> str:

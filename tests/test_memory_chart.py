@@ -12,24 +12,9 @@ import pytest
 import nvkit
 from nvkit import events, memory
 from nvkit.errors import NvkitError
+
+from tests.memory_fixtures import fake_gpus, no_gpus  # noqa: F401 (pytest fixtures)
 from nvkit.ui.memory_chart import MemoryChart
-
-
-@pytest.fixture
-def fake_gpus(monkeypatch):
-    monkeypatch.setenv("NVKIT_FAKE_GPUS", "2")
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    memory._reset_default_sampler()
-    yield
-    memory._reset_default_sampler()
-
-
-@pytest.fixture
-def no_gpus(monkeypatch):
-    monkeypatch.setenv("NVKIT_FAKE_GPUS", "[]")
-    memory._reset_default_sampler()
-    yield
-    memory._reset_default_sampler()
 
 
 def _trace(chart, key):

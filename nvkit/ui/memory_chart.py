@@ -36,19 +36,7 @@ class MemoryChart(w.VBox):
         require(isinstance(window_s, (int, float)) and not isinstance(window_s, bool) and 1 <= window_s <= 86400,
                 f"window_s must be between 1 and 86400 seconds, not {window_s!r}.")
         self.sampler = memory.sampler(rate_hz=rate_hz, window_s=window_s, start=start)
-        every = self.sampler.devices
-        if devices is None:
-            shown = list(every)
-        else:
-            require(isinstance(devices, (list, tuple)) and all(isinstance(d, int) and not isinstance(d, bool)
-                                                                for d in devices),
-                    f"devices must be a list of cuda indices such as [0, 1], or None for all, not {devices!r}.")
-            by_ci = {d.cuda_index: d for d in every}
-            bad = [d for d in devices if d not in by_ci]
-            if bad:
-                raise NvkitError(f"No cuda:{bad[0]} to chart: this process sees "
-                                 f"{', '.join(d.label for d in every) or 'no GPU'}.")
-            shown = [by_ci[d] for d in devices]
+        shown = memory.pick_devices(self.sampler.devices, devices, "chart")
         self.devices = shown
         self.rate_hz = float(rate_hz)
         self.window_s = float(window_s)
