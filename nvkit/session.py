@@ -503,6 +503,12 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     release()
     mem_before = torch_allocated() if cuda_in_use() else rss_bytes()
     events.record("load-start", str(model))
+    from transformers.utils import logging as hf_logging
+    # The demo model loads in well under a second: a weight-loading bar would only interleave with
+    # the text that %nvkit generate prints right after it. Real checkpoints keep their bar.
+    quiet = model == "demo" and hf_logging.is_progress_bar_enabled()
+    if quiet:
+        hf_logging.disable_progress_bar()
     try:
         hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except torch.OutOfMemoryError as e:
@@ -512,6 +518,9 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     except (OSError, ValueError, ImportError, RuntimeError) as e:
         release()
         raise _load_error(model, path, is_local, e) from e
+    finally:
+        if quiet:
+            hf_logging.enable_progress_bar()
     hf_model.eval()
     kernels_info = apply_kernels(hf_model, kernel_plan)
     measured = (torch_allocated() if cuda_in_use() else rss_bytes()) - mem_before

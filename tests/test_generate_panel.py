@@ -49,10 +49,15 @@ def test_stop_button_ends_a_long_run(s):
     p = GeneratePanel(session=s)
     p.prompt.value = "Hello there"
     p.max_new_tokens.value = 5000
-    p.start()
-    time.sleep(0.5)
-    p.stop_button.click()
-    p.wait(timeout=30)
+    eos = s.model.generation_config.eos_token_id
+    s.model.generation_config.eos_token_id = None  # the demo model would end at its first EOS
+    try:
+        p.start()
+        time.sleep(0.5)
+        p.stop_button.click()
+        p.wait(timeout=30)
+    finally:
+        s.model.generation_config.eos_token_id = eos
     time.sleep(0.1)
     assert s.last_stats.stopped and s.last_stats.new_tokens < 5000
     assert "stopped" in p.stats.value

@@ -51,6 +51,7 @@ def test_all_traces_are_created_once_and_fill_with_samples(fake_gpus):
 
 
 def test_predicted_peak_drawn_beside_the_measurement(no_gpus):
+    memory._comparisons.clear()  # earlier tests' generations would draw their own predicted peaks
     chart = MemoryChart(start=False)
     assert [t.name for t in chart.figure.data] == ["process RSS", "predicted peak", "events"]
     est = nvkit.estimate("qwen3-tiny", device="cpu")

@@ -15,7 +15,9 @@ def _output_len(page) -> int:
 def test_type_generate_stream_and_stop(lab, page):
     path = model_dir()
     write_notebook(lab.root_dir, "generate_panel.ipynb", [
-        f"import os; os.environ['HF_HUB_OFFLINE'] = '1'\nimport nvkit\ns = nvkit.load({path!r}, device_map='cpu', dtype='float32')",
+        f"import os; os.environ['HF_HUB_OFFLINE'] = '1'\nimport nvkit\ns = nvkit.load({path!r}, device_map='cpu', dtype='float32')\n"
+        # the demo model ends its sentences with EOS; without it the run lasts long enough to Stop
+        "s.model.generation_config.eos_token_id = None",
         "from nvkit.ui.generate_panel import GeneratePanel\np = GeneratePanel()\np.max_new_tokens.value = 20000\np",
     ])
     open_and_run_notebook(page, lab, "generate_panel.ipynb")
