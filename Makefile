@@ -3,6 +3,8 @@
 VENV ?= .venv
 PORT ?= 8888
 LAB_ARGS ?=
+# Jupyter refuses to start as root without this (containers, CI, cloud notebooks often run as root).
+ROOT_ARGS := $(if $(filter 0,$(shell id -u)),--allow-root,)
 PYTEST_ARGS ?=
 
 setup:
@@ -10,7 +12,7 @@ setup:
 
 ## make lab: set up, then open JupyterLab on the tutorials (the demo model needs no network or GPU)
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(LAB_ARGS)
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(ROOT_ARGS) $(LAB_ARGS)
 
 ## make test: set up, then run the whole test suite (GPU tests skip with a reason without CUDA)
 test: setup
