@@ -18,25 +18,8 @@ from tests.memory_fixtures import fake_gpus, no_gpus  # noqa: F401 (pytest fixtu
 
 
 def _tiny_model_dir(tmp_path_factory) -> str:
-    try:
-        return nvkit.demo.path()
-    except NvkitError:
-        pass
-    import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
-    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, Qwen3Config
-    d = tmp_path_factory.mktemp("tiny-qwen3")
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel()
-    tok.train_from_iterator(["NVIDIA GPUs are fast. Memory is measured."] * 20,
-                            trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eos>"]))
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="<eos>", pad_token="<eos>")
-    fast.save_pretrained(d)
-    cfg = Qwen3Config(vocab_size=300, hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
-                      num_key_value_heads=1, head_dim=32, intermediate_size=128, eos_token_id=1, pad_token_id=1)
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(d)
-    return str(d)
+    """The shipped demo checkpoint: small enough that load/unload numbers come fast on a CPU."""
+    return nvkit.demo.path()
 
 
 @pytest.fixture(scope="module")
