@@ -837,6 +837,11 @@ def _owner_names(keys: set, namespace: dict | None) -> dict[int, list[str]]:
             visit(f"{name} (IPython output history)", v, 1 if name == "Out" else 0)
             continue
         visit(name, v, 0)
+    # The loaded session holds its weights whether or not a notebook name points at it.
+    current = sys.modules.get("nvkit.session")
+    cur = current.session(required=False) if current is not None else None
+    if cur is not None and cur.model is not None:
+        visit("nvkit.session().model", cur.model, 0)
     return found
 
 
