@@ -31,7 +31,8 @@ def test_chart_grows_while_a_cell_awaits_generation(page, lab, tmp_path_factory)
         # marker files tell the test, without asking the busy browser, when the await is under way
         "import pathlib; pathlib.Path('gen-started').touch()\n"
         "out = await s.agenerate('NVIDIA GPUs are', max_new_tokens=4000, min_new_tokens=4000)\n"
-        "pathlib.Path('gen-done').write_text(str(s.last_stats.new_tokens))\n"
+        "pathlib.Path('gen-done.tmp').write_text(str(s.last_stats.new_tokens))\n"
+        "pathlib.Path('gen-done.tmp').rename('gen-done')  # whole, never seen half-written\n"
         "print('generated', s.last_stats.new_tokens)",
     ])
     open_notebook(page, lab, "memory_chart.ipynb")
