@@ -49,21 +49,21 @@ def quantization_methods(device=None) -> ChoiceList:
         else:
             note = notes[m] + ("; on the CPU it is slow: a memory saver, not a speed-up" if device_type == "cpu" else "")
             out.append(Choice(m, True, note, f"package bitsandbytes {bnb}"))
-    tao = _version("torchao")
-    out.append(Choice("torchao-int4", False,
-                      (f"torchao {tao} is installed but nvkit has not verified it with transformers 5.22; pass "
-                       "transformers.TorchAoConfig(...) as quantization= to use it anyway") if tao else
-                      "torchao is not installed (nvkit does not ship it); pip install torchao, then pass "
-                      "transformers.TorchAoConfig('int4_weight_only') as quantization=",
-                      f"package torchao {tao}" if tao else "-"))
-    quanto = _version("optimum-quanto")
-    out.append(Choice("quanto-int8", False,
-                      (f"optimum-quanto {quanto} is installed but nvkit has not verified it with transformers 5.22; pass "
-                       "transformers.QuantoConfig(weights='int8') as quantization= to use it anyway") if quanto else
-                      "optimum-quanto is not installed (nvkit does not ship it); pip install optimum-quanto, then pass "
-                      "transformers.QuantoConfig(weights='int8') as quantization=",
-                      f"package optimum-quanto {quanto}" if quanto else "-"))
+    # Methods transformers supports but nvkit has not verified here: listed, with how to use them.
+    out.append(_unverified("torchao-int4", "torchao", "transformers.TorchAoConfig('int4_weight_only')"))
+    out.append(_unverified("quanto-int8", "optimum-quanto", "transformers.QuantoConfig(weights='int8')"))
     return out
+
+
+def _unverified(name: str, package: str, config: str) -> "Choice":
+    version = _version(package)
+    if version:
+        reason = (f"{package} {version} is installed but nvkit has not verified it with transformers 5.22; "
+                  f"pass {config} as quantization= to use it anyway")
+    else:
+        reason = (f"{package} is not installed (nvkit does not ship it); pip install {package}, then pass "
+                  f"{config} as quantization=")
+    return Choice(name, False, reason, f"package {package} {version}" if version else "-")
 
 
 def quantization_config(quantization, compute_dtype, device=None, **options):
