@@ -6,7 +6,7 @@ same LoRA (r, all-linear), batch and sequence length, AdamW, on the same random 
 
 - ``plain``: PEFT + Trainer as documented (model's own loss over full logits, ``adamw_torch``);
 - ``nvkit``: what ``nvkit.finetune`` does by default (fused linear cross-entropy, compiled decoder
-  layers on CUDA, fused AdamW);
+  layers on CUDA under an activation-memory budget, fused AdamW);
 - ``nvkit+liger``: fused loss + Liger RMSNorm/SwiGLU instead of compile (when liger-kernel is installed);
 - ``nvkit+gc``: ``nvkit`` plus gradient checkpointing (memory for time).
 
@@ -43,8 +43,8 @@ def _one(path: str, variant: str, *, batch_size, seq_len, steps, warmup, r, devi
 
     from . import data as _data
     from .finetune import (_apply_liger, _compile_layers, _memory_now, _quiet, _trainer_classes,
-                           _uncompile_layers, fused_loss_supported, precision, prepare_lora_model,
-                           training_arguments)
+                           _uncompile_layers, activation_budget, fused_loss_supported, precision,
+                           prepare_lora_model, training_arguments)
     from .memory import release
 
     nvkit_path = variant != "plain"
@@ -74,7 +74,7 @@ def _one(path: str, variant: str, *, batch_size, seq_len, steps, warmup, r, devi
         notes.append("liger")
     if compile_on:
         _compile_layers(model)
-        notes.append("compiled layers")
+        notes.append("compiled layers, activation budget")
     if gc_on:
         notes.append("grad checkpointing")
     g = torch.Generator().manual_seed(seed)
@@ -113,7 +113,8 @@ def _one(path: str, variant: str, *, batch_size, seq_len, steps, warmup, r, devi
         _quiet(trainer)
         t0 = time.perf_counter()
         try:
-            trainer.train()
+            with activation_budget(compile_on):
+                trainer.train()
         except torch.OutOfMemoryError as e:
             raise NvkitError(f"bench_lora: variant {variant!r} ran out of memory: {str(e).splitlines()[0]}") from e
         finally:

@@ -12,7 +12,10 @@ Speed and memory (the H200 numbers live in the issue and in ``nvkit.bench_lora``
   vocabulary the logits and their fp32 copies are most of plain PEFT's peak;
 - rows are packed (no pad FLOPs) and right-padded only, so attention keeps its causal fast path;
 - on CUDA, each decoder layer is compiled (``compile="auto"``; regional, so it compiles once and
-  every layer reuses it), which fuses norms, SwiGLU, RoPE, LoRA dropout and the adapter adds;
+  every layer reuses it), which fuses norms, SwiGLU, RoPE, LoRA dropout and the adapter adds, and
+  with an activation-memory budget (``ACTIVATION_BUDGET``) the compiler keeps only half of what
+  the backward needs and recomputes the cheapest rest: selective checkpointing chosen by the
+  partitioner, most of full checkpointing's memory saving at a few per cent of its cost;
 - Liger's Triton RMSNorm/SwiGLU replace the eager ones when compile is off and liger is installed;
 - fused AdamW on CUDA.
 """
@@ -273,6 +276,23 @@ def _apply_liger(model) -> int:
     return swapped
 
 
+#: Share of the saved activations the compiled layers may keep (torch's AOT partitioner then
+#: recomputes the cheapest rest in the backward). Measured on the H200, Qwen3-0.6B shape, LoRA r16
+#: all-linear, 8 × 512, same process: 1.0 → 26.6 k tok/s at 11.3 GiB peak; 0.5 → 25.4 k at 4.8 GiB;
+#: 0.3 → 21.6 k at 4.8 GiB (plain PEFT: 15.0 k at 17.0 GiB).
+ACTIVATION_BUDGET = 0.5
+
+
+def activation_budget(enabled: bool):
+    """Context in which compiled layers are partitioned under ``ACTIVATION_BUDGET`` (compilation
+    happens at the first step, inside ``trainer.train()``, so the whole call is wrapped)."""
+    import contextlib
+    if not enabled:
+        return contextlib.nullcontext()
+    import torch._functorch.config as functorch_config
+    return functorch_config.patch(activation_memory_budget=ACTIVATION_BUDGET)
+
+
 def _decoder_layers(model):
     lm = _causal_lm(model)
     dec = lm.get_decoder()
@@ -519,7 +539,12 @@ def training_arguments(output_dir: str, prec: str, device_type: str, *, max_step
         kw["max_steps"] = max_steps
     else:
         kw["num_train_epochs"] = float(epochs or 1)
-    return TrainingArguments(**kw)
+    args = TrainingArguments(**kw)
+    if args.n_gpu > 1:
+        # Trainer wraps the model in nn.DataParallel when one process sees several GPUs: the model
+        # sits on the session's device, and several GPUs train through nvkit.launch (DDP) instead.
+        args._n_gpu = 1
+    return args
 
 
 def _default_output_dir(session) -> str:
@@ -606,6 +631,7 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
             info["liger_modules"] = _apply_liger(model)
         if do_compile:
             info["compiled_layers"] = _compile_layers(model)
+            info["activation_budget"] = ACTIVATION_BUDGET
         if device_type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         args = training_arguments(out, prec, device_type, max_steps=max_steps, epochs=epochs,
@@ -621,7 +647,8 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
         _quiet(trainer)
         model.train()
         try:
-            trainer.train()
+            with activation_budget(do_compile):
+                trainer.train()
         except torch.OutOfMemoryError as e:
             from .memory import oom_error
             raise oom_error(e, "fine-tune", s) from e

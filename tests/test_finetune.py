@@ -57,6 +57,17 @@ def test_training_arguments_fp32_on_cpu(tmp_path):
     assert not args.bf16 and not args.fp16 and args.disable_tqdm and args.use_cpu
 
 
+def test_activation_budget_applies_only_inside_and_when_compiling():
+    import torch._functorch.config as fc
+    before = fc.activation_memory_budget
+    from nvkit.finetune import ACTIVATION_BUDGET, activation_budget
+    with activation_budget(True):
+        assert fc.activation_memory_budget == ACTIVATION_BUDGET < 1.0
+    assert fc.activation_memory_budget == before
+    with activation_budget(False):
+        assert fc.activation_memory_budget == before
+
+
 def test_liger_decision():
     assert liger_decision("auto", "cpu", "qwen3")[0] is False
     assert "CPU" in liger_decision("auto", "cpu", "qwen3")[1]

@@ -170,6 +170,44 @@ def test_k_step_decoding_matches_plain_greedy_and_honours_stop(s):
         fast.FastDecoder(s.model, k_steps=0, graphs=False)
 
 
+def test_fused_step_keeps_the_model_and_follows_weight_changes(s):
+    """The fused step re-points q/k/v and gate/up at one tensor each: the model's own forward must
+    give the same logits as before, the fused and the model-forward steps the same tokens, and a
+    weight replaced afterwards (as merging an adapter does) must be picked up, not decoded stale."""
+    ids = s.tokenizer("The memory of a GPU", return_tensors="pt")["input_ids"]
+    sampling, _ = fast._resolve(s.model, dict(max_new_tokens=16, do_sample=False, eos_token_id=NEVER))
+    with torch.inference_mode():
+        before = s.model(ids).logits
+        fused = fast.FastDecoder(s.model, k_steps=4, graphs=False)
+        assert fused.fused and fused.fused_why is None
+        assert torch.equal(s.model(ids).logits, before)
+        attn = s.model.model.layers[0].self_attn
+        assert attn.q_proj.weight.data_ptr() == fused._fused.qkv[0][0].data_ptr()
+        plain = fast.FastDecoder(s.model, k_steps=4, graphs=False, fused=False)
+        assert not plain.fused
+        a = fused.generate(ids, sampling)
+        assert a == plain.generate(ids, sampling)
+        # replace a weight the way a merge does (new tensor): the decoder must notice and refuse stale weights
+        old = attn.v_proj.weight.data
+        attn.v_proj.weight.data = old.clone() * 0
+        try:
+            assert not fused._fused.valid()
+            changed = fused.generate(ids, sampling)
+            assert fused._fused.valid()
+            assert changed == plain.generate(ids, sampling)  # both decode the changed model
+        finally:
+            attn.v_proj.weight.data = old.clone()
+            fused._check_fused()
+        assert torch.equal(s.model(ids).logits, before)
+    with pytest.raises(NvkitError, match="fused"):
+        class _Cfg:
+            def get_text_config(self):
+                return self
+            model_type = "gpt2"
+        fast.FastDecoder(type("M", (), {"config": _Cfg(), "get_input_embeddings": lambda self: s.model.get_input_embeddings()})(),
+                         graphs=False, fused=True)
+
+
 def test_fast_sampling_is_seeded(s):
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
     ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]

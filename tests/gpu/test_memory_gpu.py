@@ -65,7 +65,10 @@ def test_oom_is_recovered_without_restart(session):
     memory.release()
     # memory came back: what is allocated is the weights again (plus small leftovers)
     assert torch.cuda.memory_allocated() < session.info["footprint_bytes"] + 256 * 2**20
-    assert session.generate("NVIDIA GPUs are", max_new_tokens=8, fast=False)  # same session, no restart
+    # same session, no restart. (Random weights over a 152k vocabulary mostly pick ids the demo
+    # tokenizer has no text for, so the text may be empty: count the tokens instead.)
+    session.generate("NVIDIA GPUs are", max_new_tokens=8, fast=False)
+    assert session.last_stats.new_tokens >= 1 and not session.last_stats.stopped
     assert nvkit.events.events()[-1].kind == "generate-end"
 
 
