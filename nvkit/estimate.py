@@ -193,14 +193,17 @@ def _check_int(name: str, value, lo: int = 1) -> int:
 
 
 def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference", batch_size=1, seq_len=1024,
-             lora_r=16, gradient_checkpointing=False, *, prompt_len=None, device="cuda") -> Estimate:
+             lora_r=16, gradient_checkpointing=False, *, prompt_len=None, device="cuda", path="plain") -> Estimate:
     """Predict the peak GPU memory of running ``model`` (see the module doc for how).
 
     ``mode="inference"``: ``generate`` over ``batch_size`` prompts of ``prompt_len`` tokens
     (default: ``seq_len``, the worst case) up to ``seq_len`` tokens in all.
     ``mode="lora"``: one LoRA training step (all linear layers, AdamW) on ``batch_size`` ×
     ``seq_len`` tokens; on a ``quantization`` of nf4/fp4 this is QLoRA.
-    ``device="cpu"`` leaves out the CUDA context."""
+    ``device="cpu"`` leaves out the CUDA context.
+    ``path`` (LoRA only): ``"plain"`` is PEFT + Trainer as documented (the model's own loss over
+    full logits); ``"nvkit"`` is what ``nvkit.finetune`` runs: the chunked fused loss (no full
+    logits) and, on CUDA, compiled layers under ``finetune.ACTIVATION_BUDGET``."""
     dname = str(dtype).replace("torch.", "").lower()
     require(dname in _DTYPE_BYTES, f"dtype must be 'bfloat16', 'float16' or 'float32', not {dtype!r}.")
     qname = quantization.lower() if isinstance(quantization, str) else quantization
@@ -210,6 +213,7 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
     _check_int("seq_len", seq_len)
     require(isinstance(gradient_checkpointing, bool), "gradient_checkpointing must be True or False.")
     require(device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
+    require(path in ("plain", "nvkit"), f"path must be 'plain' or 'nvkit', not {path!r}.")
     if mode == "lora":
         _check_int("lora_r", lora_r)
     if prompt_len is None:
@@ -269,6 +273,9 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
         # Saved activations, bytes per token per layer, measured with PEFT all-linear LoRA
         # (fp32 adapters: each adapted layer keeps an fp32 copy of its input) on a bf16 model.
         per_layer = _LORA_H * H + _LORA_QD * qd + _LORA_KVD * kvd + _LORA_I * I + _LORA_R * lora_r
+        budget = path == "nvkit" and device == "cuda"
+        if budget:  # the compiled layers keep about this share of what eager autograd saves
+            per_layer = int(per_layer * _BUDGET_SHARE)
         if gradient_checkpointing:
             # Each layer keeps only its bf16 input; during backward one layer is recomputed at a
             # time (its activations plus their gradients, about twice its saved set).
@@ -279,11 +286,22 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
             act = T * (L * per_layer + _FINAL_H * H)
             formulas["activations"] = (f"{T} tok × ({L} layers × ({_LORA_H}·H + {_LORA_QD}·q_dim + {_LORA_KVD}·kv_dim "
                                        f"+ {_LORA_I}·I + {_LORA_R}·r) + {_FINAL_H}·H) B")
+        if budget:
+            formulas["activations"] += f", per-layer part × {_BUDGET_SHARE} (compiled under an activation budget)"
         parts["activations"] = int(act)
-        # The loss: bf16 logits, their fp32 upcast, log-softmax (saved) and, at the start of
-        # backward, the fp32 gradients of both: 2 + 4 + 4 + 4 bytes per logit.
-        parts["logits"] = T * V * _LOGIT_BYTES
-        formulas["logits"] = f"{B} × {S} tok × vocab {V} × {_LOGIT_BYTES} B (bf16 + fp32 upcast, log-softmax, grads)"
+        if path == "nvkit":
+            # The fused loss: one chunk of fp32 logits at a time (its logits, softmax and
+            # gradient), plus the fp32 gradient of the hidden states.
+            from .finetune import _chunk_rows
+            rows = min(_chunk_rows(V), T)
+            parts["logits"] = rows * V * 4 * 3 + T * H * 4
+            formulas["logits"] = (f"fused loss: {rows}-row chunk × vocab {V} × 4 B × 3 (logits, softmax, grad) "
+                                  f"+ {T} tok × {H} × 4 B (hidden grad)")
+        else:
+            # The loss: bf16 logits, their fp32 upcast, log-softmax (saved) and, at the start of
+            # backward, the fp32 gradients of both: 2 + 4 + 4 + 4 bytes per logit.
+            parts["logits"] = T * V * _LOGIT_BYTES
+            formulas["logits"] = f"{B} × {S} tok × vocab {V} × {_LOGIT_BYTES} B (bf16 + fp32 upcast, log-softmax, grads)"
     if device == "cuda":
         parts["CUDA context"] = CUDA_CONTEXT_BYTES
         formulas["CUDA context"] = "driver context, kernels, cuBLAS workspaces (≈ 1.3 GiB per GPU used, measured on an H200)"
@@ -297,4 +315,10 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
 _LORA_H, _LORA_QD, _LORA_KVD, _LORA_I, _LORA_R = 26, 12, 8, 10, 52
 _FINAL_H = 6
 _LOGIT_BYTES = 14
+# Share of the eager per-layer saved bytes that nvkit's compiled layers keep under
+# finetune.ACTIVATION_BUDGET = 0.5: from the H200 bench (Qwen3-0.6B shape, LoRA r16 all-linear,
+# 8 × 512): torch peak 4.76 GiB = weights 1.11 + adapter/grads/AdamW 0.15 + fused-loss chunk 0.77
+# + 0.28 × the eager activations (9.74 GiB). The same sum with budget 1.0 gives 0.95 × (measured
+# 11.31 GiB), so the other parts hold. One calibration point: tests/gpu checks it at 4 × 512.
+_BUDGET_SHARE = 0.28
 _INF_H, _INF_QD, _INF_KVD, _INF_I = 12, 4, 4, 6

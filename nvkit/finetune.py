@@ -617,6 +617,8 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
             "gradient_checkpointing": gradient_checkpointing, "output_dir": out}
     run = FinetuneRun(total, adapter_dir, info)
     counter = {"tokens": 0}
+    from .memory import expect_finetune
+    expect_finetune(s, batch_size, seq_len, lora_cfg["r"], gradient_checkpointing)  # drawn beside the measured peak
     events.record("train-start", f"LoRA r={lora_cfg['r']} on {s.model_id}: {total} steps, {prec}")
 
     def work(job: Job):

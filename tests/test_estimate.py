@@ -79,6 +79,26 @@ def test_lora_hand_computed():
     assert ck.parts["logits"] == e.parts["logits"]            # checkpointing does not touch the loss
 
 
+def test_lora_nvkit_path_hand_computed():
+    """path="nvkit": the fused loss keeps one chunk of logits, and on CUDA the compiled layers
+    keep _BUDGET_SHARE of the eager per-layer bytes; on CPU (no compile) only the loss changes."""
+    from nvkit.estimate import _BUDGET_SHARE
+    plain = estimate("qwen3-0.6b", mode="lora", batch_size=8, seq_len=512, lora_r=16)
+    nv = estimate("qwen3-0.6b", mode="lora", batch_size=8, seq_len=512, lora_r=16, path="nvkit")
+    rows = (1 << 26) // 151936                                # 441 rows of fp32 logits ≈ 256 MiB
+    assert nv.parts["logits"] == rows * 151936 * 4 * 3 + 4096 * 1024 * 4
+    per_layer = 26 * 1024 + 12 * 2048 + 8 * 1024 + 10 * 3072 + 52 * 16
+    assert nv.parts["activations"] == 4096 * (28 * int(per_layer * _BUDGET_SHARE) + 6 * 1024)
+    assert nv.parts["weights"] == plain.parts["weights"] and nv.parts["AdamW states"] == plain.parts["AdamW states"]
+    # the H200 calibration point this reproduces: 4.76 GiB torch peak + the CUDA context
+    assert abs(nv.total - nv.parts["CUDA context"] - 4.76 * 2**30) < 0.1 * 2**30
+    assert "fused loss" in nv.formulas["logits"] and "activation budget" in nv.formulas["activations"]
+    cpu = estimate("qwen3-0.6b", mode="lora", batch_size=8, seq_len=512, path="nvkit", device="cpu")
+    assert cpu.parts["activations"] == plain.parts["activations"] and cpu.parts["logits"] == nv.parts["logits"]
+    with pytest.raises(NvkitError, match="path"):
+        estimate("qwen3-0.6b", mode="lora", path="unsloth")
+
+
 def test_estimate_accepts_configs_dirs_and_sessions(tmp_path):
     from nvkit.demo import shaped_config
     cfg = shaped_config("qwen3-tiny")

@@ -206,6 +206,11 @@ def test_lora_run_learns_saves_and_reloads(s, path, tmp_path):
     assert len(seen) >= 1
     assert run.info["precision"] == "fp32" and run.info["compile"] is False
     assert run.info["loss"].startswith("fused")
+    # the run's own prediction (nvkit path: fused loss) was drawn beside its measured peak
+    from nvkit import memory
+    train = [c for c in memory.comparisons(frame=False) if c.what == "train"][-1]
+    assert train.estimate is not None and train.estimate.mode == "lora" and "fused loss" in train.estimate.formulas["logits"]
+    assert train.estimate.batch_size == 8 and train.estimate.seq_len == 64 and train.measured > 0
     assert run.progress["step"] == 25 and run.progress["eta_s"] is None
     sm = run.summary()
     assert sm["adapter_dir"] == run.adapter_dir and sm["tokens"] > 0

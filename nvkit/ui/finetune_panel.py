@@ -205,7 +205,9 @@ class FinetunePanel(w.VBox):
         try:
             est = estimate(s.path, dtype=str(s.dtype).replace("torch.", ""),
                            quantization=s.quantization if isinstance(s.quantization, str) else None,
-                           mode="lora", batch_size=self.batch.value, seq_len=self.seq_len.value)
+                           mode="lora", batch_size=self.batch.value, seq_len=self.seq_len.value,
+                           lora_r=self.r.value, gradient_checkpointing=self.checkpointing.value,
+                           device="cuda" if s.device.type == "cuda" else "cpu", path="nvkit")
             total = getattr(est, "total", None)
             self.estimate.value = (f"Estimated peak for this run: <b>{html.escape(fmt_bytes(total))}</b> "
                                    "(measured peak appears in the summary)")
