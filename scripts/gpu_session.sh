@@ -2,7 +2,11 @@
 # Runs on the GPU machine (the device tool), from the checkout root: installs the wheels that
 # travelled with this call (../shared/gpu/wheels.sh fetches them into .whl-*), then runs one phase
 # of the GPU tests and benchmarks with all output teed into $OUT. Usage:
-#     bash scripts/gpu_session.sh PHASE      (PHASE: core | bnb | fa4-first-half | fa4)
+#     bash scripts/gpu_session.sh PHASE      (PHASE: core | bnb | fa4-first-half | fa4 | open)
+# Carry .whl-core for core/open, .whl-bnb for bnb (after a core call, while the machine is warm:
+# installs accumulate in /tmp/nvkit-site), .whl-fa4a then .whl-fa4b in two consecutive calls.
+# "open" is what session 2 left unrun: the decode table, the notebooks, the fine-tune estimate
+# check and the sampler overhead on the fast path.
 set -uo pipefail
 phase=${1:?phase}
 for inst in .whl-*/install.sh; do eval "$(bash "$inst")"; break; done
@@ -19,6 +23,10 @@ case "$phase" in
   bnb)
     T=200 t tests/gpu/test_backends_gpu.py -k "bnb or table or fa2_fa3 or local_kernel" tests/gpu/test_finetune_gpu.py -k "qlora or bnb or table or fa2_fa3 or local_kernel"
     T=300 t tests/gpu/test_fast_gpu.py tests/gpu/test_finetune_gpu.py -k "bench" ;;
+  open)
+    T=200 t tests/gpu/test_memory_gpu.py -k "finetune_predicts or overhead"
+    T=240 t tests/gpu/test_fast_gpu.py -k bench
+    T=540 t tests/gpu/test_notebooks_gpu.py ;;
   fa4-first-half)
     echo "first half of FlashAttention-4 installed" ;;
   fa4)

@@ -242,3 +242,36 @@ def test_bench_decode_rejects_bad_values_and_runs_on_cpu(s):
     assert plain["tokens"] == 4 and plain["vs_plain"] == 1.0
     assert df[df["path"] == "fast"]["note"].iloc[0].startswith("skipped")
     assert df[df["path"] == "nvkit batch"]["tokens"].iloc[0] == 9
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama-bias", "qwen2", "mistral", "qwen3"])
+def test_fused_step_matches_the_model_for_each_family(arch):
+    """Each architecture in fast._FUSABLE (random tiny fp32 weights, so ties are not an issue at
+    fp32): the fused step's logits equal the model's own forward step by step, biases included."""
+    import transformers as T
+    torch.manual_seed(0)
+    common = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=320, max_position_embeddings=512)
+    cfg = {"llama": lambda: T.LlamaConfig(**common), "llama-bias": lambda: T.LlamaConfig(attention_bias=True, **common),
+           "qwen2": lambda: T.Qwen2Config(**common), "mistral": lambda: T.MistralConfig(sliding_window=None, **common),
+           "qwen3": lambda: T.Qwen3Config(head_dim=16, **common)}[arch]()
+    model = T.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
+    if arch == "llama-bias":
+        with torch.no_grad():
+            for layer in model.model.layers:
+                for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                    lin.bias.normal_()
+    ids = torch.randint(0, 320, (1, 7))
+    sampling, why = fast._resolve(model, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
+    assert why is None
+    with torch.inference_mode():
+        ref = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=NEVER, pad_token_id=0)[0, 7:].tolist()
+        plain = fast.FastDecoder(model, k_steps=4, graphs=False, fused=False)
+        d = fast.FastDecoder(model, k_steps=4, graphs=False)
+        assert d.fused, d.fused_why
+        got = d.generate(ids, sampling, keep_logits=True)
+        fused_logits = torch.stack(d.last_logits)
+        plain.generate(ids, sampling, keep_logits=True)
+        plain_logits = torch.stack(plain.last_logits)
+    assert got == ref
+    assert torch.allclose(fused_logits, plain_logits, atol=1e-4, rtol=1e-4), (fused_logits - plain_logits).abs().max()
