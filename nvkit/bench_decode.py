@@ -22,7 +22,9 @@ from .errors import NvkitError, require
 
 SINGLE_PATHS = ("generate", "static+compile", "fast")
 BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
-OPTIONAL_PATHS = ("fast eager",)  # the fast path without torch.compile: own capture of the eager forward
+# "fast eager": the fast path without torch.compile (own capture of the eager forward);
+# "fast cublas head": the fused step with the LM head left to cuBLAS (FastDecoder(head="cublas"))
+OPTIONAL_PATHS = ("fast eager", "fast cublas head")
 
 
 def _session(model, dtype):
@@ -143,14 +145,16 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                     skip(group1, path, "compiling the decode step is benchmarked on CUDA only")
                     continue
                 single(path, new_tokens, fast=False, cache_implementation="static")
-            elif path in ("fast", "fast eager"):
+            elif path in ("fast", "fast eager", "fast cublas head"):
                 if not cuda:
                     skip(group1, path, "the fast path needs CUDA")
                     continue
-                fast_mod.decoder(s, k_steps=k_steps or fast_mod.DEFAULT_K, compile=(path == "fast"))
+                fast_mod.decoder(s, k_steps=k_steps or fast_mod.DEFAULT_K, compile=(path != "fast eager"),
+                                 head="cublas" if path == "fast cublas head" else "compiled")
                 single(path, new_tokens, fast=True)
                 d = fast_mod.decoder(s)
-                rows[-1]["note"] += f"; K={d.k}, {'compiled' if d.compiled else 'eager'} step" + (
+                rows[-1]["note"] += (f"; K={d.k}, {'fused' if d.fused else 'model-forward'} "
+                                     f"{'compiled' if d.compiled else 'eager'} step, head {d.head}") + (
                     f" (compile failed: {d.compile_error})" if d.compile_error else "")
         except Exception as e:  # noqa: BLE001 - one broken path must not hide the others' figures
             skip(group1, path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

@@ -258,10 +258,15 @@ class _Fused:
                    for (qkv, gu), (w, _), g in zip(self.groups, self.qkv, self.gate_up))
 
 
-def _fused_step(model, fused: "_Fused", b: "_Bucket") -> Callable:
+def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False) -> Callable:
     """nvkit's decode step for the ``_FUSABLE`` family: same math as the model's forward for one
     token, with one product for q/k/v, one for gate/up, and grouped-query attention without
-    copies. Reads and advances ``b.pos``; writes the new key/value into the static cache."""
+    copies. Reads and advances ``b.pos``; writes the new key/value into the static cache.
+
+    ``eager_head``: the step stops at the final norm and ``b.head`` (left out of compilation, so
+    cuBLAS runs it, still inside the captured graph) applies the LM head. Why: in one H200 profile
+    inductor's tuned reduction took 114 µs per token for the 152k × 1024 head where cuBLAS took
+    72 µs; ``nvkit bench --decode --paths "fast,fast cublas head"`` measures the whole step."""
     import torch
     import torch.nn.functional as F
     inner = model.model
@@ -304,10 +309,13 @@ def _fused_step(model, fused: "_Fused", b: "_Bucket") -> Callable:
             x = layer.post_attention_layernorm(h)
             gate, up = F.linear(x, fused.gate_up[i]).chunk(2, dim=-1)
             h = h + mlp.down_proj(mlp.act_fn(gate) * up)
-        logits = model.lm_head(inner.norm(h))[:, -1, :].float()
         b.pos.add_(1)
-        return logits
+        if eager_head:
+            return inner.norm(h)
+        return model.lm_head(inner.norm(h))[:, -1, :].float()
 
+    if eager_head:
+        b.head = lambda hidden: model.lm_head(hidden)[:, -1, :].float()
     return step
 
 
@@ -322,6 +330,7 @@ class _Bucket:
     top_p: Any        # 0-dim float32
     pos: Any = None   # 0-dim int64: the next position (the fused step's own counter)
     step: Callable | None = None
+    head: Callable | None = None  # applied to the step's output outside compilation (see _fused_step)
     graphs: dict = field(default_factory=dict)
     logits: Any = None  # (K, vocab) float32 when a graph keeps its logits (tests)
 
@@ -334,7 +343,7 @@ class FastDecoder:
     checking the logic on a CPU; not a fast path)."""
 
     def __init__(self, model, k_steps: int = DEFAULT_K, compile: bool = True, graphs: bool = True,
-                 tune: bool | None = None, fused: bool | None = None):
+                 tune: bool | None = None, fused: bool | None = None, head: str | None = None):
         if not isinstance(k_steps, int) or isinstance(k_steps, bool) or not 1 <= k_steps <= 64:
             raise NvkitError(f"k_steps must be a whole number from 1 to 64, not {k_steps!r}.")
         self.model = model
@@ -358,6 +367,11 @@ class FastDecoder:
             raise NvkitError(f"The fused decode step does not fit this model: {why}. Use fused=None or False.")
         self.fused_why = why
         self._fused = _Fused(model) if fused else None
+        # head: "compiled" (inside the inductor step) or "cublas" (eager, fused step only)
+        head = head or os.environ.get("NVKIT_FAST_HEAD", "compiled")
+        if head not in ("compiled", "cublas"):
+            raise NvkitError(f"head must be 'compiled' or 'cublas', not {head!r}.")
+        self.head = head
 
     @property
     def fused(self) -> bool:
@@ -401,7 +415,8 @@ class FastDecoder:
                         use_cache=True, logits_to_keep=1)
             return out.logits[:, -1, :].float()
 
-        b.step = _fused_step(model, self._fused, b) if self._fused is not None else step
+        b.step = (_fused_step(model, self._fused, b, eager_head=self.head == "cublas")
+                  if self._fused is not None else step)
         return b
 
     def _bucket(self, needed: int) -> _Bucket:
@@ -428,6 +443,8 @@ class FastDecoder:
         def body():
             for i in range(self.k):
                 logits = fn(b.tok)
+                if b.head is not None:
+                    logits = b.head(logits)
                 nxt = _pick(logits, b, key)
                 if keep_logits:
                     b.logits[i].copy_(logits[0])
@@ -581,21 +598,22 @@ class FastDecoder:
 _ATTR = "_nvkit_fast_decoder"
 
 
-def decoder(session, k_steps: int | None = None, compile: bool | None = None) -> FastDecoder:
+def decoder(session, k_steps: int | None = None, compile: bool | None = None, head: str | None = None) -> FastDecoder:
     """The session's decoder (created on first use; kept on the model so unloading frees it too).
 
-    ``k_steps`` / ``compile`` replace it with one built that way (its captures are paid again)."""
+    ``k_steps`` / ``compile`` / ``head`` replace it with one built that way (its captures are paid again)."""
     model = session.model
     d = getattr(model, _ATTR, None)
-    if d is not None and k_steps is None and compile is None:
+    if d is not None and k_steps is None and compile is None and head is None:
         return d
     k = (d.k if d is not None else DEFAULT_K) if k_steps is None else k_steps
     c = ((d.compile if d is not None else os.environ.get("NVKIT_FAST_COMPILE", "1") != "0")
          if compile is None else compile)
-    if d is None or d.k != k or d.compile != c:
+    hd = (d.head if d is not None else None) if head is None else head
+    if d is None or d.k != k or d.compile != c or (hd is not None and d.head != hd):
         if d is not None:
             d.release()  # its graphs and caches go before the new one captures
-        d = FastDecoder(model, k_steps=k, compile=c)
+        d = FastDecoder(model, k_steps=k, compile=c, head=hd)
         # A plain attribute on the nn.Module (not a submodule): unload drops the model and this with it.
         object.__setattr__(model, _ATTR, d)
     return d

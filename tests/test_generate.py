@@ -185,8 +185,15 @@ def test_fused_step_keeps_the_model_and_follows_weight_changes(s):
         assert attn.q_proj.weight.data_ptr() == fused._fused.qkv[0][0].data_ptr()
         plain = fast.FastDecoder(s.model, k_steps=4, graphs=False, fused=False)
         assert not plain.fused
-        a = fused.generate(ids, sampling)
+        a = fused.generate(ids, sampling, keep_logits=True)
         assert a == plain.generate(ids, sampling)
+        # the LM head outside the compiled step (cuBLAS on a GPU): the same logits
+        head = fast.FastDecoder(s.model, k_steps=4, graphs=False, head="cublas")
+        fused_logits = torch.stack(fused.last_logits)
+        assert head.generate(ids, sampling, keep_logits=True) == a
+        assert torch.equal(torch.stack(head.last_logits), fused_logits)
+        with pytest.raises(NvkitError, match="head"):
+            fast.FastDecoder(s.model, graphs=False, head="tensor-cores")
         # replace a weight the way a merge does (new tensor): the decoder must notice and refuse stale weights
         old = attn.v_proj.weight.data
         attn.v_proj.weight.data = old.clone() * 0
