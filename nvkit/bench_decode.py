@@ -23,8 +23,9 @@ from .errors import NvkitError, require
 SINGLE_PATHS = ("generate", "static+compile", "fast")
 BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # "fast eager": the fast path without torch.compile (own capture of the eager forward);
-# "fast cublas head": the fused step with the LM head left to cuBLAS (FastDecoder(head="cublas"))
-OPTIONAL_PATHS = ("fast eager", "fast cublas head")
+# "fast cublas head": the fused step with the LM head left to cuBLAS (FastDecoder(head="cublas"));
+# "fast reduce attention": the fused step with attention as products and sums (attention="reduce")
+OPTIONAL_PATHS = ("fast eager", "fast cublas head", "fast reduce attention")
 
 
 def _session(model, dtype):
@@ -145,16 +146,18 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                     skip(group1, path, "compiling the decode step is benchmarked on CUDA only")
                     continue
                 single(path, new_tokens, fast=False, cache_implementation="static")
-            elif path in ("fast", "fast eager", "fast cublas head"):
+            elif path in ("fast",) + OPTIONAL_PATHS:
                 if not cuda:
                     skip(group1, path, "the fast path needs CUDA")
                     continue
                 fast_mod.decoder(s, k_steps=k_steps or fast_mod.DEFAULT_K, compile=(path != "fast eager"),
-                                 head="cublas" if path == "fast cublas head" else "compiled")
+                                 head="cublas" if path == "fast cublas head" else "compiled",
+                                 attention="reduce" if path == "fast reduce attention" else "matmul")
                 single(path, new_tokens, fast=True)
                 d = fast_mod.decoder(s)
                 rows[-1]["note"] += (f"; K={d.k}, {'fused' if d.fused else 'model-forward'} "
-                                     f"{'compiled' if d.compiled else 'eager'} step, head {d.head}") + (
+                                     f"{'compiled' if d.compiled else 'eager'} step, head {d.head}, "
+                                     f"attention {d.attention}") + (
                     f" (compile failed: {d.compile_error})" if d.compile_error else "")
         except Exception as e:  # noqa: BLE001 - one broken path must not hide the others' figures
             skip(group1, path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")

@@ -258,7 +258,8 @@ class _Fused:
                    for (qkv, gu), (w, _), g in zip(self.groups, self.qkv, self.gate_up))
 
 
-def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False) -> Callable:
+def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False,
+                attention: str = "matmul") -> Callable:
     """nvkit's decode step for the ``_FUSABLE`` family: same math as the model's forward for one
     token, with one product for q/k/v, one for gate/up, and grouped-query attention without
     copies. Reads and advances ``b.pos``; writes the new key/value into the static cache.
@@ -266,7 +267,11 @@ def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False) 
     ``eager_head``: the step stops at the final norm and ``b.head`` (left out of compilation, so
     cuBLAS runs it, still inside the captured graph) applies the LM head. Why: in one H200 profile
     inductor's tuned reduction took 114 µs per token for the 152k × 1024 head where cuBLAS took
-    72 µs; ``nvkit bench --decode --paths "fast,fast cublas head"`` measures the whole step."""
+    72 µs; ``nvkit bench --decode --paths "fast,fast cublas head"`` measures the whole step.
+
+    ``attention="reduce"`` writes attention as products and sums instead of two batched matmuls,
+    so inductor generates its own reductions rather than calling cuBLAS for (16 × 128) · (128 × L)
+    products (2.6–3.1 µs each in the H200 profile); "fast reduce attention" in the bench measures it."""
     import torch
     import torch.nn.functional as F
     inner = model.model
@@ -302,9 +307,15 @@ def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False) 
             keys.index_copy_(2, where, k.view(1, nkv, 1, hd))
             values.index_copy_(2, where, v.view(1, nkv, 1, hd))
             # (FlexAttention's decode kernel measured slower here: 449 against 620 tok/s untuned)
-            scores = torch.matmul(q.view(nkv, groups, hd), keys[0].transpose(1, 2)).float() * attn.scaling + mask
-            probs = scores.softmax(-1).to(dtype)
-            o = torch.matmul(probs, values[0]).reshape(1, 1, nh * hd)
+            if attention == "reduce":
+                kf, vf = keys[0].unsqueeze(1).float(), values[0].unsqueeze(1).float()    # (nkv, 1, length, hd)
+                scores = (q.view(nkv, groups, 1, hd).float() * kf).sum(-1) * attn.scaling + mask
+                probs = scores.softmax(-1)
+                o = (probs.unsqueeze(-1) * vf).sum(-2).to(dtype).reshape(1, 1, nh * hd)
+            else:
+                scores = torch.matmul(q.view(nkv, groups, hd), keys[0].transpose(1, 2)).float() * attn.scaling + mask
+                probs = scores.softmax(-1).to(dtype)
+                o = torch.matmul(probs, values[0]).reshape(1, 1, nh * hd)
             h = h + attn.o_proj(o)
             x = layer.post_attention_layernorm(h)
             gate, up = F.linear(x, fused.gate_up[i]).chunk(2, dim=-1)
@@ -343,7 +354,8 @@ class FastDecoder:
     checking the logic on a CPU; not a fast path)."""
 
     def __init__(self, model, k_steps: int = DEFAULT_K, compile: bool = True, graphs: bool = True,
-                 tune: bool | None = None, fused: bool | None = None, head: str | None = None):
+                 tune: bool | None = None, fused: bool | None = None, head: str | None = None,
+                 attention: str | None = None):
         if not isinstance(k_steps, int) or isinstance(k_steps, bool) or not 1 <= k_steps <= 64:
             raise NvkitError(f"k_steps must be a whole number from 1 to 64, not {k_steps!r}.")
         self.model = model
@@ -372,6 +384,11 @@ class FastDecoder:
         if head not in ("compiled", "cublas"):
             raise NvkitError(f"head must be 'compiled' or 'cublas', not {head!r}.")
         self.head = head
+        # attention: "matmul" (two batched products) or "reduce" (products and sums; fused step only)
+        attention = attention or os.environ.get("NVKIT_FAST_ATTENTION", "matmul")
+        if attention not in ("matmul", "reduce"):
+            raise NvkitError(f"attention must be 'matmul' or 'reduce', not {attention!r}.")
+        self.attention = attention
 
     @property
     def fused(self) -> bool:
@@ -415,7 +432,7 @@ class FastDecoder:
                         use_cache=True, logits_to_keep=1)
             return out.logits[:, -1, :].float()
 
-        b.step = (_fused_step(model, self._fused, b, eager_head=self.head == "cublas")
+        b.step = (_fused_step(model, self._fused, b, eager_head=self.head == "cublas", attention=self.attention)
                   if self._fused is not None else step)
         return b
 
@@ -598,22 +615,26 @@ class FastDecoder:
 _ATTR = "_nvkit_fast_decoder"
 
 
-def decoder(session, k_steps: int | None = None, compile: bool | None = None, head: str | None = None) -> FastDecoder:
+def decoder(session, k_steps: int | None = None, compile: bool | None = None, head: str | None = None,
+            attention: str | None = None) -> FastDecoder:
     """The session's decoder (created on first use; kept on the model so unloading frees it too).
 
-    ``k_steps`` / ``compile`` / ``head`` replace it with one built that way (its captures are paid again)."""
+    ``k_steps`` / ``compile`` / ``head`` / ``attention`` replace it with one built that way (its
+    captures are paid again)."""
     model = session.model
     d = getattr(model, _ATTR, None)
-    if d is not None and k_steps is None and compile is None and head is None:
+    if d is not None and k_steps is None and compile is None and head is None and attention is None:
         return d
     k = (d.k if d is not None else DEFAULT_K) if k_steps is None else k_steps
     c = ((d.compile if d is not None else os.environ.get("NVKIT_FAST_COMPILE", "1") != "0")
          if compile is None else compile)
     hd = (d.head if d is not None else None) if head is None else head
-    if d is None or d.k != k or d.compile != c or (hd is not None and d.head != hd):
+    at = (d.attention if d is not None else None) if attention is None else attention
+    if (d is None or d.k != k or d.compile != c or (hd is not None and d.head != hd)
+            or (at is not None and d.attention != at)):
         if d is not None:
             d.release()  # its graphs and caches go before the new one captures
-        d = FastDecoder(model, k_steps=k, compile=c, head=hd)
+        d = FastDecoder(model, k_steps=k, compile=c, head=hd, attention=at)
         # A plain attribute on the nn.Module (not a submodule): unload drops the model and this with it.
         object.__setattr__(model, _ATTR, d)
     return d

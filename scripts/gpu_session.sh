@@ -25,8 +25,8 @@ case "$phase" in
     T=300 t tests/gpu/test_fast_gpu.py tests/gpu/test_finetune_gpu.py -k "bench" ;;
   open)
     T=200 t tests/gpu/test_memory_gpu.py -k "finetune_predicts or overhead"
-    echo "=== decode: fused step with the head compiled vs left to cuBLAS ($(date +%T))"
-    timeout 240 python3 -m nvkit.bench_decode --paths "fast,fast cublas head" --csv "$out/decode_head.csv"
+    echo "=== decode: the fused step's variants in one process ($(date +%T))"
+    timeout 300 python3 -m nvkit.bench_decode --paths "fast,fast cublas head,fast reduce attention" --csv "$out/decode_variants.csv"
     T=240 t tests/gpu/test_fast_gpu.py -k bench
     T=540 t tests/gpu/test_notebooks_gpu.py ;;
   fa4-first-half)

@@ -194,6 +194,12 @@ def test_fused_step_keeps_the_model_and_follows_weight_changes(s):
         assert torch.equal(torch.stack(head.last_logits), fused_logits)
         with pytest.raises(NvkitError, match="head"):
             fast.FastDecoder(s.model, graphs=False, head="tensor-cores")
+        # attention as products and sums (fp32 throughout): the same tokens, logits within fp32 rounding
+        red = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="reduce")
+        assert red.generate(ids, sampling, keep_logits=True) == a
+        assert torch.allclose(torch.stack(red.last_logits), fused_logits, atol=1e-4, rtol=1e-4)
+        with pytest.raises(NvkitError, match="attention"):
+            fast.FastDecoder(s.model, graphs=False, attention="flash")
         # replace a weight the way a merge does (new tensor): the decoder must notice and refuse stale weights
         old = attn.v_proj.weight.data
         attn.v_proj.weight.data = old.clone() * 0
