@@ -2,11 +2,11 @@
 # Runs on the GPU machine (the device tool), from the checkout root: installs the wheels that
 # travelled with this call (../shared/gpu/wheels.sh fetches them into .whl-*), then runs one phase
 # of the GPU tests and benchmarks with all output teed into $OUT. Usage:
-#     bash scripts/gpu_session.sh PHASE      (PHASE: core | bnb | fa4-first-half | fa4 | open)
+#     bash scripts/gpu_session.sh PHASE      (PHASE: core | bnb | fa4-first-half | fa4 | open | notebooks)
 # Carry .whl-core for core/open, .whl-bnb for bnb (after a core call, while the machine is warm:
 # installs accumulate in /tmp/nvkit-site), .whl-fa4a then .whl-fa4b in two consecutive calls.
-# "open" is what session 2 left unrun: the decode table, the notebooks, the fine-tune estimate
-# check and the sampler overhead on the fast path.
+# "open" and "notebooks" are what session 2 left unrun: the fine-tune estimate check, the sampler
+# overhead on the fast path, the decode variants and table; the notebooks on the Qwen3-0.6B shape.
 set -uo pipefail
 phase=${1:?phase}
 for inst in .whl-*/install.sh; do eval "$(bash "$inst")"; break; done
@@ -27,8 +27,9 @@ case "$phase" in
     T=200 t tests/gpu/test_memory_gpu.py -k "finetune_predicts or overhead"
     echo "=== decode: the fused step's variants in one process ($(date +%T))"
     timeout 300 python3 -m nvkit.bench_decode --paths "fast,fast cublas head,fast reduce attention" --csv "$out/decode_variants.csv"
-    T=240 t tests/gpu/test_fast_gpu.py -k bench
-    T=540 t tests/gpu/test_notebooks_gpu.py ;;
+    T=240 t tests/gpu/test_fast_gpu.py -k bench ;;
+  notebooks)  # its own call: ten kernels, each paying its model load and fast-path capture
+    T=560 t tests/gpu/test_notebooks_gpu.py ;;
   fa4-first-half)
     echo "first half of FlashAttention-4 installed" ;;
   fa4)
