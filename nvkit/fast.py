@@ -231,7 +231,7 @@ def _still_fused(mods, fused_w) -> bool:
     off = 0
     for m in mods:
         w = m.weight
-        if w.data_ptr() != fused_w[off].data_ptr() or w.shape[0] + off > fused_w.shape[0]:
+        if off + w.shape[0] > fused_w.shape[0] or w.data_ptr() != fused_w[off].data_ptr():
             return False
         off += w.shape[0]
     return off == fused_w.shape[0]
@@ -245,9 +245,9 @@ class _Fused:
         for layer in model.model.layers:
             a, m = layer.self_attn, layer.mlp
             self.groups.append(((a.q_proj, a.k_proj, a.v_proj), (m.gate_proj, m.up_proj)))
-        self.refuse()
+        self.fuse()
 
-    def refuse(self):
+    def fuse(self):
         self.qkv, self.gate_up = [], []
         for qkv, gu in self.groups:
             self.qkv.append(_fuse(qkv))
@@ -397,7 +397,7 @@ class FastDecoder:
     def _check_fused(self) -> None:
         """Weights replaced since fusing (an adapter merged, say) -> fuse again and capture again."""
         if self._fused is not None and not self._fused.valid():
-            self._fused.refuse()
+            self._fused.fuse()
             self._buckets.clear()
             events.record("compile", "fast decode: the weights changed; fusing and capturing again")
 

@@ -61,21 +61,22 @@ def cuda_in_use() -> bool:
     return bool(torch is not None and torch.cuda.is_initialized())
 
 
-def torch_allocated(devices=None) -> int:
-    """Bytes held by live tensors in PyTorch's CUDA allocator, summed over ``devices`` (all)."""
+def _torch_sum(stat: str, devices) -> int:
     if not cuda_in_use():
         return 0
     torch = _torch()
     devs = range(torch.cuda.device_count()) if devices is None else devices
-    return int(sum(torch.cuda.memory_allocated(d) for d in devs))
+    return int(sum(getattr(torch.cuda, stat)(d) for d in devs))
+
+
+def torch_allocated(devices=None) -> int:
+    """Bytes held by live tensors in PyTorch's CUDA allocator, summed over ``devices`` (all)."""
+    return _torch_sum("memory_allocated", devices)
 
 
 def torch_reserved(devices=None) -> int:
-    if not cuda_in_use():
-        return 0
-    torch = _torch()
-    devs = range(torch.cuda.device_count()) if devices is None else devices
-    return int(sum(torch.cuda.memory_reserved(d) for d in devs))
+    """Bytes PyTorch's CUDA allocator holds from the driver, summed over ``devices`` (all)."""
+    return _torch_sum("memory_reserved", devices)
 
 
 def release() -> None:
@@ -545,40 +546,38 @@ def expectation():
         return _expect["explicit"] or _expect["auto"]
 
 
+def _expect_for(session, **kw) -> None:
+    """Make ``nvkit.estimate`` of the loaded ``session`` (its config, dtype, quantization and
+    device, plus ``kw``) the automatic expectation. Best effort: a prediction is a bonus and
+    never breaks the load, generation or run it describes."""
+    try:
+        from .estimate import estimate
+        q = session.quantization if session.quantization in ("nf4", "fp4", "int8") else None
+        est = estimate(session.model.config, dtype=str(session.dtype).replace("torch.", ""), quantization=q,
+                       device="cuda" if session.device.type == "cuda" else "cpu", **kw)
+    except Exception:
+        est = None
+    with _track_lock:
+        _expect["auto"] = est
+
+
 def expect_generation(session, texts, gen: dict) -> None:
     """Predict the peak of a generation about to run (called by the session, best effort)."""
     try:
-        from .estimate import estimate
         tok = session.tokenizer
-        lens = [len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts]
-        prompt = max(lens) if lens else 1
-        new = int(gen.get("max_new_tokens", 50))
-        dev = session.device
-        q = session.quantization if session.quantization in ("nf4", "fp4", "int8") else None
-        est = estimate(session.model.config, dtype=str(session.dtype).replace("torch.", ""), quantization=q,
-                       batch_size=len(texts), seq_len=prompt + new, prompt_len=max(prompt, 1),
-                       device="cuda" if dev.type == "cuda" else "cpu")
-        with _track_lock:
-            _expect["auto"] = est
-    except Exception:  # a prediction is a bonus: never let it break a generation
+        prompt = max((len(tok(t, add_special_tokens=False)["input_ids"]) for t in texts), default=1)
+    except Exception:
         with _track_lock:
             _expect["auto"] = None
+        return
+    new = int(gen.get("max_new_tokens", 50))
+    _expect_for(session, batch_size=len(texts), seq_len=prompt + new, prompt_len=max(prompt, 1))
 
 
 def expect_finetune(session, batch_size: int, seq_len: int, lora_r: int, gradient_checkpointing: bool) -> None:
     """Predict the peak of the LoRA run ``nvkit.finetune`` is about to start (best effort)."""
-    try:
-        from .estimate import estimate
-        q = session.quantization if session.quantization in ("nf4", "fp4", "int8") else None
-        est = estimate(session.model.config, dtype=str(session.dtype).replace("torch.", ""), quantization=q,
-                       mode="lora", batch_size=batch_size, seq_len=seq_len, lora_r=lora_r,
-                       gradient_checkpointing=gradient_checkpointing,
-                       device="cuda" if session.device.type == "cuda" else "cpu", path="nvkit")
-        with _track_lock:
-            _expect["auto"] = est
-    except Exception:  # a prediction is a bonus: never let it break a run
-        with _track_lock:
-            _expect["auto"] = None
+    _expect_for(session, mode="lora", batch_size=batch_size, seq_len=seq_len, lora_r=lora_r,
+                gradient_checkpointing=gradient_checkpointing, path="nvkit")
 
 
 def reset_peak() -> None:
@@ -595,14 +594,10 @@ def reset_peak() -> None:
 
 
 def _main_device() -> tuple[str, int | None]:
-    try:
-        from .session import session as _cur
-        s = _cur(required=False)
-        if s is not None and s.model is not None:
-            d = s.device
-            return (f"cuda:{d.index or 0}", d.index or 0) if d.type == "cuda" else ("cpu", None)
-    except Exception:
-        pass
+    s = _loaded_session()
+    if s is not None:
+        d = s.device
+        return (f"cuda:{d.index or 0}", d.index or 0) if d.type == "cuda" else ("cpu", None)
     return ("cuda:0", 0) if cuda_in_use() else ("cpu", None)
 
 
@@ -621,19 +616,10 @@ def _on_event(ev) -> None:
     with _track_lock:
         t0 = _open.pop(what, ev.t)
         rss0 = _open_rss.pop(what, None)
-    if what == "load":
-        try:  # after a load the weights are the prediction: config-only, as before the load
-            from .estimate import estimate
-            from .session import session as _cur
-            s = _cur(required=False)
-            if s is not None and s.model is not None:
-                q = s.quantization if s.quantization in ("nf4", "fp4", "int8") else None
-                est = estimate(s.model.config, dtype=str(s.dtype).replace("torch.", ""), quantization=q,
-                               seq_len=1, device="cuda" if s.device.type == "cuda" else "cpu")
-                with _track_lock:
-                    _expect["auto"] = est
-        except Exception:
-            pass
+    if what == "load":  # after a load the weights are the prediction: config-only, as before the load
+        s = _loaded_session()
+        if s is not None:
+            _expect_for(s, seq_len=1)
     record_peak(what, t_start=t0, rss_start=rss0)
 
 
@@ -651,15 +637,23 @@ def _cpu_measured(what: str, rss_start: int | None) -> int:
         if p is not None and p == p:
             peak = max(peak, int(p))
     grown = max(0, peak - int(rss_start))
-    if what != "load":
+    s = _loaded_session() if what != "load" else None
+    if s is not None:
         try:
-            from .session import session as _cur
-            s = _cur(required=False)
-            if s is not None and s.model is not None:
-                grown += int(s.info.get("footprint_bytes", 0))
-        except Exception:
+            grown += int(s.model.get_memory_footprint())
+        except Exception:  # a model without the method: the growth alone
             pass
     return grown
+
+
+def _loaded_session():
+    """The current session when a model is loaded in it, else None."""
+    try:
+        from .session import session as _cur
+        s = _cur(required=False)
+    except Exception:
+        return None
+    return s if s is not None and s.model is not None else None
 
 
 def record_peak(what: str, t_start: float | None = None, estimate=None, rss_start: int | None = None) -> Comparison:

@@ -8,26 +8,12 @@ here); a ready ``TorchAoConfig`` / ``QuantoConfig`` can still be passed through 
 
 from __future__ import annotations
 
-import importlib.metadata as md
-
-from .backends import Choice, ChoiceList
+from .backends import Choice, ChoiceList, _version, _vtuple
 from .errors import NvkitError
 
 BNB_MIN = (0, 50)          # first bitsandbytes whose nf4/int8 also run on the CPU
 METHODS = ("nf4", "fp4", "int8")
 OPTIONS_4BIT = ("double_quant", "compute_dtype", "quant_storage")
-
-
-def _version(dist: str) -> str | None:
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
-
-
-def _release(v: str) -> tuple:
-    from packaging.version import Version
-    return Version(v).release
 
 
 def quantization_methods(device=None) -> ChoiceList:
@@ -43,7 +29,7 @@ def quantization_methods(device=None) -> ChoiceList:
     for m in METHODS:
         if bnb is None:
             out.append(Choice(m, False, "bitsandbytes is not installed (pip install 'bitsandbytes>=0.50')", "-"))
-        elif device_type == "cpu" and _release(bnb)[:2] < BNB_MIN:
+        elif device_type == "cpu" and _vtuple(bnb)[:2] < BNB_MIN:
             out.append(Choice(m, False, f"bitsandbytes {bnb} has no CPU path; 0.50 and newer run on the CPU "
                                         "(pip install -U bitsandbytes)", f"package bitsandbytes {bnb}"))
         else:
