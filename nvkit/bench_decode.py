@@ -22,10 +22,40 @@ from .errors import NvkitError, require
 
 SINGLE_PATHS = ("generate", "static+compile", "fast")
 BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
-# "fast eager": the fast path without torch.compile (own capture of the eager forward);
-# "fast cublas head": the fused step with the LM head left to cuBLAS (FastDecoder(head="cublas"));
-# "fast reduce attention": the fused step with attention as products and sums (attention="reduce")
-OPTIONAL_PATHS = ("fast eager", "fast cublas head", "fast reduce attention")
+# Variants of the fast path, to compare in one process before changing its defaults. Besides the
+# names below, any "fast+OPT+OPT..." works, OPT one of: eager (no torch.compile: own capture of the
+# eager forward), cublas (LM head left to cuBLAS: FastDecoder(head="cublas")), reduce (attention as
+# products and sums: attention="reduce"), pdl (Programmatic Dependent Launch between inductor's
+# kernels: pdl=True), kN (N decode steps per graph replay).
+OPTIONAL_PATHS = ("fast eager", "fast cublas head", "fast reduce attention", "fast pdl")
+_ALIASES = {"fast eager": "fast+eager", "fast cublas head": "fast+cublas", "fast reduce attention": "fast+reduce",
+            "fast pdl": "fast+pdl"}
+
+
+def fast_options(path: str) -> dict | None:
+    """The FastDecoder settings a fast-path benchmark name asks for (None: not a fast path).
+
+    Raises NvkitError for an unknown option, so a typo is not measured as the default."""
+    path = _ALIASES.get(path, path)
+    if path != "fast" and not path.startswith("fast+"):
+        return None
+    opts = dict(compile=True, head="compiled", attention="matmul", pdl=False, k_steps=None)
+    for part in path.split("+")[1:]:
+        part = part.strip()
+        if part == "eager":
+            opts["compile"] = False
+        elif part == "cublas":
+            opts["head"] = "cublas"
+        elif part == "reduce":
+            opts["attention"] = "reduce"
+        elif part == "pdl":
+            opts["pdl"] = True
+        elif part[:1] == "k" and part[1:].isdigit():
+            opts["k_steps"] = int(part[1:])
+        else:
+            raise NvkitError(f"Unknown fast-path option {part!r} in {path!r}: use eager, cublas, reduce, pdl or kN "
+                             "(e.g. 'fast+pdl+reduce+k16').")
+    return opts
 
 
 def _session(model, dtype):
@@ -99,7 +129,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
         paths = SINGLE_PATHS + BATCH_PATHS
     if isinstance(paths, str):
         paths = [paths]
-    bad = [p for p in paths if p not in known]
+    bad = [p for p in paths if p not in known and fast_options(p) is None]
     require(not bad, f"Unknown benchmark path(s) {bad}: choose from {list(known)}.")
     unused.pop("decode", None)
     if unused:
@@ -137,7 +167,8 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
             f"ran {st.path}; prompt {st.prompt_tokens} tokens", rate=st.tokens_per_second)
 
     group1 = f"batch 1 · {new_tokens} new tokens"
-    for path in [p for p in SINGLE_PATHS + OPTIONAL_PATHS if p in paths]:
+    fast_paths = [p for p in paths if p not in SINGLE_PATHS and fast_options(p) is not None]
+    for path in [p for p in SINGLE_PATHS if p in paths] + fast_paths:
         try:
             if path == "generate":
                 single(path, min(new_tokens, 8), fast=False)
@@ -146,18 +177,18 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                     skip(group1, path, "compiling the decode step is benchmarked on CUDA only")
                     continue
                 single(path, new_tokens, fast=False, cache_implementation="static")
-            elif path in ("fast",) + OPTIONAL_PATHS:
+            elif fast_options(path) is not None:
                 if not cuda:
                     skip(group1, path, "the fast path needs CUDA")
                     continue
-                fast_mod.decoder(s, k_steps=k_steps or fast_mod.DEFAULT_K, compile=(path != "fast eager"),
-                                 head="cublas" if path == "fast cublas head" else "compiled",
-                                 attention="reduce" if path == "fast reduce attention" else "matmul")
+                opts = fast_options(path)
+                opts["k_steps"] = opts["k_steps"] or k_steps or fast_mod.DEFAULT_K
+                fast_mod.decoder(s, **opts)
                 single(path, new_tokens, fast=True)
                 d = fast_mod.decoder(s)
                 rows[-1]["note"] += (f"; K={d.k}, {'fused' if d.fused else 'model-forward'} "
                                      f"{'compiled' if d.compiled else 'eager'} step, head {d.head}, "
-                                     f"attention {d.attention}") + (
+                                     f"attention {d.attention}{', pdl' if d.pdl else ''}") + (
                     f" (compile failed: {d.compile_error})" if d.compile_error else "")
         except Exception as e:  # noqa: BLE001 - one broken path must not hide the others' figures
             skip(group1, path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -258,7 +289,8 @@ def main(argv=None) -> int:
     p.add_argument("--n-prompts", type=int, default=64)
     p.add_argument("--batch-new-tokens", type=int, default=128)
     p.add_argument("--k-steps", type=int, default=None)
-    p.add_argument("--paths", default=None, help="comma-separated subset of: " + ", ".join(SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS))
+    p.add_argument("--paths", default=None, help="comma-separated subset of: " + ", ".join(SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS)
+                   + "; or fast+OPT+... with OPT in eager, cublas, reduce, pdl, kN")
     p.add_argument("--csv", default=None, help="also write the table here")
     a = p.parse_args(argv)
     try:

@@ -257,6 +257,41 @@ def test_bench_decode_rejects_bad_values_and_runs_on_cpu(s):
     assert df[df["path"] == "nvkit batch"]["tokens"].iloc[0] == 9
 
 
+def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
+    opts = bench_decode.fast_options
+    assert opts("generate") is None and opts("nvkit batch") is None
+    assert opts("fast") == dict(compile=True, head="compiled", attention="matmul", pdl=False, k_steps=None)
+    assert opts("fast cublas head")["head"] == "cublas" and opts("fast eager")["compile"] is False
+    assert opts("fast+pdl+reduce+cublas+k16") == dict(compile=True, head="cublas", attention="reduce", pdl=True,
+                                                       k_steps=16)
+    for typo in ("fast+pld", "fast+k", "fast+kx2", "fast+"):
+        with pytest.raises(NvkitError, match="fast-path option"):
+            opts(typo)
+    with pytest.raises(NvkitError, match="fast-path option"):
+        bench_decode.run(model=s, paths=["fast+turbo"], show=False)
+    # variants are accepted by name and, on a CPU, skipped with the reason (not measured as the default)
+    df = bench_decode.run(model=s, new_tokens=3, prompt_len=4, paths=["generate", "fast+pdl+k4"], show=False)
+    assert list(df["path"]) == ["generate", "fast+pdl+k4"]
+    assert df["note"].iloc[1] == "skipped: the fast path needs CUDA"
+
+
+def test_fast_pdl_option(s, monkeypatch):
+    import torch._inductor.config as inductor_config
+    d = fast.FastDecoder(s.model, k_steps=2, graphs=False, pdl=True)
+    assert d.pdl
+    with d._inductor_options(compiling=True):
+        assert inductor_config.triton.enable_pdl is True and inductor_config.coordinate_descent_tuning is True
+    assert inductor_config.triton.enable_pdl is False  # patched only around the capture
+    monkeypatch.setenv("NVKIT_FAST_PDL", "1")
+    assert fast.FastDecoder(s.model, graphs=False).pdl
+    monkeypatch.delenv("NVKIT_FAST_PDL")
+    assert not fast.FastDecoder(s.model, graphs=False).pdl
+    # a torch whose inductor cannot emit PDL: a clear error instead of a silently slower run
+    monkeypatch.delattr(inductor_config.triton, "enable_pdl")
+    with pytest.raises(NvkitError, match="Programmatic Dependent Launch"):
+        fast.FastDecoder(s.model, graphs=False, pdl=True)
+
+
 @pytest.mark.parametrize("arch", ["llama", "llama-bias", "qwen2", "mistral", "qwen3"])
 def test_fused_step_matches_the_model_for_each_family(arch):
     """Each architecture in fast._FUSABLE (random tiny fp32 weights, so ties are not an issue at
