@@ -26,10 +26,11 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # names below, any "fast+OPT+OPT..." works, OPT one of: eager (no torch.compile: own capture of the
 # eager forward), cublas (LM head left to cuBLAS: FastDecoder(head="cublas")), reduce (attention as
 # products and sums: attention="reduce"), pdl (Programmatic Dependent Launch between inductor's
-# kernels: pdl=True), kN (N decode steps per graph replay).
-OPTIONAL_PATHS = ("fast eager", "fast cublas head", "fast reduce attention", "fast pdl")
+# kernels: pdl=True, the default where torch can; nopdl turns it off), combo (inductor's
+# combo_kernels: independent small kernels launched as one), kN (N decode steps per graph replay).
+OPTIONAL_PATHS = ("fast eager", "fast cublas head", "fast reduce attention", "fast without pdl")
 _ALIASES = {"fast eager": "fast+eager", "fast cublas head": "fast+cublas", "fast reduce attention": "fast+reduce",
-            "fast pdl": "fast+pdl"}
+            "fast without pdl": "fast+nopdl"}
 
 
 def fast_options(path: str) -> dict | None:
@@ -39,7 +40,7 @@ def fast_options(path: str) -> dict | None:
     path = _ALIASES.get(path, path)
     if path != "fast" and not path.startswith("fast+"):
         return None
-    opts = dict(compile=True, head="compiled", attention="matmul", pdl=False, k_steps=None)
+    opts = dict(compile=True, head="compiled", attention="matmul", pdl=None, inductor={}, k_steps=None)
     for part in path.split("+")[1:]:
         part = part.strip()
         if part == "eager":
@@ -50,10 +51,14 @@ def fast_options(path: str) -> dict | None:
             opts["attention"] = "reduce"
         elif part == "pdl":
             opts["pdl"] = True
+        elif part == "nopdl":
+            opts["pdl"] = False
+        elif part == "combo":
+            opts["inductor"] = {**opts["inductor"], "combo_kernels": True}
         elif part[:1] == "k" and part[1:].isdigit():
             opts["k_steps"] = int(part[1:])
         else:
-            raise NvkitError(f"Unknown fast-path option {part!r} in {path!r}: use eager, cublas, reduce, pdl or kN "
+            raise NvkitError(f"Unknown fast-path option {part!r} in {path!r}: use eager, cublas, reduce, pdl, nopdl, combo or kN "
                              "(e.g. 'fast+pdl+reduce+k16').")
     return opts
 
@@ -188,7 +193,8 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                 d = fast_mod.decoder(s)
                 rows[-1]["note"] += (f"; K={d.k}, {'fused' if d.fused else 'model-forward'} "
                                      f"{'compiled' if d.compiled else 'eager'} step, head {d.head}, "
-                                     f"attention {d.attention}{', pdl' if d.pdl else ''}") + (
+                                     f"attention {d.attention}{', pdl' if d.pdl else ''}"
+                                     f"{''.join(f', {k}' for k in d.inductor)}") + (
                     f" (compile failed: {d.compile_error})" if d.compile_error else "")
         except Exception as e:  # noqa: BLE001 - one broken path must not hide the others' figures
             skip(group1, path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -290,7 +296,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-new-tokens", type=int, default=128)
     p.add_argument("--k-steps", type=int, default=None)
     p.add_argument("--paths", default=None, help="comma-separated subset of: " + ", ".join(SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS)
-                   + "; or fast+OPT+... with OPT in eager, cublas, reduce, pdl, kN")
+                   + "; or fast+OPT+... with OPT in eager, cublas, reduce, pdl, nopdl, combo, kN")
     p.add_argument("--csv", default=None, help="also write the table here")
     a = p.parse_args(argv)
     try:

@@ -207,6 +207,15 @@ def _fuse(mods) -> tuple[Any, Any]:
     and the layers compute what they did. Called again after the weights were replaced (merging an
     adapter, loading new weights), it fuses the new ones."""
     import torch
+    # Fusing happens inside generation, under inference_mode; tensors made there could never be
+    # used for training again ("Inference tensors cannot be saved for backward", seen on the H200
+    # when a training step followed a fast generate). The fused tensors must be ordinary ones.
+    with torch.inference_mode(False), torch.no_grad():
+        return _fuse_now(mods)
+
+
+def _fuse_now(mods) -> tuple[Any, Any]:
+    import torch
     ws = [m.weight for m in mods]
     fused_w = torch.cat([w.detach() for w in ws])
     off = 0
@@ -346,6 +355,15 @@ class _Bucket:
     logits: Any = None  # (K, vocab) float32 when a graph keeps its logits (tests)
 
 
+def _has_inductor_option(config, dotted: str) -> bool:
+    obj = config
+    for part in dotted.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True
+
+
 class FastDecoder:
     """Greedy/sampled decoding of one sequence on one GPU, K steps per CUDA-graph replay.
 
@@ -355,7 +373,7 @@ class FastDecoder:
 
     def __init__(self, model, k_steps: int = DEFAULT_K, compile: bool = True, graphs: bool = True,
                  tune: bool | None = None, fused: bool | None = None, head: str | None = None,
-                 attention: str | None = None, pdl: bool | None = None):
+                 attention: str | None = None, pdl: bool | None = None, inductor: dict | None = None):
         if not isinstance(k_steps, int) or isinstance(k_steps, bool) or not 1 <= k_steps <= 64:
             raise NvkitError(f"k_steps must be a whole number from 1 to 64, not {k_steps!r}.")
         self.model = model
@@ -390,17 +408,23 @@ class FastDecoder:
             raise NvkitError(f"attention must be 'matmul' or 'reduce', not {attention!r}.")
         self.attention = attention
         # pdl: inductor's Triton kernels launched with Programmatic Dependent Launch (Hopper and
-        # newer), so each kernel's launch overlaps the tail of the one before it inside the graph.
-        # Why: at batch 1 the H200 profile showed ≈ 0.36 ms of gaps between 339 kernels per token.
+        # newer; inductor checks the GPU), so each kernel's launch overlaps the tail of the one before
+        # it inside the graph. Measured on the H200 (Qwen3-0.6B shape, K=8, one process): 839 tok/s
+        # without, 923 with. Default on where this torch can emit it (NVKIT_FAST_PDL=0 turns it off).
+        import torch._inductor.config as inductor_config
+        can_pdl = hasattr(inductor_config.triton, "enable_pdl")
         if pdl is None:
-            pdl = os.environ.get("NVKIT_FAST_PDL", "0") == "1"
-        if pdl:
-            import torch._inductor.config as inductor_config
-            if not hasattr(inductor_config.triton, "enable_pdl"):
-                import torch
-                raise NvkitError(f"pdl=True needs a torch whose inductor can emit Programmatic Dependent Launch "
-                                 f"(torch._inductor.config.triton.enable_pdl); torch {torch.__version__} has none. "
-                                 "Use pdl=False.")
+            pdl = can_pdl and os.environ.get("NVKIT_FAST_PDL", "1") != "0"
+        elif pdl and not can_pdl:
+            import torch
+            raise NvkitError(f"pdl=True needs a torch whose inductor can emit Programmatic Dependent Launch "
+                             f"(torch._inductor.config.triton.enable_pdl); torch {torch.__version__} has none. "
+                             "Use pdl=False.")
+        # inductor: more inductor settings for the capture (the bench's "combo" tries combo_kernels)
+        self.inductor = dict(inductor or {})
+        bad = [k for k in self.inductor if not _has_inductor_option(inductor_config, k)]
+        if bad:
+            raise NvkitError(f"Unknown inductor option(s) {bad}: see torch._inductor.config.")
         self.pdl = bool(pdl)
 
     @property
@@ -523,12 +547,13 @@ class FastDecoder:
         into its own reduction kernels, tuned to the memory bandwidth and fused with their
         neighbours, instead of one cuBLAS call each (the trick gpt-fast relies on)."""
         import contextlib
-        if not compiling or not (self.tune or self.pdl):
+        if not compiling or not (self.tune or self.pdl or self.inductor):
             return contextlib.nullcontext()
         import torch._inductor.config as inductor_config
         patch = {"coordinate_descent_tuning": True} if self.tune else {}
         if self.pdl:
             patch["triton.enable_pdl"] = True
+        patch.update(self.inductor)
         return inductor_config.patch(patch)
 
     def _capture_with(self, b: _Bucket, key: tuple, keep_logits: bool, fn):
@@ -632,14 +657,15 @@ _ATTR = "_nvkit_fast_decoder"
 
 
 def decoder(session, k_steps: int | None = None, compile: bool | None = None, head: str | None = None,
-            attention: str | None = None, pdl: bool | None = None) -> FastDecoder:
+            attention: str | None = None, pdl: bool | None = None, inductor: dict | None = None) -> FastDecoder:
     """The session's decoder (created on first use; kept on the model so unloading frees it too).
 
-    ``k_steps`` / ``compile`` / ``head`` / ``attention`` / ``pdl`` replace it with one built that way (its
+    ``k_steps`` / ``compile`` / ``head`` / ``attention`` / ``pdl`` / ``inductor`` replace it with one built that way (its
     captures are paid again)."""
     model = session.model
     d = getattr(model, _ATTR, None)
-    if d is not None and k_steps is None and compile is None and head is None and attention is None and pdl is None:
+    if d is not None and k_steps is None and compile is None and head is None and attention is None and pdl is None \
+            and inductor is None:
         return d
     k = (d.k if d is not None else DEFAULT_K) if k_steps is None else k_steps
     c = ((d.compile if d is not None else os.environ.get("NVKIT_FAST_COMPILE", "1") != "0")
@@ -648,10 +674,12 @@ def decoder(session, k_steps: int | None = None, compile: bool | None = None, he
     at = (d.attention if d is not None else None) if attention is None else attention
     pd = (d.pdl if d is not None else None) if pdl is None else pdl
     if (d is None or d.k != k or d.compile != c or (hd is not None and d.head != hd)
-            or (at is not None and d.attention != at) or (pd is not None and d.pdl != pd)):
+            or (at is not None and d.attention != at) or (pd is not None and d.pdl != pd)
+            or (inductor is not None and d.inductor != inductor)):
         if d is not None:
             d.release()  # its graphs and caches go before the new one captures
-        d = FastDecoder(model, k_steps=k, compile=c, head=hd, attention=at, pdl=pd)
+        d = FastDecoder(model, k_steps=k, compile=c, head=hd, attention=at, pdl=pd,
+                        inductor=inductor if inductor is not None else (d.inductor if d is not None else None))
         # A plain attribute on the nn.Module (not a submodule): unload drops the model and this with it.
         object.__setattr__(model, _ATTR, d)
     return d

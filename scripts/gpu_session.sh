@@ -2,13 +2,14 @@
 # Runs on the GPU machine (the device tool), from the checkout root: installs the wheels that
 # travelled with this call (../shared/gpu/wheels.sh fetches them into .whl-*), then runs one phase
 # of the GPU tests and benchmarks with all output teed into $OUT. Usage:
-#     bash scripts/gpu_session.sh PHASE      (PHASE: core | bnb | fa4-first-half | fa4 | open | notebooks | lanes)
+#     bash scripts/gpu_session.sh PHASE      (PHASE: core | bnb | fa4-first-half | fa4 | open | notebooks |
+#                                             lanes-a | lanes-b)
 # Carry .whl-core for core/open, .whl-bnb for bnb (after a core call, while the machine is warm:
 # installs accumulate in /tmp/nvkit-site), .whl-fa4a then .whl-fa4b in two consecutive calls.
 # "open" and "notebooks" are what session 2 left unrun: the fine-tune estimate check, the sampler
 # overhead on the fast path, the decode variants and table; the notebooks on the Qwen3-0.6B shape.
-# "lanes" runs both at once on a 4-GPU machine, one lane per GPU (logs: $OUT/lane*.log), so the
-# whole set fits in one 10-minute call.
+# "lanes-a" then "lanes-b" run all of that side by side on a 4-GPU machine, one lane per GPU, in two
+# calls; then fa4-first-half and fa4.
 set -uo pipefail
 phase=${1:?phase}
 for inst in .whl-*/install.sh; do eval "$(bash "$inst")"; break; done
@@ -32,23 +33,28 @@ case "$phase" in
     T=240 t tests/gpu/test_fast_gpu.py -k bench ;;
   notebooks)  # its own call: ten kernels, each paying its model load and fast-path capture
     T=560 t tests/gpu/test_notebooks_gpu.py ;;
-  lanes)
-    n=$(nvidia-smi -L | wc -l); [ "$n" -ge 4 ] || { echo "lanes needs 4 GPUs, this machine has $n"; exit 2; }
+  lanes-a|lanes-b)  # 4 GPUs, one lane each (logs: $OUT/lane-*.log); carry .whl-core for a, then .whl-bnb for b
+    n=$(nvidia-smi -L | wc -l); [ "$n" -ge 4 ] || { echo "lanes need 4 GPUs, this machine has $n"; exit 2; }
+    # Fewer threads per lane: four processes with a thread per core each slowed the host-bound
+    # plain-generate rows 2x in the first try.
+    export OMP_NUM_THREADS=8 TORCHINDUCTOR_COMPILE_THREADS=12
     lane() { local gpu=$1 name=$2; shift 2; ( export CUDA_VISIBLE_DEVICES=$gpu; "$@" ) >"$out/lane-$name.log" 2>&1; echo "lane $name exit $?"; }
-    decode_variants() {
-      timeout 540 python3 -m nvkit.bench_decode --paths "fast,fast+pdl,fast+reduce+pdl,fast+reduce+pdl+cublas" \
-        --csv "$out/decode_variants.csv"; }
-    memory_then_table() {
-      T=200 t tests/gpu/test_memory_gpu.py -k "finetune_predicts or overhead"
-      T=320 t tests/gpu/test_fast_gpu.py -k bench; }
-    lane 0 memory memory_then_table &
-    lane 1 decode decode_variants &
-    T=540 lane 2 nb-a t tests/gpu/test_notebooks_gpu.py -k "00 or 01 or 02 or 03 or 04 or summary" &
-    T=540 lane 3 nb-b t tests/gpu/test_notebooks_gpu.py -k "05 or 06 or 07 or 08 or 09 or summary" &
+    nb() { T=540 t tests/gpu/test_notebooks_gpu.py -k "$1 or summary"; }
+    if [ "$phase" = lanes-a ]; then
+      decode() { timeout 540 python3 -m nvkit.bench_decode --csv "$out/decode_bench.csv" \
+        --paths "generate,static+compile,fast,fast+nopdl,fast+combo,padded generate,generate_batch,nvkit batch"; }
+      checks() { T=240 t tests/gpu/test_fast_gpu.py -k "not bench"; T=240 t tests/gpu/test_memory_gpu.py -k "finetune_predicts or overhead"; }
+      train() { T=200 t tests/gpu/test_backends_gpu.py -k "generates_trains and (sdpa or eager)"; T=300 t tests/gpu/test_finetune_gpu.py -k "liger or lora_bf16"; }
+      lane 0 decode decode & lane 1 checks checks & lane 2 nb-a nb "00 or 01 or 02 or 03 or 04" & lane 3 train train &
+    else
+      bnbl() { T=240 t tests/gpu/test_backends_gpu.py -k "bnb or fa2_fa3 or local_kernel"; T=240 t tests/gpu/test_finetune_gpu.py -k qlora; }
+      lane 2 nb-b nb "05 or 06 or 07 or 08 or 09" & lane 3 bnb bnbl &
+    fi
     wait
-    tail -n 5 "$out"/lane-*.log ;;
+    tail -n 4 "$out"/lane-*.log ;;
   fa4-first-half)
     echo "first half of FlashAttention-4 installed" ;;
-  fa4)
-    T=500 t tests/gpu/test_backends_gpu.py -k "generates_trains or bench_qwen3" ;;
+  fa4)  # after fa4-first-half; then the tests that want every GPU of the machine
+    T=300 t tests/gpu/test_backends_gpu.py -k "generates_trains or bench_qwen3 or table"
+    T=200 t tests/gpu/test_session_gpu.py tests/gpu/test_gpus_gpu.py ;;
 esac

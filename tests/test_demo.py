@@ -176,5 +176,8 @@ def test_shaped_tiny_builds_once(tmp_path, monkeypatch):
     with torch.inference_mode():
         out = m.generate(**ids, max_new_tokens=3, do_sample=False, min_new_tokens=3)
     assert out.shape[1] == ids["input_ids"].shape[1] + 3
+    # ids the tokenizer cannot spell never win: the noise decodes to text, not to ""
+    assert (out[0, ids["input_ids"].shape[1]:] < len(tok)).all()
+    assert tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
     # an explicit cache_dir holds <name> directly
     assert demo.shaped("qwen3-tiny", cache_dir=tmp_path / "other") == str(tmp_path / "other" / "qwen3-tiny")

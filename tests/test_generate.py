@@ -7,6 +7,8 @@ import time
 import pytest
 import torch
 
+from transformers import AutoModelForCausalLM
+
 from tests.gen_fixtures import model_dir
 
 import nvkit
@@ -85,6 +87,14 @@ def test_batch_comes_back_in_input_order(s):
     assert s.last_stats.path == "generate" and s.last_stats.prompts_done == len(prompts)
     assert outs == singles
     assert s.generate(tuple(prompts[:2]), max_new_tokens=2) == s.generate(prompts[:2], max_new_tokens=2)
+
+
+def test_batch_cache_holds_every_request_and_no_more():
+    # 64 prompts of 63 tokens + 128 new: one page of 256 each, plus the page being written
+    assert generation.cache_blocks([63] * 64, 128) == 128
+    assert generation.cache_blocks([300, 10], 200) == (2 + 1) + (1 + 1)  # 500 tokens: 2 pages; 210: 1
+    assert generation.cache_blocks([1], 1) == 2
+    assert generation.cache_blocks([256], 0, page_size=256) == 2
 
 
 def test_seed_makes_sampling_repeatable(s):
@@ -221,6 +231,25 @@ def test_fused_step_keeps_the_model_and_follows_weight_changes(s):
                          graphs=False, fused=True)
 
 
+def test_fusing_under_inference_mode_leaves_the_model_trainable(tmp_path):
+    """Generation runs under inference_mode, and that is where the fast path fuses the weights.
+    On the H200 a training step after a fast generate failed with "Inference tensors cannot be
+    saved for backward": the fused weights must stay ordinary tensors."""
+    m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path())
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.inference_mode():
+        d = fast.FastDecoder(m, k_steps=2, graphs=False)
+        attn = m.model.layers[0].self_attn
+        attn.k_proj.weight.data = attn.k_proj.weight.data.clone()  # as a merge does: re-fused on the next call
+        sampling, _ = fast._resolve(m, dict(max_new_tokens=3, do_sample=False, eos_token_id=NEVER))
+        d.generate(ids, sampling)
+    assert d._fused.valid() and not attn.q_proj.weight.is_inference()
+    m.train()
+    loss = m(input_ids=ids, labels=ids).loss
+    loss.backward()
+    assert attn.q_proj.weight.grad is not None and torch.isfinite(loss)
+
+
 def test_fast_sampling_is_seeded(s):
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
     ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]
@@ -260,10 +289,11 @@ def test_bench_decode_rejects_bad_values_and_runs_on_cpu(s):
 def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     opts = bench_decode.fast_options
     assert opts("generate") is None and opts("nvkit batch") is None
-    assert opts("fast") == dict(compile=True, head="compiled", attention="matmul", pdl=False, k_steps=None)
+    assert opts("fast") == dict(compile=True, head="compiled", attention="matmul", pdl=None, inductor={}, k_steps=None)
     assert opts("fast cublas head")["head"] == "cublas" and opts("fast eager")["compile"] is False
-    assert opts("fast+pdl+reduce+cublas+k16") == dict(compile=True, head="cublas", attention="reduce", pdl=True,
-                                                       k_steps=16)
+    assert opts("fast without pdl")["pdl"] is False
+    assert opts("fast+pdl+reduce+cublas+combo+k16") == dict(compile=True, head="cublas", attention="reduce", pdl=True,
+                                                             inductor={"combo_kernels": True}, k_steps=16)
     for typo in ("fast+pld", "fast+k", "fast+kx2", "fast+"):
         with pytest.raises(NvkitError, match="fast-path option"):
             opts(typo)
@@ -275,19 +305,23 @@ def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     assert df["note"].iloc[1] == "skipped: the fast path needs CUDA"
 
 
-def test_fast_pdl_option(s, monkeypatch):
+def test_fast_pdl_and_inductor_options(s, monkeypatch):
     import torch._inductor.config as inductor_config
-    d = fast.FastDecoder(s.model, k_steps=2, graphs=False, pdl=True)
-    assert d.pdl
+    d = fast.FastDecoder(s.model, k_steps=2, graphs=False, inductor={"combo_kernels": True})
+    assert d.pdl  # default on where torch can emit it (this one can)
     with d._inductor_options(compiling=True):
         assert inductor_config.triton.enable_pdl is True and inductor_config.coordinate_descent_tuning is True
-    assert inductor_config.triton.enable_pdl is False  # patched only around the capture
-    monkeypatch.setenv("NVKIT_FAST_PDL", "1")
-    assert fast.FastDecoder(s.model, graphs=False).pdl
-    monkeypatch.delenv("NVKIT_FAST_PDL")
+        assert inductor_config.combo_kernels is True
+    assert inductor_config.triton.enable_pdl is False and not inductor_config.combo_kernels  # only around the capture
+    with pytest.raises(NvkitError, match="inductor option"):
+        fast.FastDecoder(s.model, graphs=False, inductor={"warp_speed": 9})
+    monkeypatch.setenv("NVKIT_FAST_PDL", "0")
     assert not fast.FastDecoder(s.model, graphs=False).pdl
-    # a torch whose inductor cannot emit PDL: a clear error instead of a silently slower run
+    assert fast.FastDecoder(s.model, graphs=False, pdl=True).pdl
+    monkeypatch.delenv("NVKIT_FAST_PDL")
+    # a torch whose inductor cannot emit PDL: off by default, a clear error when asked for
     monkeypatch.delattr(inductor_config.triton, "enable_pdl")
+    assert not fast.FastDecoder(s.model, graphs=False).pdl
     with pytest.raises(NvkitError, match="Programmatic Dependent Launch"):
         fast.FastDecoder(s.model, graphs=False, pdl=True)
 

@@ -81,6 +81,7 @@ SHAPES: dict[str, dict] = {
 }
 
 _MARKER = "nvkit_shaped.json"
+_BUILD = 2  # 2: LM-head rows past the demo tokenizer are zero (see _build)
 
 
 def _spec(name: str) -> dict:
@@ -109,7 +110,8 @@ def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
 
 
 def _fingerprint(name: str) -> str:
-    blob = json.dumps({"name": name, "spec": _spec(name)}, sort_keys=True).encode()
+    # "build" changes when _build makes different weights, so older caches are rebuilt
+    blob = json.dumps({"name": name, "spec": _spec(name), "build": _BUILD}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
@@ -177,6 +179,13 @@ def _build(name: str, out: Path, fingerprint: str) -> None:
     config = shaped_config(name)
     torch.manual_seed(0)  # the same random weights on every machine that builds them
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    # The demo tokenizer knows ~2 k of the ~150 k ids. With random rows everywhere, greedy decoding
+    # nearly always picks an id it cannot spell and the text comes out empty. Zero LM-head rows give
+    # those ids a logit of 0, below the best of the real ids, so the noise is at least readable
+    # text. The head is read in full on every step either way, so speed and memory are unchanged.
+    n_tok = len(AutoTokenizer.from_pretrained(demo_path()))
+    with torch.no_grad():
+        model.get_output_embeddings().weight[n_tok:] = 0
     model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
                                                pad_token_id=config.bos_token_id, do_sample=False)
     model.save_pretrained(out, safe_serialization=True)
@@ -186,5 +195,6 @@ def _build(name: str, out: Path, fingerprint: str) -> None:
     (out / _MARKER).write_text(json.dumps({
         "name": name, "fingerprint": fingerprint, "parameters": n_params,
         "what": "random bf16 weights with the exact shape of the real model; for memory and speed "
-                "measurements only (the text it writes is noise). Tokenizer: the nvkit demo tokenizer.",
+                "measurements only (the text it writes is noise). Tokenizer: the nvkit demo tokenizer; "
+                "LM-head rows past its ids are zero, so greedy decoding picks ids it can spell.",
     }, indent=2) + "\n", encoding="utf-8")
