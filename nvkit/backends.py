@@ -7,10 +7,15 @@ silently disables kernels when the ``kernels`` version is outside its range. ``a
 answers those questions up front, from package metadata, NVML and the local kernel cache, without
 creating a CUDA context (so a GPU selection made afterwards still counts).
 
-``"auto"`` picks the first available backend in ``AUTO_ORDER``: FlashAttention-4 (CuTe DSL, written
-for Hopper/Blackwell), then FA3 (Hopper), FA2, then PyTorch's sdpa (which itself dispatches to
-its flash / memory-efficient kernels on CUDA), then eager. Measure it on your GPU with
-``nvkit.bench("demo", backends=["sdpa", "flash_attention_2", "flash_attention_4"])``.
+``"auto"`` picks the first available backend in ``AUTO_ORDER``, ordered by what ``nvkit.bench``
+measured. On the H200 (Qwen3-0.6B shape, bf16, prompt 512, batch 1, 64 new tokens, one process,
+flash-attn-4 4.0.0b36, transformers 5.22.2): sdpa 20.1 k prefill tok/s and 41.8 decode tok/s,
+FlashAttention-4 13.1 k and 33.7, eager 12.4 k and 41.0; all three agree with sdpa's greedy tokens
+(FA4 0.98). So sdpa (which itself dispatches to PyTorch's flash / memory-efficient kernels) comes
+first; the FlashAttention backends follow for when sdpa is unavailable, newest first (FA2/FA3 were
+not measurable offline: their Hub kernels could not be fetched). Measure your GPU and lengths with
+``nvkit.bench(MODEL, backends=["sdpa", "flash_attention_4"], prompt_len=...)``; pass a backend by
+name to use it regardless.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from .errors import NvkitError
 
 BUILTIN = ("eager", "sdpa")
 NAMES = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
-AUTO_ORDER = ("flash_attention_4", "flash_attention_3", "flash_attention_2", "sdpa", "eager")
+AUTO_ORDER = ("sdpa", "flash_attention_4", "flash_attention_3", "flash_attention_2", "eager")  # see the docstring
 
 # What transformers 5.22 falls back to when the FlashAttention package is missing, and the kernel
 # major version it asks for (transformers.modeling_flash_attention_utils.FLASH_ATTN_KERNEL_*).

@@ -456,8 +456,10 @@ ATTENTION = [
     ## Switching on a loaded model
 
     `s.set_attention(name)` switches without reloading the weights; an unknown or unusable backend
-    raises `NvkitError` with the reason and leaves the model as it was. `"auto"` picks the fastest
-    that works here (FlashAttention 4, 3, 2, then sdpa).
+    raises `NvkitError` with the reason and leaves the model as it was. `"auto"` picks by what
+    `nvkit.bench` measured: on an H200 with the Qwen3-0.6B shape (prompt 512, batch 1) sdpa prefilled
+    20.1 k tok/s against FlashAttention-4's 13.1 k, and decoded 41.8 against 33.7 tok/s, so sdpa comes
+    first and the FlashAttention backends follow. Pass a backend by name to use it anyway.
     """),
     code("""
     prompt = "NVIDIA GPUs are"

@@ -140,8 +140,10 @@ def test_finetune_predicts_its_own_peak(qwen_dir):
     try:
         with open(demo.CORPUS, encoding="utf-8") as f:
             text = f.read()
-        text = text * (48 * 6000 // len(text) + 1)  # the corpus is shorter than 48 rows: repeat it
-        rows = [text[i:i + 6000] for i in range(0, 48 * 6000, 6000)]  # > 512 tokens each, packed
+        # 120-character rows (~25 tokens): packing joins short rows but never splits a long one, so
+        # short rows fill the 512-token sequences (≈ 495 tokens each, checked with nvkit.data.prepare)
+        text = text * (800 * 120 // len(text) + 1)  # the corpus is shorter than that: repeat it
+        rows = [text[i:i + 120] for i in range(0, 800 * 120, 120)]
         memory.expect(None)
         run = nvkit.finetune(s, rows, max_steps=4, batch_size=4, seq_len=512, packing=True)
         run.result()
