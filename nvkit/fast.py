@@ -50,6 +50,11 @@ from .errors import NvkitError
 
 #: steps per graph replay; 8 keeps streaming smooth (a chunk every few ms) and the host idle.
 DEFAULT_K = int(os.environ.get("NVKIT_FAST_K", "8"))
+# fast=None (the default) on a length/sampling mode not captured yet: only requests of at least this
+# many new tokens pay the one-time capture (measured 20-75 s on the H200 for the Qwen3-0.6B shape)
+# themselves; shorter ones run plain generate at once (a 24-token first reply in tutorial 00 had
+# waited 75 s). Once captured, every request of that length and mode takes the fast path.
+AUTO_MIN_TOKENS = int(os.environ.get("NVKIT_FAST_MIN_TOKENS", "128"))
 MIN_BUCKET = 256
 MAX_BUCKETS = 3  # captured buckets kept per model (each holds a KV cache of its length)
 
@@ -580,6 +585,12 @@ class FastDecoder:
         torch.cuda.synchronize(self.device)
         return graph
 
+    def ready(self, prompt_len: int, sampling: Sampling) -> bool:
+        """True when a request of this size and sampling mode runs without capturing anything first."""
+        b = self._buckets.get(_bucket_len(prompt_len + sampling.max_new_tokens + self.k))
+        return (b is not None and (sampling.key, False) in b.graphs
+                and (self._fused is None or self._fused.valid()))
+
     def prepare(self, prompt_len: int, sampling: Sampling, keep_logits: bool = False) -> float:
         """Capture what a request of this size needs now; returns the seconds it took (0 when cached)."""
         with self._lock:
@@ -706,6 +717,22 @@ def forget(model) -> None:
             object.__delattr__(model, _ATTR)
         except AttributeError:
             pass
+
+
+def worth_capturing(session, text: str, gen: dict) -> str | None:
+    """For ``fast=None``: None when the fast path should run this request now, else why plain
+    ``generate`` is the quicker answer (nothing captured for it yet, and too short to pay for that)."""
+    if int(gen["max_new_tokens"]) >= AUTO_MIN_TOKENS:
+        return None
+    d = getattr(session.model, _ATTR, None)
+    sampling, _ = _resolve(session.model, gen)
+    if d is not None and sampling is not None:
+        n = len(session.tokenizer(text)["input_ids"])
+        if d.ready(n, sampling):
+            return None
+    return (f"nothing is captured yet for this length and sampling mode, and {gen['max_new_tokens']} new tokens "
+            f"(< {AUTO_MIN_TOKENS}) would not pay the one-time capture; fast=True (or a request of "
+            f"≥ {AUTO_MIN_TOKENS} tokens) captures it once per session")
 
 
 def run(session, job, text: str, gen: dict, stream, stats, t0: float, on_progress=None) -> list[str]:

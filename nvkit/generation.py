@@ -158,6 +158,8 @@ def run(session, job, texts, gen, stream, fast, stats, t0, on_progress=None):
 
     One prompt on CUDA: nvkit's fast path (``nvkit.fast``) unless ``fast=False`` or the request needs
     something it does not implement (then plain ``generate``; ``fast=True`` makes that an error).
+    With ``fast=None`` a short request whose length and sampling mode are not captured yet runs
+    plain ``generate`` instead of waiting for the capture (``fast.worth_capturing``).
     Several prompts on CUDA: continuous batching. On the CPU: plain ``generate`` (a left-padded
     batch for a list)."""
     from . import events
@@ -178,6 +180,12 @@ def run(session, job, texts, gen, stream, fast, stats, t0, on_progress=None):
     if cuda and fast is not False:
         from . import fast as fast_path
         why = fast_path.unsupported_reason(session, texts, gen)
+        if why is None and fast is None:
+            later = fast_path.worth_capturing(session, texts[0], gen)
+            if later:
+                events.record("fast-off", f"plain generate: {later}")
+                stats.path = "generate"
+                return plain(session, job, texts, gen, stream, stats, t0, on_progress)
         if why is None:
             try:
                 return fast_path.run(session, job, texts[0], gen, stream, stats, t0, on_progress)

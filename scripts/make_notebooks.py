@@ -657,6 +657,10 @@ INFERENCE = [
     For one prompt on a CUDA GPU nvkit decodes with a static KV cache and replays a CUDA graph that
     holds several decode steps, so the GPU is not kept waiting by Python between tokens. It is used
     automatically when it applies (`fast=None`); `fast=True` insists and says why when it can't.
+    Capturing costs tens of seconds once per session, length bucket and sampling mode, so by default
+    a short request (under 128 new tokens) that would have to wait for it runs plain `generate`
+    instead, and the status says so; `fast=True` or a longer request captures it, and from then on
+    every request of that size takes the fast path.
     """),
     code("""
     if not HAS_CUDA:

@@ -250,6 +250,29 @@ def test_fusing_under_inference_mode_leaves_the_model_trainable(tmp_path):
     assert attn.q_proj.weight.grad is not None and torch.isfinite(loss)
 
 
+def test_fast_default_waits_for_nothing_on_short_requests(s):
+    """fast=None: a short request whose length and sampling mode are not captured yet is answered by
+    plain generate (the capture would cost far more than it saves); once captured, or for a long
+    request, the fast path runs."""
+    greedy = dict(max_new_tokens=24, do_sample=False)
+    why = fast.worth_capturing(s, "Hello there", greedy)
+    assert why and f"< {fast.AUTO_MIN_TOKENS}" in why and "fast=True" in why
+    assert fast.worth_capturing(s, "Hello there", dict(greedy, max_new_tokens=fast.AUTO_MIN_TOKENS)) is None
+    d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
+    object.__setattr__(s.model, fast._ATTR, d)  # as fast.decoder(session) keeps it
+    try:
+        sampling, _ = fast._resolve(s.model, dict(greedy, eos_token_id=NEVER))
+        ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            d.generate(ids, sampling)  # captures greedy decoding for this length bucket
+        assert fast.worth_capturing(s, "Hello there", dict(greedy, eos_token_id=NEVER)) is None
+        # another sampling mode, or a length in another bucket, is not captured: plain again
+        assert fast.worth_capturing(s, "Hello there", dict(greedy, do_sample=True, temperature=0.7))
+        assert fast.worth_capturing(s, "word " * 300, greedy)
+    finally:
+        fast.forget(s.model)
+
+
 def test_fast_sampling_is_seeded(s):
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
     ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]

@@ -78,16 +78,17 @@ def test_fast_streams_and_stops(demo_cuda):
 
 def test_fast_sampling_is_seeded_and_options_fall_back(demo_cuda):
     s = demo_cuda
-    a = s.generate(PROMPTS[2], max_new_tokens=32, do_sample=True, temperature=0.9, top_p=0.9, top_k=20, seed=7)
+    kw = dict(max_new_tokens=32, do_sample=True, temperature=0.9, top_p=0.9, top_k=20, seed=7)
+    a = s.generate(PROMPTS[2], fast=True, **kw)  # captures this sampling mode
     assert s.last_stats.path == "fast"
-    b = s.generate(PROMPTS[2], max_new_tokens=32, do_sample=True, temperature=0.9, top_p=0.9, top_k=20, seed=7)
-    assert a == b
+    b = s.generate(PROMPTS[2], **kw)  # short, but captured now: the default takes the fast path
+    assert s.last_stats.path == "fast" and a == b
     s.generate(PROMPTS[2], max_new_tokens=8, repetition_penalty=1.3)
     assert s.last_stats.path == "generate"  # not implemented by the fast path: plain generate
     with pytest.raises(NvkitError, match="repetition_penalty"):
         s.generate(PROMPTS[2], max_new_tokens=8, repetition_penalty=1.3, fast=True)
     assert s.generate(PROMPTS[2], max_new_tokens=4)  # still usable
-    chat = s.generate("What is a GPU?", max_new_tokens=24, chat=True, system="Answer briefly.")
+    chat = s.generate("What is a GPU?", max_new_tokens=24, chat=True, system="Answer briefly.", fast=True)
     assert s.last_stats.path == "fast" and isinstance(chat, str)
 
 
