@@ -3,14 +3,14 @@
 # travelled with this call (../shared/gpu/wheels.sh fetches them into .whl-*), then runs one phase
 # of the GPU tests and benchmarks with all output teed into $OUT. Usage:
 #     bash scripts/gpu_session.sh PHASE      (PHASE: core | bnb | fa4-first-half | fa4 | open | notebooks |
-#                                             lanes-a | lanes-b | quiet)
+#                                             lanes-a | lanes-b | quiet | memory)
 # Carry .whl-core for core/open, .whl-bnb for bnb (after a core call, while the machine is warm:
 # installs accumulate in /tmp/nvkit-site), .whl-fa4a then .whl-fa4b in two consecutive calls.
 # "open" and "notebooks" are what session 2 left unrun: the fine-tune estimate check, the sampler
 # overhead on the fast path, the decode variants and table; the notebooks on the Qwen3-0.6B shape.
 # "lanes-a" then "lanes-b" run all of that side by side on a 4-GPU machine, one lane per GPU, in two
 # calls; then fa4-first-half and fa4. "quiet" (carry .whl-core) is what session 3 left: the decode
-# table on a host with nothing else running, the fast-path and memory checks on its last changes.
+# table on a host with nothing else running, the fast-path checks on its last changes; then "memory" in a call of its own.
 set -uo pipefail
 phase=${1:?phase}
 for inst in .whl-*/install.sh; do eval "$(bash "$inst")"; break; done
@@ -57,7 +57,9 @@ case "$phase" in
           # what other jobs on the host disturbed in session 3), then the checks left from session 3
     timeout 330 python3 -m nvkit.bench_decode --csv "$out/decode_bench.csv" \
       --paths "generate,static+compile,fast,fast+nopdl,fast+combo,padded generate,generate_batch,nvkit batch"
-    T=240 t tests/gpu/test_fast_gpu.py -k "not bench" tests/gpu/test_memory_gpu.py ;;
+    T=200 t tests/gpu/test_fast_gpu.py -k "not bench" ;;
+  memory)  # every memory check on the current code (the estimates, OOM, the fine-tune's own prediction)
+    T=500 t tests/gpu/test_memory_gpu.py ;;
   fa4-first-half)
     echo "first half of FlashAttention-4 installed" ;;
   fa4)  # after fa4-first-half; then the tests that want every GPU of the machine
