@@ -25,7 +25,8 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # Variants of the fast path, to compare in one process before changing its defaults. Besides the
 # names below, any "fast+OPT+OPT..." works, OPT one of: eager (no torch.compile: own capture of the
 # eager forward), cublas (LM head left to cuBLAS: FastDecoder(head="cublas")), reduce (attention as
-# products and sums: attention="reduce"), pdl (Programmatic Dependent Launch between inductor's
+# products and sums: attention="reduce"), triton (nvkit's split-cache decode attention kernel:
+# attention="triton"), pdl (Programmatic Dependent Launch between inductor's
 # kernels: pdl=True, the default where torch can; nopdl turns it off), combo (inductor's
 # combo_kernels: independent small kernels launched as one), kN (N decode steps per graph replay).
 OPTIONAL_PATHS = ("fast eager", "fast cublas head", "fast reduce attention", "fast without pdl")
@@ -49,6 +50,8 @@ def fast_options(path: str) -> dict | None:
             opts["head"] = "cublas"
         elif part == "reduce":
             opts["attention"] = "reduce"
+        elif part == "triton":
+            opts["attention"] = "triton"
         elif part == "pdl":
             opts["pdl"] = True
         elif part == "nopdl":
@@ -58,7 +61,7 @@ def fast_options(path: str) -> dict | None:
         elif part[:1] == "k" and part[1:].isdigit():
             opts["k_steps"] = int(part[1:])
         else:
-            raise NvkitError(f"Unknown fast-path option {part!r} in {path!r}: use eager, cublas, reduce, pdl, nopdl, combo or kN "
+            raise NvkitError(f"Unknown fast-path option {part!r} in {path!r}: use eager, cublas, reduce, triton, pdl, nopdl, combo or kN "
                              "(e.g. 'fast+pdl+reduce+k16').")
     return opts
 
@@ -296,7 +299,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-new-tokens", type=int, default=128)
     p.add_argument("--k-steps", type=int, default=None)
     p.add_argument("--paths", default=None, help="comma-separated subset of: " + ", ".join(SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS)
-                   + "; or fast+OPT+... with OPT in eager, cublas, reduce, pdl, nopdl, combo, kN")
+                   + "; or fast+OPT+... with OPT in eager, cublas, reduce, triton, pdl, nopdl, combo, kN")
     p.add_argument("--csv", default=None, help="also write the table here")
     a = p.parse_args(argv)
     try:

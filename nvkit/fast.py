@@ -286,7 +286,9 @@ def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False,
 
     ``attention="reduce"`` writes attention as products and sums instead of two batched matmuls,
     so inductor generates its own reductions rather than calling cuBLAS for (16 × 128) · (128 × L)
-    products (2.6–3.1 µs each in the H200 profile); "fast reduce attention" in the bench measures it."""
+    products (2.6–3.1 µs each in the H200 profile); "fast reduce attention" in the bench measures it.
+    ``attention="triton"`` uses nvkit's split-cache decode kernel (``nvkit.decode_attention``): two
+    small kernels instead of three per layer, and nothing read past the current position."""
     import torch
     import torch.nn.functional as F
     inner = model.model
@@ -298,6 +300,8 @@ def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False,
     caches = b.cache.layers
     dtype = model.dtype
     neg = torch.finfo(torch.float32).min
+    if attention == "triton":
+        from .decode_attention import decode_attention
 
     def rope(x, cos, sin):
         half = x.shape[-1] // 2
@@ -322,7 +326,10 @@ def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False,
             keys.index_copy_(2, where, k.view(1, nkv, 1, hd))
             values.index_copy_(2, where, v.view(1, nkv, 1, hd))
             # (FlexAttention's decode kernel measured slower here: 449 against 620 tok/s untuned)
-            if attention == "reduce":
+            if attention == "triton":
+                o = decode_attention(q.reshape(nh, hd), keys[0], values[0], pos,
+                                     float(attn.scaling)).reshape(1, 1, nh * hd)
+            elif attention == "reduce":
                 kf, vf = keys[0].unsqueeze(1).float(), values[0].unsqueeze(1).float()    # (nkv, 1, length, hd)
                 scores = (q.view(nkv, groups, 1, hd).float() * kf).sum(-1) * attn.scaling + mask
                 probs = scores.softmax(-1)
@@ -408,10 +415,13 @@ class FastDecoder:
         if head not in ("compiled", "cublas"):
             raise NvkitError(f"head must be 'compiled' or 'cublas', not {head!r}.")
         self.head = head
-        # attention: "matmul" (two batched products) or "reduce" (products and sums; fused step only)
+        # attention: "matmul" (two batched products), "reduce" (products and sums) or "triton"
+        # (nvkit.decode_attention's kernels); the last two in the fused step only
         attention = attention or os.environ.get("NVKIT_FAST_ATTENTION", "matmul")
-        if attention not in ("matmul", "reduce"):
-            raise NvkitError(f"attention must be 'matmul' or 'reduce', not {attention!r}.")
+        if attention not in ("matmul", "reduce", "triton"):
+            raise NvkitError(f"attention must be 'matmul', 'reduce' or 'triton', not {attention!r}.")
+        if attention == "triton":
+            self._check_triton_attention(model)
         self.attention = attention
         # pdl: inductor's Triton kernels launched with Programmatic Dependent Launch (Hopper and
         # newer; inductor checks the GPU), so each kernel's launch overlaps the tail of the one before
@@ -434,6 +444,20 @@ class FastDecoder:
         if bad:
             raise NvkitError(f"Unknown inductor option(s) {bad}: see torch._inductor.config.")
         self.pdl = bool(pdl)
+
+    def _check_triton_attention(self, model) -> None:
+        if self._fused is None:
+            raise NvkitError("attention='triton' belongs to the fused decode step, which does not fit this model"
+                             f"{': ' + self.fused_why if self.fused_why else ' (fused=False)'}.")
+        try:
+            from . import decode_attention  # noqa: F401 - imports triton
+        except ImportError as e:
+            raise NvkitError(f"attention='triton' needs the triton package ({e}); PyTorch's CUDA builds bring it.") from e
+        cfg = model.config.get_text_config()
+        nh = int(cfg.num_attention_heads)
+        hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // nh)
+        if hd & (hd - 1):
+            raise NvkitError(f"attention='triton' needs a power-of-two head_dim; this model's is {hd}.")
 
     @property
     def fused(self) -> bool:

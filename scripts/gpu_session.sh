@@ -55,9 +55,9 @@ case "$phase" in
     tail -n 4 "$out"/lane-*.log ;;
   quiet)  # one GPU, nothing else running: the decode table alone first (its host-bound rows are
           # what other jobs on the host disturbed in session 3), then the checks left from session 3
-    timeout 330 python3 -m nvkit.bench_decode --csv "$out/decode_bench.csv" \
-      --paths "generate,static+compile,fast,fast+nopdl,fast+combo,padded generate,generate_batch,nvkit batch"
-    T=200 t tests/gpu/test_fast_gpu.py -k "not bench" ;;
+    timeout 350 python3 -m nvkit.bench_decode --csv "$out/decode_bench.csv" \
+      --paths "generate,static+compile,fast,fast+triton,fast+nopdl,padded generate,generate_batch,nvkit batch"
+    T=220 t tests/gpu/test_fast_gpu.py -k "not bench" ;;
   memory)  # every memory check on the current code (the estimates, OOM, the fine-tune's own prediction)
     T=500 t tests/gpu/test_memory_gpu.py ;;
   fa4-first-half)

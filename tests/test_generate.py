@@ -273,6 +273,21 @@ def test_fast_default_waits_for_nothing_on_short_requests(s):
         fast.forget(s.model)
 
 
+def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
+    with pytest.raises(NvkitError, match="fused decode step"):
+        fast.FastDecoder(s.model, graphs=False, fused=False, attention="triton")
+    odd = AutoModelForCausalLM.from_pretrained(nvkit.demo.path())
+    odd.config.head_dim = 48  # read by the check only; the weights stay as they are
+    with pytest.raises(NvkitError, match="power-of-two head_dim"):
+        fast.FastDecoder(odd, graphs=False, attention="triton")
+    import sys
+    monkeypatch.delitem(sys.modules, "nvkit.decode_attention", raising=False)
+    monkeypatch.delattr(nvkit, "decode_attention", raising=False)  # else `from . import` finds it there
+    monkeypatch.setitem(sys.modules, "triton", None)  # as if not installed
+    with pytest.raises(NvkitError, match="needs the triton package"):
+        fast.FastDecoder(s.model, graphs=False, attention="triton")
+
+
 def test_fast_sampling_is_seeded(s):
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
     ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]
@@ -315,6 +330,7 @@ def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     assert opts("fast") == dict(compile=True, head="compiled", attention="matmul", pdl=None, inductor={}, k_steps=None)
     assert opts("fast cublas head")["head"] == "cublas" and opts("fast eager")["compile"] is False
     assert opts("fast without pdl")["pdl"] is False
+    assert opts("fast+triton")["attention"] == "triton"
     assert opts("fast+pdl+reduce+cublas+combo+k16") == dict(compile=True, head="cublas", attention="reduce", pdl=True,
                                                              inductor={"combo_kernels": True}, k_steps=16)
     for typo in ("fast+pld", "fast+k", "fast+kx2", "fast+"):

@@ -92,6 +92,25 @@ def test_fast_sampling_is_seeded_and_options_fall_back(demo_cuda):
     assert s.last_stats.path == "fast" and isinstance(chat, str)
 
 
+def test_triton_attention_is_token_identical(demo_cuda):
+    """nvkit's split-cache decode-attention kernels (attention='triton'), compiled and captured:
+    the same greedy tokens as plain generate on the demo model."""
+    s = demo_cuda
+    d = fast.FastDecoder(s.model, attention="triton")
+    for p in PROMPTS:
+        ids = s.tokenizer(p, return_tensors="pt").to("cuda")["input_ids"]
+        with torch.inference_mode():
+            ref = s.model.generate(ids, max_new_tokens=48, do_sample=False,
+                                   pad_token_id=s.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+            sampling, _ = fast._resolve(s.model, dict(max_new_tokens=48, do_sample=False))
+            got = d.generate(ids, sampling)
+        eos = set(sampling.eos)
+        ref = ref[:next((i + 1 for i, t in enumerate(ref) if t in eos), len(ref))]
+        assert got == ref, (p, got, ref)
+    assert d.compiled, d.compile_error
+    d.release()
+
+
 def test_batch_path_keeps_input_order(demo_cuda):
     s = demo_cuda
     singles = [s.generate(p, max_new_tokens=12, fast=False) for p in PROMPTS]
