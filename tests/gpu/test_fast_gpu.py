@@ -32,22 +32,27 @@ def demo_cuda():
     s.unload()
 
 
+def _same_as_plain_greedy(s, decoder, prompt: str, n: int) -> None:
+    """The decoder's greedy ids for ``prompt`` equal transformers' generate (cut after EOS)."""
+    ids = s.tokenizer(prompt, return_tensors="pt").to("cuda")["input_ids"]
+    with torch.inference_mode():
+        ref = s.model.generate(ids, max_new_tokens=n, do_sample=False,
+                               pad_token_id=s.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+        sampling, why = fast._resolve(s.model, dict(max_new_tokens=n, do_sample=False))
+        assert why is None
+        got = decoder.generate(ids, sampling)
+    eos = set(sampling.eos)
+    ref = ref[:next((i + 1 for i, t in enumerate(ref) if t in eos), len(ref))]
+    assert got == ref, (prompt, got, ref)
+
+
 def test_fast_is_token_identical_to_plain_greedy(demo_cuda):
     s = demo_cuda
     t = time.perf_counter()
     s.generate(PROMPTS[0], max_new_tokens=64, fast=True)  # pays the capture
     print(f"\nfirst fast call (capture included): {time.perf_counter() - t:.1f} s; {s.last_stats}")
     for p in PROMPTS:
-        ids = s.tokenizer(p, return_tensors="pt").to("cuda")["input_ids"]
-        with torch.inference_mode():
-            ref = s.model.generate(ids, max_new_tokens=64, do_sample=False,
-                                   pad_token_id=s.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
-            sampling, why = fast._resolve(s.model, dict(max_new_tokens=64, do_sample=False))
-            assert why is None
-            got = fast.decoder(s).generate(ids, sampling)
-        eos = set(sampling.eos)
-        ref = ref[:next((i + 1 for i, t in enumerate(ref) if t in eos), len(ref))]
-        assert got == ref, (p, got, ref)
+        _same_as_plain_greedy(s, fast.decoder(s), p, 64)
         plain = s.generate(p, max_new_tokens=64, fast=False)
         assert s.last_stats.path == "generate"
         quick = s.generate(p, max_new_tokens=64)  # default: fast on CUDA
@@ -98,15 +103,7 @@ def test_triton_attention_is_token_identical(demo_cuda):
     s = demo_cuda
     d = fast.FastDecoder(s.model, attention="triton")
     for p in PROMPTS:
-        ids = s.tokenizer(p, return_tensors="pt").to("cuda")["input_ids"]
-        with torch.inference_mode():
-            ref = s.model.generate(ids, max_new_tokens=48, do_sample=False,
-                                   pad_token_id=s.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
-            sampling, _ = fast._resolve(s.model, dict(max_new_tokens=48, do_sample=False))
-            got = d.generate(ids, sampling)
-        eos = set(sampling.eos)
-        ref = ref[:next((i + 1 for i, t in enumerate(ref) if t in eos), len(ref))]
-        assert got == ref, (p, got, ref)
+        _same_as_plain_greedy(s, d, p, 48)
     assert d.compiled, d.compile_error
     d.release()
 
