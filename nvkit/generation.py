@@ -64,15 +64,30 @@ def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def cache_blocks(prompt_lengths: list[int], max_new_tokens: int, page_size: int = 256) -> int:
+def cache_blocks(prompt_lengths: list[int], max_new_tokens: int, page_size: int = 256,
+                 bytes_per_block: int | None = None, free_bytes: int | None = None) -> int | None:
     """Paged-cache blocks that hold every request of a batch at once: each needs its prompt plus
     ``max_new_tokens`` in pages of ``page_size``, plus one for the page it is writing into.
 
     Why not leave it to transformers: without ``num_blocks`` it sizes the cache from free memory
     (90 % of it), so 64 short prompts took 124.7 GiB of an H200, which the memory chart then shows
-    as used and other work in the notebook cannot get."""
+    as used and other work in the notebook cannot get. When the whole batch would not fit in 80 %
+    of ``free_bytes`` (given ``bytes_per_block``), None: transformers then sizes the cache from
+    memory and runs the requests in waves, as it would have."""
     per = [-(-(n + max_new_tokens) // page_size) + 1 for n in prompt_lengths]
-    return max(sum(per), 2)
+    blocks = max(sum(per), 2)
+    if bytes_per_block is not None and free_bytes is not None and blocks * bytes_per_block > 0.8 * free_bytes:
+        return None
+    return blocks
+
+
+def _block_bytes(model, page_size: int = 256) -> int:
+    """Bytes of one paged-cache block: keys and values of ``page_size`` tokens in every layer."""
+    cfg = model.config.get_text_config()
+    nh = int(cfg.num_attention_heads)
+    hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // nh)
+    nkv = int(getattr(cfg, "num_key_value_heads", None) or nh)
+    return int(cfg.num_hidden_layers) * page_size * 2 * nkv * hd * model.dtype.itemsize
 
 
 def batch(session, job, texts, gen, stats, t0, on_progress=None, use_cuda_graph=True):
@@ -81,6 +96,8 @@ def batch(session, job, texts, gen, stats, t0, on_progress=None, use_cuda_graph=
     ones and nothing is padded. We drive the manager ourselves rather than call ``generate_batch``
     so that progress reaches ``on_progress`` and Stop cancels the remaining requests."""
     import copy
+
+    import torch
     from transformers import ContinuousBatchingConfig
     tok, model = session.tokenizer, session.model
     ids = [tok(t)["input_ids"] for t in texts]
@@ -89,16 +106,17 @@ def batch(session, job, texts, gen, stats, t0, on_progress=None, use_cuda_graph=
     cfg = copy.deepcopy(model.generation_config)
     cfg.update(**{k: v for k, v in gen.items() if k != "max_new_tokens"})
     cfg.max_new_tokens = gen["max_new_tokens"]
+    free, _ = torch.cuda.mem_get_info(session.device)
+    blocks = cache_blocks([len(i) for i in ids], gen["max_new_tokens"], bytes_per_block=_block_bytes(model),
+                          free_bytes=free)
     # auto_switch_to_flash=False: the flash packages come from the Hub when missing, unreachable offline
-    cb_config = ContinuousBatchingConfig(use_cuda_graph=use_cuda_graph, auto_switch_to_flash=False,
-                                         num_blocks=cache_blocks([len(i) for i in ids], gen["max_new_tokens"]))
+    cb_config = ContinuousBatchingConfig(use_cuda_graph=use_cuda_graph, auto_switch_to_flash=False, num_blocks=blocks)
     try:
         from transformers.generation.continuous_batching.utils import WorkloadHints
         hints = WorkloadHints(max_prompt_length=max(len(i) for i in ids), max_generated_length=gen["max_new_tokens"],
                               num_requests=len(ids))
     except ImportError:  # the hints only size the cache better; older layouts work without them
         hints = None
-    import torch
     # The manager's own thread runs under no_grad, not inference_mode: buffers it creates here under
     # the worker's inference_mode would be read-only to it ("inplace update to inference tensor").
     with torch.inference_mode(False), torch.no_grad():

@@ -95,6 +95,16 @@ def test_batch_cache_holds_every_request_and_no_more():
     assert generation.cache_blocks([300, 10], 200) == (2 + 1) + (1 + 1)  # 500 tokens: 2 pages; 210: 1
     assert generation.cache_blocks([1], 1) == 2
     assert generation.cache_blocks([256], 0, page_size=256) == 2
+    # a batch that would not fit: transformers sizes the cache from memory and runs it in waves
+    assert generation.cache_blocks([63] * 64, 128, bytes_per_block=29 << 20, free_bytes=130 << 30) == 128
+    assert generation.cache_blocks([1000] * 10_000, 1000, bytes_per_block=29 << 20, free_bytes=130 << 30) is None
+
+
+def test_block_bytes_follow_the_config(s):
+    cfg = s.model.config.get_text_config()
+    hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    assert generation._block_bytes(s.model) == (cfg.num_hidden_layers * 256 * 2 * cfg.num_key_value_heads * hd
+                                                * s.model.dtype.itemsize)
 
 
 def test_seed_makes_sampling_repeatable(s):
