@@ -56,6 +56,7 @@ import json
 import os
 import shutil
 import signal
+import sys
 import tempfile
 import time
 
@@ -234,6 +235,12 @@ def main():
     emit(event="done", step=trainer.state.global_step)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    # Leave without the interpreter's teardown: on the CPU (gloo) a rank once hung for good in
+    # ~ProcessGroupGloo while the DDP reducer was garbage-collected at exit, after everything had
+    # been saved. Nothing is left to write: the adapter is in place and the logs are flushed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
@@ -247,6 +254,8 @@ class LaunchRun:
     ``history``: metric dicts from every rank (``rank``, ``event`` = step/log/..., ``step``, ``loss``,
     ``tokens_per_s``, ``memory``...); ``logs``: (rank or None, line) pairs, bounded; ``command``: the
     shell line; ``run_dir``: script, config, data, per-rank logs and the adapter."""
+
+    EXIT_GRACE = 60.0  # seconds between the last rank's "done" and ending a group that does not exit
 
     def __init__(self, command: str, argv: list, env: dict, run_dir: str, total_steps: int):
         self.command = command
@@ -262,6 +271,10 @@ class LaunchRun:
         self._done = threading.Event()
         self._listeners: list = []
         self._lock = threading.Lock()
+        # Every rank said "done" (adapter saved) but the group had not exited EXIT_GRACE s later:
+        # nvkit ended it, and the run counts as finished (see _reap_after_done).
+        self.ended_after_done = False
+        self._done_ranks: set = set()
 
     # --- process -----------------------------------------------------------------------------
     def start(self) -> "LaunchRun":
@@ -300,6 +313,8 @@ class LaunchRun:
                 with self._lock:
                     self.history.append(rec)
                     listeners = list(self._listeners)
+                if rec.get("event") == "done":
+                    self._rank_done(rec)
                 if rec.get("event") == "log" and rec.get("rank") == 0:
                     events.record("train-step", f"launch step {rec.get('step')} · loss {rec.get('loss', float('nan')):.4f}")
                 for fn in listeners:
@@ -309,6 +324,24 @@ class LaunchRun:
                         pass
                 return
         self.logs.append((rank, line))
+
+    def _rank_done(self, rec: dict) -> None:
+        self._done_ranks.add(rec.get("rank"))
+        world = rec.get("world")
+        if isinstance(world, int) and len(self._done_ranks) == world:
+            threading.Thread(target=self._reap_after_done, name="nvkit-launch-reap", daemon=True).start()
+
+    def _reap_after_done(self) -> None:
+        """A process group that hangs on its way out must not hold the notebook: once every rank has
+        finished and saved, wait EXIT_GRACE seconds for the exit, then end the group ourselves."""
+        if self._done.wait(self.EXIT_GRACE):
+            return
+        self.ended_after_done = True
+        events.record("launch", f"every rank finished and the adapter is saved, but the process group had not exited "
+                                f"{self.EXIT_GRACE:g} s later (a teardown hang); nvkit ended it")
+        self._signal(signal.SIGTERM)
+        if not self._done.wait(15):
+            self._signal(signal.SIGKILL)
 
     def subscribe(self, fn) -> None:
         """``fn(record)`` for each metric line, called in the reader thread."""
@@ -391,7 +424,7 @@ class LaunchRun:
         return self.wait().__await__()
 
     def _check(self) -> None:
-        if self.returncode not in (0, None) and not self.stopped:
+        if self.returncode not in (0, None) and not self.stopped and not self.ended_after_done:
             raise NvkitError(f"The launched run failed (exit {self.returncode}). Last lines:\n{self.text(30)}\n"
                              f"Per-rank logs: {os.path.join(self.run_dir, 'logs')}")
 

@@ -107,3 +107,29 @@ def test_cpu_torchrun_stop(path, tmp_path):
     last = max(r["step"] for r in run.history if r.get("event") == "step")
     assert last < 500
     assert os.path.isfile(os.path.join(run.adapter_dir, "adapter_model.safetensors"))
+
+
+def _fake_group(tmp_path, body: str) -> LaunchRun:
+    """A LaunchRun around a stand-in for torchrun: a Python process printing rank lines."""
+    import sys
+    code = "import json, sys, time\n" \
+           "def say(**kw): print(json.dumps({'nvkit': 1, 'world': 2, 't': time.time(), **kw}), flush=True)\n" + body
+    run = LaunchRun("fake torchrun", [sys.executable, "-c", code], dict(os.environ), str(tmp_path), total_steps=1)
+    run.EXIT_GRACE = 1.0
+    return run.start()
+
+
+def test_group_that_hangs_after_every_rank_is_done_is_ended(tmp_path):
+    """Seen in CI: both ranks finished and saved, then one hung for good in the process group's
+    teardown; the notebook's `await run` waited forever. Now the run ends EXIT_GRACE s later."""
+    run = _fake_group(tmp_path, "say(rank=0, event='saved'); say(rank=0, event='done', step=1)\n"
+                                "say(rank=1, event='done', step=1)\ntime.sleep(600)\n")
+    run.result(timeout=60)  # no NvkitError: the work was done
+    assert run.ended_after_done and run.returncode != 0 and run.done
+
+
+def test_group_with_a_rank_not_done_is_left_alone(tmp_path):
+    run = _fake_group(tmp_path, "say(rank=0, event='done', step=1)\ntime.sleep(3)\nsys.exit(3)\n")
+    with pytest.raises(NvkitError, match="exit 3"):
+        run.result(timeout=60)
+    assert not run.ended_after_done
