@@ -4,13 +4,13 @@
 # of the GPU tests and benchmarks with all output teed into $OUT. Usage:
 #     bash scripts/gpu_session.sh PHASE      (PHASE: core | bnb | fa4-first-half | fa4 | open | notebooks |
 #                                             lanes-a | lanes-b | quiet | memory)
-# Carry .whl-core for core/open, .whl-bnb for bnb (after a core call, while the machine is warm:
-# installs accumulate in /tmp/nvkit-site), .whl-fa4a then .whl-fa4b in two consecutive calls.
-# "open" and "notebooks" are what session 2 left unrun: the fine-tune estimate check, the sampler
-# overhead on the fast path, the decode variants and table; the notebooks on the Qwen3-0.6B shape.
-# "lanes-a" then "lanes-b" run all of that side by side on a 4-GPU machine, one lane per GPU, in two
-# calls; then fa4-first-half and fa4. "quiet" (carry .whl-core) is what session 3 left: the decode
-# table on a host with nothing else running, the fast-path checks on its last changes; then "memory" in a call of its own.
+# Carry .whl-core for core/open/quiet/memory/lanes-a, .whl-bnb for bnb/lanes-b (after a core call,
+# while the machine is warm: installs accumulate in /tmp/nvkit-site), .whl-fa4a then .whl-fa4b in two
+# consecutive calls. Install once per call: two pip installs at once corrupted the site folder.
+# "lanes-a" then "lanes-b" run the checks side by side on a 4-GPU machine, one lane per GPU (session
+# 3 ran them; its timings are in the README). Left by session 3, each in its own call on a
+# single-GPU machine: "quiet" (the decode table with nothing else on the host, including the
+# fast+triton path, then the fast-path tests) and "memory" (the whole memory suite on current code).
 set -uo pipefail
 phase=${1:?phase}
 for inst in .whl-*/install.sh; do eval "$(bash "$inst")"; break; done
