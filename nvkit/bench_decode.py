@@ -34,6 +34,12 @@ _ALIASES = {"fast eager": "fast+eager", "fast cublas head": "fast+cublas", "fast
             "fast without pdl": "fast+nopdl"}
 
 
+# option -> (FastDecoder setting, value)
+_FAST_OPTIONS = {"eager": ("compile", False), "cublas": ("head", "cublas"), "reduce": ("attention", "reduce"),
+                 "triton": ("attention", "triton"), "pdl": ("pdl", True), "nopdl": ("pdl", False),
+                 "combo": ("inductor", {"combo_kernels": True})}
+
+
 def fast_options(path: str) -> dict | None:
     """The FastDecoder settings a fast-path benchmark name asks for (None: not a fast path).
 
@@ -44,24 +50,13 @@ def fast_options(path: str) -> dict | None:
     opts = dict(compile=True, head="compiled", attention="matmul", pdl=None, inductor={}, k_steps=None)
     for part in path.split("+")[1:]:
         part = part.strip()
-        if part == "eager":
-            opts["compile"] = False
-        elif part == "cublas":
-            opts["head"] = "cublas"
-        elif part == "reduce":
-            opts["attention"] = "reduce"
-        elif part == "triton":
-            opts["attention"] = "triton"
-        elif part == "pdl":
-            opts["pdl"] = True
-        elif part == "nopdl":
-            opts["pdl"] = False
-        elif part == "combo":
-            opts["inductor"] = {**opts["inductor"], "combo_kernels": True}
+        if part in _FAST_OPTIONS:
+            name, value = _FAST_OPTIONS[part]
+            opts[name] = value
         elif part[:1] == "k" and part[1:].isdigit():
             opts["k_steps"] = int(part[1:])
         else:
-            raise NvkitError(f"Unknown fast-path option {part!r} in {path!r}: use eager, cublas, reduce, triton, pdl, nopdl, combo or kN "
+            raise NvkitError(f"Unknown fast-path option {part!r} in {path!r}: use {', '.join(_FAST_OPTIONS)} or kN "
                              "(e.g. 'fast+pdl+reduce+k16').")
     return opts
 
@@ -299,7 +294,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-new-tokens", type=int, default=128)
     p.add_argument("--k-steps", type=int, default=None)
     p.add_argument("--paths", default=None, help="comma-separated subset of: " + ", ".join(SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS)
-                   + "; or fast+OPT+... with OPT in eager, cublas, reduce, triton, pdl, nopdl, combo, kN")
+                   + f"; or fast+OPT+... with OPT in {', '.join(_FAST_OPTIONS)}, kN")
     p.add_argument("--csv", default=None, help="also write the table here")
     a = p.parse_args(argv)
     try:

@@ -119,6 +119,9 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
                      scale: float) -> torch.Tensor:
     """Attention output (heads, head_dim) of one query per head over cache positions 0..pos."""
     from torch.library import wrap_triton
+    why = check_shapes(q, k, v)
+    if why:
+        raise ValueError(f"nvkit::decode_attention {why}")
     q = q.contiguous()
     nh, hd = q.shape
     n_splits = splits_for(k.shape[1])

@@ -150,6 +150,14 @@ def _text_config(cfg):
     return get() if callable(get) else cfg
 
 
+def attention_dims(cfg) -> tuple[int, int, int]:
+    """(query heads, KV heads, head_dim) of a model config (the text part of a multimodal one)."""
+    text = _text_config(cfg)
+    heads = int(text.num_attention_heads)
+    kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+    return heads, kv_heads, int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+
+
 def _shape(cfg, name: str) -> _Shape:
     key = hashlib.sha256(cfg.to_json_string(use_diff=False).encode()).hexdigest()
     with _shape_lock:
@@ -171,12 +179,11 @@ def _shape(cfg, name: str) -> _Shape:
             lin_params += mod.weight.numel()
             lin_rows += mod.out_features
             lora_dims += mod.in_features + mod.out_features
-    heads = text.num_attention_heads
+    heads, kv_heads, head_dim = attention_dims(cfg)
     hidden = text.hidden_size
     shape = _Shape(name=name, layers=text.num_hidden_layers, hidden=hidden,
                    intermediate=getattr(text, "intermediate_size", 4 * hidden), heads=heads,
-                   kv_heads=getattr(text, "num_key_value_heads", None) or heads,
-                   head_dim=getattr(text, "head_dim", None) or hidden // heads,
+                   kv_heads=kv_heads, head_dim=head_dim,
                    vocab=text.vocab_size, parameters=params, linear_params=lin_params,
                    linear_rows=lin_rows, lora_dims=lora_dims)
     with _shape_lock:

@@ -217,28 +217,24 @@ def _fuse(mods) -> tuple[Any, Any]:
     # used for training again ("Inference tensors cannot be saved for backward", seen on the H200
     # when a training step followed a fast generate). The fused tensors must be ordinary ones.
     with torch.inference_mode(False), torch.no_grad():
-        return _fuse_now(mods)
-
-
-def _fuse_now(mods) -> tuple[Any, Any]:
-    import torch
-    ws = [m.weight for m in mods]
-    fused_w = torch.cat([w.detach() for w in ws])
-    off = 0
-    for m, w in zip(mods, ws):
-        n = w.shape[0]
-        m.weight.data = fused_w[off:off + n]
-        off += n
-    fused_b = None
-    if any(m.bias is not None for m in mods):
-        fused_b = torch.cat([m.bias.detach() if m.bias is not None else
-                             torch.zeros(m.weight.shape[0], dtype=fused_w.dtype, device=fused_w.device) for m in mods])
+        ws = [m.weight for m in mods]
+        fused_w = torch.cat([w.detach() for w in ws])
         off = 0
-        for m in mods:
-            n = m.weight.shape[0]
-            if m.bias is not None:
-                m.bias.data = fused_b[off:off + n]
+        for m, w in zip(mods, ws):
+            n = w.shape[0]
+            m.weight.data = fused_w[off:off + n]
             off += n
+        fused_b = None
+        if any(m.bias is not None for m in mods):
+            fused_b = torch.cat([m.bias.detach() if m.bias is not None else
+                                 torch.zeros(m.weight.shape[0], dtype=fused_w.dtype, device=fused_w.device)
+                                 for m in mods])
+            off = 0
+            for m in mods:
+                n = m.weight.shape[0]
+                if m.bias is not None:
+                    m.bias.data = fused_b[off:off + n]
+                off += n
     return fused_w, fused_b
 
 
@@ -291,10 +287,9 @@ def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False,
     small kernels instead of three per layer, and nothing read past the current position."""
     import torch
     import torch.nn.functional as F
+    from .estimate import attention_dims
     inner = model.model
-    cfg = model.config.get_text_config()
-    nh, nkv = int(cfg.num_attention_heads), int(cfg.num_key_value_heads)
-    hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // nh)
+    nh, nkv, hd = attention_dims(model.config)
     groups = nh // nkv
     layers = list(inner.layers)
     caches = b.cache.layers
@@ -453,15 +448,20 @@ class FastDecoder:
             from . import decode_attention  # noqa: F401 - imports triton
         except ImportError as e:
             raise NvkitError(f"attention='triton' needs the triton package ({e}); PyTorch's CUDA builds bring it.") from e
-        cfg = model.config.get_text_config()
-        nh = int(cfg.num_attention_heads)
-        hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // nh)
+        from .estimate import attention_dims
+        hd = attention_dims(model.config)[2]
         if hd & (hd - 1):
             raise NvkitError(f"attention='triton' needs a power-of-two head_dim; this model's is {hd}.")
 
     @property
     def fused(self) -> bool:
         return self._fused is not None
+
+    @property
+    def settings(self) -> dict:
+        """The constructor arguments this decoder was built with (``decoder()`` compares them)."""
+        return dict(k_steps=self.k, compile=self.compile, head=self.head, attention=self.attention, pdl=self.pdl,
+                    inductor=self.inductor)
 
     def _check_fused(self) -> None:
         """Weights replaced since fusing (an adapter merged, say) -> fuse again and capture again."""
@@ -702,24 +702,16 @@ def decoder(session, k_steps: int | None = None, compile: bool | None = None, he
     captures are paid again)."""
     model = session.model
     d = getattr(model, _ATTR, None)
-    if d is not None and k_steps is None and compile is None and head is None and attention is None and pdl is None \
-            and inductor is None:
+    asked = {name: value for name, value in dict(k_steps=k_steps, compile=compile, head=head, attention=attention,
+                                                   pdl=pdl, inductor=inductor).items() if value is not None}
+    if d is not None and all(d.settings[name] == value for name, value in asked.items()):
         return d
-    k = (d.k if d is not None else DEFAULT_K) if k_steps is None else k_steps
-    c = ((d.compile if d is not None else os.environ.get("NVKIT_FAST_COMPILE", "1") != "0")
-         if compile is None else compile)
-    hd = (d.head if d is not None else None) if head is None else head
-    at = (d.attention if d is not None else None) if attention is None else attention
-    pd = (d.pdl if d is not None else None) if pdl is None else pdl
-    if (d is None or d.k != k or d.compile != c or (hd is not None and d.head != hd)
-            or (at is not None and d.attention != at) or (pd is not None and d.pdl != pd)
-            or (inductor is not None and d.inductor != inductor)):
-        if d is not None:
-            d.release()  # its graphs and caches go before the new one captures
-        d = FastDecoder(model, k_steps=k, compile=c, head=hd, attention=at, pdl=pd,
-                        inductor=inductor if inductor is not None else (d.inductor if d is not None else None))
-        # A plain attribute on the nn.Module (not a submodule): unload drops the model and this with it.
-        object.__setattr__(model, _ATTR, d)
+    settings = d.settings if d is not None else {"compile": os.environ.get("NVKIT_FAST_COMPILE", "1") != "0"}
+    if d is not None:
+        d.release()  # its graphs and caches go before the new one captures
+    d = FastDecoder(model, **{**settings, **asked})
+    # A plain attribute on the nn.Module (not a submodule): unload drops the model and this with it.
+    object.__setattr__(model, _ATTR, d)
     return d
 
 

@@ -83,11 +83,10 @@ def cache_blocks(prompt_lengths: list[int], max_new_tokens: int, page_size: int 
 
 def _block_bytes(model, page_size: int = 256) -> int:
     """Bytes of one paged-cache block: keys and values of ``page_size`` tokens in every layer."""
-    cfg = model.config.get_text_config()
-    nh = int(cfg.num_attention_heads)
-    hd = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // nh)
-    nkv = int(getattr(cfg, "num_key_value_heads", None) or nh)
-    return int(cfg.num_hidden_layers) * page_size * 2 * nkv * hd * model.dtype.itemsize
+    from .estimate import attention_dims
+    _, nkv, hd = attention_dims(model.config)
+    layers = int(model.config.get_text_config().num_hidden_layers)
+    return layers * page_size * 2 * nkv * hd * model.dtype.itemsize
 
 
 def batch(session, job, texts, gen, stats, t0, on_progress=None, use_cuda_graph=True):
@@ -199,11 +198,7 @@ def run(session, job, texts, gen, stream, fast, stats, t0, on_progress=None):
         from . import fast as fast_path
         why = fast_path.unsupported_reason(session, texts, gen)
         if why is None and fast is None:
-            later = fast_path.worth_capturing(session, texts[0], gen)
-            if later:
-                events.record("fast-off", f"plain generate: {later}")
-                stats.path = "generate"
-                return plain(session, job, texts, gen, stream, stats, t0, on_progress)
+            why = fast_path.worth_capturing(session, texts[0], gen)
         if why is None:
             try:
                 return fast_path.run(session, job, texts[0], gen, stream, stats, t0, on_progress)

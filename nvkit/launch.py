@@ -326,6 +326,8 @@ class LaunchRun:
         self.logs.append((rank, line))
 
     def _rank_done(self, rec: dict) -> None:
+        if rec.get("rank") in self._done_ranks:
+            return  # a repeated line must not start a second reaper
         self._done_ranks.add(rec.get("rank"))
         world = rec.get("world")
         if isinstance(world, int) and len(self._done_ranks) == world:
