@@ -16,6 +16,7 @@ table says how long that warm-up took).
 from __future__ import annotations
 
 import random
+import sys
 import time
 
 from .errors import NvkitError, require
@@ -194,6 +195,8 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                                      f"attention {d.attention}{', pdl' if d.pdl else ''}"
                                      f"{''.join(f', {k}' for k in d.inductor)}") + (
                     f" (compile failed: {d.compile_error})" if d.compile_error else "")
+                if d.compile_detail:  # the note holds one line; the whole cause goes to stderr
+                    print(f"{path}: torch.compile failed:\n{d.compile_detail}", file=sys.stderr)
         except Exception as e:  # noqa: BLE001 - one broken path must not hide the others' figures
             skip(group1, path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     for r in rows:

@@ -8,9 +8,13 @@ the cache) pair its own program — the query heads of the group, a running max,
 sum over the slice, skipping positions past the current one — and the second merges the slices
 per query head. Grouped-query attention reads each KV head once for all its query heads.
 
-``decode_attention`` is a ``torch.library.triton_op``, so ``torch.compile`` (fullgraph) keeps it
-as one node and CUDA-graph capture replays it; ``attend_reference`` is the same computation in
-plain torch, for checking. Used by ``nvkit.fast`` with ``attention="triton"``.
+``decode_attention`` is a ``torch.library.custom_op``: ``torch.compile`` (fullgraph) keeps it as one
+opaque node and calls it at run time, Triton compiles the kernels in this process on the first
+(warm-up) call, and CUDA-graph capture records their launches. Why not ``triton_op``, which hands
+the kernels to inductor: on the H200 (torch 2.11) inductor's compile workers failed on them
+("SubprocException"), while the same kernels compiled and decoded the right tokens when launched
+directly. ``attend_reference`` is the same computation in plain torch, for checking. Used by
+``nvkit.fast`` with ``attention="triton"``.
 """
 
 from __future__ import annotations
@@ -84,19 +88,18 @@ def splits_for(length: int) -> int:
     return max(1, min(MAX_SPLITS, length // BLOCK_L))
 
 
-def launch(q, k, v, pos, scale: float, out, m, s_sum, o, run=lambda kernel: kernel):
-    """Launch both kernels. ``run`` wraps each kernel (``wrap_triton`` inside the custom op; the
-    identity when called directly, e.g. under ``TRITON_INTERPRET=1`` on a CPU)."""
+def launch(q, k, v, pos, scale: float, out, m, s_sum, o):
+    """Launch both kernels (on the GPU, or in Triton's interpreter under ``TRITON_INTERPRET=1``)."""
     nh, hd = q.shape
     nkv, length, _ = k.shape
     n_splits = m.shape[1]
     groups = nh // nkv
-    run(_split_kernel)[(nkv, n_splits)](
+    _split_kernel[(nkv, n_splits)](
         q, k, v, pos, m, s_sum, o, scale,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         GROUPS=groups, GROUPS_P2=_next_pow2(groups), HD=hd, N_SPLITS=n_splits,
         CHUNK=length // n_splits, BLOCK=min(BLOCK_L, length // n_splits))
-    run(_combine_kernel)[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
+    _combine_kernel[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
 
 
 def check_shapes(q, k, v) -> str | None:
@@ -114,11 +117,10 @@ def check_shapes(q, k, v) -> str | None:
     return None
 
 
-@torch.library.triton_op("nvkit::decode_attention", mutates_args=())
+@torch.library.custom_op("nvkit::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
                      scale: float) -> torch.Tensor:
     """Attention output (heads, head_dim) of one query per head over cache positions 0..pos."""
-    from torch.library import wrap_triton
     why = check_shapes(q, k, v)
     if why:
         raise ValueError(f"nvkit::decode_attention {why}")
@@ -129,8 +131,14 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     m = torch.empty((nh, n_splits), dtype=torch.float32, device=q.device)
     s_sum = torch.empty((nh, n_splits), dtype=torch.float32, device=q.device)
     o = torch.empty((nh, n_splits, hd), dtype=torch.float32, device=q.device)
-    launch(q, k, v, pos, scale, out, m, s_sum, o, run=wrap_triton)
+    launch(q, k, v, pos, scale, out, m, s_sum, o)
     return out
+
+
+@decode_attention.register_fake
+def _(q, k, v, pos, scale):
+    # what torch.compile traces with: the output's shape and dtype, nothing run
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
 def attend_reference(q, k, v, pos, scale: float):

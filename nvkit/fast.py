@@ -363,6 +363,17 @@ class _Bucket:
     logits: Any = None  # (K, vocab) float32 when a graph keeps its logits (tests)
 
 
+def _error_summary(e: BaseException, limit: int = 300) -> str:
+    """One line for a status: the exception's first line and, when the message goes on, its last
+    non-empty line. Inductor's errors start with a header ("SubprocException: An exception occurred
+    in a subprocess:") and end with the cause, which is the part that says what went wrong."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = type(e).__name__ + (": " + lines[0] if lines else "")
+    if len(lines) > 1:
+        text += " … " + lines[-1]
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
 def _has_inductor_option(config, dotted: str) -> bool:
     obj = config
     for part in dotted.split("."):
@@ -395,6 +406,7 @@ class FastDecoder:
         self._compiled = None
         self.compiled = False      # True once the inductor step was used for a capture
         self.compile_error: str | None = None
+        self.compile_detail: str | None = None  # the whole message (inductor's carry the worker's traceback)
         self.capture_seconds: dict[tuple, float] = {}
         self._lock = threading.Lock()
         # fused=None: nvkit's own step where the architecture allows (NVKIT_FAST_FUSED=0 turns it off)
@@ -559,7 +571,8 @@ class FastDecoder:
         except Exception as e:  # noqa: BLE001 - compile problems fall back to the eager forward
             if not self.compile or self.compile_error:
                 raise
-            self.compile_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self.compile_error = _error_summary(e)
+            self.compile_detail = str(e)
             events.record("compile", f"fast decode: torch.compile failed ({self.compile_error}); capturing the eager forward")
             torch.cuda.synchronize(self.device)
             graph = self._capture_with(b, key, keep_logits, b.step)

@@ -3,7 +3,7 @@
 # travelled with this call (../shared/gpu/wheels.sh fetches them into .whl-*), then runs one phase
 # of the GPU tests and benchmarks with all output teed into $OUT. Usage:
 #     bash scripts/gpu_session.sh PHASE      (PHASE: core | bnb | fa4-first-half | fa4 | open | notebooks |
-#                                             lanes-a | lanes-b | quiet | memory)
+#                                             lanes-a | lanes-b | quiet | memory | triton)
 # Carry .whl-core for core/open/quiet/memory/lanes-a, .whl-bnb for bnb/lanes-b (after a core call,
 # while the machine is warm: installs accumulate in /tmp/nvkit-site), .whl-fa4a then .whl-fa4b in two
 # consecutive calls. Install once per call: two pip installs at once corrupted the site folder.
@@ -58,6 +58,11 @@ case "$phase" in
     timeout 350 python3 -m nvkit.bench_decode --csv "$out/decode_bench.csv" \
       --paths "generate,static+compile,fast,fast+triton,fast+nopdl,padded generate,generate_batch,nvkit batch"
     T=220 t tests/gpu/test_fast_gpu.py -k "not bench" ;;
+  triton)  # session 4: the split-cache attention kernels as a custom op, against the matmul step
+    timeout 300 python3 -m nvkit.bench_decode --csv "$out/decode_triton.csv" \
+      --paths "fast,fast+triton,fast+triton+nopdl" 2>"$out/bench_stderr.log"
+    grep -v DEBUG "$out/bench_stderr.log" | tail -20
+    T=200 t -p no:logging tests/gpu/test_fast_gpu.py -k "triton or batch_path" ;;
   memory)  # every memory check on the current code (the estimates, OOM, the fine-tune's own prediction)
     T=500 t tests/gpu/test_memory_gpu.py ;;
   fa4-first-half)

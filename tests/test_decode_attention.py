@@ -91,3 +91,28 @@ def test_fast_decoder_with_triton_attention_decodes_like_matmul():
         print("ok", diff)
     """)
     assert out.strip().split()[0] == "ok"
+
+
+def test_the_op_traces_whole_under_torch_compile():
+    """The fused step is compiled with fullgraph=True: the op must trace (through its fake) without
+    a graph break, read the cache as written just before it, and give the eager result."""
+    out = _interpret("""
+        import torch
+        from nvkit import decode_attention as da
+        torch.manual_seed(0)
+        q, k, v = torch.randn(16, 128), torch.randn(8, 512, 128), torch.randn(8, 512, 128)
+        new_k = torch.randn(8, 1, 128)
+
+        def step(q, k, v, pos, new_k):
+            k.index_copy_(1, pos.view(1), new_k)  # like the step: write the new key, then attend
+            return da.decode_attention(q, k, v, pos, 0.125) * 2
+
+        pos = torch.tensor(37)
+        want = step(q, k.clone(), v, pos, new_k)
+        got = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k.clone(), v, pos, new_k)
+        assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+        ref = da.attend_reference(q, k.index_copy(1, pos.view(1), new_k), v, pos, 0.125) * 2
+        assert torch.allclose(got, ref, atol=1e-5)
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")

@@ -406,3 +406,17 @@ def test_fused_step_matches_the_model_for_each_family(arch):
         plain_logits = torch.stack(plain.last_logits)
     assert got == ref
     assert torch.allclose(fused_logits, plain_logits, atol=1e-4, rtol=1e-4), (fused_logits - plain_logits).abs().max()
+
+
+def test_compile_error_summary_keeps_the_cause():
+    """A failed compile is reported in one line that ends with the cause (inductor's messages
+    start with a header and end with what went wrong)."""
+    e = RuntimeError("SubprocException: An exception occurred in a subprocess:\n\nTraceback (most recent call last):\n"
+                     "  File \"x.py\", line 3, in f\n\nCompilationError: at 12:4: unsupported loop bound\n")
+    got = fast._error_summary(e)
+    assert got.startswith("RuntimeError: SubprocException: An exception occurred in a subprocess:")
+    assert got.endswith("CompilationError: at 12:4: unsupported loop bound")
+    assert fast._error_summary(ValueError("one line")) == "ValueError: one line"
+    assert fast._error_summary(KeyError()) == "KeyError"
+    long = fast._error_summary(RuntimeError("a\n" + "b" * 1000))
+    assert len(long) == 300 and long.endswith("…")

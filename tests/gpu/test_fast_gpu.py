@@ -104,7 +104,7 @@ def test_triton_attention_is_token_identical(demo_cuda):
     d = fast.FastDecoder(s.model, attention="triton")
     for p in PROMPTS:
         _same_as_plain_greedy(s, d, p, 48)
-    assert d.compiled, d.compile_error
+    assert d.compiled, d.compile_detail
     d.release()
 
 
