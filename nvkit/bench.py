@@ -215,6 +215,8 @@ def cli_main(argv) -> int:
     p.add_argument("--device-map", default=None)
     p.add_argument("--dtype", default="auto")
     p.add_argument("--decode", action="store_true", help="fast decode path vs plain generate (nvkit.bench_decode)")
+    p.add_argument("--paths", default=None, help="with --decode: comma-separated paths, e.g. fast,fast+triton "
+                                                 "(python -m nvkit.bench_decode --help lists them)")
     p.add_argument("--lora", action="store_true", help="LoRA fine-tune step timings (nvkit.bench_lora)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     try:
@@ -228,6 +230,11 @@ def cli_main(argv) -> int:
     quants = [None if q.strip().lower() in ("none", "") else q.strip() for q in a.quant.split(",")]
     kw = dict(prompt_len=a.prompt_len, new_tokens=a.new_tokens, batch_size=a.batch_size, repeats=a.repeats,
               device_map=a.device_map)
+    if a.paths is not None and not a.decode:
+        print("nvkit bench: --paths chooses decode paths; add --decode (or leave --paths out).", file=sys.stderr)
+        return 2
+    if a.decode and a.paths is not None:
+        kw["paths"] = [x.strip() for x in a.paths.split(",") if x.strip()]
     if a.decode or a.lora:
         df = bench(model, decode=a.decode, lora=a.lora, **kw)
     else:

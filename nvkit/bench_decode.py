@@ -11,6 +11,11 @@ and gives tokens/s, time to first token, peak PyTorch memory and the ratio to th
 its group. EOS is set to an id the model cannot produce so every path decodes the same number of
 tokens. Each path runs once untimed first (compiles and captures are not what is measured; the
 table says how long that warm-up took).
+
+``repeats`` > 1 times every batch-1 path that many times, in alternation (path A, B, C, then C, B,
+A, ...; the fast-path variants keep their captures side by side), and reports the median rate with
+the spread between rounds. Why: on the H200 one configuration measured 820 tok/s when it ran
+first in a process and 886 when it ran third, so a single pass confuses "which path" with "when".
 """
 
 from __future__ import annotations
@@ -112,21 +117,50 @@ def _peak() -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30
 
 
+def _on_decoder(session, d, timed):
+    """``timed`` run with ``d`` as the session's decoder (the others stay captured, unused)."""
+    from . import fast as fast_mod
+
+    def run_on_d():
+        old = fast_mod.swap(session, d)
+        try:
+            return timed()
+        finally:
+            fast_mod.swap(session, old)
+    return run_on_d
+
+
+def _summarise_rounds(r: dict, stats: list, peaks: list) -> None:
+    """Fill a batch-1 row from all its timed rounds: the median round's figures, the spread."""
+    import statistics
+    r["rounds"] = len(stats)
+    if len(stats) < 2:
+        return
+    rates = [st.tokens_per_second for st in stats]
+    mid = sorted(range(len(stats)), key=lambda i: rates[i])[(len(stats) - 1) // 2]
+    r.update(seconds=round(stats[mid].seconds, 3), tokens_per_s=round(statistics.median(rates), 1),
+             ttft_ms=round(statistics.median(st.time_to_first_token for st in stats) * 1000, 1))
+    if any(p is not None for p in peaks):
+        r["peak_mem_gib"] = round(max(p for p in peaks if p is not None), 2)
+    r["spread_pct"] = round(100 * (max(rates) - min(rates)) / statistics.median(rates), 1)
+
+
 def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_prompts: int = 64,
         batch_new_tokens: int = 128, paths=None, dtype: str = "auto", k_steps: int | None = None,
-        seed: int = 0, show: bool = True, **unused):
+        seed: int = 0, show: bool = True, repeats: int = 1, **unused):
     """Run the decode benchmark and return a pandas DataFrame (printed when ``show``).
 
     ``model``: "qwen3-0.6b" (or another ``nvkit.demo.SHAPES`` name: random weights, real shape),
     "demo", a local checkpoint directory, or a loaded ``Session``. ``paths``: a subset of
     ``SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS`` (default: the first two groups).
     ``k_steps``: decode steps per graph replay for the fast path (default ``nvkit.fast.DEFAULT_K``).
+    ``repeats``: timed rounds of each batch-1 path, in alternation (the median is reported).
     Keywords meant for other benchmarks (``decode=True`` ...) are ignored."""
     import pandas as pd
     import torch
 
     for name, v, lo in (("new_tokens", new_tokens, 2), ("prompt_len", prompt_len, 1), ("n_prompts", n_prompts, 1),
-                        ("batch_new_tokens", batch_new_tokens, 1)):
+                        ("batch_new_tokens", batch_new_tokens, 1), ("repeats", repeats, 1)):
         require(isinstance(v, int) and not isinstance(v, bool) and v >= lo, f"{name} must be a whole number ≥ {lo}, not {v!r}.")
     known = SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS
     if paths is None:
@@ -158,17 +192,25 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     def skip(group, path, why):
         rows.append(dict(group=group, path=path, note=f"skipped: {why}"))
 
+    timed_runs = []  # per batch-1 row: dict(row, timed: () -> (stats, peak), runs: [(stats, peak)], failed)
+
     def single(path, warm_tokens, **kw):
         # The warm-up asks for as many tokens as the timed run where the cache size is compiled in.
         warm_t = time.perf_counter()
         s.generate(one, max_new_tokens=warm_tokens, eos_token_id=never, **kw)
         warm_s = time.perf_counter() - warm_t
-        _peak_reset()
-        s.generate(one, max_new_tokens=new_tokens, eos_token_id=never, **kw)
-        st = s.last_stats
+
+        def timed():
+            _peak_reset()
+            s.generate(one, max_new_tokens=new_tokens, eos_token_id=never, **kw)
+            return s.last_stats, _peak()
+        st, peak = timed()
         # decode rate as the stats give it: (tokens - 1) / (total - time to first token)
-        row("batch 1", path, st.new_tokens, st.seconds, st.time_to_first_token, _peak(), warm_s,
+        row("batch 1", path, st.new_tokens, st.seconds, st.time_to_first_token, peak, warm_s,
             f"ran {st.path}; prompt {st.prompt_tokens} tokens", rate=st.tokens_per_second)
+        timed_runs.append(dict(row=rows[-1], timed=timed, runs=[(st, peak)], failed=False))
+
+    kept = {}  # fast path -> its decoder, kept captured for the later rounds (repeats > 1)
 
     group1 = f"batch 1 · {new_tokens} new tokens"
     fast_paths = [p for p in paths if p not in SINGLE_PATHS and fast_options(p) is not None]
@@ -197,8 +239,31 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                     f" (compile failed: {d.compile_error})" if d.compile_error else "")
                 if d.compile_detail:  # the note holds one line; the whole cause goes to stderr
                     print(f"{path}: torch.compile failed:\n{d.compile_detail}", file=sys.stderr)
+                if repeats > 1:
+                    kept[path] = fast_mod.swap(s, None)  # the next variant builds its own beside it
+                    timed_runs[-1]["timed"] = _on_decoder(s, kept[path], timed_runs[-1]["timed"])
         except Exception as e:  # noqa: BLE001 - one broken path must not hide the others' figures
             skip(group1, path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    try:
+        for r in range(1, repeats):
+            for entry in (timed_runs if r % 2 == 0 else reversed(timed_runs)):
+                if not entry["failed"]:
+                    try:
+                        entry["runs"].append(entry["timed"]())
+                    except Exception as e:  # noqa: BLE001 - keep the rounds it has
+                        entry["row"]["note"] += f"; round {r + 1} failed: {type(e).__name__}: {e}"
+                        entry["failed"] = True
+        for entry in timed_runs:
+            _summarise_rounds(entry["row"], [st for st, _ in entry["runs"]], [p for _, p in entry["runs"]])
+    finally:
+        # the session keeps the last variant's decoder; the others' captures are freed
+        last = kept.pop(fast_paths[-1], None) if fast_paths else None
+        for d in kept.values():
+            d.release()
+        if last is not None:
+            old = fast_mod.swap(s, last)
+            if old is not None and old is not last:
+                old.release()
     for r in rows:
         r["group"] = group1 if r["group"] == "batch 1" else r["group"]
 
@@ -267,8 +332,10 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
         except Exception as e:  # noqa: BLE001
             skip(group2, "nvkit batch", f"{type(e).__name__}: {e}")
 
-    df = pd.DataFrame(rows, columns=["group", "path", "tokens", "seconds", "tokens_per_s", "ttft_ms", "peak_mem_gib",
-                                     "warmup_s", "note"])
+    columns = ["group", "path", "tokens", "seconds", "tokens_per_s", "ttft_ms", "peak_mem_gib", "warmup_s", "note"]
+    if repeats > 1:
+        columns[5:5] = ["rounds", "spread_pct"]
+    df = pd.DataFrame(rows, columns=columns)
     base = {}
     for g, first in (("batch 1", "generate"), ("prompts", "padded generate")):
         sel = df[df["group"].str.contains(g, regex=False) & (df["path"] == first)]
@@ -296,13 +363,14 @@ def main(argv=None) -> int:
     p.add_argument("--n-prompts", type=int, default=64)
     p.add_argument("--batch-new-tokens", type=int, default=128)
     p.add_argument("--k-steps", type=int, default=None)
+    p.add_argument("--repeats", type=int, default=3, help="timed rounds per batch-1 path, in alternation (median)")
     p.add_argument("--paths", default=None, help="comma-separated subset of: " + ", ".join(SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS)
                    + f"; or fast+OPT+... with OPT in {', '.join(_FAST_OPTIONS)}, kN")
     p.add_argument("--csv", default=None, help="also write the table here")
     a = p.parse_args(argv)
     try:
         df = run(model=a.model, new_tokens=a.new_tokens, prompt_len=a.prompt_len, n_prompts=a.n_prompts,
-                 batch_new_tokens=a.batch_new_tokens, k_steps=a.k_steps,
+                 batch_new_tokens=a.batch_new_tokens, k_steps=a.k_steps, repeats=a.repeats,
                  paths=a.paths.split(",") if a.paths else None)
     except NvkitError as e:
         print(f"NvkitError: {e}")

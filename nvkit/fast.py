@@ -728,6 +728,22 @@ def decoder(session, k_steps: int | None = None, compile: bool | None = None, he
     return d
 
 
+def swap(session, d: FastDecoder | None) -> FastDecoder | None:
+    """Make ``d`` the session's decoder and return the one it replaces, without releasing either
+    (the decode benchmark keeps several captured side by side to time them in alternation). The
+    caller owns the returned decoder: ``release()`` it, or swap it back."""
+    model = session.model
+    old = getattr(model, _ATTR, None)
+    if d is None:
+        if old is not None:
+            object.__delattr__(model, _ATTR)
+    else:
+        if d.model is not model:
+            raise NvkitError("This decoder was built for another model; nvkit.fast.decoder(session) builds one for it.")
+        object.__setattr__(model, _ATTR, d)
+    return old
+
+
 def forget(model) -> None:
     """Release the decoder kept on ``model`` (``Session.unload`` calls this before dropping it)."""
     d = getattr(model, _ATTR, None) if model is not None else None

@@ -23,6 +23,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -820,22 +821,45 @@ def live_tensors(device_type: str = "cuda", limit: int = 10, namespace: dict | N
     if torch is None:
         return []
     storages: dict[int, tuple[int, object]] = {}
-    for obj in gc.get_objects():
-        try:
-            if not isinstance(obj, torch.Tensor) or obj.device.type != device_type or obj.is_meta:
+    with warnings.catch_warnings():
+        # isinstance() on every gc object also touches deprecated lazy attributes (a FutureWarning
+        # from torch.distributed.reduce_op was seen on the H200): this scan is not the user's code
+        warnings.simplefilter("ignore")
+        for obj in gc.get_objects():
+            try:
+                if not isinstance(obj, torch.Tensor) or obj.device.type != device_type:
+                    continue
+                key, n = _storage(obj)
+            except Exception:
                 continue
-            st = obj.untyped_storage()
-            key, n = st.data_ptr(), st.nbytes()
-        except Exception:
-            continue
-        if n and (key not in storages or obj.numel() > storages[key][1].numel()):
-            storages[key] = (n, obj)
+            if n and (key not in storages or obj.numel() > storages[key][1].numel()):
+                storages[key] = (n, obj)
     top = sorted(storages.items(), key=lambda kv: -kv[1][0])[:limit]
     names = _owner_names({k for k, _ in top}, namespace)
     out = [HeldTensor(n, tuple(t.shape), str(t.dtype).replace("torch.", ""), str(t.device), tuple(names.get(k, ())))
            for k, (n, t) in top]
     del top, storages
     return out
+
+
+def _is_tracing_tensor(t) -> bool:
+    """A meta tensor or one of torch.compile's FakeTensors: shapes only, no memory of their own
+    (and data_ptr() on a FakeTensor warns)."""
+    if t.is_meta:
+        return True
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+    except Exception:  # noqa: BLE001 - a torch without them has none
+        return False
+    return isinstance(t, FakeTensor)
+
+
+def _storage(t) -> tuple[int, int]:
+    """(storage address, bytes) of a tensor's memory; (0, 0) for tensors that hold none."""
+    if _is_tracing_tensor(t):
+        return 0, 0
+    st = t.untyped_storage()
+    return st.data_ptr(), st.nbytes()
 
 
 def _owner_names(keys: set, namespace: dict | None) -> dict[int, list[str]]:
@@ -854,7 +878,7 @@ def _owner_names(keys: set, namespace: dict | None) -> dict[int, list[str]]:
     def visit(name, v, depth):
         if isinstance(v, torch.Tensor):
             try:
-                k = v.untyped_storage().data_ptr()
+                k = _storage(v)[0]
             except Exception:
                 return
             if k in keys and name not in found[k]:

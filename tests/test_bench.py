@@ -72,3 +72,15 @@ def test_cli_json(capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [r["row"] for r in rows] == ["transformers (plain)", "nvkit sdpa"] and rows[1]["match_rate"] == 1.0
     assert cli_main(["--help"]) == 0
+
+
+def test_cli_decode_paths(monkeypatch, capsys):
+    import pandas as pd
+
+    import nvkit.bench_decode as bd
+    seen = {}
+    monkeypatch.setattr(bd, "run", lambda **kw: seen.update(kw) or pd.DataFrame([{"path": "fast", "tokens_per_s": 1.0}]))
+    assert cli_main(["demo", "--decode", "--paths", "fast, fast+triton", "--repeats", "2"]) == 0
+    assert seen["paths"] == ["fast", "fast+triton"] and seen["repeats"] == 2
+    assert cli_main(["demo", "--paths", "fast"]) == 2  # --paths without --decode
+    assert "--decode" in capsys.readouterr().err

@@ -420,3 +420,40 @@ def test_compile_error_summary_keeps_the_cause():
     assert fast._error_summary(KeyError()) == "KeyError"
     long = fast._error_summary(RuntimeError("a\n" + "b" * 1000))
     assert len(long) == 300 and long.endswith("…")
+
+
+def test_bench_decode_rounds_alternate_and_report_the_median(s):
+    with pytest.raises(NvkitError, match="repeats"):
+        bench_decode.run(model=s, paths=["generate"], repeats=0, show=False)
+    df = bench_decode.run(model=s, new_tokens=4, prompt_len=8, paths=["generate"], repeats=3, show=False)
+    r = df.iloc[0]
+    assert r["rounds"] == 3 and r["spread_pct"] >= 0 and r["tokens_per_s"] > 0
+    one = bench_decode.run(model=s, new_tokens=4, prompt_len=8, paths=["generate"], show=False)
+    assert "rounds" not in one.columns  # a single pass keeps the old table
+
+    class St:
+        def __init__(self, rate, seconds, ttft):
+            self.tokens_per_second, self.seconds, self.time_to_first_token = rate, seconds, ttft
+    row = {}
+    bench_decode._summarise_rounds(row, [St(10, 3.0, 0.1), St(30, 1.0, 0.3), St(20, 2.0, 0.2)], [1.0, None, 1.5])
+    assert row == dict(rounds=3, seconds=2.0, tokens_per_s=20.0, ttft_ms=200.0, peak_mem_gib=1.5, spread_pct=100.0)
+
+
+def test_swap_keeps_decoders_side_by_side(s):
+    model = s.model
+    before = fast.swap(s, None)
+    try:
+        a = fast.FastDecoder(model, k_steps=2, graphs=False)
+        b = fast.FastDecoder(model, k_steps=3, graphs=False)
+        assert fast.swap(s, a) is None and fast.decoder(s) is a
+        assert fast.swap(s, b) is a and fast.decoder(s) is b   # a was handed back, not released
+        assert fast.decoder(s, k_steps=3) is b                   # same settings: kept
+        assert fast.swap(s, None) is b and getattr(model, fast._ATTR, None) is None
+
+        class Other:
+            model = object()
+        with pytest.raises(NvkitError, match="another model"):
+            fast.swap(s, Other())
+        assert getattr(model, fast._ATTR, None) is None  # refused: nothing changed
+    finally:
+        fast.swap(s, before)

@@ -266,3 +266,21 @@ def test_cpu_comparison_counts_growth_and_weights_not_the_whole_process(no_gpus)
         assert "RSS growth + resident weights" in str(c)
     finally:
         s.unload()
+
+
+def test_live_tensors_skips_tracing_tensors_quietly():
+    """A FakeTensor left alive by torch.compile has no memory: not listed, and the scan warns nothing
+    (the H200 run printed data_ptr and deprecation warnings from this scan)."""
+    import warnings
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        fake = torch.empty(2048, 2048)  # 16 MiB, if it were real
+    real = torch.ones(300, 1000)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        held = memory.live_tensors("cpu", limit=500, namespace={"fake": fake, "real": real})
+    assert not seen, [str(w.message) for w in seen]
+    assert not any(h.nbytes == 2048 * 2048 * 4 for h in held)
+    assert any("real" in h.owners for h in held)
