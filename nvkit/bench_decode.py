@@ -32,7 +32,8 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # names below, any "fast+OPT+OPT..." works, OPT one of: eager (no torch.compile: own capture of the
 # eager forward), cublas (LM head left to cuBLAS: FastDecoder(head="cublas")), reduce (attention as
 # products and sums: attention="reduce"), triton (nvkit's split-cache decode attention kernel:
-# attention="triton"), pdl (Programmatic Dependent Launch between inductor's
+# attention="triton"), tfused (the same kernel also doing q/k norms, RoPE and the cache writes:
+# attention="triton-fused"), pdl (Programmatic Dependent Launch between inductor's
 # kernels: pdl=True, the default where torch can; nopdl turns it off), combo (inductor's
 # combo_kernels: independent small kernels launched as one), kN (N decode steps per graph replay).
 OPTIONAL_PATHS = ("fast eager", "fast cublas head", "fast reduce attention", "fast without pdl")
@@ -42,7 +43,7 @@ _ALIASES = {"fast eager": "fast+eager", "fast cublas head": "fast+cublas", "fast
 
 # option -> (FastDecoder setting, value)
 _FAST_OPTIONS = {"eager": ("compile", False), "cublas": ("head", "cublas"), "reduce": ("attention", "reduce"),
-                 "triton": ("attention", "triton"), "pdl": ("pdl", True), "nopdl": ("pdl", False),
+                 "triton": ("attention", "triton"), "tfused": ("attention", "triton-fused"), "pdl": ("pdl", True), "nopdl": ("pdl", False),
                  "combo": ("inductor", {"combo_kernels": True})}
 
 

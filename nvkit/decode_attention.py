@@ -19,6 +19,8 @@ directly. ``attend_reference`` is the same computation in plain torch, for check
 
 from __future__ import annotations
 
+from typing import Optional  # the op's schema is read from these annotations: Optional, not 'X | None'
+
 import torch
 import triton
 import triton.language as tl
@@ -28,18 +30,12 @@ BLOCK_L = 32     # cache positions per step inside a slice
 
 
 @triton.jit
-def _split_kernel(Q, K, V, POS, M, L, O, scale,
+def _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
                   stride_kh, stride_kl, stride_vh, stride_vl,
-                  GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr,
+                  GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr,
                   CHUNK: tl.constexpr, BLOCK: tl.constexpr):
-    kvh = tl.program_id(0)
-    split = tl.program_id(1)
-    pos = tl.load(POS)  # keys 0..pos (inclusive) are valid; the rest of the cache is not written yet
-    g = tl.arange(0, GROUPS_P2)
-    d = tl.arange(0, HD)
-    heads = kvh * GROUPS + g
-    live = g < GROUPS
-    q = tl.load(Q + heads[:, None] * HD + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    """One (KV head, slice) program's part: running max, sum and weighted sum of the group's query
+    heads ``q`` (GROUPS_P2, HD; fp32) over the slice's cache positions up to ``pos``."""
     m = tl.full((GROUPS_P2,), float("-inf"), tl.float32)
     s_sum = tl.zeros((GROUPS_P2,), tl.float32)
     acc = tl.zeros((GROUPS_P2, HD), tl.float32)
@@ -63,6 +59,67 @@ def _split_kernel(Q, K, V, POS, M, L, O, scale,
     tl.store(M + row, m, mask=live)
     tl.store(L + row, s_sum, mask=live)
     tl.store(O + row[:, None] * HD + d[None, :], acc, mask=live[:, None])
+
+
+@triton.jit
+def _split_kernel(Q, K, V, POS, M, L, O, scale,
+                  stride_kh, stride_kl, stride_vh, stride_vl,
+                  GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr,
+                  CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    kvh = tl.program_id(0)
+    split = tl.program_id(1)
+    pos = tl.load(POS)  # keys 0..pos (inclusive) are valid; the rest of the cache is not written yet
+    g = tl.arange(0, GROUPS_P2)
+    d = tl.arange(0, HD)
+    heads = kvh * GROUPS + g
+    live = g < GROUPS
+    q = tl.load(Q + heads[:, None] * HD + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
+                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, CHUNK, BLOCK)
+
+
+@triton.jit
+def _norm_rope(x, xr, W, d, rd, sign, cos, sin, eps, HAS_NORM: tl.constexpr, HD: tl.constexpr):
+    """RMS-normalise rows of ``x`` (fp32, (rows, HD); ``xr`` the same rows rotated by half a head)
+    with weight ``W`` when HAS_NORM, then apply rotary embedding (rotate-half form)."""
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HD + eps)
+        x = x * rstd[:, None] * tl.load(W + d).to(tl.float32)[None, :]
+        xr = xr * rstd[:, None] * tl.load(W + rd).to(tl.float32)[None, :]
+    return x * cos[None, :] + sign[None, :] * xr * sin[None, :]
+
+
+@triton.jit
+def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, eps,
+                       stride_kh, stride_kl, stride_vh, stride_vl,
+                       NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
+                       HD: tl.constexpr, N_SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+                       HAS_NORM: tl.constexpr):
+    kvh = tl.program_id(0)
+    split = tl.program_id(1)
+    pos = tl.load(POS)
+    g = tl.arange(0, GROUPS_P2)
+    d = tl.arange(0, HD)
+    rd = (d + HD // 2) % HD                      # rotate_half: the other half of the head...
+    sign = tl.where(d < HD // 2, -1.0, 1.0)      # ...negated for the first half
+    cos = tl.load(COS + d).to(tl.float32)
+    sin = tl.load(SIN + d).to(tl.float32)
+    heads = kvh * GROUPS + g
+    live = g < GROUPS
+    qp = QKV + heads[:, None] * HD
+    q = _norm_rope(tl.load(qp + d[None, :], mask=live[:, None], other=0.0).to(tl.float32),
+                   tl.load(qp + rd[None, :], mask=live[:, None], other=0.0).to(tl.float32),
+                   QW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
+    start = split * CHUNK
+    if (pos >= start) & (pos < start + CHUNK):  # the one program whose slice holds the new position
+        kp = QKV + (NH + kvh) * HD
+        k = _norm_rope(tl.load(kp + d).to(tl.float32)[None, :], tl.load(kp + rd).to(tl.float32)[None, :],
+                       KW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
+        tl.store(K + kvh * stride_kh + pos * stride_kl + d[None, :], k.to(K.dtype.element_ty))
+        tl.store(V + kvh * stride_vh + pos * stride_vl + d, tl.load(QKV + (NH + NKV + kvh) * HD + d))
+    tl.debug_barrier()  # the new key and value are read back below by other threads of this program
+    _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
+                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, CHUNK, BLOCK)
 
 
 @triton.jit
@@ -117,6 +174,13 @@ def check_shapes(q, k, v) -> str | None:
     return None
 
 
+def _partials(nh: int, n_splits: int, hd: int, device):
+    """The split kernel's per-slice results: running max, sum and weighted sum (fp32)."""
+    return (torch.empty((nh, n_splits), dtype=torch.float32, device=device),
+            torch.empty((nh, n_splits), dtype=torch.float32, device=device),
+            torch.empty((nh, n_splits, hd), dtype=torch.float32, device=device))
+
+
 @torch.library.custom_op("nvkit::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
                      scale: float) -> torch.Tensor:
@@ -126,12 +190,8 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
         raise ValueError(f"nvkit::decode_attention {why}")
     q = q.contiguous()
     nh, hd = q.shape
-    n_splits = splits_for(k.shape[1])
     out = torch.empty_like(q)
-    m = torch.empty((nh, n_splits), dtype=torch.float32, device=q.device)
-    s_sum = torch.empty((nh, n_splits), dtype=torch.float32, device=q.device)
-    o = torch.empty((nh, n_splits, hd), dtype=torch.float32, device=q.device)
-    launch(q, k, v, pos, scale, out, m, s_sum, o)
+    launch(q, k, v, pos, scale, out, *_partials(nh, splits_for(k.shape[1]), hd, q.device))
     return out
 
 
@@ -139,6 +199,68 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
 def _(q, k, v, pos, scale):
     # what torch.compile traces with: the output's shape and dtype, nothing run
     return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("nvkit::decode_attention_rope", mutates_args=("k", "v"))
+def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
+                          cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                          scale: float, eps: float) -> torch.Tensor:
+    """The whole attention of one decode step after the q/k/v projection, in two kernels: per-head
+    RMS norm of q and k (Qwen3's q_norm/k_norm; skipped when the weights are None), rotary
+    embedding (``cos``/``sin`` of the current position, (head_dim,)), the new key and value written
+    into the caches ``k``/``v`` at ``pos``, and attention over positions 0..pos.
+
+    ``qkv`` is the projection's output as (query heads + 2 × KV heads, head_dim): queries, then
+    keys, then values. Returns (query heads, head_dim). Why: the matmul path spends separate
+    kernels on the norms and RoPE, the two cache writes and the attention itself."""
+    nkv = k.shape[0]
+    nh, hd = qkv.shape[0] - 2 * nkv, qkv.shape[-1]
+    why = (check_shapes(qkv[:nh], k, v) if qkv.dim() == 2 and nh > 0
+           else "expects qkv (heads + 2 x kv_heads, head_dim)")
+    if not why and (cos.shape != (hd,) or sin.shape != (hd,)):
+        why = f"expects cos and sin of shape ({hd},), not {tuple(cos.shape)} and {tuple(sin.shape)}"
+    if not why and (q_weight is None) != (k_weight is None):
+        why = "takes both norm weights or neither"
+    if why:
+        raise ValueError(f"nvkit::decode_attention_rope {why}")
+    qkv = qkv.contiguous()
+    n_splits = splits_for(k.shape[1])
+    m, s_sum, o = _partials(nh, n_splits, hd, qkv.device)
+    out = torch.empty((nh, hd), dtype=qkv.dtype, device=qkv.device)
+    length = k.shape[1]
+    has_norm = q_weight is not None
+    _rope_split_kernel[(nkv, n_splits)](
+        qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos.contiguous(), sin.contiguous(),
+        k, v, pos, m, s_sum, o, scale, eps,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        NH=nh, NKV=nkv, GROUPS=nh // nkv, GROUPS_P2=_next_pow2(nh // nkv), HD=hd, N_SPLITS=n_splits,
+        CHUNK=length // n_splits, BLOCK=min(BLOCK_L, length // n_splits), HAS_NORM=has_norm)
+    _combine_kernel[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
+    return out
+
+
+@decode_attention_rope.register_fake
+def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps):
+    return qkv.new_empty((qkv.shape[0] - 2 * k.shape[0], qkv.shape[-1]))
+
+
+def rope_reference(x, weight, cos, sin, eps: float):
+    """RMS norm per row (when ``weight`` is given) and rotate-half RoPE, in fp32."""
+    x = x.float()
+    if weight is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    half = x.shape[-1] // 2
+    return x * cos.float() + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin.float()
+
+
+def attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float):
+    """``decode_attention_rope`` in plain torch (writes into ``k``/``v`` the same way)."""
+    nkv = k.shape[0]
+    nh = qkv.shape[0] - 2 * nkv
+    q = rope_reference(qkv[:nh], q_weight, cos, sin, eps)
+    k[:, int(pos)] = rope_reference(qkv[nh:nh + nkv], k_weight, cos, sin, eps).to(k.dtype)
+    v[:, int(pos)] = qkv[nh + nkv:]
+    return attend_reference(q, k, v, pos, scale).to(qkv.dtype)
 
 
 def attend_reference(q, k, v, pos, scale: float):

@@ -206,6 +206,34 @@ def _fusable(model) -> str | None:
     return None
 
 
+ATTENTION_KINDS = ("matmul", "reduce", "triton", "triton-fused")
+
+
+def _qk_norms(attn):
+    """(q_norm weight, k_norm weight, eps) of an attention layer; (None, None, 0.0) without norms."""
+    if not hasattr(attn, "q_norm"):
+        return None, None, 0.0
+    return attn.q_norm.weight, attn.k_norm.weight, float(attn.q_norm.variance_epsilon)
+
+
+def _qk_norm_why(model, hd: int) -> str | None:
+    """Why the per-head q/k norms are not the plain RMS norm the fused kernel applies (None: they are)."""
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
+            return "it normalises only one of q and k"
+        if not hasattr(attn, "q_norm"):
+            continue
+        for norm in (attn.q_norm, attn.k_norm):
+            w = getattr(norm, "weight", None)
+            if not type(norm).__name__.endswith("RMSNorm") or w is None or tuple(w.shape) != (hd,) \
+                    or not hasattr(norm, "variance_epsilon"):
+                return f"its q/k norm ({type(norm).__name__}) is not a per-head RMS norm"
+        if attn.q_norm.variance_epsilon != attn.k_norm.variance_epsilon:
+            return "its q and k norms use different epsilons"
+    return None
+
+
 def _fuse(mods) -> tuple[Any, Any]:
     """One (weight, bias) for Linear layers that read the same input, stacked by output rows.
 
@@ -284,7 +312,10 @@ def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False,
     so inductor generates its own reductions rather than calling cuBLAS for (16 × 128) · (128 × L)
     products (2.6–3.1 µs each in the H200 profile); "fast reduce attention" in the bench measures it.
     ``attention="triton"`` uses nvkit's split-cache decode kernel (``nvkit.decode_attention``): two
-    small kernels instead of three per layer, and nothing read past the current position."""
+    small kernels instead of three per layer, and nothing read past the current position.
+    ``attention="triton-fused"`` hands it the q/k/v projection's output instead: the same two
+    kernels also apply the q/k norms and RoPE and write the new key and value into the cache, which
+    the other paths do in kernels of their own."""
     import torch
     import torch.nn.functional as F
     from .estimate import attention_dims
@@ -297,6 +328,9 @@ def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False,
     neg = torch.finfo(torch.float32).min
     if attention == "triton":
         from .decode_attention import decode_attention
+    if attention == "triton-fused":
+        from .decode_attention import decode_attention_rope
+        norms = [_qk_norms(layer.self_attn) for layer in layers]
 
     def rope(x, cos, sin):
         half = x.shape[-1] // 2
@@ -313,26 +347,32 @@ def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False,
             attn, mlp = layer.self_attn, layer.mlp
             x = layer.input_layernorm(h)
             w, bias = fused.qkv[i]
-            q, k, v = F.linear(x, w, bias).view(nh + 2 * nkv, hd).split((nh, nkv, nkv))
-            if hasattr(attn, "q_norm"):
-                q, k = attn.q_norm(q), attn.k_norm(k)
-            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            qkv = F.linear(x, w, bias).view(nh + 2 * nkv, hd)
             keys, values = caches[i].keys, caches[i].values            # (1, nkv, length, hd)
-            keys.index_copy_(2, where, k.view(1, nkv, 1, hd))
-            values.index_copy_(2, where, v.view(1, nkv, 1, hd))
-            # (FlexAttention's decode kernel measured slower here: 449 against 620 tok/s untuned)
-            if attention == "triton":
-                o = decode_attention(q.reshape(nh, hd), keys[0], values[0], pos,
-                                     float(attn.scaling)).reshape(1, 1, nh * hd)
-            elif attention == "reduce":
-                kf, vf = keys[0].unsqueeze(1).float(), values[0].unsqueeze(1).float()    # (nkv, 1, length, hd)
-                scores = (q.view(nkv, groups, 1, hd).float() * kf).sum(-1) * attn.scaling + mask
-                probs = scores.softmax(-1)
-                o = (probs.unsqueeze(-1) * vf).sum(-2).to(dtype).reshape(1, 1, nh * hd)
+            if attention == "triton-fused":  # norms, RoPE, cache writes and attention in two kernels
+                qw, kw, eps = norms[i]
+                o = decode_attention_rope(qkv, qw, kw, cos.view(hd), sin.view(hd), keys[0], values[0], pos,
+                                          float(attn.scaling), eps).reshape(1, 1, nh * hd)
             else:
-                scores = torch.matmul(q.view(nkv, groups, hd), keys[0].transpose(1, 2)).float() * attn.scaling + mask
-                probs = scores.softmax(-1).to(dtype)
-                o = torch.matmul(probs, values[0]).reshape(1, 1, nh * hd)
+                q, k, v = qkv.split((nh, nkv, nkv))
+                if hasattr(attn, "q_norm"):
+                    q, k = attn.q_norm(q), attn.k_norm(k)
+                q, k = rope(q, cos, sin), rope(k, cos, sin)
+                keys.index_copy_(2, where, k.view(1, nkv, 1, hd))
+                values.index_copy_(2, where, v.view(1, nkv, 1, hd))
+                # (FlexAttention's decode kernel measured slower here: 449 against 620 tok/s untuned)
+                if attention == "triton":
+                    o = decode_attention(q.reshape(nh, hd), keys[0], values[0], pos,
+                                         float(attn.scaling)).reshape(1, 1, nh * hd)
+                elif attention == "reduce":
+                    kf, vf = keys[0].unsqueeze(1).float(), values[0].unsqueeze(1).float()    # (nkv, 1, length, hd)
+                    scores = (q.view(nkv, groups, 1, hd).float() * kf).sum(-1) * attn.scaling + mask
+                    probs = scores.softmax(-1)
+                    o = (probs.unsqueeze(-1) * vf).sum(-2).to(dtype).reshape(1, 1, nh * hd)
+                else:
+                    scores = torch.matmul(q.view(nkv, groups, hd), keys[0].transpose(1, 2)).float() * attn.scaling + mask
+                    probs = scores.softmax(-1).to(dtype)
+                    o = torch.matmul(probs, values[0]).reshape(1, 1, nh * hd)
             h = h + attn.o_proj(o)
             x = layer.post_attention_layernorm(h)
             gate, up = F.linear(x, fused.gate_up[i]).chunk(2, dim=-1)
@@ -422,13 +462,14 @@ class FastDecoder:
         if head not in ("compiled", "cublas"):
             raise NvkitError(f"head must be 'compiled' or 'cublas', not {head!r}.")
         self.head = head
-        # attention: "matmul" (two batched products), "reduce" (products and sums) or "triton"
-        # (nvkit.decode_attention's kernels); the last two in the fused step only
+        # attention: "matmul" (two batched products), "reduce" (products and sums), "triton"
+        # (nvkit.decode_attention's kernels) or "triton-fused" (the same kernels also doing the q/k
+        # norms, RoPE and the cache writes); all but "matmul" in the fused step only
         attention = attention or os.environ.get("NVKIT_FAST_ATTENTION", "matmul")
-        if attention not in ("matmul", "reduce", "triton"):
-            raise NvkitError(f"attention must be 'matmul', 'reduce' or 'triton', not {attention!r}.")
-        if attention == "triton":
-            self._check_triton_attention(model)
+        if attention not in ATTENTION_KINDS:
+            raise NvkitError(f"attention must be one of {', '.join(map(repr, ATTENTION_KINDS))}, not {attention!r}.")
+        if attention.startswith("triton"):
+            self._check_triton_attention(model, attention)
         self.attention = attention
         # pdl: inductor's Triton kernels launched with Programmatic Dependent Launch (Hopper and
         # newer; inductor checks the GPU), so each kernel's launch overlaps the tail of the one before
@@ -452,18 +493,22 @@ class FastDecoder:
             raise NvkitError(f"Unknown inductor option(s) {bad}: see torch._inductor.config.")
         self.pdl = bool(pdl)
 
-    def _check_triton_attention(self, model) -> None:
+    def _check_triton_attention(self, model, kind: str) -> None:
         if self._fused is None:
-            raise NvkitError("attention='triton' belongs to the fused decode step, which does not fit this model"
+            raise NvkitError(f"attention={kind!r} belongs to the fused decode step, which does not fit this model"
                              f"{': ' + self.fused_why if self.fused_why else ' (fused=False)'}.")
         try:
             from . import decode_attention  # noqa: F401 - imports triton
         except ImportError as e:
-            raise NvkitError(f"attention='triton' needs the triton package ({e}); PyTorch's CUDA builds bring it.") from e
+            raise NvkitError(f"attention={kind!r} needs the triton package ({e}); PyTorch's CUDA builds bring it.") from e
         from .estimate import attention_dims
         hd = attention_dims(model.config)[2]
         if hd & (hd - 1):
-            raise NvkitError(f"attention='triton' needs a power-of-two head_dim; this model's is {hd}.")
+            raise NvkitError(f"attention={kind!r} needs a power-of-two head_dim; this model's is {hd}.")
+        if kind == "triton-fused":
+            why = _qk_norm_why(model, hd)
+            if why:
+                raise NvkitError(f"attention='triton-fused' does not fit this model: {why}. attention='triton' does.")
 
     @property
     def fused(self) -> bool:

@@ -3,14 +3,16 @@
 # travelled with this call (../shared/gpu/wheels.sh fetches them into .whl-*), then runs one phase
 # of the GPU tests and benchmarks with all output teed into $OUT. Usage:
 #     bash scripts/gpu_session.sh PHASE      (PHASE: core | bnb | fa4-first-half | fa4 | open | notebooks |
-#                                             lanes-a | lanes-b | quiet | memory | triton)
+#                                             lanes-a | lanes-b | quiet | memory | triton |
+#                                             decide | fused-checks)
 # Carry .whl-core for core/open/quiet/memory/lanes-a, .whl-bnb for bnb/lanes-b (after a core call,
 # while the machine is warm: installs accumulate in /tmp/nvkit-site), .whl-fa4a then .whl-fa4b in two
 # consecutive calls. Install once per call: two pip installs at once corrupted the site folder.
 # "lanes-a" then "lanes-b" run the checks side by side on a 4-GPU machine, one lane per GPU (session
 # 3 ran them; its timings are in the README). Left by session 3, each in its own call on a
 # single-GPU machine: "quiet" (the decode table with nothing else on the host, including the
-# fast+triton path, then the fast-path tests) and "memory" (the whole memory suite on current code).
+# fast+triton path, then the fast-path tests) and "memory" (the whole memory suite on current code);
+# session 4 ran those, then "triton". Left by session 4: "decide", then "fused-checks".
 set -uo pipefail
 phase=${1:?phase}
 for inst in .whl-*/install.sh; do eval "$(bash "$inst")"; break; done
@@ -63,6 +65,14 @@ case "$phase" in
       --paths "fast,fast+triton,fast+triton+nopdl" 2>"$out/bench_stderr.log"
     grep -v DEBUG "$out/bench_stderr.log" | tail -20
     T=200 t -p no:logging tests/gpu/test_fast_gpu.py -k "triton or batch_path" ;;
+  decide)  # left by session 4: which attention the fused step should use by default, timed in
+           # alternation (5 rounds, median) so that the order of the paths does not decide it
+    timeout 540 python3 -m nvkit.bench_decode --csv "$out/decode_decide.csv" --repeats 5 \
+      --paths "fast,fast+triton,fast+tfused" 2>"$out/bench_stderr.log"
+    grep -v DEBUG "$out/bench_stderr.log" | tail -20 ;;
+  fused-checks)  # the triton kernels compiled and captured: demo tokens, Qwen3-shape logits and profile
+    T=200 t -p no:logging tests/gpu/test_fast_gpu.py -k "triton"
+    NVKIT_FAST_ATTENTION=triton-fused T=240 t -p no:logging tests/gpu/test_fast_gpu.py -k "logits_close" ;;
   memory)  # every memory check on the current code (the estimates, OOM, the fine-tune's own prediction)
     T=500 t tests/gpu/test_memory_gpu.py ;;
   fa4-first-half)

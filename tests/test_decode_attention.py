@@ -67,7 +67,8 @@ def test_shape_checks():
 
 
 def test_fast_decoder_with_triton_attention_decodes_like_matmul():
-    """The whole fused step with attention='triton' (no CUDA graphs: the CPU checks the logic):
+    """The whole fused step with attention='triton' and 'triton-fused' (no CUDA graphs: the CPU
+    checks the logic):
     the demo model's greedy tokens are the matmul path's, logits within bf16 rounding."""
     out = _interpret("""
         import torch, nvkit
@@ -80,17 +81,20 @@ def test_fast_decoder_with_triton_attention_decodes_like_matmul():
         with torch.inference_mode():
             ref = fast.FastDecoder(m, k_steps=4, graphs=False)
             a = ref.generate(ids, sampling, keep_logits=True)
-            tri = fast.FastDecoder(m, k_steps=4, graphs=False, attention="triton")
-            b = tri.generate(ids, sampling, keep_logits=True)
-        assert a == b, (a, b)
-        la, lb = torch.stack(ref.last_logits), torch.stack(tri.last_logits)
-        diff, scale = (la - lb).abs().max().item(), la.abs().max().item()
-        # the demo weights are bf16: the matmul path rounds the probabilities to bf16, the kernel
-        # keeps them in fp32, so the logits differ by bf16 rounding of the attention output
-        assert m.dtype == torch.bfloat16 and diff <= 0.01 * scale, (diff, scale)
-        print("ok", diff)
+            for kind in ("triton", "triton-fused"):
+                tri = fast.FastDecoder(m, k_steps=4, graphs=False, attention=kind)
+                b = tri.generate(ids, sampling, keep_logits=True)
+                assert a == b, (kind, a, b)
+                la, lb = torch.stack(ref.last_logits), torch.stack(tri.last_logits)
+                diff, scale = (la - lb).abs().max().item(), la.abs().max().item()
+                # the demo weights are bf16: the matmul path rounds the probabilities (and q after
+                # its norm and RoPE) to bf16, the kernels keep them in fp32, so the logits differ by
+                # bf16 rounding of the attention output
+                assert m.dtype == torch.bfloat16 and diff <= 0.01 * scale, (kind, diff, scale)
+                print(kind, diff)
+        print("ok")
     """)
-    assert out.strip().split()[0] == "ok"
+    assert out.strip().endswith("ok")
 
 
 def test_the_op_traces_whole_under_torch_compile():
@@ -113,6 +117,93 @@ def test_the_op_traces_whole_under_torch_compile():
         assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
         ref = da.attend_reference(q, k.index_copy(1, pos.view(1), new_k), v, pos, 0.125) * 2
         assert torch.allclose(got, ref, atol=1e-5)
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_rope_kernel_norms_rotates_writes_the_cache_and_attends():
+    """decode_attention_rope against plain torch: q/k RMS norm (or none), RoPE, the new key and
+    value written at pos (nothing else in the cache touched), attention over 0..pos."""
+    out = _interpret("""
+        import torch
+        from nvkit import decode_attention as da
+        torch.manual_seed(0)
+        for nh, nkv, hd, length, dtype, norm in [(16, 8, 128, 512, torch.float32, True),
+                                                 (6, 2, 32, 256, torch.float32, False),
+                                                 (4, 2, 16, 256, torch.bfloat16, True)]:
+            for p in (0, 1, 37, length - 1):
+                qkv = torch.randn(nh + 2 * nkv, hd, dtype=dtype)
+                qw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+                kw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+                ang = torch.randn(hd // 2).repeat(2)
+                cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+                k, v = torch.randn(nkv, length, hd, dtype=dtype), torch.randn(nkv, length, hd, dtype=dtype)
+                k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
+                k1[:, p + 1:] = 1e4
+                v1[:, p + 1:] = float("nan")  # past pos: whatever the cache held, never read
+                pos = torch.tensor(p)
+                got = da.decode_attention_rope(qkv, qw, kw, cos, sin, k1, v1, pos, hd ** -0.5, 1e-6)
+                ref = da.attend_rope_reference(qkv, qw, kw, cos, sin, k2, v2, pos, hd ** -0.5, 1e-6)
+                tol = 1e-4 if dtype == torch.float32 else 3e-2
+                assert got.shape == (nh, hd) and got.dtype == dtype
+                err = (got.float() - ref.float()).abs().max().item()
+                kerr = (k1[:, p].float() - k2[:, p].float()).abs().max().item()
+                assert err <= tol and kerr <= tol, (nh, p, err, kerr)
+                assert torch.equal(v1[:, :p + 1], v2[:, :p + 1])
+                assert torch.equal(k1[:, :p], k[:, :p]) and (k1[:, p + 1:] == 1e4).all()
+        bad = torch.zeros(20, 64)
+        for args, why in [((bad, None, None, torch.zeros(64), torch.zeros(64), torch.zeros(2, 256, 32), torch.zeros(2, 256, 32)), "cannot attend"),
+                          ((bad, None, None, torch.zeros(32), torch.zeros(32), torch.zeros(2, 256, 64), torch.zeros(2, 256, 64)), "cos and sin"),
+                          ((bad, torch.ones(64), None, torch.zeros(64), torch.zeros(64), torch.zeros(2, 256, 64), torch.zeros(2, 256, 64)), "both norm weights")]:
+            try:
+                da.decode_attention_rope(*args, torch.tensor(0), 0.1, 1e-6)
+            except ValueError as e:
+                assert why in str(e), e
+            else:
+                raise AssertionError(why)
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_rope_op_compiles_in_place_on_the_cache():
+    """Under torch.compile (inductor, on the CPU here) the op that writes the cache is called on the
+    cache itself: no copy of a cache-sized buffer per step, and the cache ends as in eager."""
+    out = _interpret("""
+        import re
+        import torch
+        from torch._inductor.utils import run_and_get_code
+        from nvkit import decode_attention as da
+        torch.manual_seed(0)
+        nh, nkv, hd, L = 16, 8, 128, 256
+        cache_k, cache_v = torch.zeros(1, nkv, L, hd), torch.zeros(1, nkv, L, hd)
+        w = torch.randn((nh + 2 * nkv) * hd, 64) * 0.1
+        qw, kw = torch.rand(hd) + 0.5, torch.rand(hd) + 0.5
+        ang = torch.randn(hd // 2).repeat(2)
+        cos, sin = ang.cos(), ang.sin()
+        pos = torch.tensor(0)
+
+        def step(x):  # like nvkit.fast's fused step: projection, the op on the cache, advance pos
+            qkv = (w @ x).view(nh + 2 * nkv, hd)
+            o = da.decode_attention_rope(qkv, qw, kw, cos, sin, cache_k[0], cache_v[0], pos, 0.1, 1e-6)
+            pos.add_(1)
+            return o.sum(0) * 2
+
+        f = torch.compile(step, fullgraph=True)
+        xs = [torch.randn(64) for _ in range(5)]
+        first, codes = run_and_get_code(f, xs[0])
+        outs = [first] + [f(x) for x in xs[1:]]
+        got_k, got_v = cache_k.clone(), cache_v.clone()
+        code = "\\n".join(codes)
+        assert "decode_attention_rope" in code
+        # a copy would show as a new cache-sized buffer (or a clone) in the generated code
+        assert not re.search(rf"empty_strided_\\w+\\(\\((1, )?{nkv}, {L}, {hd}\\)|clone", code), code
+        cache_k.zero_(); cache_v.zero_(); pos.zero_()
+        ref = [step(x) for x in xs]
+        assert int(pos) == 5 and (cache_k[0, :, 5:] == 0).all() and (got_k[0, :, 5:] == 0).all()
+        assert torch.allclose(got_k, cache_k, atol=1e-5) and torch.allclose(got_v, cache_v, atol=1e-5)
+        assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(outs, ref))
         print("ok")
     """)
     assert out.strip().endswith("ok")

@@ -290,6 +290,17 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
     odd.config.head_dim = 48  # read by the check only; the weights stay as they are
     with pytest.raises(NvkitError, match="power-of-two head_dim"):
         fast.FastDecoder(odd, graphs=False, attention="triton")
+    # triton-fused applies the q/k norms itself: only plain per-head RMS norms with one epsilon
+    other = AutoModelForCausalLM.from_pretrained(nvkit.demo.path())
+    attn0 = other.model.layers[0].self_attn
+    assert fast.FastDecoder(other, graphs=False, attention="triton-fused").attention == "triton-fused"
+    attn0.k_norm.variance_epsilon = 1e-3
+    with pytest.raises(NvkitError, match="different epsilons.*attention='triton' does"):
+        fast.FastDecoder(other, graphs=False, attention="triton-fused")
+    attn0.q_norm = torch.nn.LayerNorm(attn0.head_dim)
+    with pytest.raises(NvkitError, match="not a per-head RMS norm"):
+        fast.FastDecoder(other, graphs=False, attention="triton-fused")
+    assert fast.FastDecoder(other, graphs=False, attention="triton").attention == "triton"  # norms stay the model's
     import sys
     monkeypatch.delitem(sys.modules, "nvkit.decode_attention", raising=False)
     monkeypatch.delattr(nvkit, "decode_attention", raising=False)  # else `from . import` finds it there

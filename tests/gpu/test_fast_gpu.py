@@ -97,11 +97,13 @@ def test_fast_sampling_is_seeded_and_options_fall_back(demo_cuda):
     assert s.last_stats.path == "fast" and isinstance(chat, str)
 
 
-def test_triton_attention_is_token_identical(demo_cuda):
-    """nvkit's split-cache decode-attention kernels (attention='triton'), compiled and captured:
-    the same greedy tokens as plain generate on the demo model."""
+@pytest.mark.parametrize("kind", ["triton", "triton-fused"])
+def test_triton_attention_is_token_identical(demo_cuda, kind):
+    """nvkit's split-cache decode-attention kernels (attention='triton'; 'triton-fused' also does
+    the q/k norms, RoPE and cache writes), compiled and captured: the same greedy tokens as plain
+    generate on the demo model."""
     s = demo_cuda
-    d = fast.FastDecoder(s.model, attention="triton")
+    d = fast.FastDecoder(s.model, attention=kind)
     for p in PROMPTS:
         _same_as_plain_greedy(s, d, p, 48)
     assert d.compiled, d.compile_detail
