@@ -207,6 +207,12 @@ def _fusable(model) -> str | None:
 
 
 ATTENTION_KINDS = ("matmul", "reduce", "triton", "triton-fused")
+# The fused step's attention when none is asked for. Measured on the H200 (Qwen3-0.6B shape, bf16,
+# 256 tokens, batch 1): "matmul" 820-886 tok/s and "triton" 864 in two processes; "triton-fused"
+# 1007.7 (median of 3 rounds) in a third. Runs in different processes are not a comparison, so the
+# default stays "matmul" until `bash scripts/gpu_session.sh decide` times them in one process; if
+# triton-fused wins there, this becomes "auto" (triton-fused where it fits, matmul elsewhere).
+DEFAULT_ATTENTION = "matmul"
 
 
 def _qk_norms(attn):
@@ -456,6 +462,7 @@ class FastDecoder:
         elif fused and why:
             raise NvkitError(f"The fused decode step does not fit this model: {why}. Use fused=None or False.")
         self.fused_why = why
+        self.attention_why: str | None = None  # why attention="auto" settled on matmul
         self._fused = _Fused(model) if fused else None
         # head: "compiled" (inside the inductor step) or "cublas" (eager, fused step only)
         head = head or os.environ.get("NVKIT_FAST_HEAD", "compiled")
@@ -465,10 +472,18 @@ class FastDecoder:
         # attention: "matmul" (two batched products), "reduce" (products and sums), "triton"
         # (nvkit.decode_attention's kernels) or "triton-fused" (the same kernels also doing the q/k
         # norms, RoPE and the cache writes); all but "matmul" in the fused step only
-        attention = attention or os.environ.get("NVKIT_FAST_ATTENTION", "matmul")
-        if attention not in ATTENTION_KINDS:
-            raise NvkitError(f"attention must be one of {', '.join(map(repr, ATTENTION_KINDS))}, not {attention!r}.")
-        if attention.startswith("triton"):
+        # "auto": triton-fused where it fits this model and machine, else matmul (see DEFAULT_ATTENTION)
+        attention = attention or os.environ.get("NVKIT_FAST_ATTENTION", DEFAULT_ATTENTION)
+        if attention not in ATTENTION_KINDS + ("auto",):
+            raise NvkitError(f"attention must be one of {', '.join(map(repr, ATTENTION_KINDS + ('auto',)))}, "
+                             f"not {attention!r}.")
+        if attention == "auto":
+            try:
+                self._check_triton_attention(model, "triton-fused")
+                attention = "triton-fused"
+            except NvkitError as e:
+                attention, self.attention_why = "matmul", str(e)
+        elif attention.startswith("triton"):
             self._check_triton_attention(model, attention)
         self.attention = attention
         # pdl: inductor's Triton kernels launched with Programmatic Dependent Launch (Hopper and

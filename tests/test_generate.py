@@ -301,6 +301,11 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
     with pytest.raises(NvkitError, match="not a per-head RMS norm"):
         fast.FastDecoder(other, graphs=False, attention="triton-fused")
     assert fast.FastDecoder(other, graphs=False, attention="triton").attention == "triton"  # norms stay the model's
+    # "auto" takes triton-fused where it fits and says why not where it does not
+    assert fast.FastDecoder(s.model, graphs=False, attention="auto").attention == "triton-fused"
+    auto = fast.FastDecoder(other, graphs=False, attention="auto")
+    assert auto.attention == "matmul" and "not a per-head RMS norm" in auto.attention_why
+    assert fast.FastDecoder(s.model, graphs=False, fused=False, attention="auto").attention == "matmul"
     import sys
     monkeypatch.delitem(sys.modules, "nvkit.decode_attention", raising=False)
     monkeypatch.delattr(nvkit, "decode_attention", raising=False)  # else `from . import` finds it there
