@@ -477,6 +477,7 @@ class FastDecoder:
         if attention not in ATTENTION_KINDS + ("auto",):
             raise NvkitError(f"attention must be one of {', '.join(map(repr, ATTENTION_KINDS + ('auto',)))}, "
                              f"not {attention!r}.")
+        self._attention_asked = attention  # what settings() repeats: "auto" re-decides for a rebuilt decoder
         if attention == "auto":
             try:
                 self._check_triton_attention(model, "triton-fused")
@@ -532,7 +533,7 @@ class FastDecoder:
     @property
     def settings(self) -> dict:
         """The constructor arguments this decoder was built with (``decoder()`` compares them)."""
-        return dict(k_steps=self.k, compile=self.compile, head=self.head, attention=self.attention, pdl=self.pdl,
+        return dict(k_steps=self.k, compile=self.compile, head=self.head, attention=self._attention_asked, pdl=self.pdl,
                     inductor=self.inductor)
 
     def _check_fused(self) -> None:

@@ -306,6 +306,7 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
     auto = fast.FastDecoder(other, graphs=False, attention="auto")
     assert auto.attention == "matmul" and "not a per-head RMS norm" in auto.attention_why
     assert fast.FastDecoder(s.model, graphs=False, fused=False, attention="auto").attention == "matmul"
+    assert auto.settings["attention"] == "auto"  # decoder(session, attention="auto") keeps it, not rebuilds
     import sys
     monkeypatch.delitem(sys.modules, "nvkit.decode_attention", raising=False)
     monkeypatch.delattr(nvkit, "decode_attention", raising=False)  # else `from . import` finds it there
