@@ -17,7 +17,10 @@ computes exactly as before), and attention over the cache is a grouped-query pro
 costs. Measured on the H200 (Qwen3-0.6B shape, bf16, K=8, same process): the model's own forward
 594 tok/s, the fused step 725 (339 kernels and 1.06 ms of kernel time per token, against 379 and
 1.34 ms). With Programmatic Dependent Launch between the kernels (``pdl``, on by default) later
-runs measured 856–1011 tok/s. Other architectures use the model's own forward over a ``StaticCache``.
+runs measured 820–1011 tok/s (886 on a quiet single-GPU machine). ``attention="triton-fused"``
+(``nvkit.decode_attention``: norms, RoPE, cache writes and attention in two kernels per layer)
+measured 1007.7 in a process of its own; see ``DEFAULT_ATTENTION``. Other architectures use the
+model's own forward over a ``StaticCache``.
 
 The decode step is compiled with inductor
 (``torch.compile(fullgraph=True)``, no cudagraphs of its own) so the many small elementwise kernels
