@@ -145,17 +145,22 @@ def splits_for(length: int) -> int:
     return max(1, min(MAX_SPLITS, length // BLOCK_L))
 
 
-def launch(q, k, v, pos, scale: float, out, m, s_sum, o):
-    """Launch both kernels (on the GPU, or in Triton's interpreter under ``TRITON_INTERPRET=1``)."""
-    nh, hd = q.shape
+def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, out, **constexprs) -> None:
+    """Both ops' launches (on the GPU, or in Triton's interpreter under ``TRITON_INTERPRET=1``):
+    ``split_kernel`` over (KV heads × slices of the cache), called with ``lead`` (its tensors up to
+    the cache position), the per-slice results, ``scalars`` and the cache strides; then the merge
+    of the slices per query head into ``out``."""
     nkv, length, _ = k.shape
-    n_splits = m.shape[1]
+    n_splits = splits_for(length)
+    m = torch.empty((nh, n_splits), dtype=torch.float32, device=out.device)      # running max
+    s_sum = torch.empty((nh, n_splits), dtype=torch.float32, device=out.device)  # running sum
+    o = torch.empty((nh, n_splits, hd), dtype=torch.float32, device=out.device)  # weighted sum
     groups = nh // nkv
-    _split_kernel[(nkv, n_splits)](
-        q, k, v, pos, m, s_sum, o, scale,
+    split_kernel[(nkv, n_splits)](
+        *lead, m, s_sum, o, *scalars,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         GROUPS=groups, GROUPS_P2=_next_pow2(groups), HD=hd, N_SPLITS=n_splits,
-        CHUNK=length // n_splits, BLOCK=min(BLOCK_L, length // n_splits))
+        CHUNK=length // n_splits, BLOCK=min(BLOCK_L, length // n_splits), **constexprs)
     _combine_kernel[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
 
 
@@ -174,13 +179,6 @@ def check_shapes(q, k, v) -> str | None:
     return None
 
 
-def _partials(nh: int, n_splits: int, hd: int, device):
-    """The split kernel's per-slice results: running max, sum and weighted sum (fp32)."""
-    return (torch.empty((nh, n_splits), dtype=torch.float32, device=device),
-            torch.empty((nh, n_splits), dtype=torch.float32, device=device),
-            torch.empty((nh, n_splits, hd), dtype=torch.float32, device=device))
-
-
 @torch.library.custom_op("nvkit::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
                      scale: float) -> torch.Tensor:
@@ -191,7 +189,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     q = q.contiguous()
     nh, hd = q.shape
     out = torch.empty_like(q)
-    launch(q, k, v, pos, scale, out, *_partials(nh, splits_for(k.shape[1]), hd, q.device))
+    _launch(_split_kernel, (q, k, v, pos), (scale,), k, v, nh, hd, out)
     return out
 
 
@@ -224,18 +222,12 @@ def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k
     if why:
         raise ValueError(f"nvkit::decode_attention_rope {why}")
     qkv = qkv.contiguous()
-    n_splits = splits_for(k.shape[1])
-    m, s_sum, o = _partials(nh, n_splits, hd, qkv.device)
     out = torch.empty((nh, hd), dtype=qkv.dtype, device=qkv.device)
-    length = k.shape[1]
     has_norm = q_weight is not None
-    _rope_split_kernel[(nkv, n_splits)](
-        qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos.contiguous(), sin.contiguous(),
-        k, v, pos, m, s_sum, o, scale, eps,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        NH=nh, NKV=nkv, GROUPS=nh // nkv, GROUPS_P2=_next_pow2(nh // nkv), HD=hd, N_SPLITS=n_splits,
-        CHUNK=length // n_splits, BLOCK=min(BLOCK_L, length // n_splits), HAS_NORM=has_norm)
-    _combine_kernel[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
+    # without norms the kernel never reads the weights; any tensor fills their place
+    lead = (qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos.contiguous(), sin.contiguous(),
+            k, v, pos)
+    _launch(_rope_split_kernel, lead, (scale, eps), k, v, nh, hd, out, NH=nh, NKV=nkv, HAS_NORM=has_norm)
     return out
 
 

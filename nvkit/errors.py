@@ -15,3 +15,15 @@ def require(condition: bool, message: str) -> None:
     """Raise NvkitError(message) unless condition holds (argument checks read as one line)."""
     if not condition:
         raise NvkitError(message)
+
+
+def error_summary(e: BaseException, limit: int = 300) -> str:
+    """One line for a status or a table cell: the exception's type and first line and, when the
+    message goes on, its last non-empty line. Inductor's errors start with a header
+    ("SubprocException: An exception occurred in a subprocess:") and end with the cause, which is
+    the part that says what went wrong."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = type(e).__name__ + (": " + lines[0] if lines else "")
+    if len(lines) > 1:
+        text += " … " + lines[-1]
+    return text if len(text) <= limit else text[: limit - 1] + "…"

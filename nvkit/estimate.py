@@ -158,6 +158,12 @@ def attention_dims(cfg) -> tuple[int, int, int]:
     return heads, kv_heads, int(getattr(text, "head_dim", None) or text.hidden_size // heads)
 
 
+def kv_bytes_per_token(cfg, itemsize: int) -> int:
+    """Bytes one token adds to the KV cache: K and V in every layer, ``itemsize`` bytes each."""
+    _, kv_heads, head_dim = attention_dims(cfg)
+    return int(_text_config(cfg).num_hidden_layers) * kv_heads * head_dim * 2 * itemsize
+
+
 def _shape(cfg, name: str) -> _Shape:
     key = hashlib.sha256(cfg.to_json_string(use_diff=False).encode()).hexdigest()
     with _shape_lock:
@@ -254,7 +260,7 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
 
     if mode == "inference":
         # KV cache: every layer keeps K and V for every token of the context, in the compute dtype.
-        parts["KV cache"] = L * kvd * 2 * S * B * b
+        parts["KV cache"] = kv_bytes_per_token(cfg, b) * S * B
         formulas["KV cache"] = f"{L} layers × {s.kv_heads} KV heads × {s.head_dim} × 2 (K,V) × {S} tok × {B} × {b} B"
         # Prefill is the activation peak: under inference_mode nothing is saved, so it is one
         # layer's working set for all prompt tokens at once (measured: residual + norm in fp32 +

@@ -49,7 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import events
-from .errors import NvkitError
+from .errors import NvkitError, error_summary
 
 #: steps per graph replay; 8 keeps streaming smooth (a chunk every few ms) and the host idle.
 DEFAULT_K = int(os.environ.get("NVKIT_FAST_K", "8"))
@@ -412,17 +412,6 @@ class _Bucket:
     logits: Any = None  # (K, vocab) float32 when a graph keeps its logits (tests)
 
 
-def _error_summary(e: BaseException, limit: int = 300) -> str:
-    """One line for a status: the exception's first line and, when the message goes on, its last
-    non-empty line. Inductor's errors start with a header ("SubprocException: An exception occurred
-    in a subprocess:") and end with the cause, which is the part that says what went wrong."""
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    text = type(e).__name__ + (": " + lines[0] if lines else "")
-    if len(lines) > 1:
-        text += " … " + lines[-1]
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
 def _has_inductor_option(config, dotted: str) -> bool:
     obj = config
     for part in dotted.split("."):
@@ -635,7 +624,7 @@ class FastDecoder:
         except Exception as e:  # noqa: BLE001 - compile problems fall back to the eager forward
             if not self.compile or self.compile_error:
                 raise
-            self.compile_error = _error_summary(e)
+            self.compile_error = error_summary(e)
             self.compile_detail = str(e)
             events.record("compile", f"fast decode: torch.compile failed ({self.compile_error}); capturing the eager forward")
             torch.cuda.synchronize(self.device)
@@ -787,8 +776,7 @@ def decoder(session, k_steps: int | None = None, compile: bool | None = None, he
     if d is not None:
         d.release()  # its graphs and caches go before the new one captures
     d = FastDecoder(model, **{**settings, **asked})
-    # A plain attribute on the nn.Module (not a submodule): unload drops the model and this with it.
-    object.__setattr__(model, _ATTR, d)
+    swap(session, d)
     return d
 
 
@@ -804,6 +792,7 @@ def swap(session, d: FastDecoder | None) -> FastDecoder | None:
     else:
         if d.model is not model:
             raise NvkitError("This decoder was built for another model; nvkit.fast.decoder(session) builds one for it.")
+        # A plain attribute on the nn.Module (not a submodule): unload drops the model and this with it.
         object.__setattr__(model, _ATTR, d)
     return old
 

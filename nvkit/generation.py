@@ -83,10 +83,8 @@ def cache_blocks(prompt_lengths: list[int], max_new_tokens: int, page_size: int 
 
 def _block_bytes(model, page_size: int = 256) -> int:
     """Bytes of one paged-cache block: keys and values of ``page_size`` tokens in every layer."""
-    from .estimate import attention_dims
-    _, nkv, hd = attention_dims(model.config)
-    layers = int(model.config.get_text_config().num_hidden_layers)
-    return layers * page_size * 2 * nkv * hd * model.dtype.itemsize
+    from .estimate import kv_bytes_per_token
+    return kv_bytes_per_token(model.config, model.dtype.itemsize) * page_size
 
 
 def batch(session, job, texts, gen, stats, t0, on_progress=None, use_cuda_graph=True):

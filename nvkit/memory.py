@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import functools
 import gc
 import os
 import sys
@@ -842,16 +843,21 @@ def live_tensors(device_type: str = "cuda", limit: int = 10, namespace: dict | N
     return out
 
 
-def _is_tracing_tensor(t) -> bool:
-    """A meta tensor or one of torch.compile's FakeTensors: shapes only, no memory of their own
-    (and data_ptr() on a FakeTensor warns)."""
-    if t.is_meta:
-        return True
+@functools.cache
+def _fake_tensor_type() -> tuple:
+    """torch.compile's FakeTensor class, as an isinstance() target (looked up once: the live-tensor
+    scan asks for every tensor the garbage collector holds)."""
     try:
         from torch._subclasses.fake_tensor import FakeTensor
     except Exception:  # noqa: BLE001 - a torch without them has none
-        return False
-    return isinstance(t, FakeTensor)
+        return ()
+    return (FakeTensor,)
+
+
+def _is_tracing_tensor(t) -> bool:
+    """A meta tensor or one of torch.compile's FakeTensors: shapes only, no memory of their own
+    (and data_ptr() on a FakeTensor warns)."""
+    return t.is_meta or isinstance(t, _fake_tensor_type())
 
 
 def _storage(t) -> tuple[int, int]:

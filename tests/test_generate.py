@@ -13,7 +13,7 @@ from tests.gen_fixtures import model_dir
 
 import nvkit
 from nvkit import bench_decode, fast, generation
-from nvkit.errors import NvkitError
+from nvkit.errors import NvkitError, error_summary
 from nvkit.session import GenerationStats
 
 NEVER = 10 ** 7  # an eos id no model produces: generation runs to max_new_tokens or Stop
@@ -430,12 +430,12 @@ def test_compile_error_summary_keeps_the_cause():
     start with a header and end with what went wrong)."""
     e = RuntimeError("SubprocException: An exception occurred in a subprocess:\n\nTraceback (most recent call last):\n"
                      "  File \"x.py\", line 3, in f\n\nCompilationError: at 12:4: unsupported loop bound\n")
-    got = fast._error_summary(e)
+    got = error_summary(e)
     assert got.startswith("RuntimeError: SubprocException: An exception occurred in a subprocess:")
     assert got.endswith("CompilationError: at 12:4: unsupported loop bound")
-    assert fast._error_summary(ValueError("one line")) == "ValueError: one line"
-    assert fast._error_summary(KeyError()) == "KeyError"
-    long = fast._error_summary(RuntimeError("a\n" + "b" * 1000))
+    assert error_summary(ValueError("one line")) == "ValueError: one line"
+    assert error_summary(KeyError()) == "KeyError"
+    long = error_summary(RuntimeError("a\n" + "b" * 1000))
     assert len(long) == 300 and long.endswith("…")
 
 
