@@ -199,6 +199,18 @@ def _shape(cfg, name: str) -> _Shape:
 
 # --- the estimate ---------------------------------------------------------------------------------
 
+def for_session(session, **kw) -> "Estimate":
+    """``estimate`` of a loaded session's model as it is loaded (config, dtype, quantization,
+    device); ``kw`` describes the workload (``mode``, ``batch_size``, ``seq_len``, ...). The
+    Fine-tune panel and the automatic expectations of ``nvkit.memory`` both ask through here."""
+    q = session.quantization
+    require(q is None or (isinstance(q, str) and q.lower() in _QUANT),
+            f"nvkit.estimate models bitsandbytes nf4/fp4/int8 quantization; {session.model_id} is quantized "
+            f"with {q}, so no estimate is given for it.")
+    return estimate(session.model.config, dtype=str(session.dtype).replace("torch.", ""), quantization=q,
+                    device="cuda" if session.device.type == "cuda" else "cpu", **kw)
+
+
 def _check_int(name: str, value, lo: int = 1) -> int:
     require(isinstance(value, int) and not isinstance(value, bool) and value >= lo,
             f"{name} must be a whole number ≥ {lo}, not {value!r}.")

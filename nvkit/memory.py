@@ -553,10 +553,8 @@ def _expect_for(session, **kw) -> None:
     device, plus ``kw``) the automatic expectation. Best effort: a prediction is a bonus and
     never breaks the load, generation or run it describes."""
     try:
-        from .estimate import estimate
-        q = session.quantization if session.quantization in ("nf4", "fp4", "int8") else None
-        est = estimate(session.model.config, dtype=str(session.dtype).replace("torch.", ""), quantization=q,
-                       device="cuda" if session.device.type == "cuda" else "cpu", **kw)
+        from .estimate import for_session
+        est = for_session(session, **kw)
     except Exception:
         est = None
     with _track_lock:

@@ -198,3 +198,22 @@ def test_lora_activations_match_a_measured_step(vocab, inter):
     e = estimate(cfg, mode="lora", batch_size=1, seq_len=1, device="cpu")
     predicted_per_token = e.parts["activations"] + e.parts["logits"]
     assert predicted_per_token == pytest.approx(measured_per_token, rel=0.05)
+
+
+def test_for_session_describes_the_loaded_model_and_refuses_unmodelled_quantization():
+    from nvkit import memory
+    from nvkit.estimate import for_session
+    s = nvkit.load("demo", device_map="cpu")
+    try:
+        got = for_session(s, mode="lora", batch_size=2, seq_len=64, path="nvkit")
+        want = estimate(s.model.config, dtype=str(s.dtype).replace("torch.", ""), device="cpu", mode="lora",
+                        batch_size=2, seq_len=64, path="nvkit")
+        assert got.total == want.total and "CUDA context" not in got.parts
+        s.quantization = "TorchAoConfig"  # loaded through a config nvkit.estimate does not model
+        with pytest.raises(NvkitError, match="nf4/fp4/int8"):
+            for_session(s, seq_len=16)
+        memory._expect_for(s, seq_len=16)
+        assert memory._expect["auto"] is None  # no prediction drawn, rather than one for unquantized weights
+    finally:
+        s.quantization = None
+        s.unload()

@@ -197,17 +197,10 @@ class FinetunePanel(w.VBox):
         if s is None or not getattr(s, "loaded", False):
             self.estimate.value = "<i>Load a model first (Model tab or nvkit.load) to see the memory estimate.</i>"
             return
-        try:
-            from ..estimate import estimate
-        except ImportError:
-            self.estimate.value = "<i>Memory estimate not available in this version of nvkit.</i>"
-            return
-        try:
-            est = estimate(s.path, dtype=str(s.dtype).replace("torch.", ""),
-                           quantization=s.quantization if isinstance(s.quantization, str) else None,
-                           mode="lora", batch_size=self.batch.value, seq_len=self.seq_len.value,
-                           lora_r=self.r.value, gradient_checkpointing=self.checkpointing.value,
-                           device="cuda" if s.device.type == "cuda" else "cpu", path="nvkit")
+        from ..estimate import for_session
+        try:  # what nvkit.finetune will predict for these settings (memory.expect_finetune)
+            est = for_session(s, mode="lora", batch_size=self.batch.value, seq_len=self.seq_len.value,
+                              lora_r=self.r.value, gradient_checkpointing=self.checkpointing.value, path="nvkit")
             total = getattr(est, "total", None)
             self.estimate.value = (f"Estimated peak for this run: <b>{html.escape(fmt_bytes(total))}</b> "
                                    "(measured peak appears in the summary)")
