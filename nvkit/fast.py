@@ -214,7 +214,8 @@ ATTENTION_KINDS = ("matmul", "reduce", "triton", "triton-fused")
 # 256 tokens, batch 1): "matmul" 820-886 tok/s and "triton" 864 in two processes; "triton-fused"
 # 1007.7 (median of 3 rounds) in a third. Runs in different processes are not a comparison, so the
 # default stays "matmul" until `bash scripts/gpu_session.sh decide` times them in one process; if
-# triton-fused wins there, this becomes "auto" (triton-fused where it fits, matmul elsewhere).
+# triton-fused wins there, this becomes "auto" (triton-fused where it fits, matmul elsewhere, and
+# matmul also where the Triton step fails to capture: FastDecoder._captured).
 DEFAULT_ATTENTION = "matmul"
 
 
@@ -566,9 +567,11 @@ class FastDecoder:
                         use_cache=True, logits_to_keep=1)
             return out.logits[:, -1, :].float()
 
-        b.step = (_fused_step(model, self._fused, b, eager_head=self.head == "cublas", attention=self.attention)
-                  if self._fused is not None else step)
+        b.step = self._fused_step_for(b) if self._fused is not None else step
         return b
+
+    def _fused_step_for(self, b: _Bucket) -> Callable:
+        return _fused_step(self.model, self._fused, b, eager_head=self.head == "cublas", attention=self.attention)
 
     def _bucket(self, needed: int) -> _Bucket:
         length = _bucket_len(needed)
@@ -620,15 +623,7 @@ class FastDecoder:
         # Warm-up and capture draw random numbers; keep the user's seeded stream as it was.
         rng = torch.cuda.get_rng_state(self.device)
         try:
-            graph = self._capture_with(b, key, keep_logits, self._step_fn(b))
-        except Exception as e:  # noqa: BLE001 - compile problems fall back to the eager forward
-            if not self.compile or self.compile_error:
-                raise
-            self.compile_error = error_summary(e)
-            self.compile_detail = str(e)
-            events.record("compile", f"fast decode: torch.compile failed ({self.compile_error}); capturing the eager forward")
-            torch.cuda.synchronize(self.device)
-            graph = self._capture_with(b, key, keep_logits, b.step)
+            graph = self._captured(b, key, keep_logits)
         finally:
             torch.cuda.set_rng_state(rng, self.device)
             b.cache.reset()
@@ -639,6 +634,40 @@ class FastDecoder:
                                  f"({'compiled' if self.compiled else 'eager'} step, {self.k} steps per replay)")
         b.graphs[gkey] = graph.replay
         return b.graphs[gkey]
+
+    def _captured(self, b: _Bucket, key: tuple, keep_logits: bool):
+        """The bucket's graph: the compiled step, else the eager one. Under ``attention="auto"`` a
+        Triton attention step that fails first gives way to "matmul", compiled: nvkit's kernels were
+        measured on an H200 only, and the eager Triton step would be slower than compiled matmul."""
+        import torch
+        try:
+            return self._capture_with(b, key, keep_logits, self._step_fn(b))
+        except Exception as e:  # noqa: BLE001 - compile problems fall back, as said above
+            retry_matmul = self._attention_asked == "auto" and self.attention != "matmul"
+            if not retry_matmul and (not self.compile or self.compile_error):
+                raise
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # what the failed warm-up queued ends before the retry
+            if retry_matmul:
+                self._attention_failed(b, e)
+                return self._captured(b, key, keep_logits)
+            self.compile_error = error_summary(e)
+            self.compile_detail = str(e)
+            events.record("compile", f"fast decode: torch.compile failed ({self.compile_error}); capturing the eager forward")
+            return self._capture_with(b, key, keep_logits, b.step)
+
+    def _attention_failed(self, b: _Bucket, e: Exception) -> None:
+        """attention="auto" settles on "matmul" for this decoder: ``b`` gets the matmul step, and the
+        other buckets (captured with the Triton step) are dropped so that every length runs one path."""
+        self.attention_why = (f"attention={self.attention!r} failed on this GPU ({error_summary(e)}); "
+                              "nvkit uses 'matmul' here")
+        events.record("compile", f"fast decode: {self.attention_why}")
+        self.attention = "matmul"
+        for length in [n for n, other in self._buckets.items() if other is not b]:
+            del self._buckets[length]
+        b.graphs.clear()
+        b.cache.reset()
+        b.step = self._fused_step_for(b)
 
     def _inductor_options(self, compiling: bool):
         """Coordinate-descent tuning also makes inductor turn the batch-1 matmuls (matrix x vector)

@@ -315,6 +315,49 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
         fast.FastDecoder(s.model, graphs=False, attention="triton")
 
 
+def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s):
+    """attention="auto" (triton-fused where it fits) must not leave a user on a GPU where nvkit's
+    Triton kernels fail with a broken or slow decoder: the capture retries with "matmul" and says why.
+    The failure is injected at the capture (what ptxas or inductor raise there on such a GPU)."""
+    from nvkit import events
+    ids = s.tokenizer("NVIDIA GPUs are", return_tensors="pt")["input_ids"]
+    sampling, _ = fast._resolve(s.model, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
+    tried = []
+
+    def capture_with(d):
+        def fake(b, key, keep_logits, fn):
+            tried.append(d.attention)
+            if d.attention != "matmul":
+                raise RuntimeError("InductorError: ptxas fatal   : Value 'sm_61' is not defined\nthe cause")
+            return "graph"
+        return fake
+
+    with torch.inference_mode():
+        ref = s.model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=NEVER,
+                               pad_token_id=s.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+        d = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="auto")
+        assert d.attention == "triton-fused"
+        other, b = d._bucket(600), d._bucket(40)
+        old_step = b.step
+        d._capture_with = capture_with(d)
+        assert d._captured(b, ("greedy",), False) == "graph"
+        assert tried == ["triton-fused", "matmul"]
+        assert d.attention == "matmul" and d.settings["attention"] == "auto"
+        assert "attention='triton-fused' failed on this GPU" in d.attention_why and "the cause" in d.attention_why
+        assert d.compile_error is None  # the matmul step compiles: nothing fell back to eager
+        assert b.step is not old_step and list(d._buckets.values()) == [b] and other not in d._buckets.values()
+        assert "failed on this GPU" in events.events()[-1].text
+        del d._capture_with
+        assert d.generate(ids, sampling) == ref  # the rebuilt bucket decodes with matmul attention
+        # asked for by name, a failing Triton step is not swapped for another attention
+        named = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="triton-fused", compile=False)
+        nb = named._bucket(40)
+        named._capture_with = capture_with(named)
+        with pytest.raises(RuntimeError, match="ptxas"):
+            named._captured(nb, ("greedy",), False)
+        assert named.attention == "triton-fused" and named.attention_why is None
+
+
 def test_fast_sampling_is_seeded(s):
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
     ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]

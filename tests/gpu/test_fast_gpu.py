@@ -110,6 +110,25 @@ def test_triton_attention_is_token_identical(demo_cuda, kind):
     d.release()
 
 
+def test_auto_attention_survives_a_failing_triton_kernel(demo_cuda, monkeypatch):
+    """attention="auto" picks triton-fused; where nvkit's kernel fails on a GPU (injected here: the op
+    raises while inductor traces it), the decoder captures the compiled matmul step instead of the
+    slower eager Triton one, says why, and decodes plain greedy's tokens."""
+    from nvkit import decode_attention
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected: this GPU cannot run the kernel")
+
+    s = demo_cuda
+    monkeypatch.setattr(decode_attention, "decode_attention_rope", broken)
+    d = fast.FastDecoder(s.model, attention="auto")
+    assert d.attention == "triton-fused"
+    _same_as_plain_greedy(s, d, PROMPTS[0], 48)
+    assert d.attention == "matmul" and "injected" in (d.attention_why or ""), d.attention_why
+    assert d.compiled, d.compile_detail
+    d.release()
+
+
 def test_batch_path_keeps_input_order(demo_cuda):
     s = demo_cuda
     singles = [s.generate(p, max_new_tokens=12, fast=False) for p in PROMPTS]
