@@ -164,17 +164,31 @@ def kv_bytes_per_token(cfg, itemsize: int) -> int:
     return int(_text_config(cfg).num_hidden_layers) * kv_heads * head_dim * 2 * itemsize
 
 
+def meta_model(config, **from_config_kwargs):
+    """The model of ``config`` built on the meta device (no memory, no weights), to count and inspect
+    its modules. Built from a copy whose dtype is unset: with a dtype, transformers sets torch's
+    process-wide default dtype around the build, and a notebook's main thread would see bfloat16
+    tensors appear while nvkit builds this in a worker (the Load panel's estimate does)."""
+    import copy
+    import torch
+    from transformers import AutoModelForCausalLM
+    cfg = copy.deepcopy(config)
+    for c in [cfg] + [getattr(cfg, k, None) for k in getattr(cfg, "sub_configs", None) or {}]:
+        if c is not None:
+            c.dtype = None
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(cfg, **from_config_kwargs)
+
+
 def _shape(cfg, name: str) -> _Shape:
     key = hashlib.sha256(cfg.to_json_string(use_diff=False).encode()).hexdigest()
     with _shape_lock:
         if key in _shape_cache:
             return _shape_cache[key]
     import torch
-    from transformers import AutoModelForCausalLM
     text = _text_config(cfg)
     try:
-        with torch.device("meta"):
-            m = AutoModelForCausalLM.from_config(cfg)
+        m = meta_model(cfg)
     except Exception as e:  # noqa: BLE001 - any failure here means the config is unusable
         raise NvkitError(f"Could not build {name!r} on the meta device to count its parameters: {e}") from e
     params = sum(p.numel() for p in m.parameters())  # parameters() yields a tied weight once

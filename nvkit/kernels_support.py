@@ -74,10 +74,10 @@ def model_kernel_layers(model_or_path, trust_remote_code: bool = False) -> tuple
     import torch
     model = model_or_path
     if not isinstance(model_or_path, torch.nn.Module):
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
+        from .estimate import meta_model
         config = AutoConfig.from_pretrained(model_or_path, trust_remote_code=trust_remote_code)
-        with torch.device("meta"):
-            model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+        model = meta_model(config, trust_remote_code=trust_remote_code)
     names = []
     for m in model.modules():
         n = getattr(type(m), "kernel_layer_name", None)

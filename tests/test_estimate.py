@@ -217,3 +217,23 @@ def test_for_session_describes_the_loaded_model_and_refuses_unmodelled_quantizat
     finally:
         s.quantization = None
         s.unload()
+
+
+def test_meta_builds_leave_torchs_default_dtype_alone(monkeypatch):
+    """Counting parameters builds the model on the meta device, often in a worker (the Load panel's
+    estimate): transformers sets the process-wide default dtype around such a build when the config
+    has a dtype, and the notebook's main thread would create bfloat16 tensors meanwhile. CI once
+    caught it that way (a later test's model came out in bfloat16)."""
+    import torch
+    from transformers import AutoConfig
+    from nvkit.kernels_support import model_kernel_layers
+    cfg = AutoConfig.from_pretrained(nvkit.demo.path())
+    cfg.num_hidden_layers = 3  # a shape no other test asked for: not answered from the cache
+    assert cfg.dtype == torch.bfloat16
+    calls = []
+    real = torch.set_default_dtype
+    monkeypatch.setattr(torch, "set_default_dtype", lambda d: (calls.append(d), real(d))[1])
+    est = estimate(cfg)
+    assert est.parameters > 0 and calls == [] and cfg.dtype == torch.bfloat16  # the caller's config untouched
+    assert "RMSNorm" in model_kernel_layers(nvkit.demo.path()) and calls == []
+    assert torch.get_default_dtype() == torch.float32
