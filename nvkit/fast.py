@@ -523,6 +523,24 @@ class FastDecoder:
     def fused(self) -> bool:
         return self._fused is not None
 
+    def describe(self) -> str:
+        """How this decoder runs, in a few words for the stats line: the step, compiled or why not,
+        its attention, the steps per graph replay."""
+        step = "fused step" if self._fused is not None else "model forward"
+        if not self.graphs:
+            how = "eager, no CUDA graphs"
+        elif self.compiled:
+            how = "compiled"
+        elif self.compile_error:
+            how = f"eager: torch.compile failed ({self.compile_error})"
+        else:
+            how = "eager"
+        parts = [f"{step}, {how}"]
+        if self._fused is not None:
+            parts.append(f"{self.attention} attention" + (" (auto)" if self._attention_asked == "auto" else ""))
+        parts.append(f"{self.k} steps per replay")
+        return ", ".join(parts)
+
     @property
     def settings(self) -> dict:
         """The constructor arguments this decoder was built with (``decoder()`` compares them)."""
@@ -889,5 +907,6 @@ def run(session, job, text: str, gen: dict, stream, stats, t0: float, on_progres
 
     d = decoder(session)
     d.generate(ids, sampling, on_tokens=on_tokens, stop_event=job.stop_event)
+    stats.detail = d.describe()
     streamer.end()
     return [tok.decode(produced, skip_special_tokens=True)]

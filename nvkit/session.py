@@ -163,6 +163,7 @@ class GenerationStats:
     stopped: bool = False
     path: str = "generate"
     prompts_done: int = 0  # batch paths: prompts finished so far (for progress displays)
+    detail: str = ""       # how the path ran, where it can run several ways (the fast path: FastDecoder.describe)
 
     @property
     def tokens_per_second(self) -> float:
@@ -173,7 +174,8 @@ class GenerationStats:
     def __str__(self) -> str:
         ttft = f"{self.time_to_first_token * 1000:.0f} ms" if self.time_to_first_token is not None else "n/a"
         return (f"{self.new_tokens} tokens in {self.seconds:.2f} s · {self.tokens_per_second:.1f} tok/s · "
-                f"first token {ttft} · {self.path}{' · stopped' if self.stopped else ''}")
+                f"first token {ttft} · {self.path}{f' ({self.detail})' if self.detail else ''}"
+                f"{' · stopped' if self.stopped else ''}")
 
 
 # --- the session -------------------------------------------------------------------------------

@@ -337,6 +337,7 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s):
                                pad_token_id=s.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
         d = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="auto")
         assert d.attention == "triton-fused"
+        assert d.describe() == "fused step, eager, no CUDA graphs, triton-fused attention (auto), 4 steps per replay"
         other, b = d._bucket(600), d._bucket(40)
         old_step = b.step
         d._capture_with = capture_with(d)
@@ -347,6 +348,7 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s):
         assert d.compile_error is None  # the matmul step compiles: nothing fell back to eager
         assert b.step is not old_step and list(d._buckets.values()) == [b] and other not in d._buckets.values()
         assert "failed on this GPU" in events.events()[-1].text
+        assert "matmul attention (auto)" in d.describe()
         del d._capture_with
         assert d.generate(ids, sampling) == ref  # the rebuilt bucket decodes with matmul attention
         # asked for by name, a failing Triton step is not swapped for another attention
@@ -356,6 +358,12 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s):
         with pytest.raises(RuntimeError, match="ptxas"):
             named._captured(nb, ("greedy",), False)
         assert named.attention == "triton-fused" and named.attention_why is None
+    # the stats line says how the fast path ran (the panel shows the same words)
+    st = GenerationStats(new_tokens=9, seconds=0.5, time_to_first_token=0.1, path="fast", detail=d.describe())
+    assert str(st).endswith("· fast (fused step, eager, no CUDA graphs, matmul attention (auto), 4 steps per replay)")
+    assert str(GenerationStats(new_tokens=2, seconds=1.0)).endswith("· generate")
+    plain = fast.FastDecoder(s.model, k_steps=8, graphs=False, fused=False)
+    assert plain.describe() == "model forward, eager, no CUDA graphs, 8 steps per replay"
 
 
 def test_fast_sampling_is_seeded(s):

@@ -56,7 +56,7 @@ def test_fast_is_token_identical_to_plain_greedy(demo_cuda):
         plain = s.generate(p, max_new_tokens=64, fast=False)
         assert s.last_stats.path == "generate"
         quick = s.generate(p, max_new_tokens=64)  # default: fast on CUDA
-        assert s.last_stats.path == "fast"
+        assert s.last_stats.path == "fast" and s.last_stats.detail.startswith("fused step, compiled, ")
         assert quick == plain
         print(f"{p!r}: {s.last_stats}")
 
