@@ -24,6 +24,13 @@ def error_summary(e: BaseException, limit: int = 300) -> str:
     the part that says what went wrong."""
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     text = type(e).__name__ + (": " + lines[0] if lines else "")
-    if len(lines) > 1:
-        text += " … " + lines[-1]
+    # Dynamo's messages end in advice and a stack ("from user code:", File lines, "Set
+    # TORCHDYNAMO_VERBOSE=1 ..."); the cause is the last line before those
+    tail = [ln for ln in lines[1:] if not ln.startswith(_BOILERPLATE)]
+    if tail:
+        text += " … " + tail[-1]
     return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_BOILERPLATE = ("Set TORCHDYNAMO_VERBOSE", "For more details about this graph break", "from user code:", 'File "',
+                "Hint:", "Explanation:")

@@ -745,7 +745,6 @@ class FastDecoder:
         ``on_tokens`` gets each chunk of new ids as soon as it is known (the first one right after
         the prefill). Returns the new ids, EOS included when reached. With ``keep_logits`` the
         float logits of each step are kept in ``self.last_logits`` (list of (vocab,) tensors)."""
-        import torch
         with self._lock:
             n = int(input_ids.shape[-1])
             self._check_fused()

@@ -488,6 +488,17 @@ def test_compile_error_summary_keeps_the_cause():
     assert error_summary(KeyError()) == "KeyError"
     long = error_summary(RuntimeError("a\n" + "b" * 1000))
     assert len(long) == 300 and long.endswith("…")
+    # dynamo's shape (torch 2.13, an exception raised inside a fullgraph compile): the cause sits
+    # before the advice and the user-code stack at the end
+    import torch
+
+    def broken(x):
+        raise RuntimeError("the kernel cannot run here")
+
+    with pytest.raises(Exception) as info:
+        torch.compile(lambda x: broken(x * 2) + 1, fullgraph=True, dynamic=False)(torch.ones(3))
+    got = error_summary(info.value)
+    assert "the kernel cannot run here" in got and "TORCHDYNAMO_VERBOSE" not in got, got
 
 
 def test_bench_decode_rounds_alternate_and_report_the_median(s):

@@ -124,7 +124,9 @@ def test_auto_attention_survives_a_failing_triton_kernel(demo_cuda, monkeypatch)
     d = fast.FastDecoder(s.model, attention="auto")
     assert d.attention == "triton-fused"
     _same_as_plain_greedy(s, d, PROMPTS[0], 48)
-    assert d.attention == "matmul" and "injected" in (d.attention_why or ""), d.attention_why
+    assert d.attention == "matmul" and (d.attention_why or "").startswith("attention='triton-fused' failed"), \
+        d.attention_why
+    print(f"\nfell back: {d.attention_why}")
     assert d.compiled, d.compile_detail
     d.release()
 
