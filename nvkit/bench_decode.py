@@ -24,7 +24,7 @@ import random
 import sys
 import time
 
-from .errors import NvkitError, require
+from .errors import NvkitError, error_summary, require
 
 SINGLE_PATHS = ("generate", "static+compile", "fast")
 BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
@@ -244,7 +244,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                     kept[path] = fast_mod.swap(s, None)  # the next variant builds its own beside it
                     timed_runs[-1]["timed"] = _on_decoder(s, kept[path], timed_runs[-1]["timed"])
         except Exception as e:  # noqa: BLE001 - one broken path must not hide the others' figures
-            skip(group1, path, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+            skip(group1, path, error_summary(e))
     try:
         for r in range(1, repeats):
             for entry in (timed_runs if r % 2 == 0 else reversed(timed_runs)):
@@ -252,7 +252,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                     try:
                         entry["runs"].append(entry["timed"]())
                     except Exception as e:  # noqa: BLE001 - keep the rounds it has
-                        entry["row"]["note"] += f"; round {r + 1} failed: {type(e).__name__}: {e}"
+                        entry["row"]["note"] += f"; round {r + 1} failed: {error_summary(e)}"
                         entry["failed"] = True
         for entry in timed_runs:
             _summarise_rounds(entry["row"], [st for st, _ in entry["runs"]], [p for _, p in entry["runs"]])

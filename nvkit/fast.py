@@ -722,9 +722,14 @@ class FastDecoder:
         torch.cuda.synchronize(self.device)
         return graph
 
+    def _positions(self, prompt_len: int, sampling: Sampling) -> int:
+        """Cache positions a request needs: the prompt, the new tokens, and the up to K-1 steps a
+        replay computes past the last one (+1 of slack)."""
+        return prompt_len + sampling.max_new_tokens + self.k
+
     def ready(self, prompt_len: int, sampling: Sampling) -> bool:
         """True when a request of this size and sampling mode runs without capturing anything first."""
-        b = self._buckets.get(_bucket_len(prompt_len + sampling.max_new_tokens + self.k))
+        b = self._buckets.get(_bucket_len(self._positions(prompt_len, sampling)))
         return (b is not None and (sampling.key, False) in b.graphs
                 and (self._fused is None or self._fused.valid()))
 
@@ -733,7 +738,7 @@ class FastDecoder:
         with self._lock:
             t = time.perf_counter()
             self._check_fused()
-            b = self._bucket(prompt_len + sampling.max_new_tokens + self.k)
+            b = self._bucket(self._positions(prompt_len, sampling))
             self._capture(b, sampling.key, keep_logits)
             return time.perf_counter() - t
 
@@ -748,7 +753,7 @@ class FastDecoder:
         with self._lock:
             n = int(input_ids.shape[-1])
             self._check_fused()
-            b = self._bucket(n + sampling.max_new_tokens + self.k)
+            b = self._bucket(self._positions(n, sampling))
             replay = self._capture(b, sampling.key, keep_logits)
             b.cache.reset()
             b.temperature.fill_(max(sampling.temperature, 1e-5))

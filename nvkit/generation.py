@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from .errors import NvkitError
+from .errors import NvkitError, error_summary
 
 
 def _stopping(job):
@@ -206,7 +206,7 @@ def run(session, job, texts, gen, stream, fast, stats, t0, on_progress=None):
                 if fast or stats.new_tokens:
                     raise NvkitError(f"The fast decode path failed: {type(e).__name__}: {e}. "
                                      "Generate with fast=False to use plain transformers generate.") from e
-                why = f"it failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+                why = f"it failed ({error_summary(e)})"
         if fast:
             raise NvkitError(f"fast=True, but the fast path cannot run this request: {why}. "
                              "Drop fast=True (plain generate is used then) or change the request.")
