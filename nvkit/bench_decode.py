@@ -31,7 +31,8 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # Variants of the fast path, to compare in one process before changing its defaults. Besides the
 # names below, any "fast+OPT+OPT..." works, OPT one of: eager (no torch.compile: own capture of the
 # eager forward), cublas (LM head left to cuBLAS: FastDecoder(head="cublas")), reduce (attention as
-# products and sums: attention="reduce"), triton (nvkit's split-cache decode attention kernel:
+# products and sums: attention="reduce"), matmul (attention as two batched products, the default
+# before "auto": attention="matmul"), triton (nvkit's split-cache decode attention kernel:
 # attention="triton"), tfused (the same kernel also doing q/k norms, RoPE and the cache writes:
 # attention="triton-fused"), pdl (Programmatic Dependent Launch between inductor's
 # kernels: pdl=True, the default where torch can; nopdl turns it off), combo (inductor's
@@ -42,7 +43,8 @@ _ALIASES = {"fast eager": "fast+eager", "fast cublas head": "fast+cublas", "fast
 
 
 # option -> (FastDecoder setting, value)
-_FAST_OPTIONS = {"eager": ("compile", False), "cublas": ("head", "cublas"), "reduce": ("attention", "reduce"),
+_FAST_OPTIONS = {"eager": ("compile", False), "cublas": ("head", "cublas"), "matmul": ("attention", "matmul"),
+                 "reduce": ("attention", "reduce"),
                  "triton": ("attention", "triton"), "tfused": ("attention", "triton-fused"), "pdl": ("pdl", True), "nopdl": ("pdl", False),
                  "combo": ("inductor", {"combo_kernels": True})}
 
@@ -54,7 +56,8 @@ def fast_options(path: str) -> dict | None:
     path = _ALIASES.get(path, path)
     if path != "fast" and not path.startswith("fast+"):
         return None
-    opts = dict(compile=True, head="compiled", attention="matmul", pdl=None, inductor={}, k_steps=None)
+    # attention=None: the decoder's default (nvkit.fast.DEFAULT_ATTENTION), i.e. what users get
+    opts = dict(compile=True, head="compiled", attention=None, pdl=None, inductor={}, k_steps=None)
     for part in path.split("+")[1:]:
         part = part.strip()
         if part in _FAST_OPTIONS:

@@ -17,10 +17,11 @@ computes exactly as before), and attention over the cache is a grouped-query pro
 costs. Measured on the H200 (Qwen3-0.6B shape, bf16, K=8, same process): the model's own forward
 594 tok/s, the fused step 725 (339 kernels and 1.06 ms of kernel time per token, against 379 and
 1.34 ms). With Programmatic Dependent Launch between the kernels (``pdl``, on by default) later
-runs measured 820–1011 tok/s (886 on a quiet single-GPU machine). ``attention="triton-fused"``
-(``nvkit.decode_attention``: norms, RoPE, cache writes and attention in two kernels per layer)
-measured 1007.7 in a process of its own; see ``DEFAULT_ATTENTION``. Other architectures use the
-model's own forward over a ``StaticCache``.
+runs measured 820–1011 tok/s. nvkit's own attention (``nvkit.decode_attention``: norms, RoPE, cache
+writes and attention in two kernels per layer; ``DEFAULT_ATTENTION``) and the pipelined host loop
+(``generate``: the next replay is queued before the host reads the last one's ids) brought it to
+1084.6 tok/s, against 853.4 for the matmul attention, in one ``nvkit bench --decode`` process.
+Other architectures use the model's own forward over a ``StaticCache``.
 
 The decode step is compiled with inductor
 (``torch.compile(fullgraph=True)``, no cudagraphs of its own) so the many small elementwise kernels
@@ -210,13 +211,23 @@ def _fusable(model) -> str | None:
 
 
 ATTENTION_KINDS = ("matmul", "reduce", "triton", "triton-fused")
-# The fused step's attention when none is asked for. Measured on the H200 (Qwen3-0.6B shape, bf16,
-# 256 tokens, batch 1): "matmul" 820-886 tok/s and "triton" 864 in two processes; "triton-fused"
-# 1007.7 (median of 3 rounds) in a third. Runs in different processes are not a comparison, so the
-# default stays "matmul" until `bash scripts/gpu_session.sh decide` times them in one process; if
-# triton-fused wins there, this becomes "auto" (triton-fused where it fits, matmul elsewhere, and
-# matmul also where the Triton step fails to capture: FastDecoder._captured).
-DEFAULT_ATTENTION = "matmul"
+# The fused step's attention when none is asked for: "auto" is triton-fused where it fits (CUDA, a
+# power-of-two head size, per-head RMS q/k norms or none), matmul elsewhere, and matmul also where the Triton step
+# fails to capture on this GPU (FastDecoder._captured). Timed against matmul in one process on the
+# H200 (Qwen3-0.6B shape, bf16, 256 tokens, 5 alternating rounds): 845.5 vs 822.5 tok/s
+# (`bash scripts/gpu_session.sh decide`); after the decode loop was pipelined 880.9 vs 843.9 in one
+# process and 1084.6 vs 853.4 in another (`bash scripts/gpu_session.sh table`). Logits and tokens
+# match the model's (tests/gpu/test_fast_gpu.py, also with NVKIT_FAST_ATTENTION=triton-fused).
+DEFAULT_ATTENTION = "auto"
+
+
+def _triton_cannot_run_on(device) -> str | None:
+    """Why nvkit's Triton decode-attention kernels cannot run on ``device`` (None: they can).
+    "auto" asks this first; a kernel asked for by name is built anyway (Triton's interpreter runs
+    it on a CPU in the tests)."""
+    if device.type != "cuda":
+        return f"nvkit's Triton attention kernels run on CUDA GPUs; this model is on {device.type}"
+    return None
 
 
 def _qk_norms(attn):
@@ -411,6 +422,7 @@ class _Bucket:
     head: Callable | None = None  # applied to the step's output outside compilation (see _fused_step)
     graphs: dict = field(default_factory=dict)
     logits: Any = None  # (K, vocab) float32 when a graph keeps its logits (tests)
+    host: Any = None    # two (pinned K-id buffer, CUDA event) pairs the host reads replays through
 
 
 def _has_inductor_option(config, dotted: str) -> bool:
@@ -473,6 +485,9 @@ class FastDecoder:
         self._attention_asked = attention  # what settings() repeats: "auto" re-decides for a rebuilt decoder
         if attention == "auto":
             try:
+                why = _triton_cannot_run_on(self.device)
+                if why:
+                    raise NvkitError(why)
                 self._check_triton_attention(model, "triton-fused")
                 attention = "triton-fused"
             except NvkitError as e:
@@ -767,17 +782,34 @@ class FastDecoder:
             b.pos.fill_(n)
             if keep_logits:
                 kept.append(logits[0].clone())
+            # Pipelined: the next replay is queued before the host reads the ids of the one before,
+            # so the GPU is not idle while the host checks EOS and runs the callbacks (streamed text,
+            # progress). On the H200 that host work took ~1.2 ms per replay through Session.generate,
+            # about a seventh of the decode time at K=8. At most two replays are in flight; the one
+            # queued past an EOS or a Stop is wasted work (the next request resets the cache).
+            pending: collections.deque = collections.deque()
+            planned = 1  # tokens covered by the replays queued so far, if no EOS comes
+
+            def queue_next() -> None:
+                nonlocal planned
+                if planned >= sampling.max_new_tokens or (stop_event is not None and stop_event.is_set()):
+                    return
+                replay()
+                pending.append(self._readout(b, (planned - 1) // self.k, keep_logits))
+                planned += self.k
+
+            queue_next()  # before the first token's sync: the GPU goes on while the host streams it
             tokens = [int(first.item())]
             if on_tokens:
                 on_tokens(tokens[:])
             if tokens[0] in eos:
+                self._drain(pending)
                 self.last_logits = kept
                 return tokens
-            while len(tokens) < sampling.max_new_tokens and not (stop_event is not None and stop_event.is_set()):
-                replay()
-                chunk = b.out.tolist()  # the one host sync per K tokens
-                if keep_logits:
-                    kept.extend(b.logits[i].clone() for i in range(self.k))
+            while pending:
+                queue_next()
+                chunk, logits_k = self._collect(pending.popleft())
+                kept.extend(logits_k)
                 chunk = chunk[:sampling.max_new_tokens - len(tokens)]
                 for i, t in enumerate(chunk):
                     if t in eos:
@@ -788,8 +820,38 @@ class FastDecoder:
                     on_tokens(chunk)
                 if chunk and chunk[-1] in eos:
                     break
+            self._drain(pending)
             self.last_logits = kept[:len(tokens)]
             return tokens
+
+    def _readout(self, b: _Bucket, slot: int, keep_logits: bool) -> tuple:
+        """Queue the copy of one replay's ids (and logits) to where the host reads them, ahead of
+        the next replay overwriting them; ``_collect`` waits for it. On CUDA the ids go to one of
+        two pinned buffers (two replays in flight at most) with an event to wait on."""
+        import torch
+        logits = [b.logits[i].clone() for i in range(self.k)] if keep_logits else []
+        if b.out.device.type != "cuda":
+            return b.out.clone(), None, logits
+        if b.host is None:
+            b.host = [(torch.empty(self.k, dtype=torch.long, pin_memory=True), torch.cuda.Event()) for _ in range(2)]
+        host, done = b.host[slot % 2]
+        host.copy_(b.out, non_blocking=True)  # on b.out's device's current stream, after the replay
+        done.record(torch.cuda.current_stream(b.out.device))  # that stream, not the current device's
+        return host, done, logits
+
+    @classmethod
+    def _drain(cls, pending: collections.deque) -> None:
+        """Wait for the replays queued past an EOS: nothing of this request runs on the GPU after
+        it returns (a bucket dropped next must not free a graph that is still replaying)."""
+        while pending:
+            cls._collect(pending.popleft())
+
+    @staticmethod
+    def _collect(item: tuple) -> tuple[list[int], list]:
+        host, done, logits = item
+        if done is not None:
+            done.synchronize()
+        return host.tolist(), logits
 
     def release(self) -> None:
         """Drop every captured graph and cache, and the compiled step (memory back to the allocator)."""

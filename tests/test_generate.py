@@ -186,6 +186,9 @@ def test_k_step_decoding_matches_plain_greedy_and_honours_stop(s):
         stop = threading.Event()
         stop.set()
         assert len(d.generate(ids, sampling, stop_event=stop)) == 1  # checked before each replay
+        # Stop pressed while the first token streams: the replay queued ahead of it still lands, no more
+        stop_late = threading.Event()
+        assert d.generate(ids, sampling, on_tokens=lambda c: stop_late.set(), stop_event=stop_late) == ref[:5]
     with pytest.raises(NvkitError, match="k_steps"):
         fast.FastDecoder(s.model, k_steps=0, graphs=False)
 
@@ -301,7 +304,10 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
     with pytest.raises(NvkitError, match="not a per-head RMS norm"):
         fast.FastDecoder(other, graphs=False, attention="triton-fused")
     assert fast.FastDecoder(other, graphs=False, attention="triton").attention == "triton"  # norms stay the model's
-    # "auto" takes triton-fused where it fits and says why not where it does not
+    # "auto" takes triton-fused where it fits and says why not where it does not: on a CPU, never
+    on_cpu = fast.FastDecoder(s.model, graphs=False, attention="auto")
+    assert on_cpu.attention == "matmul" and "run on CUDA GPUs" in on_cpu.attention_why
+    monkeypatch.setattr(fast, "_triton_cannot_run_on", lambda device: None)  # as on a GPU, for the rest
     assert fast.FastDecoder(s.model, graphs=False, attention="auto").attention == "triton-fused"
     auto = fast.FastDecoder(other, graphs=False, attention="auto")
     assert auto.attention == "matmul" and "not a per-head RMS norm" in auto.attention_why
@@ -315,11 +321,12 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
         fast.FastDecoder(s.model, graphs=False, attention="triton")
 
 
-def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s):
+def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkeypatch):
     """attention="auto" (triton-fused where it fits) must not leave a user on a GPU where nvkit's
     Triton kernels fail with a broken or slow decoder: the capture retries with "matmul" and says why.
     The failure is injected at the capture (what ptxas or inductor raise there on such a GPU)."""
     from nvkit import events
+    monkeypatch.setattr(fast, "_triton_cannot_run_on", lambda device: None)  # "auto" decides as on a GPU
     ids = s.tokenizer("NVIDIA GPUs are", return_tensors="pt")["input_ids"]
     sampling, _ = fast._resolve(s.model, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
     tried = []
@@ -405,7 +412,8 @@ def test_bench_decode_rejects_bad_values_and_runs_on_cpu(s):
 def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     opts = bench_decode.fast_options
     assert opts("generate") is None and opts("nvkit batch") is None
-    assert opts("fast") == dict(compile=True, head="compiled", attention="matmul", pdl=None, inductor={}, k_steps=None)
+    assert opts("fast") == dict(compile=True, head="compiled", attention=None, pdl=None, inductor={}, k_steps=None)
+    assert opts("fast+matmul")["attention"] == "matmul"
     assert opts("fast cublas head")["head"] == "cublas" and opts("fast eager")["compile"] is False
     assert opts("fast without pdl")["pdl"] is False
     assert opts("fast+triton")["attention"] == "triton"
