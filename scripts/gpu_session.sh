@@ -4,7 +4,7 @@
 # of the GPU tests and benchmarks with all output teed into $OUT. Usage:
 #     bash scripts/gpu_session.sh PHASE      (PHASE: core | bnb | fa4-first-half | fa4 | open | notebooks |
 #                                             lanes-a | lanes-b | quiet | memory | triton |
-#                                             decide | fused-checks | auto-checks)
+#                                             decide | fused-checks | auto-checks | table)
 # Carry .whl-core for core/open/quiet/memory/lanes-a, .whl-bnb for bnb/lanes-b (after a core call,
 # while the machine is warm: installs accumulate in /tmp/nvkit-site), .whl-fa4a then .whl-fa4b in two
 # consecutive calls. Install once per call: two pip installs at once corrupted the site folder.
@@ -12,8 +12,9 @@
 # 3 ran them; its timings are in the README). Left by session 3, each in its own call on a
 # single-GPU machine: "quiet" (the decode table with nothing else on the host, including the
 # fast+triton path, then the fast-path tests) and "memory" (the whole memory suite on current code);
-# session 4 ran those, then "triton". Left by session 4 (session 5 had no device time): "decide",
-# then "fused-checks", then "auto-checks", each its own call, back to back on one machine.
+# session 4 ran those, then "triton". Left by session 4 and run in session 6: "decide", then
+# "fused-checks", then "auto-checks", each its own call, back to back on one machine; then "table"
+# (the README's decode and batch figures with the defaults of session 6).
 set -uo pipefail
 phase=${1:?phase}
 for inst in .whl-*/install.sh; do eval "$(bash "$inst")"; break; done
@@ -78,6 +79,11 @@ case "$phase" in
     export NVKIT_FAST_ATTENTION=auto
     T=300 t -p no:logging tests/gpu/test_fast_gpu.py -k "not bench and not triton and not logits"
     T=240 t -p no:logging tests/gpu/test_memory_gpu.py -k "overhead" ;;
+  table)  # session 6: the decode and batch tables with the defaults users get (fast = attention "auto"),
+          # matmul beside it, 3 alternating rounds of the batch-1 paths, one process
+    timeout 430 python3 -m nvkit.bench_decode --csv "$out/decode_table.csv" --repeats 3 \
+      --paths "generate,static+compile,fast,fast+matmul,padded generate,generate_batch,nvkit batch" 2>"$out/bench_stderr.log"
+    grep -v DEBUG "$out/bench_stderr.log" | tail -20 ;;
   memory)  # every memory check on the current code (the estimates, OOM, the fine-tune's own prediction)
     T=500 t tests/gpu/test_memory_gpu.py ;;
   fa4-first-half)
