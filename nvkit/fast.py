@@ -484,14 +484,13 @@ class FastDecoder:
                              f"not {attention!r}.")
         self._attention_asked = attention  # what settings() repeats: "auto" re-decides for a rebuilt decoder
         if attention == "auto":
-            try:
-                why = _triton_cannot_run_on(self.device)
-                if why:
-                    raise NvkitError(why)
-                self._check_triton_attention(model, "triton-fused")
-                attention = "triton-fused"
-            except NvkitError as e:
-                attention, self.attention_why = "matmul", str(e)
+            why = _triton_cannot_run_on(self.device)
+            if why is None:
+                try:
+                    self._check_triton_attention(model, "triton-fused")
+                except NvkitError as e:
+                    why = str(e)
+            attention, self.attention_why = ("matmul", why) if why else ("triton-fused", None)
         elif attention.startswith("triton"):
             self._check_triton_attention(model, attention)
         self.attention = attention

@@ -171,11 +171,15 @@ class GenerationStats:
         n = max(self.new_tokens - 1, 0)
         return n / decode if decode > 0 and n else (self.new_tokens / self.seconds if self.seconds else 0.0)
 
+    @property
+    def how(self) -> str:
+        """The path, with how it ran where it can run several ways: "fast (fused step, ...)"."""
+        return f"{self.path} ({self.detail})" if self.detail else self.path
+
     def __str__(self) -> str:
         ttft = f"{self.time_to_first_token * 1000:.0f} ms" if self.time_to_first_token is not None else "n/a"
         return (f"{self.new_tokens} tokens in {self.seconds:.2f} s · {self.tokens_per_second:.1f} tok/s · "
-                f"first token {ttft} · {self.path}{f' ({self.detail})' if self.detail else ''}"
-                f"{' · stopped' if self.stopped else ''}")
+                f"first token {ttft} · {self.how}{' · stopped' if self.stopped else ''}")
 
 
 # --- the session -------------------------------------------------------------------------------

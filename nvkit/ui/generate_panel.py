@@ -234,8 +234,7 @@ class GeneratePanel(w.VBox):
         if st is not None:
             self.stats.value = (f"{st.new_tokens} tokens · {st.tokens_per_second:.1f} tok/s · first token "
                                 f"{(st.time_to_first_token or 0) * 1000:.0f} ms · {st.seconds:.2f} s · path "
-                                f"{html.escape(st.path)}{html.escape(f' ({st.detail})') if st.detail else ''}"
-                                f"{' · stopped' if st.stopped else ''}")
+                                f"{html.escape(st.how)}{' · stopped' if st.stopped else ''}")
             self.status.value = "Stopped." if st.stopped else "Done."
 
     def _error(self, e: BaseException):
