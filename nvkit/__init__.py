@@ -8,36 +8,34 @@ selection can still be applied before any CUDA work (see ``nvkit.selection``).
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 
 from .errors import NvkitError
 from .events import mark
 
 __version__ = "0.1.0"
 
-# public name -> module that holds it (relative to nvkit)
+# public name -> module that holds it (relative to nvkit); None: the name is a module of nvkit
 _LAZY = {
     # GPUs
-    "GPU": "gpus", "gpus": "gpus",
-    "select_gpus": "selection", "selection": "selection", "launch_command": "selection",
+    "GPU": "hardware.inventory", "gpus": "hardware.inventory",
+    "select_gpus": "hardware.selection", "selection": "hardware.selection", "launch_command": "hardware.selection",
     # model choices
-    "attention_backends": "backends", "quantization_methods": "quant",
+    "attention_backends": "model.backends", "quantization_methods": "model.quant",
     # the session
-    "Session": "session", "load": "session", "session": "session",
+    "Session": "model.session", "load": "model.session", "session": "model.session",
     # memory
-    "estimate": "estimate", "Estimate": "estimate",
-    "memory_report": "memory", "Sampler": "memory",
+    "estimate": "memory.estimate", "Estimate": "memory.estimate",
+    "memory_report": "memory.report", "Sampler": "memory.sampling",
     "monitor": "ui.memory_chart", "MemoryChart": "ui.memory_chart",
     # fine-tune
-    "finetune": "finetune", "FinetuneRun": "finetune", "launch": "launch",
+    "finetune": "train.finetune", "FinetuneRun": "train.finetune", "launch": "train.launch",
     # bench
-    "bench": "bench",
+    "bench": "benchmarks.backends",
     # panels
     "panel": "ui.app", "GPUSelector": "ui.gpu_selector", "LoadPanel": "ui.load_panel",
     "GeneratePanel": "ui.generate_panel", "FinetunePanel": "ui.finetune_panel",
-    # demo model
-    "demo": None,
+    # modules users reach into
+    "demo": None, "memory": None,
 }
 
 __all__ = ["NvkitError", "mark", "__version__", *_LAZY]
@@ -73,22 +71,8 @@ def _jupyter_labextension_paths():
     return [{"src": "labextension", "dest": "nvkit"}]
 
 
-class _Package(types.ModuleType):
-    """nvkit's module type: some public functions share their module's name (``nvkit.session()``
-    lives in ``nvkit/session.py``). Importing a submodule would rebind the package attribute to the
-    module and hide the function, so that binding is skipped; the module stays in sys.modules."""
-
-    def __setattr__(self, name, value):
-        if (_LAZY.get(name) is not None and isinstance(value, types.ModuleType)
-                and value.__name__ == f"{__name__}.{name}"):
-            return
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
 # A GPU choice saved before this kernel restarted is applied here, before any CUDA work (cheap: one
 # file lookup, and only inside a Jupyter kernel; no torch).
-from .selection import apply_saved as _apply_saved  # noqa: E402
+from .hardware.selection import apply_saved as _apply_saved  # noqa: E402
 
 _apply_saved()

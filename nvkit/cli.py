@@ -32,12 +32,12 @@ def doctor_report() -> dict:
     report["torch_cuda_build"] = torch.version.cuda
     report["env"] = {k: os.environ.get(k) for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "HF_HUB_OFFLINE")}
     try:
-        from .gpus import gpus, nvml_status
+        from .hardware.inventory import gpus, nvml_status
         report["gpus"] = [g.to_dict() for g in gpus()]
         report["nvml"] = nvml_status()
     except ImportError:  # the GPU module is optional for the doctor's first lines
         report["gpus"], report["nvml"] = [], "nvkit.gpus unavailable"
-    for name, fn in (("attention_backends", "backends:attention_backends"), ("quantization_methods", "quant:quantization_methods")):
+    for name, fn in (("attention_backends", "model.backends:attention_backends"), ("quantization_methods", "model.quant:quantization_methods")):
         mod, attr = fn.split(":")
         try:
             entries = getattr(importlib_import(f"nvkit.{mod}"), attr)()
@@ -101,7 +101,7 @@ def main(argv=None) -> int:
         if args.cmd == "lab":
             return _lab(args.dir, args.lab_args)
         if args.cmd == "bench":
-            from .bench import cli_main
+            from .benchmarks.backends import cli_main
             return cli_main(args.bench_args)
         parser.print_help()
         return 0

@@ -10,7 +10,8 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 # Everything measures time from here, so the chart's x axis and the events agree.
 T0 = time.monotonic()
@@ -22,6 +23,9 @@ class Event:
     t: float        # seconds since T0 (time.monotonic based)
     kind: str       # "load", "unload", "generate-start", "generate-end", "train-step", "checkpoint", "mark", "oom", ...
     text: str
+    # What the event is about, for listeners that need more than the text (the memory tracker
+    # takes the loaded session from a "load" event instead of importing the session module).
+    subject: Any = field(default=None, repr=False, compare=False)
 
 
 _lock = threading.Lock()
@@ -34,9 +38,9 @@ def now() -> float:
     return time.monotonic() - T0
 
 
-def record(kind: str, text: str = "") -> Event:
+def record(kind: str, text: str = "", subject: Any = None) -> Event:
     """Record an event; safe from any thread. Listeners are called outside the lock."""
-    ev = Event(now(), str(kind), str(text))
+    ev = Event(now(), str(kind), str(text), subject)
     with _lock:
         _events.append(ev)
         listeners = list(_listeners)

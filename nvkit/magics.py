@@ -8,7 +8,6 @@ IPython's ``parse_argstring`` fails on ``-n 5 "Hello there"`` and keeps the quot
 from __future__ import annotations
 
 import argparse
-import importlib
 import shlex
 import sys
 from typing import Callable
@@ -102,8 +101,8 @@ def run_line(line: str, cell: str | None = None):
 @command("gpus", "list the GPUs (nvidia-smi order, read with NVML) and the cuda:i mapping in force")
 @arg("--json", action="store_true", help="print the GPUs as JSON (what nvkit/api/gpus serves)")
 def _cmd_gpus(args, cell):
-    from .gpus import format_table, gpus
-    from .selection import selection
+    from .hardware.inventory import format_table, gpus
+    from .hardware.selection import selection
     found = gpus()
     if args.json:
         import json
@@ -117,7 +116,7 @@ def _cmd_gpus(args, cell):
 @command("select", "choose the GPUs and their order: select 2,0 | select cpu | select all")
 @arg("choice", nargs="*", help="nvidia-smi indices in cuda order (2,0 or 2 0), GPU UUIDs, cpu, or all")
 def _cmd_select(args, cell):
-    from .selection import select_gpus
+    from .hardware.selection import select_gpus
     words = " ".join(args.choice).strip()
     if not words:
         raise NvkitError("%nvkit select needs a choice: e.g. %nvkit select 2,0 (cuda:0 = GPU 2), "
@@ -126,7 +125,7 @@ def _cmd_select(args, cell):
 
 
 def _current_or_demo():
-    _session = importlib.import_module("nvkit.session")
+    from .model import session as _session
     s = _session.session(required=False)
     if s is None:
         print("No model loaded: loading nvkit's demo model (use %nvkit load MODEL for another).")
@@ -143,7 +142,7 @@ def _current_or_demo():
 @arg("--kernels", action="store_true", help="use Hub kernels (use_kernels=True)")
 @arg("--trust-remote-code", action="store_true", help="run code shipped with the model (off by default)")
 def _cmd_load(args, cell):
-    _session = importlib.import_module("nvkit.session")
+    from .model import session as _session
     s = _session.load(args.model, dtype=args.dtype, device_map=args.device_map,
                       attn_implementation=args.attn, quantization=args.quant,
                       use_kernels=args.kernels, trust_remote_code=args.trust_remote_code)
@@ -155,8 +154,8 @@ def _cmd_load(args, cell):
 @command("backends", "attention backends and quantization methods: which work here, and why the others don't")
 @arg("--device", default=None, help="cpu, cuda, cuda:N (default: cuda:0 when a GPU is visible)")
 def _cmd_backends(args, cell):
-    from .backends import attention_backends
-    from .quant import quantization_methods
+    from .model.backends import attention_backends
+    from .model.quant import quantization_methods
     print("attention backends:")
     print(attention_backends(args.device))
     print("quantization:")
@@ -214,24 +213,24 @@ def _cmd_generate(args, cell):
 
 @command("unload", "unload the model and report the memory freed")
 def _cmd_unload(args, cell):
-    _session = importlib.import_module("nvkit.session")
+    from .model import session as _session
     s = _session.session(required=False)
     if s is None:
         print("No model is loaded.")
         return None
     freed = s.unload()
-    from .memory import fmt_bytes
+    from .units import fmt_bytes
     report = getattr(s, "unload_report", None)
     print(report if report is not None else f"Unloaded {s.model_id}: {fmt_bytes(freed)} freed.")
 
 
 @command("stop", "stop the generation or fine-tune running in the background")
 def _cmd_stop(args, cell):
-    _session = importlib.import_module("nvkit.session")
+    from .model import session as _session
     s = _session.session(required=False)
     if s is not None:
         s.stop()
-        run = getattr(s, "_finetune", None)
+        run = s.training
         if run is not None and not run.done:
             run.stop()
 
@@ -250,10 +249,10 @@ def _cmd_stop(args, cell):
 @arg("--output-dir", default=None)
 @arg("--background", action="store_true", help="return the run at once instead of waiting (see _.history)")
 def _cmd_finetune(args, cell):
-    from .finetune import finetune
+    from .train.data import parse_examples
+    from .train.finetune import finetune
     if cell is not None and cell.strip():
-        from .ui.finetune_panel import _parse_inline
-        data = _parse_inline(cell)
+        data = parse_examples(cell)
     elif args.data:
         data = args.data
     else:
@@ -269,19 +268,13 @@ def _cmd_finetune(args, cell):
     if args.background:
         return run
     # printed from this (the main) thread, so the lines land in this cell
-    shown = 0
     every = max(1, run.total_steps // 10)
     try:
-        while not run.done:
-            run.job._done.wait(0.1)
-            for rec in run.history[shown:]:
-                if rec["step"] % every == 0 or rec["step"] == run.total_steps:
-                    print(f"step {rec['step']}/{run.total_steps} · loss {rec['loss']:.4f} · "
-                          f"{rec['tokens_per_s']:.0f} tok/s")
-            shown = len(run.history)
+        for rec in run.follow():
+            if rec["step"] % every == 0 or rec["step"] == run.total_steps:
+                print(f"step {rec['step']}/{run.total_steps} · loss {rec['loss']:.4f} · "
+                      f"{rec['tokens_per_s']:.0f} tok/s")
     except KeyboardInterrupt:
-        run.stop()
-        run.job._done.wait(60)
         print("Interrupted: stopped after the current step.")
     run.result()
     sm = run.summary()
@@ -330,7 +323,7 @@ class NvkitMagics(Magics):
 
 def load_ipython_extension(ipython):
     # A GPU choice saved before a kernel restart is applied here, before any CUDA work.
-    from .selection import apply_saved
+    from .hardware.selection import apply_saved
     apply_saved()
     NvkitMagics.nvkit.__doc__ = usage()  # %nvkit? shows every command
     ipython.register_magics(NvkitMagics)

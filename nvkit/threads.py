@@ -65,6 +65,10 @@ class Job:
     def error(self) -> BaseException | None:
         return self._error
 
+    def wait_done(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds for the end (no result, no error raised); True once done."""
+        return self._done.wait(timeout)
+
     def stop(self) -> None:
         """Ask the work to end at its next check; returns at once."""
         self.stop_event.set()

@@ -2,20 +2,21 @@
 
 import pytest
 
+import nvkit.memory.sampling
 from nvkit import memory
 
 @pytest.fixture
 def fake_gpus(monkeypatch):
     monkeypatch.setenv("NVKIT_FAKE_GPUS", "2")
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    memory._reset_default_sampler()
+    memory.sampling.forget_shared()
     yield
-    memory._reset_default_sampler()
+    memory.sampling.forget_shared()
 
 
 @pytest.fixture
 def no_gpus(monkeypatch):
     monkeypatch.setenv("NVKIT_FAKE_GPUS", "[]")
-    memory._reset_default_sampler()
+    memory.sampling.forget_shared()
     yield
-    memory._reset_default_sampler()
+    memory.sampling.forget_shared()

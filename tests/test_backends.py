@@ -10,8 +10,8 @@ import pytest
 
 import nvkit
 from nvkit import NvkitError
-from nvkit import backends as B
-from nvkit.session import load, session
+from nvkit.model import backends as B
+from nvkit.model.session import load, session
 from tests.choices_model import model_path
 
 
@@ -78,11 +78,11 @@ def test_cached_and_local_kernels_make_fa_available(monkeypatch, tmp_path):
 
 def test_kernels_outside_transformers_range_is_said(monkeypatch):
     fake_gpu(monkeypatch, (9, 0))
-    real = B._version
-    monkeypatch.setattr(B, "_version", lambda d: "0.18.1" if d == "kernels" else real(d))
+    real = B.package_version
+    monkeypatch.setattr(B, "package_version", lambda d: "0.18.1" if d == "kernels" else real(d))
     r = nvkit.attention_backends("cuda")["flash_attention_2"].reason
     assert "0.18.1" in r and "silently disables" in r
-    monkeypatch.setattr(B, "_version", lambda d: None if d == "kernels" else real(d))
+    monkeypatch.setattr(B, "package_version", lambda d: None if d == "kernels" else real(d))
     assert "`kernels` package is not installed" in nvkit.attention_backends("cuda")["flash_attention_2"].reason
 
 

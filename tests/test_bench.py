@@ -6,7 +6,7 @@ import json
 import pytest
 
 from nvkit import NvkitError
-from nvkit.bench import COLUMNS, bench, bench_chart, cli_main
+from nvkit.benchmarks.backends import COLUMNS, bench, bench_chart, cli_main
 from tests.choices_model import model_path
 
 
@@ -55,8 +55,8 @@ def test_bad_arguments(kw, match):
 
 
 def test_decode_and_lora_dispatch(monkeypatch):
-    import nvkit.bench_decode as bd
-    import nvkit.bench_lora as bl
+    import nvkit.benchmarks.decode as bd
+    import nvkit.benchmarks.lora as bl
     seen = {}
     monkeypatch.setattr(bd, "run", lambda **kw: seen.setdefault("decode", kw) and "decode-df")
     monkeypatch.setattr(bl, "run", lambda **kw: seen.setdefault("lora", kw) and "lora-df")
@@ -77,7 +77,7 @@ def test_cli_json(capsys):
 def test_cli_decode_paths(monkeypatch, capsys):
     import pandas as pd
 
-    import nvkit.bench_decode as bd
+    import nvkit.benchmarks.decode as bd
     seen = {}
     monkeypatch.setattr(bd, "run", lambda **kw: seen.update(kw) or pd.DataFrame([{"path": "fast", "tokens_per_s": 1.0}]))
     assert cli_main(["demo", "--decode", "--paths", "fast, fast+triton", "--repeats", "2"]) == 0

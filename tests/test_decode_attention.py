@@ -27,7 +27,7 @@ def _interpret(code: str) -> str:
 def test_kernel_matches_reference_at_every_kind_of_position():
     out = _interpret("""
         import torch
-        from nvkit import decode_attention as da
+        from nvkit.generate import decode_attention as da
         torch.manual_seed(0)
         # (query heads, KV heads, head_dim, cache length, dtype): Qwen3-0.6B's layout, an odd group
         # (3 query heads per KV head, padded inside the kernel), no grouping, bf16
@@ -55,7 +55,7 @@ def test_kernel_matches_reference_at_every_kind_of_position():
 def test_shape_checks():
     out = _interpret("""
         import torch
-        from nvkit import decode_attention as da
+        from nvkit.generate import decode_attention as da
         ok = da.check_shapes(torch.zeros(16, 128), torch.zeros(8, 512, 128), torch.zeros(8, 512, 128))
         assert ok is None, ok
         assert "powers of two" in da.check_shapes(torch.zeros(4, 96), torch.zeros(2, 256, 96), torch.zeros(2, 256, 96))
@@ -73,11 +73,11 @@ def test_fast_decoder_with_triton_attention_decodes_like_matmul():
     out = _interpret("""
         import torch, nvkit
         from transformers import AutoModelForCausalLM, AutoTokenizer
-        from nvkit import fast
+        from nvkit.generate.fast import decoding as fast
         m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path())
         tok = AutoTokenizer.from_pretrained(nvkit.demo.path())
         ids = tok("NVIDIA GPUs are", return_tensors="pt")["input_ids"]
-        sampling, _ = fast._resolve(m, dict(max_new_tokens=12, do_sample=False, eos_token_id=10 ** 7))
+        sampling, _ = fast.resolve(m, dict(max_new_tokens=12, do_sample=False, eos_token_id=10 ** 7))
         with torch.inference_mode():
             ref = fast.FastDecoder(m, k_steps=4, graphs=False)
             a = ref.generate(ids, sampling, keep_logits=True)
@@ -102,7 +102,7 @@ def test_the_op_traces_whole_under_torch_compile():
     a graph break, read the cache as written just before it, and give the eager result."""
     out = _interpret("""
         import torch
-        from nvkit import decode_attention as da
+        from nvkit.generate import decode_attention as da
         torch.manual_seed(0)
         q, k, v = torch.randn(16, 128), torch.randn(8, 512, 128), torch.randn(8, 512, 128)
         new_k = torch.randn(8, 1, 128)
@@ -127,7 +127,7 @@ def test_rope_kernel_norms_rotates_writes_the_cache_and_attends():
     value written at pos (nothing else in the cache touched), attention over 0..pos."""
     out = _interpret("""
         import torch
-        from nvkit import decode_attention as da
+        from nvkit.generate import decode_attention as da
         torch.manual_seed(0)
         for nh, nkv, hd, length, dtype, norm in [(16, 8, 128, 512, torch.float32, True),
                                                  (6, 2, 32, 256, torch.float32, False),
@@ -174,7 +174,7 @@ def test_rope_op_compiles_in_place_on_the_cache():
         import re
         import torch
         from torch._inductor.utils import run_and_get_code
-        from nvkit import decode_attention as da
+        from nvkit.generate import decode_attention as da
         torch.manual_seed(0)
         nh, nkv, hd, L = 16, 8, 128, 256
         cache_k, cache_v = torch.zeros(1, nkv, L, hd), torch.zeros(1, nkv, L, hd)

@@ -10,9 +10,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest
 
+import nvkit.memory.peaks
 import nvkit
 from nvkit.errors import NvkitError
-from nvkit.estimate import CUDA_CONTEXT_BYTES, Estimate, estimate
+from nvkit.memory.estimate import CUDA_CONTEXT_BYTES, Estimate, estimate
 
 MiB = 2**20
 
@@ -82,7 +83,7 @@ def test_lora_hand_computed():
 def test_lora_nvkit_path_hand_computed():
     """path="nvkit": the fused loss keeps one chunk of logits, and on CUDA the compiled layers
     keep _BUDGET_SHARE of the eager per-layer bytes; on CPU (no compile) only the loss changes."""
-    from nvkit.estimate import _BUDGET_SHARE
+    from nvkit.memory.estimate import _BUDGET_SHARE
     plain = estimate("qwen3-0.6b", mode="lora", batch_size=8, seq_len=512, lora_r=16)
     nv = estimate("qwen3-0.6b", mode="lora", batch_size=8, seq_len=512, lora_r=16, path="nvkit")
     rows = (1 << 26) // 151936                                # 441 rows of fp32 logits ≈ 256 MiB
@@ -202,7 +203,7 @@ def test_lora_activations_match_a_measured_step(vocab, inter):
 
 def test_for_session_describes_the_loaded_model_and_refuses_unmodelled_quantization():
     from nvkit import memory
-    from nvkit.estimate import for_session
+    from nvkit.memory.estimate import for_session
     s = nvkit.load("demo", device_map="cpu")
     try:
         got = for_session(s, mode="lora", batch_size=2, seq_len=64, path="nvkit")
@@ -212,8 +213,8 @@ def test_for_session_describes_the_loaded_model_and_refuses_unmodelled_quantizat
         s.quantization = "TorchAoConfig"  # loaded through a config nvkit.estimate does not model
         with pytest.raises(NvkitError, match="nf4/fp4/int8"):
             for_session(s, seq_len=16)
-        memory._expect_for(s, seq_len=16)
-        assert memory._expect["auto"] is None  # no prediction drawn, rather than one for unquantized weights
+        memory.peaks.expect_for(s, seq_len=16)
+        assert memory.peaks.tracker().auto is None  # no prediction drawn, rather than one for unquantized weights
     finally:
         s.quantization = None
         s.unload()
@@ -226,7 +227,7 @@ def test_meta_builds_leave_torchs_default_dtype_alone(monkeypatch):
     caught it that way (a later test's model came out in bfloat16)."""
     import torch
     from transformers import AutoConfig
-    from nvkit.kernels_support import model_kernel_layers
+    from nvkit.model.kernels import model_kernel_layers
     cfg = AutoConfig.from_pretrained(nvkit.demo.path())
     cfg.num_hidden_layers = 3  # a shape no other test asked for: not answered from the cache
     assert cfg.dtype == torch.bfloat16

@@ -14,10 +14,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 import nvkit  # noqa: E402
-from nvkit import data as D  # noqa: E402
+from nvkit.train import data as D  # noqa: E402
 from nvkit.errors import NvkitError  # noqa: E402
-from nvkit.finetune import (fused_linear_cross_entropy, liger_decision, precision, save_atomic,  # noqa: E402
-                            training_arguments)
+from nvkit.model.precision import precision  # noqa: E402
+from nvkit.train.finetune import liger_decision, save_atomic, training_arguments  # noqa: E402
+from nvkit.train.loss import fused_linear_cross_entropy  # noqa: E402
 from tests.finetune_helpers import model_path  # noqa: E402
 
 torch.set_num_threads(2)
@@ -60,7 +61,7 @@ def test_training_arguments_fp32_on_cpu(tmp_path):
 def test_activation_budget_applies_only_inside_and_when_compiling():
     import torch._functorch.config as fc
     before = fc.activation_memory_budget
-    from nvkit.finetune import ACTIVATION_BUDGET, activation_budget
+    from nvkit.train.finetune import ACTIVATION_BUDGET, activation_budget
     with activation_budget(True):
         assert fc.activation_memory_budget == ACTIVATION_BUDGET < 1.0
     assert fc.activation_memory_budget == before
@@ -311,7 +312,7 @@ def test_magic_finetune(s, tmp_path, capsys):
 
 
 def test_bench_lora_cpu(path):
-    from nvkit.bench_lora import run
+    from nvkit.benchmarks.lora import run
     if path == "demo":
         path = nvkit.demo.path()
     df = run(model=path, batch_size=2, seq_len=32, steps=2, warmup=1, variants=["nvkit"], device="cpu")

@@ -11,7 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import nvkit  # noqa: E402
 from nvkit.errors import NvkitError  # noqa: E402
-from nvkit.ui.finetune_panel import FinetunePanel, _parse_inline  # noqa: E402
+from nvkit.train.data import parse_examples as _parse_inline
+from nvkit.ui.finetune_panel import FinetunePanel  # noqa: E402
 from tests.finetune_helpers import model_path  # noqa: E402
 
 

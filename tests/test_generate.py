@@ -12,9 +12,11 @@ from transformers import AutoModelForCausalLM
 from tests.gen_fixtures import model_dir
 
 import nvkit
-from nvkit import bench_decode, fast, generation
+from nvkit.benchmarks import decode as bench_decode
+from nvkit.generate import batch as generation, paths
+from nvkit.generate.fast import decoding as fast
 from nvkit.errors import NvkitError, error_summary
-from nvkit.session import GenerationStats
+from nvkit.generate.stats import GenerationStats
 
 NEVER = 10 ** 7  # an eos id no model produces: generation runs to max_new_tokens or Stop
 
@@ -157,12 +159,12 @@ def test_cpu_path_choice_is_recorded(s):
 # --- the fast path's logic, without CUDA graphs ----------------------------------------------------
 
 def test_resolve_knows_what_the_fast_path_implements(s):
-    ok, why = fast._resolve(s.model, dict(max_new_tokens=5, do_sample=False))
+    ok, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=False))
     assert why is None and ok.key == ("greedy",) and ok.max_new_tokens == 5
-    smp, why = fast._resolve(s.model, dict(max_new_tokens=5, do_sample=True, temperature=0.5, top_p=0.9))
+    smp, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=True, temperature=0.5, top_p=0.9))
     assert why is None and smp.key == ("sample", 50, True) and smp.temperature == 0.5  # top_k 50: transformers' default
     for extra in (dict(repetition_penalty=1.2), dict(num_beams=2), dict(min_new_tokens=3), dict(foo=1)):
-        none, why = fast._resolve(s.model, dict(max_new_tokens=5, do_sample=False, **extra))
+        none, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=False, **extra))
         assert none is None and why, extra
     assert fast._bucket_len(10) == 256 and fast._bucket_len(257) == 512 and fast._bucket_len(512) == 512
 
@@ -170,7 +172,7 @@ def test_resolve_knows_what_the_fast_path_implements(s):
 def test_k_step_decoding_matches_plain_greedy_and_honours_stop(s):
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
     ids = s.tokenizer("NVIDIA GPUs are", return_tensors="pt")["input_ids"]
-    sampling, _ = fast._resolve(s.model, dict(max_new_tokens=30, do_sample=False, eos_token_id=NEVER))
+    sampling, _ = fast.resolve(s.model, dict(max_new_tokens=30, do_sample=False, eos_token_id=NEVER))
     with torch.inference_mode():
         ref = s.model.generate(ids, max_new_tokens=30, do_sample=False, eos_token_id=NEVER,
                                pad_token_id=s.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
@@ -180,7 +182,7 @@ def test_k_step_decoding_matches_plain_greedy_and_honours_stop(s):
         assert [len(c) for c in chunks] == [1] + [4] * 7 + [1]  # first token, then K per replay, cut at max
         # an eos inside a chunk ends the text right after it
         eos = ref[9]
-        sampling_eos, _ = fast._resolve(s.model, dict(max_new_tokens=30, do_sample=False, eos_token_id=eos))
+        sampling_eos, _ = fast.resolve(s.model, dict(max_new_tokens=30, do_sample=False, eos_token_id=eos))
         got_eos = d.generate(ids, sampling_eos)
         assert got_eos == ref[:ref.index(eos) + 1]
         stop = threading.Event()
@@ -198,7 +200,7 @@ def test_fused_step_keeps_the_model_and_follows_weight_changes(s):
     give the same logits as before, the fused and the model-forward steps the same tokens, and a
     weight replaced afterwards (as merging an adapter does) must be picked up, not decoded stale."""
     ids = s.tokenizer("The memory of a GPU", return_tensors="pt")["input_ids"]
-    sampling, _ = fast._resolve(s.model, dict(max_new_tokens=16, do_sample=False, eos_token_id=NEVER))
+    sampling, _ = fast.resolve(s.model, dict(max_new_tokens=16, do_sample=False, eos_token_id=NEVER))
     with torch.inference_mode():
         before = s.model(ids).logits
         fused = fast.FastDecoder(s.model, k_steps=4, graphs=False)
@@ -254,7 +256,7 @@ def test_fusing_under_inference_mode_leaves_the_model_trainable(tmp_path):
         d = fast.FastDecoder(m, k_steps=2, graphs=False)
         attn = m.model.layers[0].self_attn
         attn.k_proj.weight.data = attn.k_proj.weight.data.clone()  # as a merge does: re-fused on the next call
-        sampling, _ = fast._resolve(m, dict(max_new_tokens=3, do_sample=False, eos_token_id=NEVER))
+        sampling, _ = fast.resolve(m, dict(max_new_tokens=3, do_sample=False, eos_token_id=NEVER))
         d.generate(ids, sampling)
     assert d._fused.valid() and not attn.q_proj.weight.is_inference()
     m.train()
@@ -274,7 +276,7 @@ def test_fast_default_waits_for_nothing_on_short_requests(s):
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
     object.__setattr__(s.model, fast._ATTR, d)  # as fast.decoder(session) keeps it
     try:
-        sampling, _ = fast._resolve(s.model, dict(greedy, eos_token_id=NEVER))
+        sampling, _ = fast.resolve(s.model, dict(greedy, eos_token_id=NEVER))
         ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]
         with torch.inference_mode():
             d.generate(ids, sampling)  # captures greedy decoding for this length bucket
@@ -314,8 +316,8 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
     assert fast.FastDecoder(s.model, graphs=False, fused=False, attention="auto").attention == "matmul"
     assert auto.settings["attention"] == "auto"  # decoder(session, attention="auto") keeps it, not rebuilds
     import sys
-    monkeypatch.delitem(sys.modules, "nvkit.decode_attention", raising=False)
-    monkeypatch.delattr(nvkit, "decode_attention", raising=False)  # else `from . import` finds it there
+    monkeypatch.delitem(sys.modules, "nvkit.generate.decode_attention", raising=False)
+    monkeypatch.delattr(sys.modules["nvkit.generate"], "decode_attention", raising=False)  # else `from .. import` finds it there
     monkeypatch.setitem(sys.modules, "triton", None)  # as if not installed
     with pytest.raises(NvkitError, match="needs the triton package"):
         fast.FastDecoder(s.model, graphs=False, attention="triton")
@@ -328,7 +330,7 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
     from nvkit import events
     monkeypatch.setattr(fast, "_triton_cannot_run_on", lambda device: None)  # "auto" decides as on a GPU
     ids = s.tokenizer("NVIDIA GPUs are", return_tensors="pt")["input_ids"]
-    sampling, _ = fast._resolve(s.model, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
+    sampling, _ = fast.resolve(s.model, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
     tried = []
 
     def capture_with(d):
@@ -376,7 +378,7 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
 def test_fast_sampling_is_seeded(s):
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
     ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]
-    sampling, _ = fast._resolve(s.model, dict(max_new_tokens=12, do_sample=True, temperature=0.9, top_k=20,
+    sampling, _ = fast.resolve(s.model, dict(max_new_tokens=12, do_sample=True, temperature=0.9, top_k=20,
                                               top_p=0.95, eos_token_id=NEVER))
     with torch.inference_mode():
         torch.manual_seed(5)
@@ -390,8 +392,7 @@ def test_run_refuses_fast_on_cpu(s):
     class _Job:
         stop_event = threading.Event()
     with pytest.raises(NvkitError, match="CUDA"):
-        generation.run(s, _Job, ["x"], dict(max_new_tokens=1, do_sample=False), None, True, GenerationStats(),
-                       time.perf_counter())
+        paths.run(s, paths.Request(_Job, ["x"], dict(max_new_tokens=1, do_sample=False), fast=True))
 
 
 def test_bench_decode_rejects_bad_values_and_runs_on_cpu(s):
@@ -469,7 +470,7 @@ def test_fused_step_matches_the_model_for_each_family(arch):
                 for lin in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
                     lin.bias.normal_()
     ids = torch.randint(0, 320, (1, 7))
-    sampling, why = fast._resolve(model, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
+    sampling, why = fast.resolve(model, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
     assert why is None
     with torch.inference_mode():
         ref = model.generate(ids, max_new_tokens=12, do_sample=False, eos_token_id=NEVER, pad_token_id=0)[0, 7:].tolist()

@@ -14,7 +14,7 @@ jupyter_client = pytest.importorskip("jupyter_client")
 from jupyter_client import KernelManager  # noqa: E402
 
 # "CUDA is initialised" inside the kernel, at the one boundary nvkit checks.
-PRETEND_CUDA_UP = ("import importlib; importlib.import_module('nvkit.selection')"
+PRETEND_CUDA_UP = ("import importlib; importlib.import_module('nvkit.hardware.selection')"
                    ".cuda_initialized = lambda: True")
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from nvkit.errors import NvkitError
 
-G = importlib.import_module("nvkit.gpus")   # the module (nvkit.gpus is the function)
+G = importlib.import_module("nvkit.hardware.inventory")   # the module (nvkit.gpus is the function)
 
 GIB = 2**30
 

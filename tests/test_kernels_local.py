@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from nvkit import NvkitError
-from nvkit.kernels_support import local_kernel_config, model_kernel_layers, plan_kernels, replaced_modules
-from nvkit.session import load, session
+from nvkit.model.kernels import local_kernel_config, model_kernel_layers, plan_kernels, replaced_modules
+from nvkit.model.session import load, session
 from tests.choices_model import model_path
 
 KDIR = os.path.join(os.path.dirname(__file__), "data", "kernels", "nvkit-rmsnorm")

@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import nvkit  # noqa: E402
 from nvkit.errors import NvkitError  # noqa: E402
-from nvkit.launch import LaunchRun, launch  # noqa: E402
+from nvkit.train.launch import LaunchRun, launch  # noqa: E402
 from tests.finetune_helpers import model_path  # noqa: E402
 
 DATA = ["NVIDIA GPUs are fast.", "The H200 has 141 GB of memory."] * 8

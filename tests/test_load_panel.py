@@ -4,7 +4,7 @@ Load/Unload work from a worker thread."""
 import pytest
 
 from nvkit import NvkitError
-from nvkit.session import session
+from nvkit.model.session import session
 from nvkit.ui.load_panel import LoadPanel
 from tests.choices_model import model_path
 

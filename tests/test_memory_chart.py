@@ -9,6 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import numpy as np
 import pytest
 
+import nvkit.memory.peaks
 import nvkit
 from nvkit import events, memory
 from nvkit.errors import NvkitError
@@ -51,7 +52,7 @@ def test_all_traces_are_created_once_and_fill_with_samples(fake_gpus):
 
 
 def test_predicted_peak_drawn_beside_the_measurement(no_gpus):
-    memory._comparisons.clear()  # earlier tests' generations would draw their own predicted peaks
+    memory.peaks.tracker().comparisons.clear()  # earlier tests' generations would draw their own predicted peaks
     chart = MemoryChart(start=False)
     assert [t.name for t in chart.figure.data] == ["process RSS", "predicted peak", "events"]
     est = nvkit.estimate("qwen3-tiny", device="cpu")

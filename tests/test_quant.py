@@ -8,8 +8,8 @@ import pytest
 
 import nvkit
 from nvkit import NvkitError
-from nvkit.quant import quantization_config
-from nvkit.session import load, session
+from nvkit.model.quant import quantization_config
+from nvkit.model.session import load, session
 from tests.choices_model import model_path
 
 

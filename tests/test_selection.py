@@ -8,9 +8,10 @@ import os
 import pytest
 
 from nvkit.errors import NvkitError
+from nvkit.state import STATE
 
-S = importlib.import_module("nvkit.selection")   # the module (nvkit.selection is the function)
-G = importlib.import_module("nvkit.gpus")
+S = importlib.import_module("nvkit.hardware.selection")   # the module (nvkit.selection is the function)
+G = importlib.import_module("nvkit.hardware.inventory")
 import nvkit  # noqa: E402
 
 REAL_KERNEL_ID = S.kernel_id
@@ -26,8 +27,8 @@ def fake(monkeypatch, tmp_path):
         monkeypatch.setenv(k, "")       # records the original, so teardown restores it
         monkeypatch.delenv(k)
     monkeypatch.setattr(S, "_STARTUP", {S.ORDER: None, S.VISIBLE: None})
-    monkeypatch.setattr(S, "_pending", None)
-    monkeypatch.setattr(S, "_applied", False)
+    monkeypatch.setattr(STATE, "pending_gpus", None)
+    monkeypatch.setattr(STATE, "saved_gpus_applied", False)
     monkeypatch.setattr(S, "cuda_initialized", lambda: False)
     monkeypatch.setattr(S, "kernel_id", lambda: "k-test")
     G._fake_sources.clear()
@@ -252,8 +253,8 @@ def simulate_restart(monkeypatch, pid=1):
     data = json.loads(saved_file().read_text())
     data["pid"] = pid
     saved_file().write_text(json.dumps(data))
-    monkeypatch.setattr(S, "_pending", None)
-    monkeypatch.setattr(S, "_applied", False)
+    monkeypatch.setattr(STATE, "pending_gpus", None)
+    monkeypatch.setattr(STATE, "saved_gpus_applied", False)
     os.environ.pop("CUDA_VISIBLE_DEVICES", None)
     os.environ.pop("CUDA_DEVICE_ORDER", None)
     cuda_up(monkeypatch, False)
@@ -325,7 +326,7 @@ def test_saved_choices_never_reach_other_processes(monkeypatch, capsys):
     simulate_restart(monkeypatch)
     monkeypatch.setattr(S, "kernel_id", lambda: None)         # a script, a subprocess
     assert S.apply_saved() is None
-    monkeypatch.setattr(S, "_applied", False)
+    monkeypatch.setattr(STATE, "saved_gpus_applied", False)
     monkeypatch.setattr(S, "kernel_id", lambda: "another-kernel")
     assert S.apply_saved() is None
     assert visible() is None and capsys.readouterr().out == ""

@@ -14,23 +14,7 @@ Importing this module is cheap: torch and transformers are imported only when so
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ..errors import NvkitError
+from .checkpoint import CORPUS, path
 from .shaped import SHAPES, shaped, shaped_config
 
-_HERE = Path(__file__).resolve().parent
-CORPUS = str(_HERE / "corpus.txt")
-_MODEL = _HERE / "model"
-
 __all__ = ["CORPUS", "SHAPES", "path", "shaped", "shaped_config"]
-
-
-def path() -> str:
-    """Directory of the shipped demo checkpoint (config, safetensors weights, tokenizer)."""
-    if not (_MODEL / "config.json").is_file() or not (_MODEL / "model.safetensors").is_file():
-        raise NvkitError(
-            f"The demo checkpoint is missing from {_MODEL}. Reinstall nvkit, or rebuild it from the "
-            "shipped corpus with: python -m nvkit.demo.build"
-        )
-    return str(_MODEL)

@@ -174,7 +174,7 @@ def _build(name: str, out: Path, fingerprint: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
-    from . import path as demo_path
+    from .checkpoint import path as demo_path
 
     config = shaped_config(name)
     torch.manual_seed(0)  # the same random weights on every machine that builds them

@@ -22,8 +22,7 @@ from . import tutorials
 def gpu_status() -> dict:
     """``{"gpus": [GPU.to_dict()...], "count", "reason"}``: reason says why the list is empty."""
     try:
-        # the module itself: the attribute nvkit.gpus is the function of the same name
-        gpus_mod = importlib.import_module("nvkit.gpus")
+        gpus_mod = importlib.import_module("nvkit.hardware.inventory")
     except Exception as e:  # the core module failed to import: say so instead of a 500
         return {"gpus": [], "count": 0, "reason": f"nvkit.gpus could not be imported: {e}"}
     try:

@@ -23,7 +23,8 @@ import pandas  # noqa: F401
 
 from .. import events
 from ..errors import NvkitError
-from ..memory import fmt_bytes
+from ..train.data import parse_examples
+from ..units import fmt_bytes
 
 _REFRESH_S = 0.25
 _MAX_POINTS = 2000
@@ -34,25 +35,6 @@ _EXAMPLES = "\n".join([
 ])
 
 
-def _parse_inline(text: str) -> list:
-    """One example per line: a JSON object/string, or plain text."""
-    out = []
-    for i, line in enumerate(text.splitlines()):
-        line = line.strip()
-        if not line:
-            continue
-        if line[0] in "{[\"":
-            try:
-                out.append(json.loads(line))
-                continue
-            except ValueError as e:
-                raise NvkitError(f"Line {i + 1} looks like JSON but does not parse ({e}). Fix it or drop the "
-                                 "leading brace to use it as plain text.") from e
-        out.append(line)
-    if not out:
-        raise NvkitError("No examples: write one per line (plain text or a JSON object such as "
-                         '{"prompt": "...", "response": "..."}), or choose a file.')
-    return out
 
 
 class FinetunePanel(w.VBox):
@@ -149,7 +131,7 @@ class FinetunePanel(w.VBox):
     def _current_session(self):
         if self._session is not None:
             return self._session
-        from ..session import session as current
+        from .. import session as current
         return current(required=False)
 
     # --- settings -> core call -----------------------------------------------------------------
@@ -174,7 +156,7 @@ class FinetunePanel(w.VBox):
             if not p:
                 raise NvkitError("Choose a data file (.jsonl, .json, .csv or .txt), or switch to Examples.")
             return p
-        return _parse_inline(self.examples.value)
+        return parse_examples(self.examples.value)
 
     def code(self) -> str:
         kw = self.settings()
@@ -182,7 +164,7 @@ class FinetunePanel(w.VBox):
             data_src = f"data = {self.path.value.strip()!r}\n"
         else:
             try:
-                rows = _parse_inline(self.examples.value)
+                rows = parse_examples(self.examples.value)
             except NvkitError:
                 rows = []
             data_src = "data = [\n" + "".join(f"    {r!r},\n" for r in rows) + "]\n"
@@ -197,7 +179,7 @@ class FinetunePanel(w.VBox):
         if s is None or not getattr(s, "loaded", False):
             self.estimate.value = "<i>Load a model first (Model tab or nvkit.load) to see the memory estimate.</i>"
             return
-        from ..estimate import for_session
+        from ..memory.estimate import for_session
         try:  # what nvkit.finetune will predict for these settings (memory.expect_finetune)
             est = for_session(s, mode="lora", batch_size=self.batch.value, seq_len=self.seq_len.value,
                               lora_r=self.r.value, gradient_checkpointing=self.checkpointing.value, path="nvkit")
@@ -217,7 +199,7 @@ class FinetunePanel(w.VBox):
         try:
             if s is None:
                 raise NvkitError("No model is loaded: load one first (Model tab, or s = nvkit.load('demo')).")
-            from ..finetune import finetune
+            from .. import finetune
             run = finetune(s, self.data(), **self.settings())
         except NvkitError as e:
             self.status.value = f"<span style='color:#b00'>{html.escape(str(e))}</span>"
@@ -257,10 +239,10 @@ class FinetunePanel(w.VBox):
             self._loss_t.append(rec["t"])
             self._loss_y.append(rec["loss"])
         seen = len(hist)
-        from ..finetune import _memory_now
+        from ..memory.usage import memory_now
         device_type = "cuda" if str(run.info.get("device", "cpu")).startswith("cuda") else "cpu"
         self._mem_t.append(events.now())
-        self._mem_y.append(_memory_now(device_type)[0] / 2**30)
+        self._mem_y.append(memory_now(device_type)[0] / 2**30)
         with self.figure.batch_update():
             self.figure.data[0].x = np.asarray(self._loss_t, dtype=np.float64)
             self.figure.data[0].y = np.asarray(self._loss_y, dtype=np.float64)

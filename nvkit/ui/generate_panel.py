@@ -143,7 +143,7 @@ class GeneratePanel(w.VBox):
     def _current_session(self):
         if self._session is not None and self._session.model is not None:
             return self._session
-        from ..session import session
+        from .. import session
         return session(required=False)
 
     def start(self) -> Job | None:
@@ -173,7 +173,7 @@ class GeneratePanel(w.VBox):
         s = self._current_session()
         if s is None:
             self.status.value = "No model was loaded: loading nvkit's demo model (nvkit.load('demo'))…"
-            from ..session import load
+            from .. import load
             s = load("demo")
             self.status.value = f"Loaded the demo model because no model was loaded: {html.escape(s.summary())}"
         else:

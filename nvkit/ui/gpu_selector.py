@@ -16,8 +16,9 @@ import threading
 import ipywidgets as w
 
 from ..errors import NvkitError
-from ..gpus import FAKE_ENV, fmt_bytes, gpus, nvml_status
-from ..selection import _inherited, launch_command, plan, select_gpus, selection, startup_env
+from ..hardware.inventory import FAKE_ENV, gpus, nvml_status
+from ..hardware.selection import inherited, launch_command, plan, select_gpus, selection, startup_env
+from ..units import fmt_bytes
 
 _MODES = [("Chosen GPUs", "gpus"), ("All GPUs", "all"), ("CPU only", "cpu")]
 
@@ -88,7 +89,7 @@ class GPUSelector(w.VBox):
             found, problem = [], str(e)
         self._gpus = found
         self._rows = {g.index: _Row(g, self._on_check, self._on_move) for g in found}
-        allowed, _ = _inherited(found)
+        allowed, _ = inherited(found)
         for idx, r in self._rows.items():
             if allowed is not None and idx not in allowed:   # outside the kernel's inherited set
                 r.check.disabled = True

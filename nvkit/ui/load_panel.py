@@ -13,7 +13,7 @@ import html
 import ipywidgets as w
 
 from ..errors import NvkitError
-from ..memory import fmt_bytes
+from ..units import fmt_bytes
 from ..threads import run_in_worker
 
 DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -22,8 +22,7 @@ DEVICE_MAPS = (("default (cuda if present)", None), ("cuda", "cuda"), ("auto (sp
 
 class LoadPanel(w.VBox):
     def __init__(self, model: str = "demo", device=None):
-        from ..backends import attention_backends
-        from ..quant import quantization_methods
+        from .. import attention_backends, quantization_methods
         self.backends = attention_backends(device)
         self.quants = quantization_methods(device)
         self.model = w.Combobox(value=model, options=["demo"], placeholder="demo, a Hub id or a local directory",
@@ -148,7 +147,7 @@ class LoadPanel(w.VBox):
 
     def _estimate(self):
         try:
-            from ..estimate import estimate
+            from .. import estimate
         except ImportError:
             self.estimate_html.value = "<i>memory estimate unavailable (nvkit.estimate is not in this install)</i>"
             return
@@ -182,7 +181,7 @@ class LoadPanel(w.VBox):
         def work(job):
             # The worker sets the widgets itself before it finishes, so whoever waits on the job
             # sees the final state (done-callbacks run after the job is marked done).
-            from ..session import load
+            from .. import load
             try:
                 s = load(model, **kw)
             except BaseException as e:
@@ -212,7 +211,7 @@ class LoadPanel(w.VBox):
                 f"{html.escape(', '.join(i['devices']))} · attention in use <b>{html.escape(str(i['attention']))}</b>{kern}")
 
     def unload(self) -> int:
-        from ..session import session
+        from .. import session
         s = session(required=False)
         if s is None:
             self.status.value = "nothing is loaded"

@@ -19,7 +19,9 @@ import numpy as np
 import plotly.graph_objects as go
 
 from .. import events
-from .. import memory
+from ..memory import peaks, sampling
+from ..memory.usage import pick_devices
+from ..units import fmt_bytes
 from ..errors import NvkitError, require
 
 GiB = float(2**30)
@@ -31,12 +33,12 @@ _KIND_SYMBOL = {"mark": "star", "oom": "x", "unload": "triangle-down", "load": "
 class MemoryChart(w.VBox):
     """The live memory chart; ``.figure`` is the plotly FigureWidget, ``.stop()`` ends its updates."""
 
-    def __init__(self, devices=None, rate_hz: float = memory.DEFAULT_RATE_HZ, window_s: float = 300.0,
+    def __init__(self, devices=None, rate_hz: float = sampling.DEFAULT_RATE_HZ, window_s: float = 300.0,
                  start: bool = True):
         require(isinstance(window_s, (int, float)) and not isinstance(window_s, bool) and 1 <= window_s <= 86400,
                 f"window_s must be between 1 and 86400 seconds, not {window_s!r}.")
-        self.sampler = memory.sampler(rate_hz=rate_hz, window_s=window_s, start=start)
-        shown = memory.pick_devices(self.sampler.devices, devices, "chart")
+        self.sampler = sampling.sampler(rate_hz=rate_hz, window_s=window_s, start=start)
+        shown = pick_devices(self.sampler.devices, devices, "chart")
         self.devices = shown
         self.rate_hz = float(rate_hz)
         self.window_s = float(window_s)
@@ -120,12 +122,12 @@ class MemoryChart(w.VBox):
 
     def refresh(self, force: bool = False) -> bool:
         """Redraw from the sampler if anything changed; returns True when it redrew."""
-        s = memory.sampler(start=False)
+        s = sampling.sampler(start=False)
         if s is not self.sampler:  # the shared sampler was replaced (bigger window)
             self.sampler = s
         evs = events.events()
-        comps = memory.comparisons(frame=False)
-        exp = memory.expectation()
+        comps = peaks.comparisons(frame=False)
+        exp = peaks.expectation()
         state = (s.version, len(evs) and evs[-1].t, len(comps), id(exp))
         if state == self._seen and not force:
             return False
@@ -139,7 +141,7 @@ class MemoryChart(w.VBox):
         data = {}
         n_points = 0
         for d in self.devices:
-            for name in memory.SERIES:
+            for name in sampling.SERIES:
                 try:
                     t, y = s.series(name, d.cuda_index)
                 except NvkitError:
@@ -178,7 +180,7 @@ class MemoryChart(w.VBox):
         if last is not None:
             self.status.value = f" · {html.escape(str(last))}"
         elif exp is not None:
-            self.status.value = f" · predicted peak {html.escape(memory.fmt_bytes(exp.total))}"
+            self.status.value = f" · predicted peak {html.escape(fmt_bytes(exp.total))}"
         return True
 
     def _predicted(self, label: str, comps, exp, t_min: float, t_end: float):
@@ -191,7 +193,7 @@ class MemoryChart(w.VBox):
             xs += [c.t_start, c.t_end, np.nan]
             ys += [c.predicted / GiB] * 2 + [np.nan]
         if exp is not None:
-            busy_since = memory.open_since()
+            busy_since = peaks.open_since()
             if busy_since is not None:
                 xs += [busy_since, t_end, np.nan]
                 ys += [exp.total / GiB] * 2 + [np.nan]
@@ -202,14 +204,14 @@ class MemoryChart(w.VBox):
         args = []
         if self._devices_arg is not None:
             args.append(f"devices={self._devices_arg!r}")
-        if self.rate_hz != memory.DEFAULT_RATE_HZ:
+        if self.rate_hz != sampling.DEFAULT_RATE_HZ:
             args.append(f"rate_hz={self.rate_hz:g}")
         if self.window_s != 300.0:
             args.append(f"window_s={self.window_s:g}")
         return f"import nvkit\nchart = nvkit.monitor({', '.join(args)})\nchart"
 
 
-def monitor(devices=None, rate_hz: float = memory.DEFAULT_RATE_HZ, window_s: float = 300.0) -> MemoryChart:
+def monitor(devices=None, rate_hz: float = sampling.DEFAULT_RATE_HZ, window_s: float = 300.0) -> MemoryChart:
     """A live memory chart of the GPUs this process sees (``devices``: cuda indices; None = all),
     sampled ``rate_hz`` times a second (≤ 20; redrawn ≤ 5 times a second) over the last
     ``window_s`` seconds. Display it, then ``await`` work in a later cell to watch it move."""

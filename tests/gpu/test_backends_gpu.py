@@ -10,8 +10,8 @@ import torch
 
 import nvkit
 from nvkit import NvkitError
-from nvkit.kernels_support import local_kernel_config
-from nvkit.session import load
+from nvkit.model.kernels import local_kernel_config
+from nvkit.model.session import load
 from tests.choices_model import model_path
 
 KDIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "kernels", "nvkit-rmsnorm")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import nvkit
-from nvkit import fast
+from nvkit.generate.fast import decoding as fast
 from nvkit.errors import NvkitError
 from tests.gen_fixtures import model_dir, shaped_dir
 
@@ -38,7 +38,7 @@ def _same_as_plain_greedy(s, decoder, prompt: str, n: int) -> None:
     with torch.inference_mode():
         ref = s.model.generate(ids, max_new_tokens=n, do_sample=False,
                                pad_token_id=s.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
-        sampling, why = fast._resolve(s.model, dict(max_new_tokens=n, do_sample=False))
+        sampling, why = fast.resolve(s.model, dict(max_new_tokens=n, do_sample=False))
         assert why is None
         got = decoder.generate(ids, sampling)
     eos = set(sampling.eos)
@@ -114,7 +114,7 @@ def test_auto_attention_survives_a_failing_triton_kernel(demo_cuda, monkeypatch)
     """attention="auto" picks triton-fused; where nvkit's kernel fails on a GPU (injected here: the op
     raises while inductor traces it), the decoder captures the compiled matmul step instead of the
     slower eager Triton one, says why, and decodes plain greedy's tokens."""
-    from nvkit import decode_attention
+    from nvkit.generate import decode_attention
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected: this GPU cannot run the kernel")
@@ -155,7 +155,7 @@ def test_logits_close_on_qwen3_shape():
                                    return_dict_in_generate=True, eos_token_id=10 ** 7,
                                    pad_token_id=s.tokenizer.pad_token_id)
             ref_tokens = ref.sequences[0, ids.shape[1]:].tolist()
-            sampling, why = fast._resolve(s.model, dict(max_new_tokens=n, do_sample=False, eos_token_id=10 ** 7))
+            sampling, why = fast.resolve(s.model, dict(max_new_tokens=n, do_sample=False, eos_token_id=10 ** 7))
             assert why is None
             d = fast.decoder(s)
             got = d.generate(ids, sampling, keep_logits=True)
@@ -203,7 +203,7 @@ def _profile_one_replay(d):
 
 @pytest.mark.skipif(os.environ.get("NVKIT_SKIP_BENCH") == "1", reason="NVKIT_SKIP_BENCH=1")
 def test_decode_benchmark_table():
-    from nvkit import bench_decode
+    from nvkit.benchmarks import decode as bench_decode
     df = bench_decode.run(model=shaped_dir("qwen3-0.6b"), new_tokens=int(os.environ.get("NVKIT_BENCH_TOKENS", "256")),
                           n_prompts=64, batch_new_tokens=int(os.environ.get("NVKIT_BENCH_BATCH_TOKENS", "128")))
     out = os.environ.get("OUT")

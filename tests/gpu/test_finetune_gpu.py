@@ -68,7 +68,7 @@ def test_qlora_nf4(shaped, tmp_path):
 
 def test_bench_lora_table_and_target():
     import pandas as pd
-    from nvkit.bench_lora import run
+    from nvkit.benchmarks.lora import run
     df = run(model="qwen3-0.6b", batch_size=8, seq_len=512, steps=30, r=16)
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(f"\nLoRA bench on {df.attrs['gpu']} (Qwen3-0.6B shape, r=16 all-linear, batch 8 x 512, AdamW)")
@@ -83,7 +83,7 @@ def test_bench_lora_table_and_target():
 def test_ddp_launch_two_gpus(shaped, tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip(f"a DDP launch needs 2 GPUs; {torch.cuda.device_count()} visible")
-    from nvkit.launch import launch
+    from nvkit.train.launch import launch
     run = launch({"model": shaped, "data": DATA, "max_steps": 10, "batch_size": 8, "seq_len": 128},
                  nproc_per_node=2, gpus=[0, 1], run_dir=str(tmp_path / "ddp"))
     print(run.command)

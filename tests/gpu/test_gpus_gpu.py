@@ -48,7 +48,7 @@ def run_py(code: str) -> dict:
 def real_gpus():
     found = run_py("import json, nvkit; print(json.dumps([g.to_dict() for g in nvkit.gpus()]))")
     if not found:
-        from nvkit.gpus import nvml_status
+        from nvkit.hardware.inventory import nvml_status
         pytest.skip(f"NVML sees no GPU: {nvml_status()}")
     return found
 

@@ -19,10 +19,11 @@ torch = pytest.importorskip("torch")
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
 
+from nvkit.benchmarks import sampler as sampler_bench
 import nvkit  # noqa: E402
 from nvkit import memory  # noqa: E402
 from nvkit.errors import NvkitError  # noqa: E402
-from nvkit.memory import fmt_bytes  # noqa: E402
+from nvkit.units import fmt_bytes  # noqa: E402
 
 TOLERANCE = 0.15
 
@@ -156,7 +157,7 @@ def test_finetune_predicts_its_own_peak(qwen_dir):
 
 
 def test_sampler_overhead_on_decode():
-    r = memory.overhead_benchmark("qwen3-0.6b", new_tokens=256, rounds=5, rate_hz=5)
+    r = sampler_bench.overhead_benchmark("qwen3-0.6b", new_tokens=256, rounds=5, rate_hz=5)
     print(f"\nsampler overhead: {r['tok_s_without']:.1f} tok/s without, {r['tok_s_with']:.1f} with (5 Hz, "
           f"{r['path']} path): {r['difference']:+.2%}, rounds spread {r['noise']:.2%}; "
           f"{r['seconds_per_sample'] * 1e6:.0f} µs per sample")

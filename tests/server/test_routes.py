@@ -63,7 +63,7 @@ async def test_gpus_payload_with_fake_gpus(jp_fetch, fake_gpus):
 async def test_gpus_payload_without_gpus_says_why(jp_fetch, monkeypatch):
     import importlib
     from nvkit.server import handlers
-    gpus_mod = importlib.import_module("nvkit.gpus")
+    gpus_mod = importlib.import_module("nvkit.hardware.inventory")
     monkeypatch.setattr(gpus_mod, "gpus", lambda: [])
     r = await jp_fetch("nvkit", "api", "gpus")
     data = json.loads(r.body)

@@ -21,7 +21,7 @@ import os
 import tempfile
 import time
 
-from .errors import NvkitError, require
+from ..errors import NvkitError, require
 
 VARIANTS = ("plain", "nvkit", "nvkit+liger", "nvkit+gc")
 
@@ -41,11 +41,13 @@ def _one(path: str, variant: str, *, batch_size, seq_len, steps, warmup, r, devi
     import torch
     from transformers import AutoModelForCausalLM, TrainerCallback
 
-    from . import data as _data
-    from .finetune import (_apply_liger, _compile_layers, _memory_now, _quiet, _trainer_classes,
-                           _uncompile_layers, activation_budget, fused_loss_supported, precision,
-                           prepare_lora_model, training_arguments)
-    from .memory import release
+    from ..memory.usage import memory_now as _memory_now, release
+    from ..model.precision import precision
+    from ..train import data as _data
+    from ..train.finetune import (activation_budget, apply_liger as _apply_liger, compile_layers as _compile_layers,
+                                  prepare_lora_model, quiet_trainer as _quiet, trainer_classes as _trainer_classes,
+                                  training_arguments, uncompile_layers as _uncompile_layers)
+    from ..train.loss import fused_loss_supported
 
     nvkit_path = variant != "plain"
     compile_on = variant in ("nvkit", "nvkit+gc") and device_type == "cuda"
@@ -165,7 +167,7 @@ def run(model: str = "qwen3-0.6b", batch_size: int = 8, seq_len: int = 512, step
     if os.path.isdir(os.path.expanduser(model)):
         path = os.path.expanduser(model)
     else:
-        from .demo import shaped
+        from ..demo import shaped
         path = shaped(model)
     if device_type == "cuda":
         cap = torch.cuda.get_device_capability()

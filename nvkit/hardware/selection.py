@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .errors import NvkitError
-from .gpus import GPU, gpus as _list_gpus, nvml_status
+from ..errors import NvkitError
+from ..state import STATE
+from .inventory import GPU, gpus as _list_gpus, nvml_status
 
 ORDER = "CUDA_DEVICE_ORDER"
 VISIBLE = "CUDA_VISIBLE_DEVICES"
@@ -249,7 +250,7 @@ def _parse_visible(value: str | None, gs: list[GPU]) -> tuple[list[int] | None, 
     return out, notes
 
 
-def _inherited(gs: list[GPU]) -> tuple[list[int] | None, list[str]]:
+def inherited(gs: list[GPU]) -> tuple[list[int] | None, list[str]]:
     """The GPUs this process may use at all: those of a CUDA_VISIBLE_DEVICES it started with."""
     value = _STARTUP[VISIBLE]
     allowed, notes = _parse_visible(value, gs)
@@ -371,8 +372,6 @@ def _bus_key(bus: str) -> tuple[int, ...]:
 
 # --- saving for a restart ------------------------------------------------------------------------
 
-_pending: Selection | None = None
-_applied = False
 
 
 def _saved_dir() -> Path:
@@ -416,8 +415,7 @@ def _process_tag() -> str:
 
 
 def _forget_saved() -> None:
-    global _pending
-    _pending = None
+    STATE.pending_gpus = None
     kid = kernel_id()
     if kid:
         try:
@@ -431,7 +429,7 @@ def _forget_saved() -> None:
 def plan(choice=None) -> Selection:
     """What ``select_gpus(choice)`` would do, without doing it (the GPU selector previews with it)."""
     gs = _list_gpus(processes=False)
-    allowed, notes = _inherited(gs)
+    allowed, notes = inherited(gs)
     wanted = _resolve(choice, gs, allowed)
     initialized = cuda_initialized()
     now, _, _ = _in_force_now(gs)
@@ -456,7 +454,6 @@ def select_gpus(choice=None) -> Selection:
     initialised in this process and the choice differs from what is in force, nothing changes now:
     the choice is saved and applied when this kernel restarts (and a message says so).
     """
-    global _pending
     gs = _list_gpus(processes=False)
     p = plan(choice)
     if not p.cuda_initialized:
@@ -481,7 +478,7 @@ def select_gpus(choice=None) -> Selection:
                   "set NVKIT_CACHE to a writable directory.", file=sys.stderr)
     result = Selection(p.choice, p.devices, p.env, False, True, restart_needed=True, saved=saved,
                        notes=p.notes)
-    _pending = result
+    STATE.pending_gpus = result
     now = selection()
     where = ", ".join(str(d) for d in now.devices) or "no GPU"
     if saved:
@@ -499,11 +496,11 @@ def selection() -> Selection:
     """The cuda:i -> physical GPU mapping in force in this process (with ``.pending``: a choice
     waiting for a kernel restart, if any)."""
     gs = _list_gpus(processes=False)
-    allowed, notes = _inherited(gs)
+    allowed, notes = inherited(gs)
     now, devices, more = _in_force_now(gs)
     env = {ORDER: os.environ.get(ORDER), VISIBLE: os.environ.get(VISIBLE)}
     return Selection(now, devices, env, in_force=True, cuda_initialized=cuda_initialized(),
-                     pending=_pending, notes=tuple(notes + more))
+                     pending=STATE.pending_gpus, notes=tuple(notes + more))
 
 
 def requested() -> Selection:
@@ -518,10 +515,9 @@ def apply_saved() -> Selection | None:
     Runs at ``import nvkit`` and ``%load_ext nvkit`` (once per process). Only a Jupyter kernel
     whose id has a saved file is affected, and it prints one line saying what it applied.
     """
-    global _applied
-    if _applied:
+    if STATE.saved_gpus_applied:
         return None
-    _applied = True
+    STATE.saved_gpus_applied = True
     kid = kernel_id()
     if not kid:
         return None
@@ -571,11 +567,11 @@ def launch_command(script: str, nproc_per_node: int | None = None, *, launcher: 
         choice = sel.choice
         if choice is None:  # "all": spell them out
             gs = _list_gpus(processes=False)
-            allowed, _ = _inherited(gs)
+            allowed, _ = inherited(gs)
             choice = _canonical(None, gs, allowed)
     else:
         gs = _list_gpus(processes=False)
-        allowed, _ = _inherited(gs)
+        allowed, _ = inherited(gs)
         choice = _canonical(_resolve(gpus, gs, allowed), gs, allowed)
     env = {ORDER: "PCI_BUS_ID"}
     if choice is not None:

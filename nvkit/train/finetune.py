@@ -5,8 +5,8 @@ notebook progress bar off — it would print into whichever cell happens to run 
 callback that records each logged step into ``FinetuneRun.history``, puts steps and checkpoints on
 the event log (the memory chart draws them) and turns ``run.stop()`` into "end after this step".
 
-Speed and memory (the H200 numbers live in the issue and in ``nvkit.bench_lora``):
-- the loss never materializes the full logits: ``fused_linear_cross_entropy`` runs the LM head and
+Speed and memory (``nvkit bench --lora`` measures them; docs/benchmarks.md has the figures):
+- the loss never materializes the full logits: ``nvkit.train.loss`` runs the LM head and
   the cross-entropy chunk by chunk and keeps only the gradient of the hidden states (the idea of
   Liger's fused linear cross-entropy, in plain torch so it also runs on CPU); with Qwen3's 152k
   vocabulary the logits and their fp32 copies are most of plain PEFT's peak;
@@ -29,27 +29,25 @@ import tempfile
 import threading
 import time
 
-from . import events
-from .errors import NvkitError, require
-from .memory import fmt_bytes, rss_bytes
-from .threads import Job, run_in_worker
+from .. import events
+from ..checks import positive_int
+from ..errors import NvkitError, require
+from ..memory import peaks
+from ..memory.oom import oom_error
+from ..memory.usage import memory_now
+from ..model.precision import precision
+from ..model.session import Session, session as current_session
+from ..threads import Job, run_in_worker
+from ..units import fmt_bytes
+from . import data as train_data
+from .loss import causal_lm, fused_causal_lm_loss, fused_loss_supported
 
 DEFAULT_LORA = dict(r=16, alpha=32, dropout=0.05, target_modules="all-linear")
-# Model types whose causal-LM head is a plain (optionally tied) linear with no logit scaling or
-# soft-capping, so the fused loss computes exactly what the model's own loss would.
-_FUSED_LOSS_TYPES = {"qwen2", "qwen3", "llama", "mistral", "qwen2_moe", "qwen3_moe", "phi3", "olmo2", "smollm3"}
 _LIGER_TYPES = {"qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "smollm3"}
 
 
 # --- decisions (pure functions, tested directly) ------------------------------------------------
 
-def precision(device_type: str, capability: tuple[int, int] | None) -> str:
-    """'bf16' on CUDA with compute capability ≥ 8.0 (Ampere+), 'fp16' on older CUDA GPUs, 'fp32' on
-    CPU. ``torch.cuda.is_bf16_supported()`` says True on some pre-Ampere GPUs (emulated, slow), and
-    ``TrainingArguments(bf16=True)`` raises on CPU, so the decision is made here."""
-    if device_type != "cuda":
-        return "fp32"
-    return "bf16" if capability is not None and tuple(capability) >= (8, 0) else "fp16"
 
 
 def liger_decision(liger, device_type: str, model_type: str) -> tuple[bool, str]:
@@ -74,7 +72,7 @@ def liger_decision(liger, device_type: str, model_type: str) -> tuple[bool, str]
     return False, f"off: {why_not}"
 
 
-def _check_lora(lora) -> dict:
+def check_lora(lora) -> dict:
     require(isinstance(lora, dict), f"lora must be a dict like {DEFAULT_LORA}, not {type(lora).__name__}.")
     unknown = set(lora) - {"r", "alpha", "dropout", "target_modules", "bias", "use_rslora", "use_dora"}
     require(not unknown, f"Unknown LoRA setting(s) {sorted(unknown)}: use r, alpha, dropout, target_modules "
@@ -91,125 +89,22 @@ def _check_lora(lora) -> dict:
     return cfg
 
 
-def _pos_int(name, v, allow_none=False):
-    if v is None and allow_none:
-        return None
-    require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{name} must be a whole number ≥ 1, not {v!r}.")
-    return v
 
 
 # --- the fused loss ------------------------------------------------------------------------------
 
-def _chunk_rows(vocab: int) -> int:
-    # ~256 MiB of fp32 logits per chunk: big enough for efficient matmuls, small next to activations
-    return max(16, min(4096, (1 << 26) // max(vocab, 1)))
 
 
-def fused_linear_cross_entropy(hidden, weight, labels, chunk: int | None = None):
-    """Mean cross-entropy of ``hidden @ weight.T`` against ``labels`` (-100 = ignore), computed chunk
-    by chunk: the full (tokens × vocab) logits never exist, and the backward needs no recompute
-    because each chunk's gradient w.r.t. ``hidden`` is formed right away. ``hidden`` (N, H),
-    ``labels`` (N,) already aligned (shifted) with ``hidden``."""
-    return _FusedLinearCE.apply(hidden, weight, labels, chunk or _chunk_rows(weight.shape[0]))
 
 
-def _fused_ce_class():
-    import torch
-
-    class FusedLinearCE(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, hidden, weight, labels, chunk):
-            n = hidden.shape[0]
-            valid_all = labels != -100
-            count = int(valid_all.sum())
-            need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-            grad_h = torch.zeros_like(hidden) if need_h else None
-            grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
-            total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-            denom = max(count, 1)
-            for s in range(0, n, chunk):
-                y = labels[s:s + chunk]
-                valid = valid_all[s:s + chunk]
-                if not bool(valid.any()):
-                    continue
-                h = hidden[s:s + chunk]
-                logits = (h @ weight.t()).float()
-                lse = torch.logsumexp(logits, dim=-1)
-                yy = y.clamp_min(0)
-                target = logits.gather(1, yy[:, None]).squeeze(1)
-                total += ((lse - target) * valid).sum()
-                if need_h or need_w:
-                    # d(mean CE)/d(logits) = (softmax - onehot) / count, formed in place
-                    g = logits.sub_(lse[:, None]).exp_()
-                    g.scatter_add_(1, yy[:, None], -torch.ones_like(lse)[:, None])
-                    g.mul_((valid.to(g.dtype) / denom)[:, None])
-                    g = g.to(h.dtype)
-                    if need_h:
-                        grad_h[s:s + chunk] = g @ weight
-                    if need_w:
-                        grad_w += (g.t() @ h).float()
-            ctx.save_for_backward(*(t for t in (grad_h, grad_w) if t is not None))
-            ctx.has = (need_h, need_w)
-            ctx.w_dtype = weight.dtype
-            return total / denom
-
-        @staticmethod
-        def backward(ctx, grad_out):
-            saved = list(ctx.saved_tensors)
-            need_h, need_w = ctx.has
-            gh = gw = None
-            if need_h:
-                g = saved.pop(0)
-                gh = g * grad_out.to(g.dtype)
-            if need_w:
-                gw = (saved.pop(0) * grad_out).to(ctx.w_dtype)
-            return gh, gw, None, None
-
-    return FusedLinearCE
 
 
-class _FusedLinearCE:
-    """Builds the autograd Function on first use, so importing this module doesn't import torch."""
-    _cls = None
-
-    @classmethod
-    def apply(cls, *args):
-        if cls._cls is None:
-            cls._cls = _fused_ce_class()
-        return cls._cls.apply(*args)
 
 
-def _causal_lm(model):
-    """The transformers causal-LM module under a PEFT wrapper (or the model itself)."""
-    get = getattr(model, "get_base_model", None)
-    return get() if callable(get) else model
 
 
-def fused_loss_supported(model) -> tuple[bool, str]:
-    lm = _causal_lm(model)
-    cfg = getattr(lm, "config", None)
-    mt = getattr(cfg, "model_type", None)
-    if mt not in _FUSED_LOSS_TYPES:
-        return False, f"model type {mt!r} may scale or cap its logits; using the model's own loss"
-    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
-    import torch
-    if type(head) is not torch.nn.Linear or head.bias is not None:
-        return False, "the LM head is not a plain linear layer (adapted or quantized); using the model's own loss"
-    return True, "fused linear cross-entropy (chunked; no full logits)"
 
 
-def fused_causal_lm_loss(model, input_ids, labels, attention_mask=None):
-    """Next-token loss of a causal LM through the decoder and the chunked fused loss."""
-    lm = _causal_lm(model)
-    decoder = lm.get_decoder()
-    kwargs = {"input_ids": input_ids, "use_cache": False}
-    if attention_mask is not None:
-        kwargs["attention_mask"] = attention_mask
-    hidden = decoder(**kwargs).last_hidden_state
-    h = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
-    y = labels[:, 1:].reshape(-1)
-    head = lm.get_output_embeddings()
-    return fused_linear_cross_entropy(h, head.weight, y)
 
 
 # --- model preparation ---------------------------------------------------------------------------
@@ -247,7 +142,7 @@ def prepare_lora_model(model, lora: dict, gradient_checkpointing: bool):
     return peft_model, kbit, notes
 
 
-def _apply_liger(model) -> int:
+def apply_liger(model) -> int:
     """Swap RMSNorm modules and MLP forwards for Liger's Triton kernels on this model instance only
     (Liger's apply_liger_kernel_to_* patch classes process-wide, which would also change any other
     model in the kernel — e.g. the plain baseline of a benchmark)."""
@@ -255,7 +150,7 @@ def _apply_liger(model) -> int:
     import torch
     from liger_kernel.ops.swiglu import LigerSiLUMulFunction
     from liger_kernel.transformers.rms_norm import LigerRMSNorm
-    lm = _causal_lm(model)
+    lm = causal_lm(model)
     swapped = 0
     for name, module in list(lm.named_modules()):
         cls = type(module).__name__
@@ -294,13 +189,13 @@ def activation_budget(enabled: bool):
 
 
 def _decoder_layers(model):
-    lm = _causal_lm(model)
+    lm = causal_lm(model)
     dec = lm.get_decoder()
     layers = getattr(dec, "layers", None)
     return list(layers) if layers is not None else []
 
 
-def _compile_layers(model) -> int:
+def compile_layers(model) -> int:
     """Regional compilation: each decoder layer's forward is compiled; the layers share code, so
     dynamo compiles it once per shape and reuses it (seconds, not minutes, for 28 layers)."""
     import torch
@@ -312,7 +207,7 @@ def _compile_layers(model) -> int:
     return len(layers)
 
 
-def _uncompile_layers(model) -> None:
+def uncompile_layers(model) -> None:
     for layer in _decoder_layers(model):
         if getattr(layer, "_compiled_call_impl", None) is not None:
             layer._compiled_call_impl = None
@@ -423,6 +318,25 @@ class FinetuneRun:
     def __await__(self):
         return self.wait().__await__()
 
+    def follow(self, poll: float = 0.1):
+        """Yield each logged step (a ``history`` record) as it comes, in the calling thread, until
+        the run ends. An Interrupt stops the run after its current step, waits for it, then
+        re-raises, so a cell looping over this ends as interrupted with the adapter saved."""
+        shown = 0
+        try:
+            while True:
+                done = self.job.wait_done(poll)
+                with self._lock:
+                    new = self.history[shown:]
+                shown += len(new)
+                yield from new
+                if done:
+                    return
+        except KeyboardInterrupt:
+            self.stop()
+            self.job.wait_done(60)
+            raise
+
     def subscribe(self, fn) -> None:
         """``fn(record)`` for each logged step, called in the worker thread."""
         with self._lock:
@@ -439,16 +353,9 @@ class FinetuneRun:
                 pass
 
 
-def _memory_now(device_type: str) -> tuple[int, int]:
-    """(current, peak) bytes: PyTorch's allocator on CUDA, process RSS on CPU."""
-    if device_type == "cuda":
-        import torch
-        return int(torch.cuda.memory_allocated()), int(torch.cuda.max_memory_allocated())
-    r = rss_bytes()
-    return r, r
 
 
-def _trainer_classes():
+def trainer_classes():
     """Trainer subclass and callback, built on first use (transformers imports are heavy)."""
     import torch
     from transformers import Trainer, TrainerCallback
@@ -504,7 +411,7 @@ def _trainer_classes():
             tokens = self.counter["tokens"]
             rate = (tokens - self.last_tokens) / (t - self.last_t) if t > self.last_t else 0.0
             self.last_t, self.last_tokens = t, tokens
-            mem, peak = _memory_now(self.device_type)
+            mem, peak = memory_now(self.device_type)
             self.run.peak_memory = max(self.run.peak_memory, peak)
             rec = {"step": state.global_step, "loss": float(logs["loss"]),
                    "learning_rate": float(logs.get("learning_rate", float("nan"))),
@@ -516,7 +423,7 @@ def _trainer_classes():
     return NvkitTrainer, Recorder
 
 
-def _quiet(trainer) -> None:
+def quiet_trainer(trainer) -> None:
     """Trainer prints its log dicts (PrinterCallback) or draws a progress bar: from a worker thread
     both land in whichever cell runs at that moment. The run's history and the panel replace them."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
@@ -567,34 +474,31 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
     supervised pairs. ``compile="auto"`` compiles the decoder layers on CUDA. ``save_every=N``
     writes checkpoint-N directories (atomically) beside the final ``adapter``.
     """
-    # (``from . import session`` could give the function nvkit.session, a lazy public name)
-    from .session import Session, session as current_session
     s = session if session is not None else current_session()
     require(isinstance(s, Session), f"session must be an nvkit.Session (from nvkit.load), not {type(s).__name__}.")
     s._require_loaded()
     require(data is not None, "finetune needs data: a list of examples or a path to a .jsonl/.json/.csv/.txt file.")
-    lora_cfg = _check_lora(DEFAULT_LORA if lora is None else lora)
-    _pos_int("max_steps", max_steps, allow_none=True)
+    lora_cfg = check_lora(DEFAULT_LORA if lora is None else lora)
+    positive_int("max_steps", max_steps, allow_none=True)
     require(epochs is None or (isinstance(epochs, (int, float)) and not isinstance(epochs, bool) and epochs > 0),
             f"epochs must be > 0, not {epochs!r}.")
     require(max_steps is None or epochs is None, "Give max_steps or epochs, not both.")
     require(isinstance(learning_rate, (int, float)) and not isinstance(learning_rate, bool) and 0 < learning_rate < 1,
             f"learning_rate must be a number in (0, 1), e.g. 2e-4, not {learning_rate!r}.")
-    _pos_int("batch_size", batch_size)
-    _pos_int("grad_accum", grad_accum)
-    _pos_int("seq_len", seq_len)
-    _pos_int("log_every", log_every)
-    _pos_int("save_every", save_every, allow_none=True)
+    positive_int("batch_size", batch_size)
+    positive_int("grad_accum", grad_accum)
+    positive_int("seq_len", seq_len)
+    positive_int("log_every", log_every)
+    positive_int("save_every", save_every, allow_none=True)
     require(isinstance(gradient_checkpointing, bool), f"gradient_checkpointing must be True or False, not {gradient_checkpointing!r}.")
     require(compile in (True, False, "auto"), f"compile must be True, False or 'auto', not {compile!r}.")
     require(output_dir is None or isinstance(output_dir, (str, os.PathLike)), "output_dir must be a directory path.")
     if s.busy:
         raise NvkitError("A generation is running in this session: wait for it or call s.stop() first.")
-    if getattr(s, "_finetune", None) is not None and not s._finetune.done:
+    if s.training is not None and not s.training.done:
         raise NvkitError("A fine-tune is already running in this session: run.stop() it or wait for it.")
 
-    from . import data as _data
-    rows, data_info = _data.prepare(data, s.tokenizer, seq_len, packing)
+    rows, data_info = train_data.prepare(data, s.tokenizer, seq_len, packing)
 
     import torch
     device = s.device
@@ -617,12 +521,11 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
             "gradient_checkpointing": gradient_checkpointing, "output_dir": out}
     run = FinetuneRun(total, adapter_dir, info)
     counter = {"tokens": 0}
-    from .memory import expect_finetune
-    expect_finetune(s, batch_size, seq_len, lora_cfg["r"], gradient_checkpointing)  # drawn beside the measured peak
+    peaks.expect_finetune(s, batch_size, seq_len, lora_cfg["r"], gradient_checkpointing)  # drawn beside the measured peak
     events.record("train-start", f"LoRA r={lora_cfg['r']} on {s.model_id}: {total} steps, {prec}")
 
     def work(job: Job):
-        NvkitTrainer, Recorder = _trainer_classes()
+        NvkitTrainer, Recorder = trainer_classes()
         model, kbit, notes = prepare_lora_model(s.model, lora_cfg, gradient_checkpointing)
         info["qlora"] = kbit
         info["notes"] = notes
@@ -630,9 +533,9 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
         fused, why = fused_loss_supported(model)
         info["loss"] = why
         if use_liger:
-            info["liger_modules"] = _apply_liger(model)
+            info["liger_modules"] = apply_liger(model)
         if do_compile:
-            info["compiled_layers"] = _compile_layers(model)
+            info["compiled_layers"] = compile_layers(model)
             info["activation_budget"] = ACTIVATION_BUDGET
         if device_type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -642,27 +545,26 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
                                   fused_adamw=device_type == "cuda")
         pad = s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else (s.tokenizer.eos_token_id or 0)
         # compiled layers see a few padded shapes rather than one per batch length
-        collator = _data.Collator(pad, pad_to=64 if do_compile else 8)
+        collator = train_data.Collator(pad, pad_to=64 if do_compile else 8)
         recorder = Recorder(run, job, device_type, counter, save_every, out)
-        trainer = NvkitTrainer(model=model, args=args, train_dataset=_data.ListDataset(rows), data_collator=collator,
+        trainer = NvkitTrainer(model=model, args=args, train_dataset=train_data.ListDataset(rows), data_collator=collator,
                                callbacks=[recorder], fused_loss=fused, counter=counter)
-        _quiet(trainer)
+        quiet_trainer(trainer)
         model.train()
         try:
             with activation_budget(do_compile):
                 trainer.train()
         except torch.OutOfMemoryError as e:
-            from .memory import oom_error
             raise oom_error(e, "fine-tune", s) from e
         finally:
             if do_compile:
-                _uncompile_layers(model)
+                uncompile_layers(model)
             if gradient_checkpointing and hasattr(model, "gradient_checkpointing_disable"):
                 model.gradient_checkpointing_disable()
             model.eval()
             run.ended = time.monotonic()
             run.tokens = counter["tokens"]
-            _, peak = _memory_now(device_type)
+            _, peak = memory_now(device_type)
             run.peak_memory = max(run.peak_memory, peak)
         save_atomic(model, adapter_dir)
         events.record("checkpoint", f"adapter saved: {adapter_dir}")
@@ -673,5 +575,5 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
 
     dev_index = device.index if device_type == "cuda" else None
     run.job = run_in_worker(work, name="nvkit-finetune", device=dev_index)
-    s._finetune = run
+    s.training = run
     return run

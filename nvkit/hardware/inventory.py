@@ -20,7 +20,8 @@ import uuid as _uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import NvkitError
+from ..errors import NvkitError
+from ..units import fmt_bytes
 
 FAKE_ENV = "NVKIT_FAKE_GPUS"
 
@@ -109,15 +110,6 @@ class NvmlStatus:
         return self.reason
 
 
-def fmt_bytes(n: int | float | None) -> str:
-    if n is None:
-        return "?"
-    n = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit in ("B", "KiB") else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} TiB"
 
 
 # --- NVML ---------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import json
 import os
 from dataclasses import dataclass
 
-from .errors import NvkitError, require
+from ..errors import NvkitError, require
 
 IGNORE = -100
 _ROLES = ("system", "user", "assistant", "tool")
@@ -276,3 +276,25 @@ def prepare(data, tokenizer, seq_len: int, packing) -> tuple[list[Example], dict
     return rows, {"kind": kind, "examples": len(examples), "rows": len(rows), "tokens": n_tokens,
                   "target_tokens": sum(1 for e in examples for t in e.labels[1:] if t != IGNORE),
                   "packing": packing}
+
+
+def parse_examples(text: str) -> list:
+    """Examples typed as text, one per line: a JSON object or string, or plain text (the Fine-tune
+    panel's box and ``%%nvkit finetune``'s cell body)."""
+    out = []
+    for i, line in enumerate(text.splitlines()):
+        line = line.strip()
+        if not line:
+            continue
+        if line[0] in "{[\"":
+            try:
+                out.append(json.loads(line))
+                continue
+            except ValueError as e:
+                raise NvkitError(f"Line {i + 1} looks like JSON but does not parse ({e}). Fix it or drop the "
+                                 "leading brace to use it as plain text.") from e
+        out.append(line)
+    if not out:
+        raise NvkitError("No examples: write one per line (plain text or a JSON object such as "
+                         '{"prompt": "...", "response": "..."}), or choose a file.')
+    return out

@@ -17,8 +17,10 @@ import statistics
 import sys
 import time
 
-from .errors import NvkitError, require
-from .memory import fmt_bytes, release, rss_bytes
+from ..errors import NvkitError, require
+from ..memory.usage import release, rss_bytes
+from ..model import precision, session as model_session
+from ..units import fmt_bytes
 
 COLUMNS = ["row", "backend", "quantization", "ttft_ms", "prefill_tok_s", "decode_tok_s", "peak_memory_bytes",
            "peak_memory", "match_rate", "error"]
@@ -102,10 +104,10 @@ def bench(model: str = "demo", backends=("sdpa",), quantizations=(None,), prompt
     common = dict(model=model, prompt_len=prompt_len, new_tokens=new_tokens, batch_size=batch_size,
                   repeats=repeats, device_map=device_map)
     if decode:
-        from . import bench_decode
+        from . import decode as bench_decode
         return bench_decode.run(**common, **kwargs)
     if lora:
-        from . import bench_lora
+        from . import lora as bench_lora
         return bench_lora.run(**common, **kwargs)
     require(not kwargs, f"Unknown bench option(s): {', '.join(sorted(kwargs))}.")
     backends = _names("backends", backends)
@@ -117,12 +119,11 @@ def bench(model: str = "demo", backends=("sdpa",), quantizations=(None,), prompt
     import pandas as pd
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
-    import importlib
-    _session = importlib.import_module("nvkit.session")  # the module, not nvkit.session() the function
+    _session = model_session
     path, _ = _session.resolve_model(model)
     dm, device_type = _session.resolve_device_map(device_map)
     capability = torch.cuda.get_device_capability(0) if device_type == "cuda" else None
-    torch_dtype = _session.resolve_dtype(dtype, device_type, capability)
+    torch_dtype = precision.resolve_dtype(dtype, device_type, capability)
     config = AutoConfig.from_pretrained(path)
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     require(vocab > 0, f"{path}: its config has no vocab_size, so nvkit can't make prompts for it.")
@@ -225,7 +226,7 @@ def cli_main(argv) -> int:
         return int(e.code or 0)
     model = a.model
     if model.startswith("shape:"):
-        from .demo import shaped
+        from ..demo import shaped
         model = shaped(model.split(":", 1)[1])
     quants = [None if q.strip().lower() in ("none", "") else q.strip() for q in a.quant.split(",")]
     kw = dict(prompt_len=a.prompt_len, new_tokens=a.new_tokens, batch_size=a.batch_size, repeats=a.repeats,

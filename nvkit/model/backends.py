@@ -30,7 +30,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import NvkitError
+from ..errors import NvkitError
+from ..hardware.inventory import gpus
+from ..hardware.selection import selection
 
 BUILTIN = ("eager", "sdpa")
 NAMES = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
@@ -95,26 +97,26 @@ class ChoiceList(list):
 
 # --- facts about this machine (no CUDA context) ------------------------------------------------
 
-def _version(dist: str) -> str | None:
+def package_version(dist: str) -> str | None:
     try:
         return md.version(dist)
     except md.PackageNotFoundError:
         return None
 
 
-def _vtuple(v: str) -> tuple:
+def version_tuple(v: str) -> tuple:
     from packaging.version import Version
     return Version(v).release
 
 
 def kernels_problem() -> str | None:
     """Why Hub kernels can't be used with this transformers, or None."""
-    v = _version("kernels")
+    v = package_version("kernels")
     if v is None:
         return "the `kernels` package is not installed (pip install kernels==0.17.2)"
     lo, hi = KERNELS_RANGE
-    if not (_vtuple(lo) <= _vtuple(v) < _vtuple(hi)):
-        return (f"kernels {v} is outside the range transformers {_version('transformers')} accepts "
+    if not (version_tuple(lo) <= version_tuple(v) < version_tuple(hi)):
+        return (f"kernels {v} is outside the range transformers {package_version('transformers')} accepts "
                 f"(>= {lo}, < {hi}); transformers then silently disables Hub kernels: pip install kernels=={lo}")
     return None
 
@@ -218,7 +220,7 @@ def _find_module(name: str) -> bool:
 
 # --- the device --------------------------------------------------------------------------------
 
-def _device_spec(device) -> tuple[str, int]:
+def device_spec(device) -> tuple[str, int]:
     """("cpu"|"cuda", index) for None / "cpu" / "cuda" / "cuda:1" / 1 / torch.device."""
     if device is None:
         return ("cuda", 0) if _visible_gpu_count() > 0 else ("cpu", 0)
@@ -245,7 +247,6 @@ def _visible_gpu_count() -> int:
     if _torch_cuda_up():
         return sys.modules["torch"].cuda.device_count()
     try:
-        from .selection import selection
         return len(selection().devices)
     except NvkitError:
         raise
@@ -258,8 +259,6 @@ def device_capability(index: int = 0) -> tuple[tuple[int, int] | None, str]:
     if _torch_cuda_up():
         torch = sys.modules["torch"]
         return tuple(torch.cuda.get_device_capability(index)), torch.cuda.get_device_name(index)
-    from .gpus import gpus
-    from .selection import selection
     devs = selection().devices
     if index >= len(devs):
         return None, "?"
@@ -284,9 +283,9 @@ def _flash_choice(name: str, device_type: str, capability, gpu_name: str) -> Cho
     if tuple(capability) < need:
         return Choice(name, False, f"GPU too old: {name} needs {family} (compute capability ≥ {need[0]}.{need[1]}); "
                                    f"{gpu_name} is {capability[0]}.{capability[1]}", "-")
-    pkg = _version(dist)
+    pkg = package_version(dist)
     if pkg is not None:
-        if name == "flash_attention_2" and _vtuple(pkg) < (2, 3, 3):
+        if name == "flash_attention_2" and version_tuple(pkg) < (2, 3, 3):
             return Choice(name, False, f"flash-attn {pkg} is older than the 2.3.3 transformers accepts", f"package {dist} {pkg}")
         if not _find_module(module):
             return Choice(name, False, f"{dist} {pkg} is installed but `{module}` is not importable", f"package {dist} {pkg}")
@@ -309,7 +308,7 @@ def _flash_choice(name: str, device_type: str, capability, gpu_name: str) -> Cho
 def _flex_choice(device_type: str) -> Choice:
     # torch's flex_attention runs on CPU too (compiled by inductor with a C++ compiler), but only
     # as a slow correctness path; transformers lets it through on any device but TPU.
-    torch_v = _version("torch") or "?"
+    torch_v = package_version("torch") or "?"
     if device_type == "cpu":
         import shutil
         if not (shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")):
@@ -324,7 +323,7 @@ def _flex_choice(device_type: str) -> Choice:
 def attention_backends(device=None) -> ChoiceList:
     """Every attention backend transformers knows, for ``device`` (None: cuda:0 when a GPU is
     visible, else the CPU): ``.name``, ``.available``, ``.reason`` (why not), ``.source``."""
-    device_type, index = _device_spec(device)
+    device_type, index = device_spec(device)
     capability, gpu_name = (None, "")
     if device_type == "cuda":
         n = _visible_gpu_count()

@@ -12,29 +12,36 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
-from . import events
-from .errors import NvkitError, require
-from .memory import fmt_bytes, release, rss_bytes, torch_allocated
-from .threads import Job, run_in_worker
+from .. import events
+from ..errors import NvkitError, require
+from ..generate import paths
+from ..generate.fast.decoding import forget as forget_fast_decoder
+from ..generate.stats import GenerationStats
+from ..memory import peaks
+from ..memory.oom import oom_error
+from ..memory.unload import usage_snapshot, verified_release
+from ..memory.usage import cuda_in_use, release, rss_bytes, torch_allocated
+from ..state import STATE
+from ..threads import Job
+from ..units import fmt_bytes
+from . import adapters
+from .backends import resolve_attention, set_attention
+from .kernels import apply_kernels, enable_kernels, plan_kernels
+from .precision import resolve_dtype
+from .quant import quantization_config
 
-_DTYPES = {
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float16": "float16", "fp16": "float16", "half": "float16",
-    "float32": "float32", "fp32": "float32", "float": "float32",
-}
 _DEVICE_MAPS = ("cuda", "auto", "cpu", "balanced", "balanced_low_0", "sequential")
 
-_current: "Session | None" = None
-_current_lock = threading.Lock()
 
 
 def session(required: bool = True) -> "Session | None":
     """The session loaded last in this kernel (NvkitError if none and ``required``)."""
-    if _current is None and required:
+    current = STATE.session
+    if current is None and required:
         raise NvkitError("No model is loaded. Load one first: s = nvkit.load('demo') (or a Hub id / local directory).")
-    return _current
+    return current
 
 
 # --- argument checks ---------------------------------------------------------------------------
@@ -45,7 +52,7 @@ def resolve_model(model: str) -> tuple[str, bool]:
             f"model must be 'demo', a Hub id like 'Qwen/Qwen3-0.6B' or a local directory, not {model!r}.")
     model = os.fspath(model).strip()
     if model == "demo":
-        from . import demo
+        from .. import demo
         return demo.path(), True
     expanded = os.path.expanduser(model)
     if os.path.isdir(expanded):
@@ -59,19 +66,6 @@ def resolve_model(model: str) -> tuple[str, bool]:
     return model, False
 
 
-def resolve_dtype(dtype, device_type: str, capability: tuple[int, int] | None = None):
-    import torch
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    require(isinstance(dtype, str), f"dtype must be 'auto', 'bfloat16', 'float16' or 'float32', not {dtype!r}.")
-    key = dtype.lower().replace("torch.", "")
-    if key == "auto":
-        if device_type == "cuda":
-            # bf16 needs Ampere (8.0); is_bf16_supported() says True on older GPUs through emulation.
-            return torch.bfloat16 if capability and capability >= (8, 0) else torch.float16
-        return torch.float32
-    require(key in _DTYPES, f"Unknown dtype {dtype!r}: use 'auto', 'bfloat16', 'float16' or 'float32'.")
-    return getattr(torch, _DTYPES[key])
 
 
 def resolve_device_map(device_map):
@@ -107,79 +101,7 @@ def resolve_device_map(device_map):
     return dm, "cuda"
 
 
-# --- generation plumbing -----------------------------------------------------------------------
 
-class _StopOnEvent:
-    """StoppingCriteria that ends generation within a step once the event is set."""
-
-    def __init__(self, event: threading.Event):
-        self.event = event
-
-    def __call__(self, input_ids, scores, **kwargs):
-        import torch
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
-
-
-class _CallbackStreamer:
-    """A transformers streamer that decodes incrementally and hands text pieces to a callback in
-    the worker thread (no queue, so nothing can block forever if generate raises)."""
-
-    def __init__(self, tokenizer, callback: Callable[[str], Any], on_token: Callable[[], None] | None = None):
-        self.tokenizer = tokenizer
-        self.callback = callback
-        self.on_token = on_token
-        self.ids: list[int] = []
-        self.sent = 0
-        self.prompt_skipped = False
-
-    def put(self, value):
-        if not self.prompt_skipped:  # the first put is the prompt
-            self.prompt_skipped = True
-            return
-        self.ids.extend(int(t) for t in value.reshape(-1).tolist())
-        if self.on_token:
-            self.on_token()
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        # Hold back an incomplete UTF-8 sequence (shown as U+FFFD) until its bytes arrive.
-        if text.endswith("\ufffd"):
-            return
-        if len(text) > self.sent:
-            piece, self.sent = text[self.sent:], len(text)
-            self.callback(piece)
-
-    def end(self):
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if len(text) > self.sent:
-            self.callback(text[self.sent:])
-            self.sent = len(text)
-
-
-@dataclass
-class GenerationStats:
-    prompt_tokens: int = 0
-    new_tokens: int = 0
-    seconds: float = 0.0
-    time_to_first_token: float | None = None
-    stopped: bool = False
-    path: str = "generate"
-    prompts_done: int = 0  # batch paths: prompts finished so far (for progress displays)
-    detail: str = ""       # how the path ran, where it can run several ways (the fast path: FastDecoder.describe)
-
-    @property
-    def tokens_per_second(self) -> float:
-        decode = self.seconds - (self.time_to_first_token or 0.0)
-        n = max(self.new_tokens - 1, 0)
-        return n / decode if decode > 0 and n else (self.new_tokens / self.seconds if self.seconds else 0.0)
-
-    @property
-    def how(self) -> str:
-        """The path, with how it ran where it can run several ways: "fast (fused step, ...)"."""
-        return f"{self.path} ({self.detail})" if self.detail else self.path
-
-    def __str__(self) -> str:
-        ttft = f"{self.time_to_first_token * 1000:.0f} ms" if self.time_to_first_token is not None else "n/a"
-        return (f"{self.new_tokens} tokens in {self.seconds:.2f} s · {self.tokens_per_second:.1f} tok/s · "
-                f"first token {ttft} · {self.how}{' · stopped' if self.stopped else ''}")
 
 
 # --- the session -------------------------------------------------------------------------------
@@ -199,6 +121,8 @@ class Session:
     kernels: dict | None = None          # what Hub/local kernels replaced (nvkit.kernels_support)
     measured_bytes: int | None = None    # memory the load took, measured (allocator on CUDA, RSS on CPU)
     last_stats: GenerationStats | None = None
+    training: Any = None                 # the nvkit.FinetuneRun training this model, while it runs
+    unload_report: Any = None            # nvkit.memory.UnloadReport of the last unload
     _job: Job | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -325,40 +249,39 @@ class Session:
         with self._lock:
             if self.busy:
                 raise NvkitError("A generation is already running in this session: wait for it or call s.stop() first.")
-            ft = getattr(self, "_finetune", None)
-            if ft is not None and not ft.done:
+            if self.training is not None and not self.training.done:
                 raise NvkitError("A fine-tune is training this model: wait for it (await run) or run.stop() it first.")
-            stats = GenerationStats()
-            self.last_stats = stats
+            box: dict = {}
 
             def work(job: Job):
-                return self._run_generation(job, texts, gen, stream, seed, fast, stats, on_progress)
+                return self._run_generation(box["request"], seed)
 
             dev = self.device.index if self.device.type == "cuda" else None
-            self._job = run_in_worker(work, name="nvkit-generate", device=dev)
-            job = self._job
+            job = Job(work, name="nvkit-generate", device=dev)
+            req = box["request"] = paths.Request(job, texts, gen, stream, fast, on_progress)
+            self.last_stats = req.stats
+            self._job = job.start()
         job.single = single  # type: ignore[attr-defined]
         return job
 
-    def _run_generation(self, job: Job, texts, gen, stream, seed, fast, stats: GenerationStats, on_progress):
+    def _run_generation(self, req: paths.Request, seed):
         import torch
-        from . import generation
-        from .memory import expect_generation
-        expect_generation(self, texts, gen)  # the chart's "predicted peak" for this call
-        events.record("generate-start", f"{len(texts)} prompt(s), up to {gen['max_new_tokens']} tokens")
-        t0 = time.perf_counter()
+        peaks.expect_generation(self, req.texts, req.gen)  # the chart's "predicted peak" for this call
+        events.record("generate-start", f"{len(req.texts)} prompt(s), up to {req.gen['max_new_tokens']} tokens",
+                      subject=self)
+        req.t0 = time.perf_counter()
+        stats = req.stats
         try:
             if seed is not None:
                 torch.manual_seed(seed)
             with torch.inference_mode():
-                outs = generation.run(self, job, texts, gen, stream, fast, stats, t0, on_progress)
+                outs = paths.run(self, req)
         except torch.OutOfMemoryError as e:
-            from .memory import oom_error
             raise oom_error(e, "generate", self) from e
         finally:
-            stats.seconds = time.perf_counter() - t0
-            stats.stopped = job.stop_event.is_set()
-            events.record("generate-end", str(stats))
+            stats.seconds = time.perf_counter() - req.t0
+            stats.stopped = req.job.stop_event.is_set()
+            events.record("generate-end", str(stats), subject=self)
         return outs
 
     def generate(self, prompt, max_new_tokens: int = 50, do_sample: bool = False, stream=None, **kwargs):
@@ -388,7 +311,6 @@ class Session:
     def unload(self) -> int:
         """Free the model; returns the bytes freed, measured (PyTorch allocator on CUDA, process
         RSS on CPU)."""
-        global _current
         if self.model is None:
             return 0
         if self.busy:
@@ -397,38 +319,34 @@ class Session:
                 self._job.result(timeout=30)
             except Exception:
                 pass
-        ft = getattr(self, "_finetune", None)
+        ft = self.training
         if ft is not None and not ft.done:  # a training step must not find its model gone
             ft.stop()
             try:
                 ft.result(timeout=120)
             except Exception:
                 pass
-        from . import memory
         on_cuda = self.device.type == "cuda"
         where = str(self.device) if on_cuda else "cpu"
         release()
-        before = memory.usage_snapshot()
-        from .fast import forget
-        forget(self.model)  # the fast path's graphs, caches and compiled step hold the model too
+        before = usage_snapshot()
+        forget_fast_decoder(self.model)  # the fast path's graphs, caches and compiled step hold the model too
         self.model = None
         self.tokenizer = None
         self._job = None
         # NVML, torch and RSS drops, and the live tensors that still hold memory if any
-        self.unload_report = memory.verified_release(self.model_id, where, before)
+        self.unload_report = verified_release(self.model_id, where, before)
         freed = self.unload_report.freed
-        with _current_lock:
-            if _current is self:
-                _current = None
-        events.record("unload", f"{self.model_id}: {fmt_bytes(freed)} freed")
-        self.freed_bytes = freed
+        with STATE.lock:
+            if STATE.session is self:
+                STATE.session = None
+        events.record("unload", f"{self.model_id}: {fmt_bytes(freed)} freed", subject=self)
         return freed
 
     # --- model choices and adapters (implemented in their own modules) -----------------------
     def set_attention(self, name: str) -> str:
         """Switch the attention backend of the loaded model; returns the backend now in use."""
         self._require_loaded()
-        from .backends import set_attention
         impl = set_attention(self, name)
         events.record("attention", f"attention → {impl}")
         return impl
@@ -437,25 +355,21 @@ class Session:
         """Kernelize the loaded model with Hub/local kernels (checked first: on error the model
         is left as it was); returns which layers were replaced."""
         self._require_loaded()
-        from .kernels_support import enable_kernels
         info = enable_kernels(self, kernel_config)
         events.record("kernels", f"kernels: {info['replaced'] or 'no layer replaced'}")
         return info
 
     def load_adapter(self, adapter_dir: str, name: str | None = None):
         self._require_loaded()
-        from .adapters import load_adapter
-        return load_adapter(self, adapter_dir, name)
+        return adapters.load_adapter(self, adapter_dir, name)
 
     def merge_adapter(self):
         self._require_loaded()
-        from .adapters import merge_adapter
-        return merge_adapter(self)
+        return adapters.merge_adapter(self)
 
     def unload_adapter(self):
         self._require_loaded()
-        from .adapters import unload_adapter
-        return unload_adapter(self)
+        return adapters.unload_adapter(self)
 
 
 def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation: str = "sdpa",
@@ -465,20 +379,16 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
 
     ``model``: "demo" (nvkit's offline demo model), a Hub id, or a local checkpoint directory.
     The previous session is unloaded first."""
-    global _current
     path, is_local = resolve_model(model)
     dm, device_type = resolve_device_map(device_map)
     import torch
     capability = torch.cuda.get_device_capability(0) if device_type == "cuda" else None
     torch_dtype = resolve_dtype(dtype, device_type, capability)
-    from .backends import resolve_attention
     attn = resolve_attention(attn_implementation, device_type)
-    from .quant import quantization_config
     qconfig = quantization_config(quantization, torch_dtype, device_type)
     require(isinstance(trust_remote_code, bool), "trust_remote_code must be True or False.")
     require(max_memory is None or isinstance(max_memory, dict),
             "max_memory must be a dict such as {0: '20GiB', 1: '20GiB', 'cpu': '64GiB'}.")
-
 
     kwargs = dict(dtype=torch_dtype, device_map=dm, attn_implementation=attn,
                   trust_remote_code=trust_remote_code, **from_pretrained_kwargs)
@@ -487,9 +397,7 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     if qconfig is not None:
         kwargs["quantization_config"] = qconfig
     # Hub/local kernels are planned (and imported) now, before the current model is unloaded, and
-    # applied after the weights load (see nvkit.kernels_support for why not via from_pretrained).
-    from .kernels_support import apply_kernels, plan_kernels
-
+    # applied after the weights load (see nvkit.model.kernels for why not via from_pretrained).
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
     t0 = time.perf_counter()
     # Config and tokenizer first: they are small and fail fast (offline Hub, wrong path), so a bad
@@ -500,14 +408,13 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     except (OSError, ValueError, ImportError) as e:
         raise _load_error(model, path, is_local, e) from e
     kernel_plan = plan_kernels(path, device_type, use_kernels, kernel_config, trust_remote_code)
-    with _current_lock:
-        old = _current
+    old = STATE.session
     if old is not None and old.model is not None:
         print(f"Unloading {old.model_id} first.")
         old.unload()
-    from .memory import cuda_in_use
     release()
     mem_before = torch_allocated() if cuda_in_use() else rss_bytes()
+    peaks.tracker()  # the load's peak is measured from its start event on
     events.record("load-start", str(model))
     from transformers.utils import logging as hf_logging
     # The demo model loads in well under a second: a weight-loading bar would only interleave with
@@ -519,7 +426,6 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
         hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except torch.OutOfMemoryError as e:
         release()
-        from .memory import oom_error
         raise oom_error(e, "load", None) from e
     except (OSError, ValueError, ImportError, RuntimeError) as e:
         release()
@@ -537,9 +443,9 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
                 quantization=quantization if isinstance(quantization, (str, type(None))) else (
                     quantization.get("method") if isinstance(quantization, dict) else type(quantization).__name__),
                 kernels=kernels_info, measured_bytes=max(0, int(measured)))
-    with _current_lock:
-        _current = s
-    events.record("load", s.summary())
+    with STATE.lock:
+        STATE.session = s
+    events.record("load", s.summary(), subject=s)
     return s
 
 

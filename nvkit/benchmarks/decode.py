@@ -24,7 +24,7 @@ import random
 import sys
 import time
 
-from .errors import NvkitError, error_summary, require
+from ..errors import NvkitError, error_summary, require
 
 SINGLE_PATHS = ("generate", "static+compile", "fast")
 BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
@@ -72,12 +72,12 @@ def fast_options(path: str) -> dict | None:
 
 
 def _session(model, dtype):
-    from .session import Session, load
+    from ..model.session import Session, load
     if isinstance(model, Session):
         return model
     require(isinstance(model, str) and model.strip(), f"model must be 'demo', a shape name such as 'qwen3-0.6b', a "
                                                       f"local directory or a Session, not {model!r}.")
-    from . import demo
+    from .. import demo
     key = model.strip().lower()
     if key in demo.SHAPES:
         print(f"Random-weight {key} (exact shape, built once): loading…", flush=True)
@@ -87,7 +87,7 @@ def _session(model, dtype):
 
 def _prompts(tok, prompt_len: int, n: int, seed: int) -> tuple[str, list[str]]:
     """One prompt of about ``prompt_len`` tokens, and ``n`` of mixed lengths, from the demo corpus."""
-    from . import demo
+    from .. import demo
     with open(demo.CORPUS, encoding="utf-8") as f:
         words = f.read().split()
     rng = random.Random(seed)
@@ -123,7 +123,7 @@ def _peak() -> float | None:
 
 def _on_decoder(session, d, timed):
     """``timed`` run with ``d`` as the session's decoder (the others stay captured, unused)."""
-    from . import fast as fast_mod
+    from ..generate.fast import decoding as fast_mod
 
     def run_on_d():
         old = fast_mod.swap(session, d)
@@ -177,7 +177,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     if unused:
         print(f"(decode benchmark: ignoring {sorted(unused)})")
 
-    from . import fast as fast_mod
+    from ..generate.fast import decoding as fast_mod
     s = _session(model, dtype)
     tok, hf = s.tokenizer, s.model
     cuda = s.device.type == "cuda"

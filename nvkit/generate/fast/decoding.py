@@ -49,8 +49,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import events
-from .errors import NvkitError, error_summary
+from ... import events
+from ...errors import NvkitError, error_summary
+from ...memory.estimate import attention_dims
 
 #: steps per graph replay; 8 keeps streaming smooth (a chunk every few ms) and the host idle.
 DEFAULT_K = int(os.environ.get("NVKIT_FAST_K", "8"))
@@ -74,7 +75,7 @@ _PROCESSORS_OFF = {
     "suppress_tokens": (None,), "begin_suppress_tokens": (None,), "sequence_bias": (None,),
     "guidance_scale": (None, 1.0), "typical_p": (None, 1.0), "epsilon_cutoff": (None, 0.0), "eta_cutoff": (None, 0.0),
     "min_p": (None,), "top_h": (None,), "exponential_decay_length_penalty": (None,), "watermarking_config": (None,),
-    "renormalize_logits": (None, False), "max_length": None,  # max_length: see _resolve
+    "renormalize_logits": (None, False), "max_length": None,  # max_length: see resolve
     "stop_strings": (None,), "assistant_model": (None,), "prompt_lookup_num_tokens": (None,),
 }
 
@@ -95,7 +96,7 @@ class Sampling:
         return ("greedy",) if not self.do_sample else ("sample", self.top_k, self.top_p < 1.0)
 
 
-def _resolve(model, gen: dict) -> tuple[Sampling | None, str | None]:
+def resolve(model, gen: dict) -> tuple[Sampling | None, str | None]:
     """(Sampling, None) when the fast path can honour ``gen``, else (None, why not)."""
     extra = sorted(k for k in gen if k not in _SUPPORTED)
     if extra:
@@ -149,7 +150,7 @@ def unsupported_reason(session, texts: list[str], gen: dict) -> str | None:
     attn = getattr(model.config, "_attn_implementation", None)
     if attn not in ("sdpa", "eager"):
         return f"attention backend {attn!r}: the fast path passes its own mask, which needs 'sdpa' or 'eager'"
-    _, why = _resolve(model, gen)
+    _, why = resolve(model, gen)
     return why
 
 
@@ -339,7 +340,6 @@ def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False,
     the other paths do in kernels of their own."""
     import torch
     import torch.nn.functional as F
-    from .estimate import attention_dims
     inner = model.model
     nh, nkv, hd = attention_dims(model.config)
     groups = nh // nkv
@@ -348,9 +348,9 @@ def _fused_step(model, fused: "_Fused", b: "_Bucket", eager_head: bool = False,
     dtype = model.dtype
     neg = torch.finfo(torch.float32).min
     if attention == "triton":
-        from .decode_attention import decode_attention
+        from ..decode_attention import decode_attention
     if attention == "triton-fused":
-        from .decode_attention import decode_attention_rope
+        from ..decode_attention import decode_attention_rope
         norms = [_qk_norms(layer.self_attn) for layer in layers]
 
     def rope(x, cos, sin):
@@ -521,10 +521,9 @@ class FastDecoder:
             raise NvkitError(f"attention={kind!r} belongs to the fused decode step, which does not fit this model"
                              f"{': ' + self.fused_why if self.fused_why else ' (fused=False)'}.")
         try:
-            from . import decode_attention  # noqa: F401 - imports triton
+            from .. import decode_attention  # noqa: F401 - imports triton
         except ImportError as e:
             raise NvkitError(f"attention={kind!r} needs the triton package ({e}); PyTorch's CUDA builds bring it.") from e
-        from .estimate import attention_dims
         hd = attention_dims(model.config)[2]
         if hd & (hd - 1):
             raise NvkitError(f"attention={kind!r} needs a power-of-two head_dim; this model's is {hd}.")
@@ -903,7 +902,7 @@ def swap(session, d: FastDecoder | None) -> FastDecoder | None:
             object.__delattr__(model, _ATTR)
     else:
         if d.model is not model:
-            raise NvkitError("This decoder was built for another model; nvkit.fast.decoder(session) builds one for it.")
+            raise NvkitError("This decoder was built for another model; nvkit.generate.fast.decoder(session) builds one for it.")
         # A plain attribute on the nn.Module (not a submodule): unload drops the model and this with it.
         object.__setattr__(model, _ATTR, d)
     return old
@@ -935,7 +934,7 @@ def worth_capturing(session, text: str, gen: dict) -> str | None:
     if int(gen["max_new_tokens"]) >= AUTO_MIN_TOKENS:
         return None
     d = getattr(session.model, _ATTR, None)
-    sampling, _ = _resolve(session.model, gen)
+    sampling, _ = resolve(session.model, gen)
     if d is not None and sampling is not None:
         n = len(session.tokenizer(text)["input_ids"])
         if d.ready(n, sampling):
@@ -943,35 +942,3 @@ def worth_capturing(session, text: str, gen: dict) -> str | None:
     return (f"nothing is captured yet for this length and sampling mode, and {gen['max_new_tokens']} new tokens "
             f"(< {AUTO_MIN_TOKENS}) would not pay the one-time capture; fast=True (or a request of "
             f"≥ {AUTO_MIN_TOKENS} tokens) captures it once per session")
-
-
-def run(session, job, text: str, gen: dict, stream, stats, t0: float, on_progress=None) -> list[str]:
-    """One prompt through the fast path, streamed; fills ``stats`` like the plain path."""
-    import torch
-    from .session import _CallbackStreamer
-    sampling, why = _resolve(session.model, gen)
-    if sampling is None:
-        raise NvkitError(f"The fast path cannot run this request: {why}.")
-    tok = session.tokenizer
-    enc = tok(text, return_tensors="pt").to(session.device)
-    ids = enc["input_ids"]
-    stats.prompt_tokens = int(ids.shape[-1])
-    stats.path = "fast"
-    streamer = _CallbackStreamer(tok, stream or (lambda piece: None))
-    streamer.put(ids)  # the first put is the prompt, skipped
-    produced: list[int] = []
-
-    def on_tokens(chunk: list[int]):
-        if stats.time_to_first_token is None:
-            stats.time_to_first_token = time.perf_counter() - t0
-        produced.extend(chunk)
-        stats.new_tokens = len(produced)
-        streamer.put(torch.tensor(chunk))
-        if on_progress:
-            on_progress(stats)
-
-    d = decoder(session)
-    d.generate(ids, sampling, on_tokens=on_tokens, stop_event=job.stop_event)
-    stats.detail = d.describe()
-    streamer.end()
-    return [tok.decode(produced, skip_special_tokens=True)]

@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .backends import how_to_bring_in, kernel_source, kernels_problem, local_kernels
-from .errors import NvkitError
+from ..errors import NvkitError
+from ..memory.estimate import meta_model
 
 DEVICE_KEYS = ("cuda", "cpu", "rocm", "xpu", "npu", "neuron", "tpu", "mps")
 
@@ -75,7 +76,6 @@ def model_kernel_layers(model_or_path, trust_remote_code: bool = False) -> tuple
     model = model_or_path
     if not isinstance(model_or_path, torch.nn.Module):
         from transformers import AutoConfig
-        from .estimate import meta_model
         config = AutoConfig.from_pretrained(model_or_path, trust_remote_code=trust_remote_code)
         model = meta_model(config, trust_remote_code=trust_remote_code)
     names = []

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import os
 
-from . import events
-from .errors import NvkitError, require
+from .. import events
+from ..errors import NvkitError, require
 
 
 def _check_adapter_dir(adapter_dir) -> str:
@@ -37,7 +37,7 @@ def _check_adapter_dir(adapter_dir) -> str:
 def _require_idle(session):
     if session.busy:
         raise NvkitError("A generation is running in this session: wait for it or call s.stop() first.")
-    ft = getattr(session, "_finetune", None)
+    ft = session.training
     if ft is not None and not ft.done:
         raise NvkitError("A fine-tune is running in this session: run.stop() it or wait for it first.")
 

@@ -19,8 +19,9 @@ import os
 import threading
 from dataclasses import dataclass, field
 
-from .errors import NvkitError, require
-from .memory import fmt_bytes
+from ..demo import SHAPES, path as demo_path, shaped_config
+from ..errors import NvkitError, require
+from ..units import fmt_bytes
 
 MiB = 2**20
 
@@ -34,6 +35,13 @@ _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "
                 "fp16": 2, "half": 2}
 _QUANT = (None, "nf4", "fp4", "int8")
 _MODES = ("inference", "lora")
+
+
+def loss_chunk_rows(vocab: int) -> int:
+    """Rows of logits nvkit's fused loss computes at a time (``nvkit.train.loss``): about 256 MiB
+    of fp32 logits per chunk, big enough for efficient matmuls and small next to the activations.
+    Defined here, below the loss, because the estimate has to model the same chunk."""
+    return max(16, min(4096, (1 << 26) // max(vocab, 1)))
 
 
 @dataclass
@@ -123,7 +131,6 @@ def _config_of(model):
             f"estimate needs a model: 'demo', a shape name such as 'qwen3-0.6b', a local checkpoint directory, "
             f"a cached Hub id, a transformers config or a Session, not {model!r}.")
     name = os.fspath(model).strip()
-    from .demo import SHAPES, path as demo_path, shaped_config
     if name == "demo":
         return AutoConfig.from_pretrained(demo_path()), "demo"
     if name.lower() in SHAPES:
@@ -331,8 +338,7 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
         if path == "nvkit":
             # The fused loss: one chunk of fp32 logits at a time (its logits, softmax and
             # gradient), plus the fp32 gradient of the hidden states.
-            from .finetune import _chunk_rows
-            rows = min(_chunk_rows(V), T)
+            rows = min(loss_chunk_rows(V), T)
             parts["logits"] = rows * V * 4 * 3 + T * H * 4
             formulas["logits"] = (f"fused loss: {rows}-row chunk × vocab {V} × 4 B × 3 (logits, softmax, grad) "
                                   f"+ {T} tok × {H} × 4 B (hidden grad)")

@@ -32,8 +32,13 @@ import sys
 import threading
 import time
 
-from . import events
-from .errors import NvkitError, require
+from .. import events
+from ..checks import positive_int
+from ..errors import NvkitError, require
+from ..hardware.selection import launch_command
+from ..model.session import resolve_model, session as current_session
+from . import data as train_data
+from .finetune import DEFAULT_LORA, check_lora
 
 _STRATEGIES = ("ddp", "fsdp")
 _CONFIG_KEYS = {"model", "data", "lora", "max_steps", "epochs", "learning_rate", "batch_size", "grad_accum",
@@ -432,7 +437,6 @@ class LaunchRun:
 
 
 def _config(config, overrides: dict) -> dict:
-    from .finetune import DEFAULT_LORA, _check_lora, _pos_int
     require(config is None or isinstance(config, dict),
             f"config must be a dict of fine-tune settings (model, data, lora, max_steps, ...), not {type(config).__name__}.")
     cfg = {**(config or {}), **overrides}
@@ -440,19 +444,17 @@ def _config(config, overrides: dict) -> dict:
     require(not unknown, f"Unknown launch setting(s) {sorted(unknown)}; known: {', '.join(sorted(_CONFIG_KEYS))}.")
     model = cfg.get("model")
     if model is None or hasattr(model, "model_id"):  # a Session, or the current one
-        from .session import session as current_session
         s = model if model is not None else current_session()
         model = s.path
         cfg.setdefault("quantization", s.quantization if isinstance(s.quantization, str) else None)
-    from .session import resolve_model
     path, is_local = resolve_model(model)
     cfg["model"] = path
     require(cfg.get("data") is not None, "launch needs data: config['data'] = a list of examples or a local file.")
-    cfg["lora"] = _check_lora(cfg.get("lora") or DEFAULT_LORA)
+    cfg["lora"] = check_lora(cfg.get("lora") or DEFAULT_LORA)
     for key, default in (("batch_size", 8), ("grad_accum", 1), ("seq_len", 512), ("log_every", 1), ("seed", 0)):
         cfg.setdefault(key, default)
-        _pos_int(key, cfg[key]) if key != "seed" else require(isinstance(cfg[key], int), "seed must be a whole number.")
-    _pos_int("max_steps", cfg.get("max_steps"), allow_none=True)
+        positive_int(key, cfg[key]) if key != "seed" else require(isinstance(cfg[key], int), "seed must be a whole number.")
+    positive_int("max_steps", cfg.get("max_steps"), allow_none=True)
     require(not (cfg.get("max_steps") and cfg.get("epochs")), "Give max_steps or epochs, not both.")
     lr = cfg.setdefault("learning_rate", 2e-4)
     require(isinstance(lr, (int, float)) and 0 < lr < 1, f"learning_rate must be in (0, 1), not {lr!r}.")
@@ -466,10 +468,9 @@ def _config(config, overrides: dict) -> dict:
 def write_run(cfg: dict, run_dir: str, strategy: str, device: str, command_hint: str = "") -> dict:
     """Write script, config.json and data.jsonl into ``run_dir``; returns the data facts."""
     from transformers import AutoTokenizer
-    from . import data as _data
     os.makedirs(run_dir, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(cfg["model"])
-    rows, facts = _data.prepare(cfg["data"], tok, cfg["seq_len"], cfg["packing"])
+    rows, facts = train_data.prepare(cfg["data"], tok, cfg["seq_len"], cfg["packing"])
     with open(os.path.join(run_dir, "data.jsonl"), "w", encoding="utf-8") as f:
         for r in rows:
             f.write(json.dumps({"input_ids": r.input_ids, "labels": r.labels}) + "\n")
@@ -506,7 +507,6 @@ def launch(config: dict | None = None, nproc_per_node: int | None = None, strate
                 "A multi-node launch needs rdzv_endpoint='host:port' (the rendezvous on node 0).")
         require(node_rank is not None, "A multi-node launch needs node_rank (0 on the first node, 1 on the next...).")
     cfg = _config(config, settings)
-    from .selection import launch_command
     import torch
     visible_cuda = gpus != [] and torch.cuda.is_available()
     device = "cuda" if visible_cuda else "cpu"

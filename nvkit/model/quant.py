@@ -8,8 +8,9 @@ here); a ready ``TorchAoConfig`` / ``QuantoConfig`` can still be passed through 
 
 from __future__ import annotations
 
-from .backends import Choice, ChoiceList, _version, _vtuple
-from .errors import NvkitError
+from .backends import Choice, ChoiceList, device_spec, package_version, version_tuple
+from ..errors import NvkitError
+from .precision import resolve_dtype
 
 BNB_MIN = (0, 50)          # first bitsandbytes whose nf4/int8 also run on the CPU
 METHODS = ("nf4", "fp4", "int8")
@@ -19,17 +20,16 @@ OPTIONS_4BIT = ("double_quant", "compute_dtype", "quant_storage")
 def quantization_methods(device=None) -> ChoiceList:
     """nf4 / fp4 / int8 (bitsandbytes) and the methods nvkit knows but does not ship, each with
     ``.name``, ``.available``, ``.reason``, ``.source`` (same shape as ``attention_backends``)."""
-    from .backends import _device_spec
-    device_type, _ = _device_spec(device)
+    device_type, _ = device_spec(device)
     out = ChoiceList()
-    bnb = _version("bitsandbytes")
+    bnb = package_version("bitsandbytes")
     notes = {"nf4": "4-bit NormalFloat (QLoRA's choice), double quant on by default",
              "fp4": "4-bit float, double quant on by default",
              "int8": "LLM.int8() with outlier handling"}
     for m in METHODS:
         if bnb is None:
             out.append(Choice(m, False, "bitsandbytes is not installed (pip install 'bitsandbytes>=0.50')", "-"))
-        elif device_type == "cpu" and _vtuple(bnb)[:2] < BNB_MIN:
+        elif device_type == "cpu" and version_tuple(bnb)[:2] < BNB_MIN:
             out.append(Choice(m, False, f"bitsandbytes {bnb} has no CPU path; 0.50 and newer run on the CPU "
                                         "(pip install -U bitsandbytes)", f"package bitsandbytes {bnb}"))
         else:
@@ -42,7 +42,7 @@ def quantization_methods(device=None) -> ChoiceList:
 
 
 def _unverified(name: str, package: str, config: str) -> "Choice":
-    version = _version(package)
+    version = package_version(package)
     if version:
         reason = (f"{package} {version} is installed but nvkit has not verified it with transformers 5.22; "
                   f"pass {config} as quantization= to use it anyway")
@@ -100,14 +100,12 @@ def quantization_config(quantization, compute_dtype, device=None, **options):
     storage = options.get("quant_storage")
     import torch
     if isinstance(cdt, str):
-        from .session import resolve_dtype
         cdt = resolve_dtype(cdt, "cpu")
     if cdt is not None and cdt not in (torch.float32, torch.float16, torch.bfloat16):
         raise NvkitError(f"compute_dtype must be float32, float16 or bfloat16, not {cdt}.")
     kw = dict(load_in_4bit=True, bnb_4bit_quant_type=q, bnb_4bit_use_double_quant=double, bnb_4bit_compute_dtype=cdt)
     if storage is not None:
         if isinstance(storage, str):
-            from .session import resolve_dtype
             storage = resolve_dtype(storage, "cpu")
         kw["bnb_4bit_quant_storage"] = storage
     return BitsAndBytesConfig(**kw)

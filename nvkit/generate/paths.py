@@ -1,0 +1,211 @@
+"""How a generation request runs (inside the worker thread, under inference_mode).
+
+One prompt: on CUDA nvkit's fast path (``nvkit.generate.fast``: static cache, K decode steps per
+CUDA-graph replay), else transformers' ``generate`` with a stop criterion and an incremental
+streamer. Several prompts: continuous batching on CUDA (``nvkit.generate.batch``), one
+left-padded batch on the CPU. Every face gets these through ``Session.generate``;
+``request.stats.path`` records which one ran.
+
+The session is used through what any loaded session has (``model``, ``tokenizer``, ``device``,
+``quantization``), so this wing never imports the session module, which sits above it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .. import events
+from ..errors import NvkitError, error_summary
+from ..threads import Job
+from . import batch as batch_path
+from .fast import decoding as fast_decoder
+from .stats import GenerationStats
+
+
+class StopOnEvent:
+    """StoppingCriteria that ends generation within a step once the event is set."""
+
+    def __init__(self, event: threading.Event):
+        self.event = event
+
+    def __call__(self, input_ids, scores, **kwargs):
+        import torch
+        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+
+
+class CallbackStreamer:
+    """A transformers streamer that decodes incrementally and hands text pieces to a callback in
+    the worker thread (no queue, so nothing can block forever if generate raises)."""
+
+    def __init__(self, tokenizer, callback: Callable[[str], Any], on_token: Callable[[], None] | None = None):
+        self.tokenizer = tokenizer
+        self.callback = callback
+        self.on_token = on_token
+        self.ids: list[int] = []
+        self.sent = 0
+        self.prompt_skipped = False
+
+    def put(self, value):
+        if not self.prompt_skipped:  # the first put is the prompt
+            self.prompt_skipped = True
+            return
+        self.ids.extend(int(t) for t in value.reshape(-1).tolist())
+        if self.on_token:
+            self.on_token()
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        # Hold back an incomplete UTF-8 sequence (shown as U+FFFD) until its bytes arrive.
+        if text.endswith("\ufffd"):
+            return
+        if len(text) > self.sent:
+            piece, self.sent = text[self.sent:], len(text)
+            self.callback(piece)
+
+    def end(self):
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        if len(text) > self.sent:
+            self.callback(text[self.sent:])
+            self.sent = len(text)
+
+
+@dataclass
+class Request:
+    """One call of ``Session.generate``: the prompt texts (chat template applied), the generation
+    arguments, the streaming callback, the fast-path choice, and the stats it fills as it runs."""
+    job: Job
+    texts: list[str]
+    gen: dict
+    stream: Callable[[str], Any] | None = None
+    fast: bool | None = None
+    on_progress: Callable[[GenerationStats], Any] | None = None
+    stats: GenerationStats = field(default_factory=GenerationStats)
+    t0: float = field(default_factory=time.perf_counter)
+
+
+def _stopping(job):
+    from transformers import StoppingCriteriaList
+    return StoppingCriteriaList([StopOnEvent(job.stop_event)])
+
+
+def run_plain(session, req: Request) -> list[str]:
+    """Plain ``model.generate``: one prompt streamed, or a left-padded batch; returns new text per prompt."""
+    texts, gen, stats, t0, on_progress = req.texts, req.gen, req.stats, req.t0, req.on_progress
+    tok, model = session.tokenizer, session.model
+    single = len(texts) == 1
+    old_side = tok.padding_side
+    tok.padding_side = "left"  # decoder-only models continue from the right edge
+    try:
+        enc = tok(texts, return_tensors="pt", padding=not single).to(session.device)
+    finally:
+        tok.padding_side = old_side
+    stats.prompt_tokens = int(enc["attention_mask"].sum())
+    first = {}
+
+    def on_token():
+        if "t" not in first:
+            first["t"] = time.perf_counter() - t0
+            stats.time_to_first_token = first["t"]
+        stats.new_tokens += len(texts)
+        if on_progress:
+            on_progress(stats)
+
+    streamer = CallbackStreamer(tok, req.stream or (lambda piece: None), on_token)
+    out = model.generate(**enc, **gen, streamer=streamer, stopping_criteria=_stopping(req.job))
+    new = out[:, enc["input_ids"].shape[1]:]
+    # count what was really produced (streamer counted steps; pads after EOS are not tokens)
+    eos = set(_as_list(getattr(model.generation_config, "eos_token_id", None)))
+    pad = gen.get("pad_token_id")
+    produced = 0
+    for row in new.tolist():
+        for t in row:
+            if t in eos or (pad is not None and t == pad and pad in eos):
+                produced += 1
+                break
+            produced += 1
+    stats.new_tokens = produced
+    return [tok.decode(row, skip_special_tokens=True) for row in new]
+
+
+def _as_list(x):
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def run_fast(session, req: Request) -> list[str]:
+    """One prompt through the fast path, streamed; fills ``stats`` like the plain path."""
+    import torch
+    text, gen, stats, t0 = req.texts[0], req.gen, req.stats, req.t0
+    sampling, why = fast_decoder.resolve(session.model, gen)
+    if sampling is None:
+        raise NvkitError(f"The fast path cannot run this request: {why}.")
+    tok = session.tokenizer
+    enc = tok(text, return_tensors="pt").to(session.device)
+    ids = enc["input_ids"]
+    stats.prompt_tokens = int(ids.shape[-1])
+    stats.path = "fast"
+    streamer = CallbackStreamer(tok, req.stream or (lambda piece: None))
+    streamer.put(ids)  # the first put is the prompt, skipped
+    produced: list[int] = []
+
+    def on_tokens(chunk: list[int]):
+        if stats.time_to_first_token is None:
+            stats.time_to_first_token = time.perf_counter() - t0
+        produced.extend(chunk)
+        stats.new_tokens = len(produced)
+        streamer.put(torch.tensor(chunk))
+        if req.on_progress:
+            req.on_progress(stats)
+
+    d = fast_decoder.decoder(session)
+    d.generate(ids, sampling, on_tokens=on_tokens, stop_event=req.job.stop_event)
+    stats.detail = d.describe()
+    streamer.end()
+    return [tok.decode(produced, skip_special_tokens=True)]
+
+
+def run(session, req: Request) -> list[str]:
+    """Pick the path for this request and run it; ``req.stats.path`` says which one ran.
+
+    One prompt on CUDA: nvkit's fast path (``nvkit.generate.fast``) unless ``fast=False`` or the
+    request needs something it does not implement (then plain ``generate``; ``fast=True`` makes
+    that an error). With ``fast=None`` a short request whose length and sampling mode are not
+    captured yet runs plain ``generate`` instead of waiting for the capture
+    (``fast.decoder.worth_capturing``). Several prompts on CUDA: continuous batching. On the CPU:
+    plain ``generate`` (a left-padded batch for a list)."""
+    texts, gen, stats, fast = req.texts, req.gen, req.stats, req.fast
+    cuda = session.device.type == "cuda"
+    if fast and not cuda:
+        raise NvkitError("fast=True needs a CUDA GPU.")
+    if len(texts) > 1:
+        if cuda and fast is not False and not req.stream:
+            why = fast_decoder.unsupported_reason(session, texts[:1], gen)  # same limits: one GPU, no adapter, no quantization
+            if why is None:
+                return batch_path.run(session, req)
+            events.record("batch", f"continuous batching off: {why}; padded generate instead")
+        stats.path = "generate"
+        outs = run_plain(session, req)
+        stats.prompts_done = len(texts)
+        return outs
+    if cuda and fast is not False:
+        why = fast_decoder.unsupported_reason(session, texts, gen)
+        if why is None and fast is None:
+            why = fast_decoder.worth_capturing(session, texts[0], gen)
+        if why is None:
+            try:
+                return run_fast(session, req)
+            except NvkitError:
+                raise
+            except Exception as e:  # noqa: BLE001 - an unexpected failure of the fast path is not the user's problem
+                if fast or stats.new_tokens:
+                    raise NvkitError(f"The fast decode path failed: {type(e).__name__}: {e}. "
+                                     "Generate with fast=False to use plain transformers generate.") from e
+                why = f"it failed ({error_summary(e)})"
+        if fast:
+            raise NvkitError(f"fast=True, but the fast path cannot run this request: {why}. "
+                             "Drop fast=True (plain generate is used then) or change the request.")
+        events.record("fast-off", f"fast decode off: {why}")
+    stats.path = "generate"
+    return run_plain(session, req)

@@ -1,0 +1,36 @@
+"""Number formats: the dtype a model loads in and the precision it trains in, decided here once
+for ``nvkit.load``, ``nvkit.finetune`` and the processes ``nvkit.launch`` starts."""
+
+from __future__ import annotations
+
+from ..errors import require
+
+_DTYPES = {
+    "bfloat16": "bfloat16", "bf16": "bfloat16",
+    "float16": "float16", "fp16": "float16", "half": "float16",
+    "float32": "float32", "fp32": "float32", "float": "float32",
+}
+
+
+def resolve_dtype(dtype, device_type: str, capability: tuple[int, int] | None = None):
+    import torch
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    require(isinstance(dtype, str), f"dtype must be 'auto', 'bfloat16', 'float16' or 'float32', not {dtype!r}.")
+    key = dtype.lower().replace("torch.", "")
+    if key == "auto":
+        if device_type == "cuda":
+            # bf16 needs Ampere (8.0); is_bf16_supported() says True on older GPUs through emulation.
+            return torch.bfloat16 if capability and capability >= (8, 0) else torch.float16
+        return torch.float32
+    require(key in _DTYPES, f"Unknown dtype {dtype!r}: use 'auto', 'bfloat16', 'float16' or 'float32'.")
+    return getattr(torch, _DTYPES[key])
+
+
+def precision(device_type: str, capability: tuple[int, int] | None) -> str:
+    """'bf16' on CUDA with compute capability ≥ 8.0 (Ampere+), 'fp16' on older CUDA GPUs, 'fp32' on
+    CPU. ``torch.cuda.is_bf16_supported()`` says True on some pre-Ampere GPUs (emulated, slow), and
+    ``TrainingArguments(bf16=True)`` raises on CPU, so the decision is made here."""
+    if device_type != "cuda":
+        return "fp32"
+    return "bf16" if capability is not None and tuple(capability) >= (8, 0) else "fp16"
