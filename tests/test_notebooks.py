@@ -4,7 +4,7 @@ word on stderr from a third-party library.
 
 Each tutorial is a pair: ``notebooks/NN-name.ipynb`` (where the server, the Launcher, binder and
 ``nvkit lab`` find it) and ``notebooks/src/NN-name.py`` in jupytext's percent format, paired by
-``notebooks/.jupytext.toml``. Conventions the checks below hold them to:
+``notebooks/jupytext.toml``. Conventions the checks below hold them to:
 - the first cell is markdown starting with ``# Title`` (the Launcher shows that line);
 - the second is the parameters cell (``MODEL = os.environ.get("NVKIT_MODEL", "demo")``, ...), so
   CI runs them on the CPU with the demo model and the GPU run swaps in a real-size model;
@@ -29,7 +29,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOK_DIR.glob("*.ipynb"))
-SOURCE_DIR = NOTEBOOK_DIR / "src"  # the jupytext pairs, as notebooks/.jupytext.toml says
+SOURCE_DIR = NOTEBOOK_DIR / "src"  # the jupytext pairs, as notebooks/jupytext.toml says
 CELL_TIMEOUT_S = 300
 TOTAL_BUDGET_S = 600   # the limit for all notebooks on the CPU
 PARAMS_LINE = 'MODEL = os.environ.get("NVKIT_MODEL", "demo")'
@@ -122,7 +122,7 @@ def test_jupytext_pairs_them_as_the_tests_do():
 
     path = NOTEBOOKS[0]
     config_file = find_jupytext_configuration_file(str(NOTEBOOK_DIR))
-    assert config_file and Path(config_file) == NOTEBOOK_DIR / ".jupytext.toml", config_file
+    assert config_file and Path(config_file) == NOTEBOOK_DIR / "jupytext.toml", config_file
     formats = load_jupytext_configuration_file(config_file).default_formats(str(path))
     paired = [(Path(p), fmt.get("format_name")) for p, fmt in paired_paths(str(path), "ipynb", formats)]
     assert paired == [(path, None), (SOURCE_DIR / f"{path.stem}.py", "percent")], paired
