@@ -32,6 +32,7 @@ import time
 from . import events
 from .errors import NvkitError, require
 from .memory import fmt_bytes, rss_bytes
+from .quiet import routed
 from .threads import Job, run_in_worker
 
 DEFAULT_LORA = dict(r=16, alpha=32, dropout=0.05, target_modules="all-linear")
@@ -622,7 +623,8 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
     events.record("train-start", f"LoRA r={lora_cfg['r']} on {s.model_id}: {total} steps, {prec}")
 
     def work(job: Job):
-        NvkitTrainer, Recorder = _trainer_classes()
+        with routed():  # Trainer's first import brings in peft and bitsandbytes (see nvkit.quiet)
+            NvkitTrainer, Recorder = _trainer_classes()
         model, kbit, notes = prepare_lora_model(s.model, lora_cfg, gradient_checkpointing)
         info["qlora"] = kbit
         info["notes"] = notes

@@ -17,6 +17,7 @@ from typing import Any, Callable
 from . import events
 from .errors import NvkitError, require
 from .memory import fmt_bytes, release, rss_bytes, torch_allocated
+from .quiet import routed
 from .threads import Job, run_in_worker
 
 _DTYPES = {
@@ -516,7 +517,8 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     if quiet:
         hf_logging.disable_progress_bar()
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        with routed():  # a 4-bit load is bitsandbytes' first import (see nvkit.quiet)
+            hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except torch.OutOfMemoryError as e:
         release()
         from .memory import oom_error

@@ -84,6 +84,28 @@ def cell_seconds(nb) -> list[tuple[float, str]]:
     return out
 
 
+# Lines nvkit itself writes to stderr start so (nvkit's warnings and the magic's errors).
+NVKIT_STDERR = ("nvkit:", "nvkit ", "NvkitError:")
+
+
+def third_party_stderr(nb) -> list[str]:
+    """The stderr output of an executed notebook that is not nvkit's own, one entry per output:
+    'cell N (its first line): the text'. nvkit routes the third-party messages it knows to be noise
+    (nvkit.quiet); anything listed here reached the user as a pink block."""
+    found = []
+    for i, c in enumerate(nb.cells):
+        if c.cell_type != "code":
+            continue
+        for o in c.outputs:
+            if o.get("output_type") != "stream" or o.get("name") != "stderr":
+                continue
+            lines = [ln for ln in o.get("text", "").splitlines() if ln.strip()]
+            if any(not ln.lstrip().startswith(NVKIT_STDERR) for ln in lines):
+                first = c.source.splitlines()[0] if c.source else ""
+                found.append(f"cell {i} ({first[:60]!r}): {o['text'][:1000]}")
+    return found
+
+
 # --- static checks -------------------------------------------------------------------------------
 
 def test_there_are_tutorials():
@@ -189,6 +211,20 @@ def test_notebook_runs_on_cpu(path, tmp_path):
         gpu_cells = [c for c in nb.cells if c.cell_type == "code" and "Skipped:" in c.source]
         assert texts.count("Skipped:") >= min(1, len(gpu_cells))
     assert not (NOTEBOOK_DIR / "nvkit-runs").exists(), "a notebook wrote into notebooks/"
+    noise = third_party_stderr(nb)
+    assert not noise, (f"{path.name} printed third-party stderr (route it where nvkit calls the library, "
+                       f"see nvkit/quiet.py):\n" + "\n".join(noise))
+
+
+def test_the_stderr_check_catches_third_party_lines():
+    nb = nbformat.v4.new_notebook()
+    quiet_cell = nbformat.v4.new_code_cell("nvkit.select_gpus([0])")
+    quiet_cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="nvkit: CUDA is already initialised\n"),
+                          nbformat.v4.new_output("stream", name="stdout", text="Warning: printed, not stderr\n")]
+    noisy_cell = nbformat.v4.new_code_cell("import bitsandbytes\nx = 1")
+    noisy_cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text="Failed to load CPU gemm_4bit_forward\n")]
+    nb.cells = [quiet_cell, noisy_cell]
+    assert third_party_stderr(nb) == ["cell 1 ('import bitsandbytes'): Failed to load CPU gemm_4bit_forward\n"]
 
 
 def test_total_time_within_budget():

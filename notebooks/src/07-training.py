@@ -29,26 +29,7 @@ MODEL = os.environ.get("NVKIT_MODEL", "demo")
 
 STEPS = int(os.environ.get("NVKIT_STEPS", "4"))  # training steps per run; a few show the loop
 
-# %%
-import tempfile
-
-import nvkit
-import torch
-from nvkit.finetune import precision
-from transformers import TrainingArguments
-
-device_type = "cuda" if torch.cuda.is_available() else "cpu"
-capability = torch.cuda.get_device_capability(0) if device_type == "cuda" else None
-prec = precision(device_type, capability)  # bf16 from capability 8.0, fp16 before, fp32 on the CPU
-args = TrainingArguments(output_dir=tempfile.mkdtemp(), bf16=prec == "bf16", fp16=prec == "fp16",
-                         report_to=[])
-print("precision:", prec, "· TrainingArguments.device:", args.device)
-assert args.device.type == device_type
-
 # %% [markdown]
-# `torch.cuda.is_bf16_supported()` can say True on GPUs older than Ampere (it emulates), so nvkit
-# checks the compute capability itself. On the CPU `bf16=True` raises: training stays in fp32.
-#
 # ## LoRA with the fine-tune panel
 #
 # Data (examples inline or a `.jsonl`/`.json`/`.csv`/`.txt` file), LoRA and training settings, an
@@ -56,6 +37,8 @@ assert args.device.type == device_type
 # returns at once; `await` the run (or `run.result()`) to wait for it.
 
 # %%
+import nvkit
+
 s = nvkit.load(MODEL)
 panel = nvkit.FinetunePanel()
 panel.steps.value = STEPS
@@ -110,6 +93,32 @@ print(text)
 assert s.info["adapters"] and isinstance(text, str)
 s.unload_adapter()
 assert not s.info["adapters"]
+
+# %% [markdown]
+# ## Precision
+#
+# `TrainingArguments` finds the device by itself; the precision is a choice: bf16 from compute
+# capability 8.0 (Ampere), fp16 before, fp32 on the CPU. `nvkit.finetune.precision` makes it for
+# nvkit's runs, and plain transformers takes it like this:
+
+# %%
+import tempfile
+
+import torch
+from nvkit.finetune import precision
+from transformers import TrainingArguments
+
+device_type = "cuda" if torch.cuda.is_available() else "cpu"
+capability = torch.cuda.get_device_capability(0) if device_type == "cuda" else None
+prec = precision(device_type, capability)  # bf16 from capability 8.0, fp16 before, fp32 on the CPU
+args = TrainingArguments(output_dir=tempfile.mkdtemp(), bf16=prec == "bf16", fp16=prec == "fp16",
+                         report_to=[])
+print("precision:", prec, "· TrainingArguments.device:", args.device)
+assert args.device.type == device_type and prec == run.info["precision"]
+
+# %% [markdown]
+# `torch.cuda.is_bf16_supported()` can say True on GPUs older than Ampere (it emulates), so nvkit
+# checks the compute capability itself. On the CPU `bf16=True` raises: training stays in fp32.
 
 # %% [markdown]
 # ## QLoRA: LoRA on a 4-bit model
