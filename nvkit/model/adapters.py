@@ -12,6 +12,7 @@ import os
 
 from .. import events
 from ..errors import NvkitError, require
+from ..quiet import routed
 
 
 def _check_adapter_dir(adapter_dir) -> str:
@@ -45,7 +46,8 @@ def _require_idle(session):
 def load_adapter(session, adapter_dir, name: str | None = None):
     """Put the adapter in ``adapter_dir`` on the session's model (as ``name``, default 'default'
     for the first one) and make it the active one. Returns the adapter name."""
-    from peft import PeftModel
+    with routed():  # peft's first import brings in bitsandbytes (see nvkit.quiet)
+        from peft import PeftModel
     _require_idle(session)
     d = _check_adapter_dir(adapter_dir)
     require(name is None or (isinstance(name, str) and name.strip() and "." not in name),

@@ -24,6 +24,7 @@ from ..memory.oom import oom_error
 from ..memory.unload import usage_snapshot, verified_release
 from ..memory.usage import cuda_in_use, release, rss_bytes, torch_allocated
 from ..state import STATE
+from ..quiet import routed
 from ..threads import Job
 from ..units import fmt_bytes
 from . import adapters
@@ -423,7 +424,8 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     if quiet:
         hf_logging.disable_progress_bar()
     try:
-        hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        with routed():  # a 4-bit load is bitsandbytes' first import (see nvkit.quiet)
+            hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except torch.OutOfMemoryError as e:
         release()
         raise oom_error(e, "load", None) from e

@@ -37,6 +37,7 @@ from ..memory.oom import oom_error
 from ..memory.usage import memory_now
 from ..model.precision import precision
 from ..model.session import Session, session as current_session
+from ..quiet import routed
 from ..threads import Job, run_in_worker
 from ..units import fmt_bytes
 from . import data as train_data
@@ -525,7 +526,8 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
     events.record("train-start", f"LoRA r={lora_cfg['r']} on {s.model_id}: {total} steps, {prec}")
 
     def work(job: Job):
-        NvkitTrainer, Recorder = trainer_classes()
+        with routed():  # Trainer's first import brings in peft and bitsandbytes (see nvkit.quiet)
+            NvkitTrainer, Recorder = trainer_classes()
         model, kbit, notes = prepare_lora_model(s.model, lora_cfg, gradient_checkpointing)
         info["qlora"] = kbit
         info["notes"] = notes
