@@ -151,10 +151,15 @@ def read_report(k: KernelFacts, is_own=None, parent=parent_pid) -> dict | None:
     return data
 
 
+def _same(a, b) -> bool:
+    return bool(a) and bool(b) and str(a).lower() == str(b).lower()
+
+
 def _device_of(report: dict, gpu: dict) -> dict | None:
+    """The report's entry for this GPU: by UUID, else by PCI bus id (a MIG instance's UUID is not
+    its GPU's, its bus is)."""
     for d in report["devices"]:
-        if (d.get("uuid") and d.get("uuid") == gpu.get("uuid")) or \
-                (d.get("pci_bus_id") and str(d["pci_bus_id"]).upper() == str(gpu.get("pci_bus_id")).upper()):
+        if _same(d.get("uuid"), gpu.get("uuid")) or _same(d.get("pci_bus_id"), gpu.get("pci_bus_id")):
             return d
     return None
 
