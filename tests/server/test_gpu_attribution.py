@@ -99,6 +99,7 @@ async def test_report_files_attribute_container_pids_and_unload_through_the_comm
     out = await run("import nvkit, sys\nprint('torch' in sys.modules)")
     assert out.strip() == "False"          # the reporter imports no torch
     g0, g1 = await wait_for(jp_fetch, lambda gs: gs[1]["kernels"])
+    assert (await run("print('torch' in sys.modules)")).strip() == "False"   # nor after reporting
     [k] = g1["kernels"]
     assert (k["id"], k["notebook"], k["memory"], k["pids"], k["matched_by"], k["nvkit"]) == \
         (kid, "container.ipynb", 2 * GIB, [host_pid], "report", True)

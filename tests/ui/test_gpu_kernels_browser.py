@@ -1,8 +1,8 @@
 """GPU memory by kernel in a real JupyterLab and Chromium: two notebooks with running kernels on fake
 GPUs, one found by its pid, one (running nvkit) by its report file under a container-style pid.
 The sidebar names both notebooks with their memory; the status bar shows the notebook's share;
-"Open notebook", "Unload model" (through the kernel's comm) and "Shut down" (with a confirmation)
-work through JupyterLab's own services."""
+"Open notebook", "Unload model" (through the kernel's comm), "Interrupt", "Restart" and "Shut down"
+(both confirmed first) work through JupyterLab's own services."""
 
 from __future__ import annotations
 
@@ -104,6 +104,32 @@ def test_gpu_memory_by_kernel(gpu_lab, gpu_page):  # noqa: F811
     assert gpus[1]["kernels"][0]["model"] is None
     assert a.count() == 1                                     # the kernel itself runs on
 
+    # "Interrupt" stops a running cell of A (its open notebook's connection is the one used)
+    page.evaluate("""kid => {
+        const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(
+            w => w.sessionContext?.session?.kernel?.id === kid);
+        window.nvkitSleep = panel.sessionContext.session.kernel
+            .requestExecute({code: 'import time\\nfor _ in range(600): time.sleep(0.1)'})
+            .done.then(r => r.content);
+    }""", kid_a)
+    page.wait_for_function("""kid => Array.from(window.jupyterapp.shell.widgets('main')).some(
+        w => w.sessionContext?.session?.kernel?.id === kid
+             && w.sessionContext.session.kernel.status === 'busy')""", arg=kid_a)
+    a.get_by_role("button", name="Interrupt").click()
+    reply = page.evaluate("() => window.nvkitSleep")
+    assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
+
+    # "Restart" asks first; the kernel keeps its id and gets a new process
+    a.get_by_role("button", name="Restart").click()
+    dialog = page.locator(".jp-Dialog")
+    dialog.wait_for()
+    assert "train-a.ipynb" in dialog.inner_text()
+    dialog.get_by_role("button", name="Restart").click()
+    wait_until(lambda: _pid_or_none(lab, kid_a) not in (None, pid_a), 60, "a new kernel process")
+    assert kid_a in {k["id"] for k in lab.api("api/kernels")}
+    # the new process has not imported nvkit and is on no GPU: its entry goes
+    a.wait_for(state="detached")
+
     # "Shut down" asks first; then the kernel ends and its entry goes
     b.get_by_role("button", name="Shut down").click()
     dialog = page.locator(".jp-Dialog")
@@ -114,4 +140,10 @@ def test_gpu_memory_by_kernel(gpu_lab, gpu_page):  # noqa: F811
                "the Jupyter API to drop the kernel")
     b.wait_for(state="detached")
     assert kid_a in {k["id"] for k in lab.api("api/kernels")}
-    assert entry(page, kid_a).count() == 1
+
+
+def _pid_or_none(lab, kernel_id: str):
+    try:
+        return lab.kernel_pid(kernel_id)
+    except AssertionError:
+        return None
