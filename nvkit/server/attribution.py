@@ -8,8 +8,8 @@ Three sources, in this order of trust:
 2. **report files**: inside a container NVML lists host pids that match nothing here. A kernel that
    imported nvkit writes ``nvkit-kernel-<id>.json`` next to its connection file (see
    ``nvkit.kernel_report``) naming the GPUs it has a CUDA context on; the unmatched NVML processes
-   of such a GPU are paired with the reporting kernels (one each, or by memory where the
-   allocator's figure tells them apart). A report counts only when it is a regular file of the
+   of such a GPU whose pids are not processes here are paired with the reporting kernels (one
+   each, or by memory where the allocator's figure tells them apart). A report counts only when it is a regular file of the
    server's user, names a kernel of this server and a live process of that kernel.
 3. everything else is an "other process": pid and memory, and its name only when the server's
    user owns it (what other users run is theirs to tell).
@@ -95,6 +95,13 @@ def parent_pid(pid: int) -> int | None:
         return int(raw[raw.rindex(")") + 2:].split()[1])
     except (ValueError, IndexError):
         return None
+
+
+def visible_here(pid: int) -> bool:
+    """Whether ``pid`` is a process in this pid namespace. An NVML pid that is not comes from a
+    container's host; one that is belongs to some other process of this machine, never to a
+    kernel whose own pid differs."""
+    return os.path.exists(f"/proc/{pid}")
 
 
 def _alive(pid: int) -> bool:
@@ -192,7 +199,7 @@ def _pair_by_report(claims: list[tuple[KernelFacts, dict]], procs: list[dict]) -
 
 
 def attribute(gpus: list[dict], kernels: list[KernelFacts], reports: dict[str, dict],
-              is_own, parent=parent_pid) -> None:
+              is_own, parent=parent_pid, visible=visible_here) -> None:
     """Add ``kernels`` and ``other_processes`` to each GPU dict (``GPU.to_dict()``) and drop the
     names of processes the server's user does not own."""
     by_pid: dict[int, KernelFacts] = {}
@@ -238,7 +245,7 @@ def attribute(gpus: list[dict], kernels: list[KernelFacts], reports: dict[str, d
             dev = _device_of(r, g) if r is not None else None
             if dev is not None and k.id not in found:
                 claims.append((k, dev))
-        paired = _pair_by_report(claims, unmatched)
+        paired = _pair_by_report(claims, [p for p in unmatched if not visible(p["pid"])])
         for kid, ps in paired.items():
             found[kid] = ps
             matched_by[kid] = "report"

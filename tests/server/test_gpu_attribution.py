@@ -221,9 +221,9 @@ def _gpu(*used):
                           for i, u in enumerate(used)]}
 
 
-def _run(gpu, reports):
+def _run(gpu, reports, visible=lambda pid: False):
     attribution.attribute([gpu], _facts(len(reports)), reports, is_own=lambda pid: False,
-                          parent=lambda pid: None)
+                          parent=lambda pid: None, visible=visible)
     return {k["id"]: (k["pids"], k["memory"]) for k in gpu["kernels"]}, gpu["other_processes"]
 
 
@@ -242,3 +242,12 @@ def test_ambiguous_pairs_stay_unpaired(used, reserved):
     got, other = _run(_gpu(*used), {f"k{i}": _report(i, r) for i, r in enumerate(reserved)})
     assert got == {f"k{i}": ([], None) for i in range(len(reserved))}   # shown, memory unknown
     assert len(other) == len(used)
+
+
+def test_a_process_of_this_machine_is_never_paired_by_report():
+    # its pid is a process here, and not the kernel's: NVML's pids are this machine's, so the
+    # kernel's own pid would have matched had NVML listed it
+    got, other = _run(_gpu(3 * GIB), {"k0": _report(0, 2 * GIB)}, visible=lambda pid: True)
+    assert got == {"k0": ([], None)} and [p["pid"] for p in other] == [UNUSED_PID]
+    got, other = _run(_gpu(3 * GIB), {"k0": _report(0, 2 * GIB)}, visible=lambda pid: False)
+    assert got == {"k0": ([UNUSED_PID], 3 * GIB)} and other == []
