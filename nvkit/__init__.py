@@ -76,3 +76,10 @@ def _jupyter_labextension_paths():
 from .hardware.selection import apply_saved as _apply_saved  # noqa: E402
 
 _apply_saved()
+
+# Inside a Jupyter kernel, tell the server what this kernel holds on the GPUs (a small report file
+# and the "nvkit.unload" comm target, for the lab's GPU sidebar). Cheap: a thread takes the first
+# look; no torch import, no CUDA.
+from .kernel_report import start as _start_kernel_report  # noqa: E402
+
+_start_kernel_report()

@@ -11,7 +11,37 @@ export interface IGpuProcess {
   [key: string]: unknown;
 }
 
-/** `nvkit.GPU.to_dict()`: memory in bytes, utilization in percent. */
+/** What a kernel that imported nvkit says it has loaded (its report file). */
+export interface IKernelModel {
+  id: string;
+  loaded: boolean;
+  device: string | null;
+}
+
+/**
+ * A Jupyter kernel of this server holding memory on a GPU: matched by its pid (or a child's), or
+ * by the report file a kernel running nvkit writes (containers, where NVML's pids match nothing).
+ */
+export interface IGpuKernel {
+  id: string;
+  name: string | null;
+  execution_state: string | null;
+  /** notebook (or console) path relative to the server root; null for a kernel without a session */
+  notebook: string | null;
+  session_type: string | null;
+  pids: number[];
+  /** bytes NVML counts for the kernel's processes; null when NVML shows none of them */
+  memory: number | null;
+  /** torch's allocator in that kernel, when it reports (CUDA initialised there) */
+  reserved: number | null;
+  allocated: number | null;
+  model: IKernelModel | null;
+  /** the kernel runs nvkit (it reports, and answers the "nvkit.unload" comm) */
+  nvkit: boolean;
+  matched_by: 'pid' | 'report';
+}
+
+/** `nvkit.GPU.to_dict()` plus the server's attribution: memory in bytes, utilization in percent. */
 export interface IGpu {
   index: number;
   uuid: string;
@@ -25,6 +55,9 @@ export interface IGpu {
   architecture?: string | null;
   mig_mode?: boolean | string | null;
   processes?: IGpuProcess[];
+  kernels?: IGpuKernel[];
+  /** processes of no kernel of this server; names only for the server's user's own */
+  other_processes?: IGpuProcess[];
 }
 
 /** `GET nvkit/api/gpus`: `reason` says why `gpus` is empty. */
@@ -32,12 +65,12 @@ export interface IGpuStatus {
   gpus: IGpu[];
   count: number;
   reason: string | null;
+  attribution?: { ok: boolean; reason: string | null };
 }
 
 export interface ITutorial {
   name: string;
   title: string;
-  path: string;
 }
 
 /** Thrown for non-2xx answers; keeps the parsed body (e.g. the 409 of a tutorial copy). */
@@ -182,6 +215,39 @@ export class GpuModel {
   private _history = new Map<number, number[]>();
   private _historyLength = 60;
   private _changed = new Signal<this, void>(this);
+}
+
+/** Bytes a kernel holds on one GPU as shown: NVML's figure, else the allocator's reserve. */
+export function kernelBytes(k: IGpuKernel): number {
+  return k.memory ?? k.reserved ?? 0;
+}
+
+/** Bytes kernel `id` holds over all GPUs (0 when it holds none or is unknown). */
+export function kernelTotal(status: IGpuStatus | null, id: string | null): number {
+  if (!status || !id) {
+    return 0;
+  }
+  let sum = 0;
+  for (const g of status.gpus) {
+    for (const k of g.kernels ?? []) {
+      if (k.id === id) {
+        sum += kernelBytes(k);
+      }
+    }
+  }
+  return sum;
+}
+
+/** `3.2 GiB`, `512 MiB`, `12 KiB`: for one kernel's share and bytes freed. */
+export function fmtBytes(bytes: number): string {
+  const units = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let v = bytes;
+  let i = 0;
+  while (Math.abs(v) >= 1024 && i < units.length - 1) {
+    v /= 1024;
+    i++;
+  }
+  return `${i < 2 ? v.toFixed(0) : v.toFixed(1)} ${units[i]}`;
 }
 
 const GiB = 1024 ** 3;

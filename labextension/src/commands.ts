@@ -127,7 +127,8 @@ async function openTutorial(deps: ICommandDeps, name: string): Promise<void> {
   try {
     path = (await copyTutorial(settings, name, dir)).path;
   } catch (e) {
-    if (!(e instanceof ApiError && e.status === 409)) {
+    // a 409 with `exists` is the user's earlier copy; any other 409 (a folder of that name) is an error
+    if (!(e instanceof ApiError && e.status === 409 && e.body?.exists)) {
       Notification.error(`Could not copy the tutorial ${name}: ${(e as Error).message}`);
       return;
     }

@@ -7,12 +7,13 @@ import {
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { IDefaultFileBrowser } from '@jupyterlab/filebrowser';
 import { ILauncher } from '@jupyterlab/launcher';
-import { INotebookTracker } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 
 import { fetchTutorials, GpuModel } from './api';
 import { addCommands, CommandIDs } from './commands';
+import { KernelActions } from './kernels';
 import { GpuSidebar } from './sidebar';
 import { GpuStatusItem } from './statusbar';
 
@@ -48,20 +49,32 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const serverSettings = app.serviceManager.serverSettings;
     const model = new GpuModel(serverSettings);
 
-    const sidebar = new GpuSidebar(model, app.commands);
+    const actions = new KernelActions(app, tracker, model);
+    const sidebar = new GpuSidebar(model, app.commands, actions);
     addCommands({ app, tracker, model, sidebarId: sidebar.id, fileBrowser });
     app.shell.add(sidebar, 'left', { rank: 850 });
     restorer?.add(sidebar, sidebar.id);
 
     if (statusBar) {
-      const item = new GpuStatusItem(model, () =>
-        app.shell.activateById(sidebar.id)
-      );
+      // the notebook in front (not the last one focused: a launcher in front shows the total)
+      const currentKernel = (): string | null => {
+        const w = labShell ? labShell.currentWidget : tracker.currentWidget;
+        if (!w || !tracker.has(w)) {
+          return null;
+        }
+        return (w as NotebookPanel).sessionContext.session?.kernel?.id ?? null;
+      };
+      const item = new GpuStatusItem(model, currentKernel, kernelId => {
+        app.shell.activateById(sidebar.id);
+        sidebar.reveal(kernelId);
+      });
       statusBar.registerStatusItem('nvkit:gpu-memory', {
         item,
         align: 'left',
         rank: 100
       });
+      labShell?.currentChanged.connect(() => item.render());
+      tracker.currentChanged.connect(() => item.render());
     }
 
     if (palette) {

@@ -217,8 +217,21 @@ def _nvml_processes(nv, h) -> tuple[GPUProcess, ...]:
     return tuple(procs.values())
 
 
+def is_own_process(pid: int) -> bool:
+    """True when ``pid`` is a process of this process's user (as ``/proc`` says). False for another
+    user's process and for one not visible here (NVML lists host pids inside containers), so
+    callers can tell whose process names they may show."""
+    try:
+        return os.stat(f"/proc/{int(pid)}").st_uid == os.geteuid()
+    except (OSError, ValueError, TypeError, AttributeError):   # no /proc, no such pid, no geteuid
+        return False
+
+
 def _process_name(pid: int) -> str | None:
+    # Only our own processes: what other users run on a shared GPU is theirs to tell.
     # /proc is cheap and needs nothing; NVML's name lookup fails for other users' processes.
+    if not is_own_process(pid):
+        return None
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip() or None
     except OSError:
@@ -252,18 +265,47 @@ _FAKE_WAVE = 64 * 2**20                  # used memory drifts by up to 64 MiB so
 
 
 class _FakeSource:
-    """``NVKIT_FAKE_GPUS=N`` (N fake H200s) or ``=path.json`` (a JSON list of GPU dicts, fields
-    as in ``GPU.to_dict()``; any missing field comes from the H200 template)."""
+    """``NVKIT_FAKE_GPUS=N`` (N fake H200s), ``=path.json`` (a JSON list of GPU dicts, fields as in
+    ``GPU.to_dict()``; any missing field comes from the H200 template; read once) or
+    ``=@path.json`` (the same, re-read whenever the file changes, so a test can put processes on
+    the fake GPUs while a server runs).
+
+    A fake process is ``{"pid", "used_memory", "name", "kind", "container_pid"}`` (only ``pid`` is
+    required). ``container_pid`` fakes a process seen from inside a container: NVML lists the host
+    pid (``pid``) while the process itself has another one; ``fake_gpus_of`` lets that process
+    find its GPUs, as a real one does through its CUDA context."""
 
     kind = "fake"
 
     def __init__(self, spec: str):
         self.spec = spec
-        self._gpus = self._parse(spec)
+        s = spec.strip()
+        self._file = Path(s[1:]).expanduser() if s.startswith("@") else None
+        self._key = None
+        self._lock = threading.Lock()
+        self._gpus = [] if self._file else self._parse(spec)
+        if self._file:
+            self._current()           # a missing or broken file is an error now, not at first use
         self._t0 = time.monotonic()
 
+    def _current(self) -> list[dict]:
+        if self._file is None:
+            return self._gpus
+        try:
+            st = self._file.stat()
+        except OSError as e:
+            raise NvkitError(f"{FAKE_ENV}={self.spec!r}: cannot read {self._file} ({e}). Point it "
+                             f"at a JSON file with a list of GPUs, or use e.g. {FAKE_ENV}=4.") from e
+        key = (st.st_mtime_ns, st.st_size, st.st_ino)
+        with self._lock:
+            if key != self._key:
+                self._gpus = self._parse(str(self._file), display=self.spec)
+                self._key = key
+            return self._gpus
+
     @staticmethod
-    def _parse(spec: str) -> list[dict]:
+    def _parse(spec: str, display: str | None = None) -> list[dict]:
+        shown = spec if display is None else display
         s = spec.strip()
         if s.isdigit():
             entries: list = [{} for _ in range(int(s))]
@@ -272,10 +314,10 @@ class _FakeSource:
                 text = s if s.startswith("[") else Path(s).expanduser().read_text()
                 entries = json.loads(text)
             except (OSError, ValueError) as e:
-                raise NvkitError(f"{FAKE_ENV}={spec!r} is neither a number of GPUs nor a readable "
+                raise NvkitError(f"{FAKE_ENV}={shown!r} is neither a number of GPUs nor a readable "
                                  f"JSON file with a list of GPUs ({e}). Use e.g. {FAKE_ENV}=4.") from e
             if not isinstance(entries, list) or not all(isinstance(x, dict) for x in entries):
-                raise NvkitError(f"{FAKE_ENV}: {spec} must hold a JSON list of objects, one per GPU.")
+                raise NvkitError(f"{FAKE_ENV}: {shown} must hold a JSON list of objects, one per GPU.")
         gpus = []
         for i, e in enumerate(entries):
             g = dict(_H200)
@@ -288,9 +330,18 @@ class _FakeSource:
                 cc = tuple(int(x) for x in cc.split("."))
             g["capability"] = tuple(cc) if cc else None
             g.setdefault("architecture", architecture_name(g["capability"]))
-            g["processes"] = tuple(GPUProcess(int(p["pid"]), p.get("used_memory"), p.get("name"),
-                                              p.get("kind", "compute"))
-                                   for p in g.get("processes") or ())
+            raw = g.get("processes") or ()
+            if not isinstance(raw, (list, tuple)):
+                raise NvkitError(f"{FAKE_ENV}: GPU {i}'s \"processes\" in {shown} must be a list of "
+                                 "objects such as {\"pid\": 1234, \"used_memory\": 1073741824}.")
+            procs, inside = [], {}
+            for p in raw:
+                proc, cpid = _fake_process(p, i, shown)
+                procs.append(proc)
+                if cpid is not None:
+                    inside[cpid] = proc.pid
+            g["processes"] = tuple(procs)
+            g["container_pids"] = inside
             gpus.append(g)
         return gpus
 
@@ -300,12 +351,14 @@ class _FakeSource:
     def read(self, processes: bool) -> list[GPU]:
         t = time.monotonic() - self._t0
         out = []
-        for g in self._gpus:
+        for g in self._current():
             i, total = g["index"], int(g["memory_total"])
             used = g["memory_used"]
             if used is None:
                 wave = 0.5 + 0.5 * math.sin(2 * math.pi * t / 20 + i)
                 used = (512 + 256 * i) * 2**20 + int(_FAKE_WAVE * wave) // 2**20 * 2**20
+                # the listed processes hold memory too, as they would on a real GPU
+                used += sum(p.used_memory or 0 for p in g["processes"])
             used = min(int(used), total)
             util = g["utilization"]
             if util is None:
@@ -315,8 +368,42 @@ class _FakeSource:
                            g["processes"] if processes else (), fake=True))
         return out
 
+    def gpus_of(self, pid: int) -> list[GPU]:
+        """The fake GPUs listing ``pid`` as a process, or as a process's ``container_pid``."""
+        found = []
+        for g, raw in zip(self.read(processes=True), self._current()):
+            if pid in raw["container_pids"] or any(p.pid == pid for p in g.processes):
+                found.append(g)
+        return found
+
     def versions(self) -> dict:
         return {}
+
+
+def _fake_process(p, gpu: int, shown: str) -> tuple[GPUProcess, int | None]:
+    """One fake process entry, checked: a typo in a test's inventory says where it is."""
+    def bad(what: str) -> NvkitError:
+        return NvkitError(f"{FAKE_ENV}: a process of GPU {gpu} in {shown} {what}. Write it as "
+                          "{\"pid\": 1234, \"used_memory\": 1073741824, \"name\": \"python\"}.")
+
+    def whole(key: str, required: bool = False) -> int | None:
+        v = p.get(key)
+        if v is None and not required:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise bad(f"needs {key!r} as a whole number >= 0 (got {v!r})")
+        return v
+
+    if not isinstance(p, dict):
+        raise bad(f"is {p!r}, not an object")
+    name = p.get("name")
+    if name is not None and not isinstance(name, str):
+        raise bad(f"has a non-text name {name!r}")
+    kind = p.get("kind", "compute")
+    if kind not in ("compute", "graphics"):
+        raise bad(f"has kind {kind!r} (use 'compute' or 'graphics')")
+    return (GPUProcess(whole("pid", required=True), whole("used_memory"), name, kind),
+            whole("container_pid"))
 
 
 _nvml_source = _NvmlSource()
@@ -345,6 +432,16 @@ def gpus(processes: bool = True) -> list[GPU]:
     ``nvml_status()`` says why. ``processes=False`` skips the per-process query (for live refresh).
     """
     return _source().read(processes)
+
+
+def fake_gpus_of(pid: int | None = None) -> list[GPU]:
+    """Under ``NVKIT_FAKE_GPUS``, the fake GPUs this process (or ``pid``) is listed on, by its pid
+    or a fake process's ``container_pid``; ``[]`` without a fake inventory. A kernel has no CUDA
+    context on a fake GPU, so this is how it learns which ones it "uses"."""
+    src = _source()
+    if src.kind != "fake":
+        return []
+    return src.gpus_of(os.getpid() if pid is None else int(pid))
 
 
 def memory_used(index: int) -> int:

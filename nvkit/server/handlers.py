@@ -1,7 +1,8 @@
 """REST routes under ``{base_url}nvkit/api/``. Every handler is an ``APIHandler`` whose methods are
 ``@tornado.web.authenticated``; POST is XSRF-checked by jupyter_server (cookie-authenticated
 requests must carry ``X-XSRFToken``). Nothing from a request becomes a path except through the
-contents manager, which keeps it inside the served root.
+contents manager, and a write target's real path (links resolved) must lie inside the served root.
+Errors are JSON 4xx answers with a message that names no absolute server path.
 """
 
 from __future__ import annotations
@@ -9,14 +10,19 @@ from __future__ import annotations
 import asyncio
 import importlib
 import json
+import os
 import posixpath
+import re
 
 import tornado.web
 from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import ensure_async, url_path_join
 
-from . import tutorials
+from . import attribution, tutorials
+
+# the copy route's body is {"dir": "sub/folder"}: anything much larger is not a request of ours
+MAX_BODY_BYTES = 16 * 1024
 
 
 def gpu_status() -> dict:
@@ -39,11 +45,42 @@ def gpu_status() -> dict:
     return {"gpus": found, "count": len(found), "reason": reason}
 
 
+def _is_own_process(pid: int) -> bool:
+    try:
+        return importlib.import_module("nvkit.gpus").is_own_process(pid)
+    except Exception:
+        return False
+
+
+def attribute(status: dict, kernels: list) -> dict:
+    """Add each GPU's kernels and other processes to ``gpu_status()``'s answer (in place)."""
+    try:
+        reports = {}
+        for k in kernels:
+            r = attribution.read_report(k, _is_own_process)
+            if r is not None:
+                reports[k.id] = r
+        attribution.attribute(status["gpus"], kernels, reports, _is_own_process)
+        status["attribution"] = {"ok": True, "reason": None}
+    except Exception as e:     # keep the GPU list; say why kernels are missing; show no names
+        for g in status["gpus"]:
+            g["processes"] = [dict(p, name=None) for p in g.get("processes") or []]
+            g["kernels"] = []
+            g["other_processes"] = g["processes"]
+        status["attribution"] = {"ok": False,
+                                 "reason": f"mapping GPU memory to kernels failed: {type(e).__name__}: {e}"}
+    return status
+
+
 class GpusHandler(APIHandler):
     @tornado.web.authenticated
     async def get(self):
+        loop = asyncio.get_running_loop()
         # NVML is quick (~10 µs a call) but its first init can take a while: keep the loop free.
-        status = await asyncio.get_running_loop().run_in_executor(None, gpu_status)
+        status = await loop.run_in_executor(None, gpu_status)
+        kernels = await attribution.kernel_facts(self.kernel_manager, self.session_manager)
+        # /proc and the report files are small reads, but reads all the same
+        status = await loop.run_in_executor(None, attribute, status, kernels)
         self.set_header("Cache-Control", "no-store")
         self.finish(json.dumps(status))
 
@@ -51,7 +88,9 @@ class GpusHandler(APIHandler):
 class TutorialsHandler(APIHandler):
     @tornado.web.authenticated
     def get(self):
-        self.finish(json.dumps({"tutorials": tutorials.list_tutorials()}))
+        # name and title only: where the files lie on the server's disk is none of the page's business
+        self.finish(json.dumps({"tutorials": [{"name": t["name"], "title": t["title"]}
+                                              for t in tutorials.list_tutorials()]}))
 
 
 def _clean_dir(value) -> str:
@@ -70,6 +109,36 @@ def _clean_dir(value) -> str:
     return "/".join(parts)
 
 
+def _os_root(cm) -> str | None:
+    """The folder a file-system contents manager serves; None for one that keeps files elsewhere
+    (a database, S3), which then keeps paths inside itself."""
+    root = getattr(cm, "root_dir", None)
+    return root if isinstance(root, str) and os.path.isdir(root) else None
+
+
+def _check_inside_root(cm, api_path: str) -> None:
+    """Refuse a write whose real target (every link resolved) lies outside the served root: the
+    contents manager checks the path as written, and its atomic save follows links."""
+    root = _os_root(cm)
+    if root is None:
+        return
+    real_root = os.path.realpath(root)
+    target = os.path.realpath(os.path.join(root, *api_path.split("/")))
+    if os.path.commonpath([real_root, target]) != real_root:
+        raise tornado.web.HTTPError(
+            403, f"{api_path} is, or lies in, a link that leads outside the server's root folder; "
+                 "nvkit does not write through it. Remove the link or pick another folder.")
+
+
+def _scrub(text: str, cm) -> str:
+    """An error text without absolute server paths (the page only knows paths under the root)."""
+    text = str(text or "")
+    root = _os_root(cm)
+    for r in filter(None, {root, root and os.path.realpath(root)}):
+        text = text.replace(r.rstrip(os.sep) + os.sep, "").replace(r, ".")
+    return re.sub(r"(?<![\w.])/[^\s'\"]+", "<path>", text)
+
+
 class TutorialCopyHandler(APIHandler):
     """POST ``tutorials/<name>`` with an optional JSON body ``{"dir": "sub/folder"}`` copies the
     tutorial into that folder of the server root. An existing file is never replaced unless the
@@ -86,9 +155,12 @@ class TutorialCopyHandler(APIHandler):
             raise tornado.web.HTTPError(404, "no such tutorial")
         body = {}
         if self.request.body:
+            if len(self.request.body) > MAX_BODY_BYTES:
+                raise tornado.web.HTTPError(413, f"the body must be a small JSON object such as "
+                                                 f'{{"dir": "sub/folder"}} (at most {MAX_BODY_BYTES} bytes)')
             try:
                 body = json.loads(self.request.body)
-            except ValueError as e:
+            except (ValueError, RecursionError) as e:   # RecursionError: nesting deeper than Python's stack
                 raise tornado.web.HTTPError(400, "body must be JSON") from e
             if not isinstance(body, dict):
                 raise tornado.web.HTTPError(400, "body must be a JSON object")
@@ -98,15 +170,31 @@ class TutorialCopyHandler(APIHandler):
         if folder and not await ensure_async(cm.dir_exists(folder)):
             raise tornado.web.HTTPError(404, "no such folder")
         dest = posixpath.join(folder, src.name) if folder else src.name
+        _check_inside_root(cm, dest)
+        if await ensure_async(cm.dir_exists(dest)):
+            raise tornado.web.HTTPError(409, f"{dest} is a folder: rename it, or copy the tutorial "
+                                             "into another folder")
         exists = await ensure_async(cm.file_exists(dest))
         if exists and not overwrite:
             self.set_status(409)
             self.finish(json.dumps({"message": f"{dest} already exists", "path": dest,
                                     "exists": True}))
             return
-        content = json.loads(src.read_text(encoding="utf-8"))
-        model = await ensure_async(cm.save({"type": "notebook", "format": "json",
-                                            "content": content}, dest))
+        try:
+            content = json.loads(src.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            raise tornado.web.HTTPError(404, f"the tutorial {src.name} could not be read "
+                                             f"({type(e).__name__}); reinstall nvkit") from None
+        try:
+            model = await ensure_async(cm.save({"type": "notebook", "format": "json",
+                                                "content": content}, dest))
+        except tornado.web.HTTPError as e:
+            # the contents manager's 5xx texts carry absolute paths: say it as a 4xx without them
+            code = e.status_code if 400 <= e.status_code < 500 else 409
+            raise tornado.web.HTTPError(code, f"could not write {dest}: "
+                                              f"{_scrub(e.log_message, cm)}") from None
+        except OSError as e:
+            raise tornado.web.HTTPError(409, f"could not write {dest}: {e.strerror}") from None
         self.set_status(200 if exists else 201)
         self.finish(json.dumps({"path": model["path"], "name": model["name"],
                                 "overwritten": bool(exists)}))

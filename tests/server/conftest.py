@@ -10,3 +10,19 @@ from pytest_jupyter.jupyter_server import *  # noqa: F401,F403
 def jp_server_config():
     # load nvkit's server extension into the test server (as the installed config file does)
     return {"ServerApp": {"jpserver_extensions": {"nvkit": True}}}
+
+
+@pytest.fixture
+def tutorials(tmp_path, monkeypatch):
+    """Two tutorials (one without a heading) and a non-notebook, served from a temporary folder."""
+    import json
+
+    from tests.server.helpers import TUTORIAL
+    d = tmp_path / "tutorials"
+    d.mkdir()
+    (d / "00-hello.ipynb").write_text(json.dumps(TUTORIAL))
+    untitled = dict(TUTORIAL, cells=[TUTORIAL["cells"][1]])
+    (d / "01-untitled.ipynb").write_text(json.dumps(untitled))
+    (d / "notes.txt").write_text("not a notebook")
+    monkeypatch.setenv("NVKIT_TUTORIALS_DIR", str(d))
+    return d

@@ -6,26 +6,7 @@ import json
 import pytest
 import tornado.httpclient
 
-TUTORIAL = {
-    "cells": [
-        {"cell_type": "markdown", "id": "a", "metadata": {}, "source": ["# Hello GPUs\n", "text"]},
-        {"cell_type": "code", "id": "b", "metadata": {}, "execution_count": None, "outputs": [],
-         "source": "import nvkit\nnvkit.panel()"},
-    ],
-    "metadata": {}, "nbformat": 4, "nbformat_minor": 5,
-}
-
-
-@pytest.fixture
-def tutorials(tmp_path, monkeypatch):
-    d = tmp_path / "tutorials"
-    d.mkdir()
-    (d / "00-hello.ipynb").write_text(json.dumps(TUTORIAL))
-    untitled = dict(TUTORIAL, cells=[TUTORIAL["cells"][1]])
-    (d / "01-untitled.ipynb").write_text(json.dumps(untitled))
-    (d / "notes.txt").write_text("not a notebook")
-    monkeypatch.setenv("NVKIT_TUTORIALS_DIR", str(d))
-    return d
+from tests.server.helpers import NO_AUTH, TUTORIAL, fetch_error
 
 
 @pytest.fixture
@@ -33,13 +14,6 @@ def fake_gpus(monkeypatch):
     monkeypatch.setenv("NVKIT_FAKE_GPUS", "4")
 
 
-async def fetch_error(coro):
-    with pytest.raises(tornado.httpclient.HTTPClientError) as e:
-        await coro
-    return e.value
-
-
-NO_AUTH = {"Authorization": ""}
 ROUTES = [("GET", "gpus"), ("GET", "tutorials"), ("POST", "tutorials/00-hello.ipynb")]
 
 
@@ -78,7 +52,6 @@ async def test_tutorials_payload(jp_fetch, tutorials):
     assert [t["name"] for t in data] == ["00-hello.ipynb", "01-untitled.ipynb"]
     assert data[0]["title"] == "Hello GPUs"
     assert data[1]["title"] == "01-untitled"          # no heading: the file name
-    assert data[0]["path"] == str(tutorials / "00-hello.ipynb")
 
 
 async def test_shipped_tutorials_are_found(jp_fetch, monkeypatch):
