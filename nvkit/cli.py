@@ -36,7 +36,7 @@ def doctor_report() -> dict:
         report["gpus"] = [g.to_dict() for g in gpus()]
         report["nvml"] = nvml_status()
     except ImportError:  # the GPU module is optional for the doctor's first lines
-        report["gpus"], report["nvml"] = [], "nvkit.gpus unavailable"
+        report["gpus"], report["nvml"] = [], "nvkit.hardware.inventory unavailable"
     for name, fn in (("attention_backends", "model.backends:attention_backends"), ("quantization_methods", "model.quant:quantization_methods")):
         mod, attr = fn.split(":")
         try:

@@ -14,13 +14,12 @@ torch that is already imported with CUDA up. The comm target ``nvkit.unload`` le
 sidebar unload the current model and hear back the bytes freed.
 
 Only the standard library and nvkit's ground floor (errors, events) are imported here, so
-``import nvkit`` stays cheap; the session is reached lazily through ``nvkit.session``.
+``import nvkit`` stays cheap; the session is read from ``nvkit.state.STATE`` (set by ``nvkit.load``).
 """
 
 from __future__ import annotations
 
 import atexit
-import importlib
 import json
 import os
 import re
@@ -31,6 +30,8 @@ from pathlib import Path
 
 from . import events
 from .errors import NvkitError
+from .hardware.inventory import fake_gpus_of
+from .state import STATE
 
 PREFIX = "nvkit-kernel-"
 COMM_TARGET = "nvkit.unload"
@@ -122,8 +123,7 @@ def _fake_devices() -> list[dict]:
     if not os.environ.get("NVKIT_FAKE_GPUS", "").strip():
         return []
     try:
-        # the module, not nvkit.gpus (the attribute is the function of the same name)
-        found = importlib.import_module("nvkit.gpus").fake_gpus_of()
+        found = fake_gpus_of()
     except Exception:
         return []
     return [{"uuid": g.uuid, "pci_bus_id": g.pci_bus_id, "cuda_index": None, "reserved": None,
@@ -131,11 +131,8 @@ def _fake_devices() -> list[dict]:
 
 
 def _model() -> dict | None:
-    if "nvkit.session" not in sys.modules:   # no model was ever loaded: don't import torch for it
-        return None
-    import nvkit
     try:
-        s = nvkit.session(required=False)
+        s = STATE.session   # set by nvkit.load; reading it imports nothing (no torch for it)
         if s is None:
             return None
         loaded = bool(s.loaded)
@@ -215,8 +212,7 @@ def _on_event(ev) -> None:
 
 def unload_current() -> dict:
     """Unload this kernel's current nvkit session; the answer the sidebar shows."""
-    import nvkit
-    s = nvkit.session(required=False) if "nvkit.session" in sys.modules else None
+    s = STATE.session
     if s is None or not s.loaded:
         return {"ok": False, "freed": 0, "model": None,
                 "message": "No model is loaded in this kernel: nothing to unload."}

@@ -30,7 +30,7 @@ def gpu_status() -> dict:
     try:
         gpus_mod = importlib.import_module("nvkit.hardware.inventory")
     except Exception as e:  # the core module failed to import: say so instead of a 500
-        return {"gpus": [], "count": 0, "reason": f"nvkit.gpus could not be imported: {e}"}
+        return {"gpus": [], "count": 0, "reason": f"nvkit.hardware.inventory could not be imported: {e}"}
     try:
         found = [g.to_dict() for g in gpus_mod.gpus()]
     except Exception as e:  # NVML errors: report, the status bar keeps polling
@@ -47,7 +47,7 @@ def gpu_status() -> dict:
 
 def _is_own_process(pid: int) -> bool:
     try:
-        return importlib.import_module("nvkit.gpus").is_own_process(pid)
+        return importlib.import_module("nvkit.hardware.inventory").is_own_process(pid)
     except Exception:
         return False
 
