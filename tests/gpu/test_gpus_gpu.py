@@ -80,7 +80,7 @@ def test_gpus_match_nvidia_smi(real_gpus):
 def test_discovery_creates_no_cuda_context(real_gpus):
     r = run_py("""
         import json, importlib, torch, nvkit
-        sel = importlib.import_module('nvkit.selection')
+        sel = importlib.import_module('nvkit.hardware.selection')
         gs = nvkit.gpus(); nvkit.selection(); nvkit.launch_command('t.py'); nvkit.select_gpus([0])
         before = [torch.cuda.is_initialized(), sel.cuda_initialized()]
         torch.cuda.is_available()              # runs cuInit, yet torch.cuda.is_initialized() stays False

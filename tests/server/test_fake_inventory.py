@@ -13,7 +13,7 @@ import pytest
 
 from nvkit import NvkitError
 
-G = importlib.import_module("nvkit.gpus")
+G = importlib.import_module("nvkit.hardware.inventory")
 GIB = 2**30
 
 
