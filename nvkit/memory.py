@@ -601,7 +601,22 @@ def _main_device() -> tuple[str, int | None]:
     return ("cuda:0", 0) if cuda_in_use() else ("cpu", None)
 
 
+def _follow_selection() -> None:
+    """A GPU selection applied before CUDA started changes which GPUs cuda:i are: the shared
+    sampler is rebuilt for them (same rate and window; running if it ran)."""
+    global _default
+    with _default_lock:
+        old, _default = _default, None
+    if old is not None:
+        was_running = old.running
+        old.stop()
+        sampler(rate_hz=old.rate_hz, window_s=old.window_s, start=was_running)
+
+
 def _on_event(ev) -> None:
+    if ev.kind == "select":
+        _follow_selection()
+        return
     if ev.kind in _START_KINDS:
         reset_peak()
         with _track_lock:
