@@ -217,10 +217,9 @@ class FinetunePanel(w.VBox):
             if s is None:
                 raise NvkitError("No model is loaded: load one first (Model tab, or s = nvkit.load('demo')).")
             from ..finetune import finetune
-            # plotly checks values against pandas types when pandas is in sys.modules; imported
-            # here, in the main thread, the chart's thread can't meet a half-imported pandas
-            # while the trainer's thread imports it.
-            import pandas  # noqa: F401
+            # the trainer's thread imports pandas, and the chart made below checks values
+            # against it: whole before the thread starts (live.plotly_ready says why)
+            live.plotly_ready()
             run = finetune(s, self.data(), **self.settings())
         except NvkitError as e:
             self.status.value = f"<span class='nvkit-error'>{html.escape(str(e))}</span>"

@@ -201,10 +201,25 @@ def _quiet_figure_class():
     return QuietFigure
 
 
+def plotly_ready() -> None:
+    """Call before making plotly objects. plotly checks every value against pandas types whenever
+    pandas is in sys.modules, and a module another thread is half-way through importing (a
+    trainer starting, a cell) is in sys.modules without its types. ``import`` waits for that
+    import to finish, so after this call pandas is whole for every later check and redraw."""
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        pass
+
+
 def figure(data, layout):
     """A ``QuietFigure`` with every trace given at once (traces added later are lost inside a
-    Box: plotly#4998)."""
-    return _quiet_figure_class()(data=data, layout=layout)
+    Box: plotly#4998). ``responsive``: plotly follows the window's size (a figure first drawn
+    while hidden took a 700-px default; ViewWatch fires a resize when it is shown)."""
+    plotly_ready()
+    fig = _quiet_figure_class()(data=data, layout=layout)
+    fig._config = {"responsive": True, "displaylogo": False}
+    return fig
 
 
 # --- can anyone see it? -------------------------------------------------------------------------
@@ -334,7 +349,9 @@ class LiveChart(w.VBox):
         self.updates = 0               # redraws sent
         self.skipped_hidden = 0        # ticks with something new that nobody could see
         self.redraw_seconds = 0.0      # total wall time spent in redraws
+        self.redraw_cpu_seconds = 0.0  # and the CPU time they took
         self.last_error: str | None = None
+        self._failures = 0
         self._dirty = True
         self._next = 0.0
         self._running = False
@@ -391,14 +408,19 @@ class LiveChart(w.VBox):
 
     def _redraw(self) -> bool:
         with self._draw_lock:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 drew = self.draw()
-            except Exception as e:  # kept for the status line; the ticker keeps going
+                self.last_error, self._failures = None, 0
+            except Exception as e:  # the ticker tries again; a chart that keeps failing says why
                 self.last_error = f"{type(e).__name__}: {e}"
+                self._failures += 1
+                if self._failures >= 3:
+                    self.show_error(self.last_error)
                 drew = False
             cost = time.perf_counter() - t0
             self.redraw_seconds += cost
+            self.redraw_cpu_seconds += time.thread_time() - c0
             self._dirty = False
             self._next = time.monotonic() + max(MIN_INTERVAL_S, cost / BUDGET)
             if drew:
@@ -421,3 +443,6 @@ class LiveChart(w.VBox):
 
     def draw(self) -> bool:
         raise NotImplementedError
+
+    def show_error(self, text: str) -> None:
+        """Say that redrawing keeps failing (the status line of a subclass)."""

@@ -31,7 +31,7 @@ from .. import events
 from .. import memory
 from ..errors import NvkitError, require
 from .common import CodeToggle, off_events, on_events, root, style
-from .live import LiveChart, figure, ticker
+from .live import LiveChart, figure, plotly_ready, ticker
 
 MAX_POINTS = 300                 # per line: a 5-minute window at one point a second
 MAX_STEPS = 2000                 # training steps kept before every other one is dropped
@@ -116,6 +116,7 @@ class MemoryChart(LiveChart):
         require(isinstance(window_s, (int, float)) and not isinstance(window_s, bool) and 1 <= window_s <= 86400,
                 f"window_s must be between 1 and 86400 seconds, not {window_s!r}.")
         require(x in ("time", "step"), f"x must be 'time' or 'step', not {x!r}.")
+        plotly_ready()
         self.sampler = memory.sampler(rate_hz=rate_hz, window_s=window_s, start=start)
         shown = memory.pick_devices(self.sampler.devices, devices, "chart")
         self.devices = shown
@@ -509,10 +510,11 @@ class MemoryChart(LiveChart):
             text = f" · predicted peak {html.escape(memory.fmt_bytes(exp.total))}"
         else:
             text = ""
-        if self.last_error:
-            text += f" · <span class='nvkit-warn'>{html.escape(self.last_error[:200])}</span>"
         if self.status.value != text:
             self.status.value = text
+
+    def show_error(self, text: str) -> None:
+        self.status.value = f" · <span class='nvkit-warn'>not redrawing: {html.escape(text[:200])}</span>"
 
     # --- code -------------------------------------------------------------------------------------
     def code(self) -> str:

@@ -7,9 +7,11 @@ import json
 from tests.finetune_helpers import model_path
 from tests.ui.conftest import cell_errors, open_and_run_notebook, screenshot, write_notebook
 
+# the loss line of the Fine-tune chart (steps on x), as plotly drew it in the page
 CHART_POINTS = """() => {
     const el = document.querySelector('.nvkit-ft-chart .js-plotly-plot');
-    return el && el.data && el.data[0] && el.data[0].x ? el.data[0].x.length : -1;
+    const loss = el && el.data && el.data.find(t => t.name === 'loss');
+    return loss && loss.x ? loss.x.length : -1;
 }"""
 
 

@@ -80,6 +80,7 @@ def test_tabs_follow_the_session_and_look_finished(page, lab):
         "ft = p.parts['Fine-tune']\nft.steps.value = 3\nft.batch.value = 2\nft.seq_len.value = 64\n"
         f"ft.output_dir.value = {str(lab.root_dir / 'panel-run')!r}\nrun = ft.start()\nawait run",
     ])
+    page.set_viewport_size({"width": 1400, "height": 1500})  # tall enough for the tallest tab's screenshot
     open_notebook(page, lab, "panel_tabs.ipynb")
     notebook_width(page, 1000)
     run_cell(page, 0)
