@@ -110,7 +110,11 @@ def test_predicted_peak_beside_the_measurement_in_plain_words(no_gpus):
         chart.refresh()
         events.record("generate-end", "chart test")
         chart.refresh()
-        ys = np.asarray(_trace(chart, ("predicted", None)).y, dtype=float)
+        pred = _trace(chart, ("predicted", None))
+        assert pred.visible == "legendonly"      # beside the whole RSS it would not compare
+        pred.visible = True                      # a legend click
+        chart.refresh(force=True)
+        ys = np.asarray(pred.y, dtype=float)
         unit = 2**30 if "GiB" in chart.figure.layout.yaxis.title.text else 2**20
         assert np.nanmax(ys) == pytest.approx(est.total / unit, rel=1e-3)
         text = chart.status.value

@@ -9,7 +9,8 @@ this process uses CUDA, PyTorch's reserved and allocated; the device total as a 
 near the data (the y axis is scaled to the data, not to 141 GB). The process's memory (RSS) is
 drawn whenever this process does not use CUDA (a CPU-only kernel, a CPU torch); otherwise it is
 one click away in the legend. The predicted peak of the estimate in force is drawn beside the
-measurement, and events (load, generate, training steps, marks) are markers with their text on
+GPU's memory (on the CPU the status line compares it with the process's memory growth, since
+the whole RSS holds Python and every import), and events (load, generate, training steps, marks) are markers with their text on
 hover. The legend is compact: one entry per device (it toggles that device's three lines) and
 one per line style.
 
@@ -339,7 +340,10 @@ class MemoryChart(LiveChart):
             data[("predicted", None)] = self._predicted_steps(exp)
             data[("events", None)] = (np.zeros(0), np.zeros(0))
             ev_text, ev_sym = [], []
-        visible[("predicted", None)] = True
+        # a prediction is of the model's memory: beside a GPU's reserved memory it compares, beside
+        # the whole process's RSS (Python, torch, every import) it does not; there the status line
+        # compares it with the RSS growth, and the line is one legend click away
+        visible[("predicted", None)] = True if gpus and cuda else "legendonly"
 
         # y axis: scaled to what is drawn, the device total shown when it is near
         peak = 0.0

@@ -105,6 +105,19 @@ def test_tabs_follow_the_session_and_look_finished(page, lab):
         " return e && e.innerText.includes('estimated before loading'); }", arg=PANEL, timeout=60_000, polling=200)
     run_cell(page, 2)
     wait_cell(page, 2, timeout_ms=300_000)
+    # Generate in chat mode from the tab: a transcript, wrapped at word boundaries
+    _open_tab(page, "Generate")
+    page.locator(f"{PANEL} .nvkit-generate-chat input[type=checkbox]").check()
+    page.locator(f"{PANEL} .nvkit-generate-prompt textarea").fill(
+        "Which GPUs do the nvkit tutorials use, and what does CUDA_VISIBLE_DEVICES=2,0 do to cuda:0?")
+    page.locator(f"{PANEL} button.nvkit-generate-button").click()
+    page.wait_for_function("(sel) => { const e = document.querySelector(sel + ' .nvkit-generate-stats');"
+                           " return e && e.innerText.includes('tok/s'); }", arg=PANEL, timeout=120_000, polling=200)
+    turns = page.locator(f"{PANEL} .nvkit-generate-output .nvkit-turn")
+    assert turns.count() == 2 and "CUDA_VISIBLE_DEVICES" in turns.nth(0).inner_text()
+    assert page.evaluate("(sel) => { const st = getComputedStyle(document.querySelector(sel + ' .nvkit-turn'));"
+                         " return [st.whiteSpace, st.wordBreak, st.overflowWrap]; }", PANEL) == \
+        ["pre-wrap", "normal", "break-word"]
 
     problems = {}
     for dark in (False, True):
