@@ -17,8 +17,8 @@
   once a second, only when it has new points and can be seen, and spaces redraws so that a chart
   takes at most ``BUDGET`` of the kernel's time: a redraw that took longer (a busy kernel, the
   GIL held by a decode loop) pushes the next one further out.
-- ``every``: other periodic widget refreshes (the GPU rows, the fine-tune progress) run on the
-  same thread instead of one thread each.
+- ``every``: other periodic widget refreshes (the Fine-tune tab's progress line) run on the same
+  thread instead of one thread each.
 """
 
 from __future__ import annotations

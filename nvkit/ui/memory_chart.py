@@ -129,7 +129,6 @@ class MemoryChart(LiveChart):
 
         traces: list = []
         self.trace_index: dict[tuple, int] = {}   # (series, nvidia-smi index or None) -> position
-        loss_axis = "y2" if x == "step" else "y"
 
         def add(key, **kw):
             import plotly.graph_objects as go
@@ -159,7 +158,6 @@ class MemoryChart(LiveChart):
                 line=dict(color=_LOSS_COLOR, width=2), marker=dict(size=4))
         add(("events", None), mode="markers", name="events", showlegend=False,
             marker=dict(size=9, color="#888", symbol="diamond"), hovertext=[], hoverinfo="text+x")
-        self._loss_axis = loss_axis
 
         layout = dict(
             height=380 if x == "step" else 340, margin=dict(l=72, r=20, t=36, b=40), template="plotly_white",
@@ -191,8 +189,6 @@ class MemoryChart(LiveChart):
 
         self._sent: dict = {}          # what the browser has: trace data and layout pieces
         self._seen = None
-        self._unit = None
-        self._top = None
         # step mode: one entry per logged step
         self._steps: list = []
         self._loss: list = []
@@ -425,7 +421,6 @@ class MemoryChart(LiveChart):
             if self._sent.get("title") != title:
                 self.figure.layout.title.text = title
                 self._sent["title"] = title
-        self._unit, self._top = uname, top
         self._status(comps, exp, n_points)
         return True
 

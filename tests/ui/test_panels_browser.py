@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 
 import psutil
-import pytest
 
 from tests.ui.conftest import open_notebook, wait_kernel_idle, write_notebook
 from tests.ui.helpers import (console_problems, element_screenshot, kernel_stdout, layout_problems,
@@ -45,8 +44,7 @@ def _kernel_cpu(pid: int, seconds: float) -> float:
 def test_panel_appears_within_3_s_and_idles_cheaply(page, lab):
     messages = []
     page.on("console", lambda m: messages.append((m.type, m.text[:300])))
-    write_notebook(lab.root_dir, "panel_fresh.ipynb", ["import nvkit\nnvkit.panel()",
-                                                      "import os\nprint(os.getpid())"])
+    write_notebook(lab.root_dir, "panel_fresh.ipynb", ["import nvkit\np = nvkit.panel()\np"])
     open_notebook(page, lab, "panel_fresh.ipynb")       # a fresh kernel, nothing imported yet
     t0 = time.monotonic()
     run_cell(page, 0)
@@ -63,9 +61,18 @@ def test_panel_appears_within_3_s_and_idles_cheaply(page, lab):
     page.locator(f"{SHOWN_TAB} .js-plotly-plot .main-svg").first.wait_for(timeout=180_000)
     wait_kernel_idle(page)
     time.sleep(2)
+    redraws = "print(p.parts['Memory'].updates)"
+    n0 = int(kernel_stdout(page, redraws))
     idle = _kernel_cpu(pid, IDLE_WINDOW_S)
     print(f"kernel CPU with the Memory tab shown: {idle:.1%}")
     assert idle < IDLE_CPU, f"kernel used {idle:.1%} of a core idle with the memory chart shown"
+    assert int(kernel_stdout(page, redraws)) > n0 + IDLE_WINDOW_S / 3   # it was live meanwhile
+    # another tab: the chart can't be seen, so nothing is redrawn or sent
+    _open_tab(page, "GPUs")
+    time.sleep(1.5)
+    n1 = int(kernel_stdout(page, redraws))
+    time.sleep(4)
+    assert int(kernel_stdout(page, redraws)) == n1
     assert log_console_entries(page) == []
     assert console_problems(messages) == []
 
