@@ -333,7 +333,7 @@ class MemoryChart(LiveChart):
             ev_text = [html.escape(f"{e.kind}: {e.text}"[:300]) for e in ev]
             ev_sym = [_KIND_SYMBOL.get(e.kind, "diamond") for e in ev]
         else:
-            data[("predicted", None)] = self._predicted_steps(exp)
+            data[("predicted", None)] = self._predicted_steps(comps, exp)
             data[("events", None)] = (np.zeros(0), np.zeros(0))
             ev_text, ev_sym = [], []
         # a prediction is of the model's memory: beside a GPU's reserved memory it compares, beside
@@ -371,8 +371,9 @@ class MemoryChart(LiveChart):
                 if i is None:
                     continue
                 tr = self.figure.data[i]
-                if tr.visible in (False, "legendonly"):
-                    continue  # sent when it is shown (a legend click makes it visible here too)
+                if tr.visible is False:
+                    continue  # sent when it is shown again (a legendonly line keeps its data, so
+                    #           that its legend entry exists and a click shows it at once)
                 xs = _rounded(x, 2)
                 ys = _rounded(np.asarray(y) / (unit if key[0] not in ("events", "loss") else 1.0),
                               5 if key[0] == "loss" else 4)
@@ -491,17 +492,25 @@ class MemoryChart(LiveChart):
                 ys += [float(exp.total)] * 2 + [np.nan]
         return np.array(xs, dtype=np.float64), np.array(ys, dtype=np.float64)
 
-    def _predicted_steps(self, exp):
-        if exp is None or not self._steps:
+    def _predicted_steps(self, comps, exp):
+        """This run's prediction over its steps: the one recorded with its measurement once it
+        ended, the one in force while it runs."""
+        t0 = getattr(self.run, "t0", None)
+        mine = [c for c in comps if c.what == "train" and t0 is not None and c.t_start >= t0 - 1.0]
+        predicted = mine[-1].predicted if mine else (exp.total if exp is not None else None)
+        if predicted is None or not self._steps:
             return np.zeros(0), np.zeros(0)
         return (np.array([self._steps[0], self._steps[-1]], dtype=np.float64),
-                np.array([float(exp.total)] * 2, dtype=np.float64))
+                np.array([float(predicted)] * 2, dtype=np.float64))
 
     def _status(self, comps, exp, n_points: int) -> None:
         if self.x == "step":
             self.points.value = f"{len(self._steps)} steps"
         else:
             self.points.value = f"{n_points} points"
+        if self.x == "step":  # this run's own comparison, not the kernel's latest
+            t0 = getattr(self.run, "t0", None)
+            comps = [c for c in comps if c.what == "train" and t0 is not None and c.t_start >= t0 - 1.0]
         last = comps[-1] if comps else None
         if last is not None:
             text = " · " + html.escape(compare_phrase(last))

@@ -1,8 +1,11 @@
 """``nvkit.panel()`` in a real JupyterLab + Chromium, as a newcomer meets it: it appears within 3 s
-in a fresh kernel and idles cheaply; every tab looks finished in Light and Dark at a 1000-px-wide
-notebook (nothing wider than its container, no label cut off, every dropdown with a value); and a
-model loaded in another cell shows up in the Model, Generate and Fine-tune tabs. Screenshots of
-each tab go to docs/screenshots/panel-<tab>-<theme>.png."""
+in a fresh kernel; a model loaded in another cell shows up in the Model, Generate and Fine-tune
+tabs; every tab looks finished in Light and Dark at a 1000-px-wide notebook (nothing wider than
+its container, no label cut off, every dropdown with a value); the idle kernel stays under 5 % of
+a core with the panel shown, on the GPUs tab and on the live Memory tab (20-s windows rather than
+the issue's 60 s: a chart redraws once a second, so 20 s holds 20 redraws), and a chart in a tab
+nobody looks at is not redrawn. Screenshots of each tab go to
+docs/screenshots/panel-<tab>-<theme>.png."""
 
 from __future__ import annotations
 
@@ -57,22 +60,6 @@ def test_panel_appears_within_3_s_and_idles_cheaply(page, lab):
     idle = _kernel_cpu(pid, IDLE_WINDOW_S)
     print(f"kernel CPU with the GPUs tab shown: {idle:.1%}")
     assert idle < IDLE_CPU, f"kernel used {idle:.1%} of a core idle with the panel shown"
-    _open_tab(page, "Memory")
-    page.locator(f"{SHOWN_TAB} .js-plotly-plot .main-svg").first.wait_for(timeout=180_000)
-    wait_kernel_idle(page)
-    time.sleep(2)
-    redraws = "print(p.parts['Memory'].updates)"
-    n0 = int(kernel_stdout(page, redraws))
-    idle = _kernel_cpu(pid, IDLE_WINDOW_S)
-    print(f"kernel CPU with the Memory tab shown: {idle:.1%}")
-    assert idle < IDLE_CPU, f"kernel used {idle:.1%} of a core idle with the memory chart shown"
-    assert int(kernel_stdout(page, redraws)) > n0 + IDLE_WINDOW_S / 3   # it was live meanwhile
-    # another tab: the chart can't be seen, so nothing is redrawn or sent
-    _open_tab(page, "GPUs")
-    time.sleep(1.5)
-    n1 = int(kernel_stdout(page, redraws))
-    time.sleep(4)
-    assert int(kernel_stdout(page, redraws)) == n1
     assert log_console_entries(page) == []
     assert console_problems(messages) == []
 
@@ -142,5 +129,22 @@ def test_tabs_follow_the_session_and_look_finished(page, lab):
             element_screenshot(page.locator(PANEL), f"panel-{title.lower()}-{theme}")
     set_theme(page, False)
     assert not problems, problems
+
+    # the Memory tab shown, the kernel idle: the chart is live and cheap; in another tab it is
+    # not redrawn at all
+    _open_tab(page, "Memory")
+    wait_kernel_idle(page)
+    pid = int(kernel_stdout(page, "import os; print(os.getpid())").strip())
+    redraws = "print(p.parts['Memory'].updates)"
+    n0 = int(kernel_stdout(page, redraws))
+    idle = _kernel_cpu(pid, IDLE_WINDOW_S)
+    print(f"kernel CPU with the Memory tab shown: {idle:.1%}")
+    assert idle < IDLE_CPU, f"kernel used {idle:.1%} of a core idle with the memory chart shown"
+    assert int(kernel_stdout(page, redraws)) > n0 + IDLE_WINDOW_S / 3   # it was live meanwhile
+    _open_tab(page, "GPUs")
+    time.sleep(1.5)
+    n1 = int(kernel_stdout(page, redraws))
+    time.sleep(4)
+    assert int(kernel_stdout(page, redraws)) == n1
     assert log_console_entries(page) == []
     assert console_problems(messages) == []
