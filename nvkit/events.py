@@ -60,8 +60,10 @@ def events(since: float | None = None) -> list[Event]:
 
 
 def subscribe(fn) -> None:
+    """Call ``fn(event)`` for every event recorded from now on (once, however often subscribed)."""
     with _lock:
-        _listeners.append(fn)
+        if fn not in _listeners:
+            _listeners.append(fn)
 
 
 def unsubscribe(fn) -> None:

@@ -45,11 +45,26 @@ def test_panel_without_model_says_so():
     assert "Load a model" in p.estimate.value
     assert p.start() is None and "No model" in p.status.value
     assert not p.start_btn.disabled and p.stop_btn.disabled
-    # all traces exist from the start (traces added later are lost inside a Box)
-    assert len(p.figure.data) == 2
+    # no chart (and no plotly bundle) before a run
+    assert p.chart is None and p.figure is None
     for cls in ("nvkit-ft-start", "nvkit-ft-stop", "nvkit-ft-progress"):
         assert any(cls in wdg._dom_classes for wdg in (p.start_btn, p.stop_btn, p.progress))
-    assert "nvkit-ft-chart" in p.chart._dom_classes
+    assert "nvkit-ft-chart" in p.chart_box._dom_classes
+    p.close()
+
+
+def test_estimate_follows_a_load_in_another_cell(path):
+    s = nvkit.session(required=False)
+    if s is not None:
+        s.unload()
+    p = FinetunePanel()
+    assert "Load a model" in p.estimate.value
+    s = nvkit.load(path)            # anywhere: a cell, the magic, the Model tab
+    try:
+        assert "Estimated peak for this run" in p.estimate.value
+    finally:
+        s.unload()
+    assert "Load a model" in p.estimate.value
     p.close()
 
 
@@ -68,9 +83,17 @@ def test_panel_start_chart_stop_summary(path, tmp_path):
     assert run is not None and p.run is run
     assert p.start_btn.disabled and not p.stop_btn.disabled
     assert p.start() is None and "in progress" in p.status.value  # a second Start is refused
-    _wait(lambda: len(p.figure.data[0].x) >= 2 or run.done)
-    assert len(p.figure.data[0].x) >= 2 and len(p.figure.data[1].x) >= 2
-    assert p.progress.value > 0 and "step" in p.progress_label.value
+    # one chart, on the shared sampler and the shared live thread: no thread of the panel's own
+    import threading
+    assert not [t for t in threading.enumerate() if t.name == "nvkit-ft-panel"]
+    chart = p.chart
+    assert chart.x == "step" and chart.run is run
+    loss = chart.figure.data[chart.trace_index[("loss", None)]]
+    mem = chart.figure.data[chart.trace_index[("rss", None)]]
+    _wait(lambda: (loss.x is not None and len(loss.x) >= 2) or run.done)
+    assert len(loss.x) >= 2 and len(mem.x) == len(loss.x) and list(loss.x)[:2] == [1, 2]
+    _wait(lambda: p.progress.value > 0)
+    assert "step" in p.progress_label.value
     p.stop_btn.click()
     run.result(timeout=120)
     _wait(lambda: not p.start_btn.disabled)

@@ -100,7 +100,7 @@ def test_code_reproduces_the_settings(s):
     p.sampling.value = True
     p.temperature.value = 0.5
     p.seed.value = "4"
-    p.fast.value = False
+    p.fast.value = "off"
     code = p.code()
     assert "s.generate('Say \"hi\"'" in code
     for part in ("max_new_tokens=12", "do_sample=True", "temperature=0.5", "seed=4", "fast=False"):
@@ -110,6 +110,49 @@ def test_code_reproduces_the_settings(s):
 
 
 def test_output_is_bounded():
-    from nvkit.ui.generate_panel import _pre
+    from nvkit.ui.generate_panel import _pre, _transcript_html
     assert MAX_SHOWN_CHARS <= 50_000
     assert "&lt;" in _pre("<")
+    long = [{"role": "user", "content": "x" * (MAX_SHOWN_CHARS * 2)}, {"role": "assistant", "content": "<ok>"}]
+    html_ = _transcript_html(long)
+    assert len(html_) < MAX_SHOWN_CHARS + 1000 and "&lt;ok&gt;" in html_
+
+
+def test_fresh_tab_code_generates_from_the_prompt_shown():
+    # a fresh tab has a prompt, its code uses it, and every dropdown has a value
+    p = GeneratePanel()
+    assert p.prompt.value.strip()
+    assert f"s.generate({p.prompt.value!r}" in p.code()
+    assert p.fast.value == "auto" and "fast=" not in p.code()
+    p.prompt.value = "Hello GPUs"
+    p.code_view.toggle.value = True
+    assert "Hello GPUs" in p.code_view.html.value
+    p.close()
+
+
+def test_chat_output_is_a_transcript(s):
+    p = GeneratePanel(session=s)
+    p.chat.value = True
+    p.prompt.value = "What is a GPU?"
+    p.max_new_tokens.value = 3
+    p.start()
+    p.wait(timeout=60)
+    time.sleep(0.1)
+    out = p.output.value
+    assert "nvkit-turn-user" in out and "nvkit-turn-assistant" in out and "What is a GPU?" in out
+    p.close()
+
+
+def test_model_line_follows_loads_anywhere():
+    p = GeneratePanel()
+    cur = nvkit.session(required=False)
+    if cur is not None and cur.model is not None:
+        cur.unload()
+    assert "No model is loaded" in p.model_line.value
+    sess = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    try:
+        assert "model <b>" in p.model_line.value
+    finally:
+        sess.unload()
+    assert "No model is loaded" in p.model_line.value
+    p.close()

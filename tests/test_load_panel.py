@@ -1,5 +1,6 @@
-"""The Model tab: unavailable choices disabled with their reason, .code() follows the controls,
-Load/Unload work from a worker thread."""
+"""The Model tab: unavailable choices disabled with a one-line reason (the whole reason behind
+"why"), every dropdown with a value, a valid estimate in the default state, .code() follows the
+controls, Load/Unload work from a worker thread, and a model loaded elsewhere shows up."""
 
 import pytest
 
@@ -25,7 +26,21 @@ def test_unavailable_backends_are_disabled_with_reason(panel):
         panel.select_attention("nope")
     # quantizations that are not shipped are listed with their reason, not offered
     assert "torchao" in panel.quant_notes.value
-    assert [v for _, v in panel.quant.options] == [None, "nf4", "fp4", "int8"]
+    assert [v for _, v in panel.quant.options] == ["none", "nf4", "fp4", "int8"]
+    # one line each, no red paragraphs: the whole reason folds out behind "why" and is the tooltip
+    for row in panel.attn_box.children:
+        note = row.children[1].value
+        assert "color:#a33" not in note and len(note.split("<summary>")[-1].split("</summary>")[0]) < 200
+    fa2 = panel.attn_box.children[3].children[1].value
+    assert "not available: needs a CUDA GPU <u>why</u>" in fa2
+    assert "Ampere or newer" in fa2.split("</summary>")[1]
+
+
+def test_every_dropdown_has_a_value(panel):
+    # a None value renders as a blank dropdown in the browser
+    for dd in (panel.dtype, panel.device_map, panel.quant, panel.compute_dtype):
+        values = [o[1] if isinstance(o, tuple) else o for o in dd.options]
+        assert isinstance(dd.value, str) and dd.value in values
 
 
 def test_code_follows_the_controls(panel):
@@ -50,13 +65,17 @@ def test_code_follows_the_controls(panel):
     compile(panel.code(), "<panel>", "exec")
 
 
-def test_estimate_text_is_shown(panel):
-    import time
-    t0 = time.time()
-    while not panel.estimate_html.value and time.time() - t0 < 30:
-        time.sleep(0.05)
-    v = panel.estimate_html.value
-    assert "estimate" in v  # either the number or why there is none
+def test_default_state_shows_a_valid_estimate():
+    # dtype 'auto' resolved the way nvkit.load resolves it (no "dtype must be ..." error)
+    p = LoadPanel()
+    v = p.estimate_html.value
+    assert v.startswith("estimated before loading: <b>") and "MiB" in v, v
+    assert "float32 on the CPU" in v and "dtype must be" not in v
+    p.device_map.value = "cpu"
+    p.dtype.value = "bfloat16"
+    assert "bfloat16 on the CPU" in p.estimate_html.value
+    p.model.value = "/nonexistent/model/dir"
+    assert "no estimate" in p.estimate_html.value
 
 
 def test_load_and_unload_from_the_panel(panel):
@@ -64,11 +83,35 @@ def test_load_and_unload_from_the_panel(panel):
     job = panel.load()
     s = job.result(timeout=300)
     assert panel.progress.bar_style == "success" and panel.status.value == "loaded"
-    assert "attention in use <b>sdpa</b>" in panel.summary.value and "reported" in panel.summary.value
+    summary = panel.summary.value
+    assert "attention <b>sdpa</b>" in summary and "weights <b>" in summary
+    assert "the load grew this process's memory (RSS) by" in summary   # measured, and said what it is
     assert session() is s and s.info["quantization"] == "int8"
     panel.unload()
     assert "unloaded" in panel.status.value and panel.summary.value == ""
+    # on the CPU the RSS drop is explained, not presented as what the model gave back
+    assert "its weights were" in panel.status.value and "RSS can fall by less than the weights" in panel.status.value
     assert "nothing is loaded" in (panel.unload() or panel.status.value)
+
+
+def test_a_model_loaded_elsewhere_shows_up(panel):
+    import nvkit
+    assert panel.summary.value == ""
+    s = nvkit.load(model_path(), device_map="cpu")
+    try:
+        assert "weights <b>" in panel.summary.value and "outside this panel" in panel.status.value
+    finally:
+        s.unload()
+    assert panel.summary.value == ""
+
+
+def test_show_code_follows_the_form(panel):
+    cv = panel.code_view
+    assert cv.html.layout.display == "none"
+    cv.toggle.value = True
+    assert "nvkit.load(" in cv.html.value and cv.html.layout.display is None
+    panel.dtype.value = "float16"
+    assert "dtype=&#x27;float16&#x27;" in cv.html.value
 
 
 def test_failed_load_shows_the_error(panel):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from .. import events
 from ..errors import NvkitError
 from ..state import STATE
 from .inventory import GPU, gpus as _list_gpus, nvml_status
@@ -452,18 +453,37 @@ def select_gpus(choice=None) -> Selection:
 
     Sets ``CUDA_DEVICE_ORDER=PCI_BUS_ID`` and ``CUDA_VISIBLE_DEVICES``. If CUDA is already
     initialised in this process and the choice differs from what is in force, nothing changes now:
-    the choice is saved and applied when this kernel restarts (and a message says so).
+    the choice is saved and applied when this kernel restarts (and a message says so). A choice
+    applied before CUDA started is kept for the next restart too: a restarted kernel inherits the
+    server's environment, not this process's.
     """
+    return _select(choice, keep_for_restart=True)
+
+
+def _select(choice, keep_for_restart: bool) -> Selection:
     gs = _list_gpus(processes=False)
     p = plan(choice)
     if not p.cuda_initialized:
+        changed = any(os.environ.get(k) != v for k, v in p.env.items())
         for k, v in p.env.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        _forget_saved()
-        return Selection(p.choice, p.devices, p.env, True, False, notes=p.notes)
+        saved = False
+        kid = kernel_id() if keep_for_restart else None
+        if kid:
+            try:
+                _save(kid, p.choice, gs)
+                saved = True
+            except OSError as e:
+                print(f"nvkit: could not keep the GPU choice for a kernel restart ({e}); "
+                      "set NVKIT_CACHE to a writable directory.", file=sys.stderr)
+        else:
+            _forget_saved()
+        if changed:
+            events.record("select", p.env_line or "all GPUs")
+        return Selection(p.choice, p.devices, p.env, True, False, saved=saved, notes=p.notes)
     if p.in_force:
         _forget_saved()   # back to what is in force: nothing waits for a restart any more
         return p
@@ -540,7 +560,7 @@ def apply_saved() -> Selection | None:
               "(or %load_ext nvkit) before anything uses CUDA.", file=sys.stderr)
         return None
     try:
-        sel = select_gpus(uuids if uuids else choice)
+        sel = _select(uuids if uuids else choice, keep_for_restart=False)
     except NvkitError as e:
         print(f"nvkit: the GPU choice saved before this kernel restarted ({what}) was not "
               f"applied: {e}", file=sys.stderr)

@@ -205,6 +205,7 @@ def sampler(rate_hz: float | None = None, window_s: float | None = None, start: 
         if cur is None:
             cur = STATE.sampler = Sampler(rate_hz=rate_hz if rate_hz is not None else DEFAULT_RATE_HZ,
                                           window_s=window_s if window_s is not None else 300.0)
+            events.subscribe(follow_selection)
         elif rate_hz is not None:
             cur.set_rate(rate_hz)
     if old is not None:
@@ -212,6 +213,19 @@ def sampler(rate_hz: float | None = None, window_s: float | None = None, start: 
     if start:
         cur.start()
     return cur
+
+
+def follow_selection(ev) -> None:
+    """On a "select" event (a GPU selection applied before CUDA started changes which GPUs cuda:i
+    are): the shared sampler is rebuilt for them, with its rate and window, running if it ran."""
+    if ev.kind != "select":
+        return
+    with STATE.lock:
+        old, STATE.sampler = STATE.sampler, None
+    if old is not None:
+        was_running = old.running
+        old.stop()
+        sampler(rate_hz=old.rate_hz, window_s=old.window_s, start=was_running)
 
 
 def shared() -> Sampler | None:

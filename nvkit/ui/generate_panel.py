@@ -3,8 +3,9 @@
 
 Generate starts the work in a worker thread and returns at once, so the kernel keeps serving
 clicks (Stop) whether or not a cell is awaiting. Streamed text goes into one bounded HTML widget,
-HTML-escaped, refreshed a few times a second; never an Output widget per token. If no model is
-loaded, Generate loads nvkit's demo model first and says so.
+HTML-escaped, wrapped at word boundaries, refreshed a few times a second; in chat mode it is a
+transcript (one block per turn). If no model is loaded, Generate loads nvkit's demo model first
+and says so; a model loaded anywhere else shows up in the model line (nvkit's load events).
 """
 
 from __future__ import annotations
@@ -18,13 +19,32 @@ import ipywidgets as w
 from .. import events
 from ..errors import NvkitError
 from ..threads import Job, run_in_worker
+from .common import CodeToggle, current_session, observe_values, on_events, root, style, wrap_row
 
 MAX_SHOWN_CHARS = 20_000   # the output widget keeps the tail; the full text is in .text
 REFRESH_S = 0.25           # at most ~4 output updates per second
+DEFAULT_PROMPT = "NVIDIA GPUs are"
+_WIDE = {"description_width": "initial"}
 
 
 def _pre(text: str) -> str:
-    return f"<pre style='white-space:pre-wrap;margin:0'>{html.escape(text)}</pre>"
+    return f"<div class='nvkit-text'>{html.escape(text)}</div>"
+
+
+def _transcript_html(turns: list[dict], tail_chars: int = MAX_SHOWN_CHARS) -> str:
+    """Chat turns as blocks, newest last, keeping at most ``tail_chars`` characters of text."""
+    out, used = [], 0
+    for m in reversed(turns):
+        text = m["content"]
+        if used + len(text) > tail_chars:
+            text = "…" + text[-max(0, tail_chars - used):]
+        used += len(text)
+        role = m["role"] if m["role"] in ("user", "assistant", "system") else "user"
+        out.append(f"<div class='nvkit-turn nvkit-turn-{role}'><span class='nvkit-role'>{role}</span>"
+                   f"{html.escape(text)}</div>")
+        if used >= tail_chars:
+            break
+    return "".join(reversed(out))
 
 
 class GeneratePanel(w.VBox):
@@ -38,53 +58,72 @@ class GeneratePanel(w.VBox):
         self.last_error: str | None = None
         self._lock = threading.Lock()
 
-        self.prompt = w.Textarea(placeholder="Prompt, e.g. NVIDIA GPUs are", rows=3, layout=w.Layout(width="100%"))
+        self.model_line = w.HTML("")
+        self.model_line.add_class("nvkit-generate-model")
+        self.prompt = w.Textarea(value=DEFAULT_PROMPT, placeholder="Prompt, e.g. NVIDIA GPUs are", rows=3,
+                                 layout=w.Layout(width="auto"))
         self.prompt.add_class("nvkit-generate-prompt")
-        self.chat = w.Checkbox(value=False, description="Chat (uses the tokenizer's chat template)", indent=False)
+        self.chat = w.Checkbox(value=False, description="Chat (uses the tokenizer's chat template)", indent=False,
+                               layout=w.Layout(width="auto"))
         self.chat.add_class("nvkit-generate-chat")
-        self.system = w.Text(placeholder="System prompt (chat mode, optional)", layout=w.Layout(width="100%"))
+        self.system = w.Text(placeholder="System prompt (chat mode, optional)", layout=w.Layout(width="auto"))
         self.system.add_class("nvkit-generate-system")
         self.max_new_tokens = w.BoundedIntText(value=64, min=1, max=32768, description="max new tokens",
-                                               style={"description_width": "initial"}, layout=w.Layout(width="200px"))
-        self.sampling = w.ToggleButtons(options=[("Greedy", False), ("Sample", True)], value=False)
+                                               style=_WIDE, layout=w.Layout(width="210px"))
+        self.sampling = w.ToggleButtons(options=[("Greedy", False), ("Sample", True)], value=False,
+                                        style={"button_width": "auto"})
         self.sampling.add_class("nvkit-generate-sampling")
         self.temperature = w.BoundedFloatText(value=0.7, min=0.01, max=5.0, step=0.05, description="temperature",
-                                              layout=w.Layout(width="180px"))
+                                              style=_WIDE, layout=w.Layout(width="170px"))
         self.top_p = w.BoundedFloatText(value=0.9, min=0.01, max=1.0, step=0.05, description="top_p",
-                                        layout=w.Layout(width="180px"))
-        self.top_k = w.BoundedIntText(value=50, min=0, max=100000, description="top_k", layout=w.Layout(width="180px"))
+                                        style=_WIDE, layout=w.Layout(width="130px"))
+        self.top_k = w.BoundedIntText(value=50, min=0, max=100000, description="top_k", style=_WIDE,
+                                      layout=w.Layout(width="130px"))
         self.repetition_penalty = w.BoundedFloatText(value=1.0, min=0.5, max=5.0, step=0.05,
-                                                     description="rep. penalty", layout=w.Layout(width="180px"))
-        self.seed = w.Text(value="", placeholder="seed (optional)", layout=w.Layout(width="140px"))
-        self.fast = w.Dropdown(options=[("fast path: auto", None), ("fast path: on", True), ("fast path: off", False)],
-                               value=None, layout=w.Layout(width="170px"))
+                                                     description="repetition penalty", style=_WIDE,
+                                                     layout=w.Layout(width="210px"))
+        self.seed = w.Text(value="", placeholder="optional", description="seed", style=_WIDE,
+                           layout=w.Layout(width="160px"))
+        # Dropdown values are strings: a None value renders as a blank dropdown in the browser.
+        self.fast = w.Dropdown(options=[("fast path: auto", "auto"), ("fast path: on", "on"), ("fast path: off", "off")],
+                               value="auto", layout=w.Layout(width="160px"),
+                               tooltip="nvkit's CUDA-graph decode for batch-1 greedy/sampled text (CUDA only)")
+        self.fast.add_class("nvkit-generate-fast")
         self.generate_button = w.Button(description="Generate", button_style="primary", icon="play")
         self.generate_button.add_class("nvkit-generate-button")
         self.stop_button = w.Button(description="Stop", icon="stop", disabled=True)
         self.stop_button.add_class("nvkit-stop-button")
         self.clear_button = w.Button(description="Clear chat", icon="eraser")
         self.clear_button.add_class("nvkit-clear-button")
-        self.output = w.HTML(value="", layout=w.Layout(max_height="360px", overflow="auto", border="1px solid #ddd",
-                                                       padding="4px", width="100%"))
+        self.output = w.HTML(value="", layout=w.Layout(max_height="360px", overflow_y="auto", overflow_x="hidden",
+                                                       border="1px solid var(--jp-border-color2)", padding="4px",
+                                                       width="auto"))
         self.output.add_class("nvkit-generate-output")
         self.stats = w.HTML(value="")
         self.stats.add_class("nvkit-generate-stats")
         self.status = w.HTML(value="")
         self.status.add_class("nvkit-generate-status")
+        self.code_view = CodeToggle(self.code)
 
         self.generate_button.on_click(lambda _b: self.start())
         self.stop_button.on_click(lambda _b: self.stop())
         self.clear_button.on_click(lambda _b: self.clear())
         self.sampling.observe(lambda _ch: self._sync_enabled(), "value")
         self.chat.observe(lambda _ch: self._sync_enabled(), "value")
+        observe_values([self.prompt, self.max_new_tokens, self.temperature, self.top_p, self.top_k,
+                        self.repetition_penalty, self.seed, self.fast, self.system], self.code_view.refresh)
         self._sync_enabled()
 
-        params = w.HBox([self.max_new_tokens, self.sampling, self.fast])
-        sample_params = w.HBox([self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.seed])
-        buttons = w.HBox([self.generate_button, self.stop_button, self.clear_button])
-        super().__init__(children=[self.prompt, w.HBox([self.chat]), self.system, params, sample_params, buttons,
-                                   self.status, self.output, self.stats], **kwargs)
+        params = wrap_row([self.max_new_tokens, self.sampling, self.fast])
+        sample_params = wrap_row([self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.seed])
+        buttons = wrap_row([self.generate_button, self.stop_button, self.clear_button])
+        super().__init__(children=[style(), self.model_line, self.prompt, self.chat, self.system, params,
+                                   sample_params, buttons, self.status, self.output, self.stats, self.code_view],
+                         **kwargs)
         self.add_class("nvkit-generate-panel")
+        root(self)
+        self._show_model()
+        on_events(self._on_event)
 
     # --- state ---------------------------------------------------------------------------------
     def _sync_enabled(self):
@@ -93,6 +132,7 @@ class GeneratePanel(w.VBox):
             c.disabled = not sample
         self.system.disabled = not self.chat.value
         self.clear_button.disabled = not self.chat.value
+        self.code_view.refresh()
 
     @property
     def busy(self) -> bool:
@@ -123,8 +163,8 @@ class GeneratePanel(w.VBox):
                 kw["system"] = self.system.value
             if self.history:
                 kw["history"] = [dict(m) for m in self.history]
-        if self.fast.value is not None:
-            kw["fast"] = self.fast.value
+        if self.fast.value != "auto":
+            kw["fast"] = self.fast.value == "on"
         return kw
 
     def code(self) -> str:
@@ -139,18 +179,38 @@ class GeneratePanel(w.VBox):
                 "print()\n"
                 "print(s.last_stats)\n")
 
+    # --- following the session -----------------------------------------------------------------
+    def _on_event(self, ev) -> None:
+        if ev.kind in ("load", "unload", "attention", "adapter"):
+            self._show_model()
+
+    def _show_model(self) -> None:
+        s = self._current_session()
+        if s is None:
+            text = ("<span class='nvkit-muted'>No model is loaded: Generate loads nvkit's demo model first "
+                    "(or load one in the Model tab).</span>")
+        else:
+            try:
+                i = s.info
+                text = (f"model <b>{html.escape(s.model_id)}</b> <span class='nvkit-muted'>"
+                        f"{html.escape(i['architecture'])} · {html.escape(i['dtype'])} · "
+                        f"{html.escape(', '.join(i['devices']))} · attention {html.escape(str(i['attention']))}</span>")
+            except Exception:  # unloaded while we read it
+                return
+        if self.model_line.value != text:
+            self.model_line.value = text
+
     # --- actions -------------------------------------------------------------------------------
     def _current_session(self):
-        if self._session is not None and self._session.model is not None:
+        if self._session is not None and getattr(self._session, "model", None) is not None:
             return self._session
-        from .. import session
-        return session(required=False)
+        return current_session()
 
     def start(self) -> Job | None:
         """Generate click: check the inputs, start the worker, return at once (the Job, or None
         when the inputs are wrong; the status says why)."""
         if self.busy:
-            self.status.value = "<span style='color:#a60'>Already generating: Stop it first.</span>"
+            self.status.value = "<span class='nvkit-warn'>Already generating: Stop it first.</span>"
             return None
         prompt = self.prompt.value
         try:
@@ -181,7 +241,12 @@ class GeneratePanel(w.VBox):
         self._session = s
         if job.stop_event.is_set():
             return None
-        before = self._transcript()
+        chat = bool(kw.get("chat"))
+        with self._lock:
+            turns = [dict(m) for m in self.history]
+        if chat and kw.get("system") and not turns:
+            turns.insert(0, {"role": "system", "content": kw["system"]})
+        turns.append({"role": "user", "content": prompt})
         pieces: list[str] = []
         last = [0.0]
 
@@ -189,8 +254,11 @@ class GeneratePanel(w.VBox):
             now = time.perf_counter()
             if force or now - last[0] >= REFRESH_S:
                 last[0] = now
-                shown = before + "".join(pieces)
-                self.output.value = _pre(shown[-MAX_SHOWN_CHARS:])
+                new = "".join(pieces)
+                if chat:
+                    self.output.value = _transcript_html(turns + [{"role": "assistant", "content": new}])
+                else:
+                    self.output.value = _pre((prompt + new)[-MAX_SHOWN_CHARS:])
 
         def on_piece(piece: str):
             pieces.append(piece)
@@ -209,18 +277,10 @@ class GeneratePanel(w.VBox):
             events.unsubscribe(on_event)
             flush(force=True)
         self.text = out
-        if kw.get("chat"):
+        if chat:
             with self._lock:
                 self.history += [{"role": "user", "content": prompt}, {"role": "assistant", "content": out}]
         return out
-
-    def _transcript(self) -> str:
-        """What the output shows before the new text: the chat so far, or the prompt."""
-        if not self.chat.value:
-            return self.prompt.value
-        lines = [f"{m['role']}: {m['content']}" for m in self.history]
-        lines.append(f"user: {self.prompt.value}")
-        return "\n".join(lines) + "\nassistant: "
 
     def _finished(self):
         job = self.job
@@ -236,10 +296,11 @@ class GeneratePanel(w.VBox):
                                 f"{(st.time_to_first_token or 0) * 1000:.0f} ms · {st.seconds:.2f} s · path "
                                 f"{html.escape(st.how)}{' · stopped' if st.stopped else ''}")
             self.status.value = "Stopped." if st.stopped else "Done."
+        self.code_view.refresh()
 
     def _error(self, e: BaseException):
         self.last_error = f"{type(e).__name__}: {e}"
-        self.status.value = f"<span style='color:#b00'>{html.escape(self.last_error)}</span>"
+        self.status.value = f"<span class='nvkit-error'>{html.escape(self.last_error)}</span>"
 
     def stop(self):
         """Stop click: ends the generation within a few tokens."""
@@ -259,6 +320,7 @@ class GeneratePanel(w.VBox):
         self.output.value = ""
         self.stats.value = ""
         self.status.value = "Chat cleared."
+        self.code_view.refresh()
 
     def wait(self, timeout: float | None = None):
         """Block until the running generation ends (for scripts and tests); returns its text."""

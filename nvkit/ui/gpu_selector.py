@@ -5,7 +5,7 @@ the arrow buttons move a ticked GPU earlier or later. Everything shown (env line
 restart warning) comes from ``nvkit.selection.plan``, the same code ``select_gpus`` runs.
 
 Widgets are created here, in the main thread; the refresh thread only sets values (~1 Hz, one
-cheap NVML read per tick).
+cheap NVML read per tick, a message only when a value changed).
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ import ipywidgets as w
 
 from ..errors import NvkitError
 from ..hardware.inventory import FAKE_ENV, gpus, nvml_status
-from ..hardware.selection import inherited, launch_command, plan, select_gpus, selection, startup_env
+from ..hardware.selection import launch_command, plan, select_gpus, selection, startup_env
 from ..units import fmt_bytes
+from .common import CodeToggle, root, style, wrap_row
 
 _MODES = [("Chosen GPUs", "gpus"), ("All GPUs", "all"), ("CPU only", "cpu")]
 
@@ -29,20 +30,22 @@ class _Row:
     def __init__(self, g, on_check, on_move):
         self.index = g.index
         self.check = w.Checkbox(value=False, description=f"GPU {g.index}", indent=False,
-                                layout=w.Layout(width="80px"))
+                                layout=w.Layout(width="72px"))
         self.check.add_class("nvkit-gpu-check")
         self.check.observe(lambda ch: on_check(g.index, ch["new"]), "value")
-        self.slot = w.HTML("", layout=w.Layout(width="60px"))
+        self.slot = w.HTML("", layout=w.Layout(width="56px"))
         self.slot.add_class("nvkit-cuda-slot")
-        name = w.HTML(f"<b>{html.escape(g.name)}</b>", layout=w.Layout(width="200px"))
-        arch = w.HTML(f"{html.escape(g.architecture)} · cc {g.capability_str}"
-                      + (" · MIG" if g.mig_mode else ""), layout=w.Layout(width="140px"))
+        name = w.HTML(f"<b title='bus {html.escape(g.pci_bus_id)} · {html.escape(g.uuid)}'>{html.escape(g.name)}</b>",
+                      layout=w.Layout(width="auto", min_width="120px"))
+        name.add_class("nvkit-gpu-name")
+        arch = w.HTML(f"<span class='nvkit-muted'>{html.escape(g.architecture)} · cc {g.capability_str}"
+                      + (" · MIG" if g.mig_mode else "") + "</span>", layout=w.Layout(width="auto"))
         arch.add_class("nvkit-gpu-arch")
-        self.bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="180px"))
+        self.bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="140px"))
         self.bar.add_class("nvkit-mem-bar")
-        self.mem = w.HTML("", layout=w.Layout(width="190px"))
+        self.mem = w.HTML("", layout=w.Layout(width="auto", min_width="150px"))
         self.mem.add_class("nvkit-mem-label")
-        self.util = w.HTML("", layout=w.Layout(width="70px"))
+        self.util = w.HTML("", layout=w.Layout(width="auto", min_width="60px"))
         self.util.add_class("nvkit-util")
         self.up = w.Button(icon="arrow-up", tooltip="earlier in cuda order",
                            layout=w.Layout(width="36px"))
@@ -52,10 +55,7 @@ class _Row:
                              layout=w.Layout(width="36px"))
         self.down.add_class("nvkit-move-down")
         self.down.on_click(lambda _b: on_move(g.index, +1))
-        bus = w.HTML(f"<span style='color:var(--jp-ui-font-color2)'>{html.escape(g.pci_bus_id)}</span>",
-                     layout=w.Layout(width="150px"))
-        self.box = w.HBox([self.check, self.slot, name, arch, self.bar, self.mem, self.util,
-                           self.up, self.down, bus], layout=w.Layout(align_items="center"))
+        self.box = wrap_row([self.check, self.slot, name, arch, self.bar, self.mem, self.util, self.up, self.down])
         self.box.add_class("nvkit-gpu-row")
         self.box.add_class(f"nvkit-gpu-{g.index}")
         self.update(g)
@@ -89,7 +89,12 @@ class GPUSelector(w.VBox):
             found, problem = [], str(e)
         self._gpus = found
         self._rows = {g.index: _Row(g, self._on_check, self._on_move) for g in found}
-        allowed, _ = inherited(found)
+        allowed = None
+        if found and startup_env().get("CUDA_VISIBLE_DEVICES") is not None:
+            try:  # plan(None) lists the GPUs this kernel may use at all: its inherited set
+                allowed = [d.index for d in plan(None).devices]
+            except NvkitError:
+                allowed = []
         for idx, r in self._rows.items():
             if allowed is not None and idx not in allowed:   # outside the kernel's inherited set
                 r.check.disabled = True
@@ -97,7 +102,7 @@ class GPUSelector(w.VBox):
 
         self.header = w.HTML(self._header_html(found, problem))
         self.header.add_class("nvkit-gpu-header")
-        self.mode = w.ToggleButtons(options=_MODES, value="all", style={"button_width": "110px"})
+        self.mode = w.ToggleButtons(options=_MODES, value="all", style={"button_width": "auto"})
         self.mode.add_class("nvkit-mode")
         self.mode.observe(self._on_mode, "value")
         self.apply_button = w.Button(description="Apply", button_style="primary", icon="check")
@@ -110,11 +115,13 @@ class GPUSelector(w.VBox):
         self.status = w.HTML()
         self.status.add_class("nvkit-status")
 
+        self.code_view = CodeToggle(self.code)
         self._load_current()
         rows = [r.box for r in self._rows.values()]
-        super().__init__(children=[self.header, *rows, w.HBox([self.mode, self.apply_button]),
-                                   self.env_line, self.mapping, self.status], **kwargs)
+        super().__init__(children=[style(), self.header, *rows, wrap_row([self.mode, self.apply_button]),
+                                   self.env_line, self.mapping, self.status, self.code_view], **kwargs)
         self.add_class("nvkit-gpu-selector")
+        root(self)
         self._refresh_preview()
 
         self._stop = threading.Event()
@@ -155,14 +162,15 @@ class GPUSelector(w.VBox):
             self._show_status("error", str(e))
             return None
         if sel.restart_needed:
-            saved = ("Saved: it is applied when this kernel restarts (Kernel ▸ Restart), as soon as "
-                     "nvkit is imported." if sel.saved else
+            saved = ("Saved: it is applied when this kernel restarts (Kernel ▸ Restart, or Restart kernel "
+                     "with GPU selection), as soon as nvkit is imported." if sel.saved else
                      f"Start the process again with <code>{html.escape(sel.env_line)}</code>.")
             self._show_status("restart", "CUDA is already initialised in this kernel, so this choice "
                               f"takes effect only after a kernel restart. {saved}")
         else:
-            self._show_status("ok", f"Applied: <code>{html.escape(sel.env_line)}</code> is in force "
-                              "for this kernel (CUDA reads it at its first use).")
+            kept = " It is also kept for this kernel's next restart." if sel.saved else ""
+            self._show_status("ok", f"Applied: <code>{html.escape(sel.env_line or 'all GPUs')}</code> is in "
+                              f"force for this kernel (CUDA reads it at its first use).{kept}")
         self._refresh_preview(keep_status=True)
         return sel
 
@@ -252,6 +260,8 @@ class GPUSelector(w.VBox):
 
     def _refresh_preview(self, keep_status: bool = False) -> None:
         self._sync_checks()
+        if hasattr(self, "code_view"):
+            self.code_view.refresh()
         self.apply_button.disabled = self.mode.value == "gpus" and not self._order
         if not keep_status:
             self.status.value = ""
@@ -272,20 +282,19 @@ class GPUSelector(w.VBox):
                                   else " <i>(CUDA_VISIBLE_DEVICES unset: every GPU)</i>"))
         items = "".join(f"<li>{html.escape(str(d))}</li>" for d in p.devices) \
             or "<li>no cuda devices: torch runs on the CPU</li>"
-        notes = "".join(f"<li><i>{html.escape(n)}</i></li>" for n in p.notes)
+        notes = "".join(f"<li class='nvkit-muted'>{html.escape(n)}</li>" for n in p.notes)
         self.mapping.value = (f"<ul style='margin:2px 0'>{items}{notes}</ul>"
-                              f"<span>for a script: <code>{html.escape(line)}</code></span>")
+                              f"<span>for a script: <code style='overflow-wrap:anywhere'>{html.escape(line)}</code></span>")
         if p.restart_needed and not keep_status:
             self._show_status("restart", "CUDA is already initialised in this kernel: this choice "
                               "will take effect only after a kernel restart (Apply saves it for the "
                               "restart).")
 
     def _show_status(self, kind: str, message_html: str) -> None:
-        color = {"ok": "var(--jp-success-color1, green)", "error": "var(--jp-error-color1, red)",
-                 "restart": "var(--jp-warn-color1, orange)"}[kind]
-        cls = {"ok": "nvkit-applied", "error": "nvkit-error", "restart": "nvkit-restart-warning"}[kind]
+        cls = {"ok": "nvkit-applied nvkit-ok", "error": "nvkit-error",
+               "restart": "nvkit-restart-warning nvkit-warn"}[kind]
         body = message_html if kind != "error" else html.escape(message_html)
-        self.status.value = f"<div class='{cls}' style='color:{color}'>{body}</div>"
+        self.status.value = f"<div class='{cls}'>{body}</div>"
 
     # --- live values -----------------------------------------------------------------------------
     def _refresh_loop(self, interval: float) -> None:

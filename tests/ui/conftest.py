@@ -110,6 +110,8 @@ def lab(tmp_path_factory):
         "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
         "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
         "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
+        # GPU choices kept for a kernel restart go here, not into the user's ~/.cache/nvkit
+        "NVKIT_CACHE": str(home / "nvkit-cache"),
     })
     # no "get notified about Jupyter news?" toast over the page and the screenshots
     notif = home / "settings" / "@jupyterlab" / "apputils-extension"

@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 
 from tests.finetune_helpers import model_path
-from tests.ui.conftest import cell_errors, open_and_run_notebook, screenshot, write_notebook
+from tests.ui.conftest import cell_errors, open_and_run_notebook, write_notebook
+from tests.ui.helpers import element_screenshot
 
+# the loss line of the Fine-tune chart (steps on x), as plotly drew it in the page
 CHART_POINTS = """() => {
     const el = document.querySelector('.nvkit-ft-chart .js-plotly-plot');
-    return el && el.data && el.data[0] && el.data[0].x ? el.data[0].x.length : -1;
+    const loss = el && el.data && el.data.find(t => t.name === 'loss');
+    return loss && loss.x ? loss.x.length : -1;
 }"""
 
 
@@ -25,6 +28,7 @@ def test_finetune_panel_start_chart_stop(page, lab, tmp_path_factory):
         "p",
     ]
     write_notebook(lab.root_dir, "finetune_panel.ipynb", cells)
+    page.set_viewport_size({"width": 1200, "height": 1600})  # the whole panel in its screenshots
     open_and_run_notebook(page, lab, "finetune_panel.ipynb")
     assert not cell_errors(page), cell_errors(page)
     start = page.locator("button.nvkit-ft-start")
@@ -35,7 +39,7 @@ def test_finetune_panel_start_chart_stop(page, lab, tmp_path_factory):
     n1 = page.evaluate(CHART_POINTS)
     page.wait_for_function(f"() => ({CHART_POINTS})() > {n1}", timeout=120_000, polling=250)
     assert "step" in page.locator(".nvkit-ft-progress-label").inner_text()
-    screenshot(page, "finetune-panel-running")
+    element_screenshot(page.locator(".nvkit-finetune-panel"), "finetune-panel-running")
     page.locator("button.nvkit-ft-stop").click()
     page.wait_for_function(
         "() => { const e = document.querySelector('.nvkit-ft-status'); return e && e.innerText.includes('Stopped'); }",
@@ -44,4 +48,4 @@ def test_finetune_panel_start_chart_stop(page, lab, tmp_path_factory):
     assert "adapter" in summary and "ft-run" in summary
     assert (lab.root_dir / "ft-run" / "adapter" / "adapter_config.json").is_file()
     assert page.locator("button.nvkit-ft-start").is_enabled()
-    screenshot(page, "finetune-panel-stopped")
+    element_screenshot(page.locator(".nvkit-finetune-panel"), "finetune-panel-stopped")

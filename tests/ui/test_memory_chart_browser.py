@@ -1,69 +1,107 @@
-"""The memory chart in a real JupyterLab + headless Chromium: its point count grows in the page while
-another cell awaits a generation (the awaitable API keeps the kernel serving widget messages)."""
+"""What a displayed memory chart costs, measured in a real JupyterLab + Chromium.
+
+A notebook shows ``nvkit.monitor()`` and the Fine-tune panel's chart while it generates and
+fine-tunes. The Log Console and the browser console stay empty (plotly's handler of the browser's
+replies raised ``ValueError: truth value of an array is ambiguous`` 2-3 times a second with numpy
+traces), and generation is as fast with the chart redrawing as with it stopped. Rounds alternate
+between the two; each round's speed is counted per second of CPU the kernel got (tokens per
+kernel-CPU-second), so that other processes taking the machine's cores (the browser, other jobs
+on a shared CI box) don't decide the result; the median of the paired ratios must be within 10 %,
+and the chart's redraws must take under 2 % of a core while it is shown. The
+wall-clock ratio is printed beside them and must not fall below one half (the old chart cost
+10-30x; on a machine shared with other jobs wall-clock rounds vary by tens of percent). The
+session lasts about a minute rather than the issue's five: the old chart filled the Log Console
+within seconds.
+"""
 
 from __future__ import annotations
 
+import json
 import re
 import time
 
-import pytest
-
-from tests.test_memory import _tiny_model_dir
 from tests.ui.conftest import open_notebook, screenshot, wait_kernel_idle, write_notebook
+from tests.ui.helpers import CELL_DONE, console_problems, log_console_entries, run_cell, wait_cell
 
-POINTS = ".jp-NotebookPanel:not(.lm-mod-hidden) .nvkit-memory-points"
+SHOWN = ".jp-NotebookPanel:not(.lm-mod-hidden)"
+POINTS = f"{SHOWN} .nvkit-memory-points"
+PAIRS = 7
+TOKENS = 160
 
 
 def _points(page) -> int:
-    text = page.inner_text(POINTS)
-    m = re.match(r"(\d+) points", text.strip())
-    assert m, text
+    m = re.match(r"(\d+) points", page.inner_text(POINTS).strip())
+    assert m, page.inner_text(POINTS)
     return int(m.group(1))
 
 
-def test_chart_grows_while_a_cell_awaits_generation(page, lab, tmp_path_factory):
-    model_dir = _tiny_model_dir(tmp_path_factory)
-    write_notebook(lab.root_dir, "memory_chart.ipynb", [
-        "import nvkit\n"
-        f"s = nvkit.load({model_dir!r}, device_map='cpu')\n"
-        "chart = nvkit.monitor(rate_hz=5)\n"
-        "chart",
-        # marker files tell the test, without asking the busy browser, when the await is under way
-        "import pathlib; pathlib.Path('gen-started').touch()\n"
-        "out = await s.agenerate('NVIDIA GPUs are', max_new_tokens=4000, min_new_tokens=4000)\n"
-        "pathlib.Path('gen-done.tmp').write_text(str(s.last_stats.new_tokens))\n"
-        "pathlib.Path('gen-done.tmp').rename('gen-done')  # whole, never seen half-written\n"
-        "print('generated', s.last_stats.new_tokens)",
+def test_displayed_charts_cost_nothing_while_generating_and_fine_tuning(page, lab, tmp_path_factory):
+    messages = []
+    page.on("console", lambda m: messages.append((m.type, m.text[:300])))
+    out_dir = lab.root_dir / "chart-cost-run"
+    write_notebook(lab.root_dir, "chart_cost.ipynb", [
+        # one torch thread: the browser redrawing the chart shares this machine's cores, and
+        # that is the browser's cost, not the kernel's
+        "import asyncio, json, statistics, time\nimport torch\ntorch.set_num_threads(1)\nimport nvkit\n"
+        "s = nvkit.load('demo', device_map='cpu')\n"
+        "s.model.generation_config.eos_token_id = None  # every round makes exactly TOKENS tokens\n"
+        "async def rate(n):  # (tokens per second, tokens per CPU-second of the whole kernel process)\n"
+        "    c0, t0 = time.process_time(), time.perf_counter()\n"
+        "    await s.agenerate('NVIDIA GPUs are', max_new_tokens=n, min_new_tokens=n)\n"
+        "    return n / (time.perf_counter() - t0), n / (time.process_time() - c0)\n"
+        f"await rate({TOKENS})  # warm up",
+        "chart = nvkit.monitor()\nchart",
+        "with_chart, without = [], []\nu0, cpu, shown = chart.updates, 0.0, 0.0\n"
+        f"for _ in range({PAIRS}):\n"
+        "    chart.stop(); await asyncio.sleep(1.5)\n"
+        f"    without.append(await rate({TOKENS}))\n"
+        "    r0, t0 = chart.redraw_cpu_seconds, time.perf_counter()\n"
+        "    chart.start(); await asyncio.sleep(1.5)\n"
+        f"    with_chart.append(await rate({TOKENS}))\n"
+        "    cpu += chart.redraw_cpu_seconds - r0; shown += time.perf_counter() - t0\n"
+        "wall = statistics.median(a[0] / b[0] for a, b in zip(with_chart, without))\n"
+        "per_cpu = statistics.median(a[1] / b[1] for a, b in zip(with_chart, without))\n"
+        "print(json.dumps({'with': with_chart, 'without': without, 'wall_ratio': wall, 'cpu_ratio': per_cpu,"
+        " 'redraws': chart.updates - u0, 'chart_core_share': cpu / shown}))",
+        "ft = nvkit.FinetunePanel()\nft.examples.value = '\\n'.join(['The H200 has 141 GB of fast memory.'] * 32)\n"
+        "ft.steps.value = 12\nft.batch.value = 2\nft.seq_len.value = 64\n"
+        f"ft.output_dir.value = {str(out_dir)!r}\nft",
+        "run = ft.start()\nawait run\n"
+        "while ft.start_btn.disabled:  # the panel's own end: last redraw, summary\n"
+        "    await asyncio.sleep(0.1)\n"
+        "print(json.dumps({'steps': run.step, 'chart_steps': len(ft.chart.figure.data[-2].x),"
+        " 'errors': [chart.last_error, ft.chart.last_error]}))",
     ])
-    open_notebook(page, lab, "memory_chart.ipynb")
-    # Run the chart cell, wait until the chart is in the page (plotly's bundle takes a while to
-    # load here), then start the generation: run-all would let a short generation end unseen.
-    run_cell = """(i) => { const nb = window.jupyterapp.shell.currentWidget.content;
-                           nb.activeCellIndex = i;
-                           // not returned: the command's promise settles only when the cell ends
-                           window.jupyterapp.commands.execute('notebook:run-cell'); return true; }"""
-    page.evaluate(run_cell, 0)
-    page.wait_for_selector(POINTS, timeout=180_000)
-    # The plotly figure itself (a ~5 MB bundle) renders well after the label: until it has, the
-    # browser's main thread is too busy to answer the checks below in time.
-    page.wait_for_selector(".jp-NotebookPanel:not(.lm-mod-hidden) .js-plotly-plot .main-svg", timeout=240_000)
-    wait_kernel_idle(page, timeout_ms=120_000)
-    page.evaluate(run_cell, 1)
-    started, done = lab.root_dir / "gen-started", lab.root_dir / "gen-done"
-    deadline = time.monotonic() + 180
-    while not started.exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    if not started.exists():
-        shot = screenshot(page, "memory-chart-not-started")
-        pytest.fail(f"the generation cell never started (page saved to {shot})")
-    time.sleep(1.0)
-    first = _points(page)
-    time.sleep(3.0)
-    second = _points(page)
-    assert not done.exists(), "generation ended too soon to watch the chart; raise max_new_tokens"
-    screenshot(page, "memory-chart-live")
-    assert second > first, (first, second)
+    open_notebook(page, lab, "chart_cost.ipynb")
+    run_cell(page, 0)
+    wait_cell(page, 0, timeout_ms=180_000)
+    run_cell(page, 1)
+    page.wait_for_selector(f"{SHOWN} .nvkit-memory-chart .js-plotly-plot .main-svg", timeout=240_000)
+    wait_kernel_idle(page)
+    seen = {_points(page)}
+    run_cell(page, 2)
     deadline = time.monotonic() + 300
-    while not done.exists() and time.monotonic() < deadline:
+    while not page.evaluate(CELL_DONE, 2) and time.monotonic() < deadline:
+        seen.add(_points(page))
         time.sleep(0.5)
-    assert done.exists() and done.read_text() == "4000"
+    assert len(seen) > 1, seen  # the chart moved in the page while the cell awaited generation
+    wait_cell(page, 2, timeout_ms=10_000)
+    result = json.loads(page.locator(f"{SHOWN} .jp-Cell").nth(2).locator(".jp-OutputArea-output").inner_text())
+    print("generate (tok/s, tokens per kernel-CPU-second) with the chart redrawing vs stopped:", result)
+    screenshot(page, "memory-chart-live")
+    assert result["redraws"] >= PAIRS, result      # it really redrew during the "with" rounds
+    assert result["chart_core_share"] < 0.02, result
+    assert result["cpu_ratio"] > 0.9, result
+    assert result["wall_ratio"] > 0.5, result
+
+    run_cell(page, 3)
+    page.locator(f"{SHOWN} button.nvkit-ft-start").wait_for(timeout=60_000)
+    run_cell(page, 4)
+    page.wait_for_selector(f"{SHOWN} .nvkit-ft-chart .js-plotly-plot .main-svg", timeout=240_000)
+    wait_cell(page, 4, timeout_ms=300_000)
+    ft = json.loads(page.locator(f"{SHOWN} .jp-Cell").nth(4).locator(".jp-OutputArea-output").last.inner_text())
+    print("fine-tune:", ft)
+    assert ft["steps"] == 12 and ft["chart_steps"] == 12 and ft["errors"] == [None, None], ft
+
+    assert log_console_entries(page) == []
+    assert console_problems(messages) == []
