@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
-import tempfile
 import threading
 import time
 
@@ -36,209 +34,22 @@ from ..memory import peaks
 from ..memory.oom import oom_error
 from ..memory.usage import memory_now
 from ..model.precision import precision
+from ..model.saving import save_atomic
 from ..model.session import Session, session as current_session
 from ..quiet import routed
 from ..threads import Job, run_in_worker
 from ..units import fmt_bytes
 from . import data as train_data
-from .loss import causal_lm, fused_causal_lm_loss, fused_loss_supported
+from .compile import ACTIVATION_BUDGET, activation_budget, compile_layers, uncompile_layers
+from .lora import DEFAULT_LORA, apply_liger, check_lora, liger_decision, prepare_lora_model
+from .loss import fused_loss_supported
+from .trainer import quiet_trainer, trainer_class, training_arguments
 
-DEFAULT_LORA = dict(r=16, alpha=32, dropout=0.05, target_modules="all-linear")
-_LIGER_TYPES = {"qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "smollm3"}
-
-
-# --- decisions (pure functions, tested directly) ------------------------------------------------
-
-
-
-def liger_decision(liger, device_type: str, model_type: str) -> tuple[bool, str]:
-    """(use Liger kernels?, why) for liger=True/False/'auto'."""
-    require(liger in (True, False, "auto"), f"liger must be True, False or 'auto', not {liger!r}.")
-    if liger is False:
-        return False, "off (liger=False)"
-    why_not = None
-    if device_type != "cuda":
-        why_not = "Liger's kernels are Triton (CUDA only) and the model is on the CPU"
-    elif model_type not in _LIGER_TYPES:
-        why_not = f"model type {model_type!r} is not one nvkit applies Liger to ({', '.join(sorted(_LIGER_TYPES))})"
-    else:
-        try:
-            import liger_kernel  # noqa: F401
-        except ImportError:
-            why_not = "liger-kernel is not installed (pip install 'nvkit[cuda]' or pip install liger-kernel)"
-    if why_not is None:
-        return True, "on (RMSNorm, SwiGLU)"
-    if liger is True:
-        raise NvkitError(f"liger=True but {why_not}. Use liger='auto' to fall back silently, or liger=False.")
-    return False, f"off: {why_not}"
-
-
-def check_lora(lora) -> dict:
-    require(isinstance(lora, dict), f"lora must be a dict like {DEFAULT_LORA}, not {type(lora).__name__}.")
-    unknown = set(lora) - {"r", "alpha", "dropout", "target_modules", "bias", "use_rslora", "use_dora"}
-    require(not unknown, f"Unknown LoRA setting(s) {sorted(unknown)}: use r, alpha, dropout, target_modules "
-                         "(and optionally bias, use_rslora, use_dora).")
-    cfg = {**DEFAULT_LORA, **lora}
-    r = cfg["r"]
-    require(isinstance(r, int) and not isinstance(r, bool) and r >= 1, f"lora r must be a whole number ≥ 1, not {r!r}.")
-    require(isinstance(cfg["alpha"], (int, float)) and cfg["alpha"] > 0, f"lora alpha must be > 0, not {cfg['alpha']!r}.")
-    require(isinstance(cfg["dropout"], (int, float)) and 0 <= cfg["dropout"] < 1,
-            f"lora dropout must be in [0, 1), not {cfg['dropout']!r}.")
-    tm = cfg["target_modules"]
-    require(tm == "all-linear" or (isinstance(tm, (list, tuple)) and tm and all(isinstance(t, str) for t in tm)),
-            f"lora target_modules must be 'all-linear' or a list of module names like ['q_proj', 'v_proj'], not {tm!r}.")
-    return cfg
-
-
-
-
-# --- the fused loss ------------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# --- model preparation ---------------------------------------------------------------------------
-
-def _is_kbit(model) -> bool:
-    return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
-                or getattr(getattr(model, "config", None), "quantization_config", None) is not None
-                and getattr(model, "hf_quantizer", None) is not None)
-
-
-def prepare_lora_model(model, lora: dict, gradient_checkpointing: bool):
-    """Wrap ``model`` with fresh LoRA adapters (QLoRA preparation first when it is 4/8-bit).
-    A model that already carries adapters gets them removed first (unmerged) so the new run trains
-    one adapter; the old one stays on disk."""
-    from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
-    notes = []
-    if isinstance(model, PeftModel):
-        model = model.unload()
-        notes.append("removed the adapter the session had (it stays on disk; load it again with s.load_adapter)")
-    kbit = _is_kbit(model)
-    if kbit:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
-                                                gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=float(lora["dropout"]),
-                     target_modules=lora["target_modules"] if lora["target_modules"] == "all-linear" else list(lora["target_modules"]),
-                     bias=lora.get("bias", "none"), use_rslora=bool(lora.get("use_rslora", False)),
-                     use_dora=bool(lora.get("use_dora", False)), task_type="CAUSAL_LM")
-    try:
-        peft_model = get_peft_model(model, cfg)
-    except ValueError as e:
-        raise NvkitError(f"PEFT could not add LoRA adapters: {e}. Check lora['target_modules'] against the model's "
-                         "module names (print(s.model) shows them).") from e
-    return peft_model, kbit, notes
-
-
-def apply_liger(model) -> int:
-    """Swap RMSNorm modules and MLP forwards for Liger's Triton kernels on this model instance only
-    (Liger's apply_liger_kernel_to_* patch classes process-wide, which would also change any other
-    model in the kernel — e.g. the plain baseline of a benchmark)."""
-    import types
-    import torch
-    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-    from liger_kernel.transformers.rms_norm import LigerRMSNorm
-    lm = causal_lm(model)
-    swapped = 0
-    for name, module in list(lm.named_modules()):
-        cls = type(module).__name__
-        if cls.endswith("RMSNorm") and hasattr(module, "weight") and module.weight.dim() == 1:
-            eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
-            new = LigerRMSNorm(module.weight.shape[0], eps=eps).to(device=module.weight.device, dtype=module.weight.dtype)
-            with torch.no_grad():
-                new.weight.copy_(module.weight)
-            new.weight.requires_grad_(module.weight.requires_grad)
-            parent_name, _, child = name.rpartition(".")
-            setattr(lm.get_submodule(parent_name) if parent_name else lm, child, new)
-            swapped += 1
-        elif cls.endswith("MLP") and all(hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj")):
-            def forward(self, x):
-                return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
-            module.forward = types.MethodType(forward, module)
-            swapped += 1
-    return swapped
-
-
-#: Share of the saved activations the compiled layers may keep (torch's AOT partitioner then
-#: recomputes the cheapest rest in the backward). Measured on the H200, Qwen3-0.6B shape, LoRA r16
-#: all-linear, 8 × 512, same process: 1.0 → 26.6 k tok/s at 11.3 GiB peak; 0.5 → 25.4 k at 4.8 GiB;
-#: 0.3 → 21.6 k at 4.8 GiB (plain PEFT: 15.0 k at 17.0 GiB).
-ACTIVATION_BUDGET = 0.5
-
-
-def activation_budget(enabled: bool):
-    """Context in which compiled layers are partitioned under ``ACTIVATION_BUDGET`` (compilation
-    happens at the first step, inside ``trainer.train()``, so the whole call is wrapped)."""
-    import contextlib
-    if not enabled:
-        return contextlib.nullcontext()
-    import torch._functorch.config as functorch_config
-    return functorch_config.patch(activation_memory_budget=ACTIVATION_BUDGET)
-
-
-def _decoder_layers(model):
-    lm = causal_lm(model)
-    dec = lm.get_decoder()
-    layers = getattr(dec, "layers", None)
-    return list(layers) if layers is not None else []
-
-
-def compile_layers(model) -> int:
-    """Regional compilation: each decoder layer's forward is compiled; the layers share code, so
-    dynamo compiles it once per shape and reuses it (seconds, not minutes, for 28 layers)."""
-    import torch
-    layers = _decoder_layers(model)
-    # identical layers differ only in parameters; with one graph per layer the cache would overflow
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 2 * len(layers) + 8)
-    for layer in layers:
-        layer.compile(dynamic=False)
-    return len(layers)
-
-
-def uncompile_layers(model) -> None:
-    for layer in _decoder_layers(model):
-        if getattr(layer, "_compiled_call_impl", None) is not None:
-            layer._compiled_call_impl = None
-
-
-# --- atomic saves ------------------------------------------------------------------------------
-
-def save_atomic(model, target: str, extra_files: dict[str, str] | None = None) -> str:
-    """``model.save_pretrained`` into a temporary sibling directory, then rename it into place: an
-    interrupted save never leaves a half-written adapter, and a reader sees the old or the new."""
-    target = os.path.abspath(target)
-    parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}-tmp-", dir=parent)
-    try:
-        model.save_pretrained(tmp)
-        for name, text in (extra_files or {}).items():
-            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-                f.write(text)
-        old = None
-        if os.path.exists(target):
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}-old-", dir=parent)
-            os.replace(target, os.path.join(old, "x"))
-        os.replace(tmp, target)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
+# Names other modules and notebooks import from here (they moved to train.lora/compile/trainer and
+# model.saving so the launch worker shares them).
+__all__ = ["finetune", "FinetuneRun", "DEFAULT_LORA", "check_lora", "liger_decision", "prepare_lora_model",
+           "apply_liger", "ACTIVATION_BUDGET", "activation_budget", "compile_layers", "uncompile_layers",
+           "save_atomic", "training_arguments", "quiet_trainer", "trainer_classes"]
 
 
 # --- the run -----------------------------------------------------------------------------------
@@ -354,28 +165,11 @@ class FinetuneRun:
                 pass
 
 
-
-
 def trainer_classes():
-    """Trainer subclass and callback, built on first use (transformers imports are heavy)."""
-    import torch
-    from transformers import Trainer, TrainerCallback
+    """(NvkitTrainer, Recorder), built on first use (transformers imports are heavy)."""
+    from transformers import TrainerCallback
 
-    class NvkitTrainer(Trainer):
-        def __init__(self, *a, fused_loss: bool = False, counter=None, **kw):
-            super().__init__(*a, **kw)
-            self.fused_loss = fused_loss
-            self.counter = counter
-            # our loss is a per-batch mean; let Trainer divide by grad_accum itself
-            self.model_accepts_loss_kwargs = False
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            n = inputs.pop("num_tokens", None)
-            if self.counter is not None and n is not None:
-                self.counter["tokens"] += int(n)
-            if self.fused_loss and not return_outputs:
-                return fused_causal_lm_loss(model, inputs["input_ids"], inputs["labels"], inputs.get("attention_mask"))
-            return super().compute_loss(model, inputs, return_outputs=return_outputs)
+    NvkitTrainer = trainer_class()
 
     class Recorder(TrainerCallback):
         """History, events, stop and checkpoints; runs in the worker thread."""
@@ -400,7 +194,7 @@ def trainer_classes():
                 control.should_training_stop = True
             if self.save_every and state.global_step % self.save_every == 0 and not control.should_training_stop:
                 path = os.path.join(self.checkpoint_dir, f"checkpoint-{state.global_step}")
-                save_atomic(kw["model"], path)
+                save_atomic(kw["model"], path, kind="checkpoint")
                 events.record("checkpoint", f"step {state.global_step}: {path}")
             return control
 
@@ -422,37 +216,6 @@ def trainer_classes():
             events.record("train-step", f"step {rec['step']}/{self.run.total_steps} · loss {rec['loss']:.4f}")
 
     return NvkitTrainer, Recorder
-
-
-def quiet_trainer(trainer) -> None:
-    """Trainer prints its log dicts (PrinterCallback) or draws a progress bar: from a worker thread
-    both land in whichever cell runs at that moment. The run's history and the panel replace them."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-
-
-def training_arguments(output_dir: str, prec: str, device_type: str, *, max_steps, epochs, learning_rate,
-                       batch_size, grad_accum, log_every, seed, gradient_checkpointing, fused_adamw: bool):
-    from transformers import TrainingArguments
-    kw = dict(output_dir=output_dir, per_device_train_batch_size=batch_size, gradient_accumulation_steps=grad_accum,
-              learning_rate=learning_rate, logging_steps=log_every, logging_strategy="steps",
-              save_strategy="no", report_to="none", disable_tqdm=True, seed=seed, data_seed=seed,
-              remove_unused_columns=False, dataloader_num_workers=0, lr_scheduler_type="linear",
-              warmup_steps=0, bf16=prec == "bf16", fp16=prec == "fp16", use_cpu=device_type != "cuda",
-              optim="adamw_torch_fused" if fused_adamw else "adamw_torch",
-              dataloader_pin_memory=device_type == "cuda", include_num_input_tokens_seen="no",
-              gradient_checkpointing=False)  # enabled on the model already (PEFT-aware)
-    if max_steps is not None:
-        kw["max_steps"] = max_steps
-    else:
-        kw["num_train_epochs"] = float(epochs or 1)
-    args = TrainingArguments(**kw)
-    if args.n_gpu > 1:
-        # Trainer wraps the model in nn.DataParallel when one process sees several GPUs: the model
-        # sits on the session's device, and several GPUs train through nvkit.launch (DDP) instead.
-        args._n_gpu = 1
-    return args
 
 
 def _default_output_dir(session) -> str:
