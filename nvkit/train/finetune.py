@@ -22,8 +22,10 @@ Speed and memory (``nvkit bench --lora`` measures them; docs/benchmarks.md has t
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
+import tempfile
 import threading
 import time
 
@@ -34,7 +36,7 @@ from ..memory import peaks
 from ..memory.oom import oom_error
 from ..memory.usage import memory_now
 from ..model.precision import precision
-from ..model.saving import save_atomic
+from ..model.saving import check_target, make_folder, save_atomic
 from ..model.session import Session, session as current_session
 from ..quiet import routed
 from ..threads import Job, run_in_worker
@@ -104,6 +106,14 @@ class FinetuneRun:
                 "final_loss": self.history[-1]["loss"] if self.history else None,
                 "adapter_dir": self.adapter_dir if os.path.isdir(self.adapter_dir) else None,
                 "stopped": self.stopped}
+
+    def facts(self) -> dict:
+        """What this run was: the base model, LoRA settings, data, steps, precision (written into
+        the adapter's nvkit.json and an export's model card)."""
+        i = self.info
+        return {"base_model": i.get("base_model"), "base_path": i.get("base_path"), "lora": i.get("lora"),
+                "data": i.get("data"), "steps": self.step, "precision": i.get("precision"),
+                "qlora": i.get("qlora"), "stopped": self.stopped}
 
     def __repr__(self):
         p = self.progress
@@ -218,17 +228,48 @@ def trainer_classes():
     return NvkitTrainer, Recorder
 
 
-def _default_output_dir(session) -> str:
+def default_output_dir(session) -> str:
+    """A new folder under ./nvkit-runs named for the model and the time, unique (mkdtemp): two
+    runs started in the same second never share one."""
     name = os.path.basename(os.path.normpath(str(session.model_id))) or "model"
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return os.path.abspath(os.path.join("nvkit-runs", f"{name}-lora-{stamp}"))
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    root = make_folder(os.path.abspath("nvkit-runs"), "folder for fine-tune runs")
+    return tempfile.mkdtemp(prefix=f"{name}-lora-{time.strftime('%Y%m%d-%H%M%S')}-", dir=root)
+
+
+def check_output_dir(output_dir) -> str:
+    """The absolute output folder, when nvkit may write its adapter and checkpoints into it: a
+    new or existing folder where ``adapter`` and any ``checkpoint-N`` are absent or nvkit's own.
+    NvkitError otherwise (nothing of the user's is ever replaced)."""
+    require(isinstance(output_dir, (str, os.PathLike)) and str(output_dir).strip(),
+            f"output_dir must be a folder path, not {output_dir!r}.")
+    out = os.path.abspath(os.path.expanduser(os.fspath(output_dir)))
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise NvkitError(f"output_dir {out} is a file, not a folder. Give a folder path (nvkit writes adapter/ and "
+                         "checkpoint-N/ into it).")
+    if os.path.isdir(out):
+        check_target(os.path.join(out, "adapter"), ("adapter",), "adapter")
+        for name in sorted(os.listdir(out)):
+            if name.startswith("checkpoint-"):
+                check_target(os.path.join(out, name), ("checkpoint",), "checkpoint")
+    return make_folder(out, "output_dir")
+
+
+def _unknown_settings(unknown: dict) -> NvkitError:
+    import difflib
+    known = [p for p in inspect.signature(finetune).parameters if p not in ("settings",)]
+    parts = []
+    for k in unknown:
+        close = difflib.get_close_matches(k, known, n=1)
+        parts.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return NvkitError(f"Unknown finetune setting(s) {', '.join(parts)}. Known: {', '.join(known)}.")
 
 
 def finetune(session=None, data=None, lora: dict | None = None, max_steps: int | None = None,
              epochs: float | None = None, learning_rate: float = 2e-4, batch_size: int = 8, grad_accum: int = 1,
              seq_len: int = 512, packing="auto", gradient_checkpointing: bool = False,
              output_dir: str | None = None, liger="auto", log_every: int = 1, save_every: int | None = None,
-             compile="auto", seed: int = 0) -> FinetuneRun:
+             compile="auto", seed: int = 0, **settings) -> FinetuneRun:
     """Train LoRA adapters on the session's model (QLoRA when it is loaded in 4/8-bit), in a worker
     thread; returns a ``FinetuneRun`` at once. After it ends the session generates with the adapter.
 
@@ -238,6 +279,8 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
     supervised pairs. ``compile="auto"`` compiles the decoder layers on CUDA. ``save_every=N``
     writes checkpoint-N directories (atomically) beside the final ``adapter``.
     """
+    if settings:
+        raise _unknown_settings(settings)
     s = session if session is not None else current_session()
     require(isinstance(s, Session), f"session must be an nvkit.Session (from nvkit.load), not {type(s).__name__}.")
     s._require_loaded()
@@ -255,14 +298,19 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
     positive_int("log_every", log_every)
     positive_int("save_every", save_every, allow_none=True)
     require(isinstance(gradient_checkpointing, bool), f"gradient_checkpointing must be True or False, not {gradient_checkpointing!r}.")
-    require(compile in (True, False, "auto"), f"compile must be True, False or 'auto', not {compile!r}.")
-    require(output_dir is None or isinstance(output_dir, (str, os.PathLike)), "output_dir must be a directory path.")
+    require(compile is True or compile is False or compile == "auto",
+            f"compile must be True, False or 'auto', not {compile!r}.")
+    require(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0,
+            f"seed must be a whole number ≥ 0, not {seed!r}.")
+    require(output_dir is None or (isinstance(output_dir, (str, os.PathLike)) and str(output_dir).strip()),
+            f"output_dir must be a folder path, not {output_dir!r}.")
     if s.busy:
         raise NvkitError("A generation is running in this session: wait for it or call s.stop() first.")
     if s.training is not None and not s.training.done:
         raise NvkitError("A fine-tune is already running in this session: run.stop() it or wait for it.")
 
     rows, data_info = train_data.prepare(data, s.tokenizer, seq_len, packing)
+    out = check_output_dir(output_dir) if output_dir is not None else None
 
     import torch
     device = s.device
@@ -275,12 +323,12 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
     if do_compile and use_liger:
         # compiled layers already fuse norms and SwiGLU; Liger's Triton calls would only break the graphs
         use_liger, liger_why = False, "off: compiled decoder layers fuse RMSNorm/SwiGLU themselves (compile=False to use Liger)"
-    out = os.path.abspath(os.path.expanduser(os.fspath(output_dir))) if output_dir else _default_output_dir(s)
+    out = out or default_output_dir(s)
     adapter_dir = os.path.join(out, "adapter")
 
     per_epoch = math.ceil(math.ceil(len(rows) / batch_size) / grad_accum)
     total = max_steps if max_steps is not None else max(1, math.ceil(per_epoch * float(epochs or 1)))
-    info = {"precision": prec, "capability": capability, "device": str(device), "qlora": False,
+    info = {"base_model": s.model_id, "base_path": s.path, "precision": prec, "capability": capability, "device": str(device), "qlora": False,
             "lora": lora_cfg, "liger": liger_why, "compile": do_compile, "data": data_info,
             "gradient_checkpointing": gradient_checkpointing, "output_dir": out}
     run = FinetuneRun(total, adapter_dir, info)
@@ -331,7 +379,7 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
             run.tokens = counter["tokens"]
             _, peak = memory_now(device_type)
             run.peak_memory = max(run.peak_memory, peak)
-        save_atomic(model, adapter_dir)
+        save_atomic(model, adapter_dir, facts=run.facts())
         events.record("checkpoint", f"adapter saved: {adapter_dir}")
         sm = run.summary()
         events.record("train-end", f"{run.step} steps in {sm['seconds']:.1f} s · {sm['tokens_per_s']:.0f} tok/s · "

@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import re
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -39,6 +41,7 @@ from .. import events
 from ..checks import positive_int
 from ..errors import NvkitError, require
 from ..hardware.selection import launch_command
+from ..model.saving import MARKER, check_target, make_folder, owned, write_marker
 from ..model.session import resolve_model, session as current_session
 from . import data as train_data
 from .lora import DEFAULT_LORA, check_lora
@@ -48,6 +51,37 @@ _CONFIG_KEYS = {"model", "data", "lora", "max_steps", "epochs", "learning_rate",
                 "seq_len", "packing", "gradient_checkpointing", "seed", "log_every", "quantization"}
 _RANK_PREFIX = re.compile(r"^\[(?:[A-Za-z_]*?)(\d+)\]:(.*)$")
 _MAX_LOG_LINES = 5000
+_INT_FIELDS = ("rank", "local_rank", "world", "step", "total_steps")
+_log = logging.getLogger("nvkit.launch")
+
+def _record(text: str) -> dict | None:
+    """A rank's metric line as a dict of plain values, or None when it is not one (then the line
+    is kept as log text). rank/step/world are whole numbers (or the line is not a record), other
+    values plain scalars, so nothing downstream trips over a structure where a value belongs."""
+    try:
+        rec = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(rec, dict) or rec.get("nvkit") != 1:
+        return None
+    rec.pop("nvkit", None)
+    out = {}
+    for k, v in rec.items():
+        if not isinstance(k, str):
+            return None
+        if k in _INT_FIELDS:
+            if v is not None and not (isinstance(v, int) and not isinstance(v, bool)):
+                return None
+        elif k in ("event", "adapter_dir"):
+            if not isinstance(v, str):
+                return None
+        elif not isinstance(v, (bool, int, float, str, type(None))):
+            v = None  # a structure where a value belongs: kept as missing
+        out[k] = v
+    if not isinstance(out.get("event"), str) or not isinstance(out.get("rank"), int):
+        return None
+    return out
+
 
 class LaunchRun:
     """A torchrun process group started by ``nvkit.launch``.
@@ -84,6 +118,7 @@ class LaunchRun:
         os.makedirs(log_dir, exist_ok=True)
         self.proc = subprocess.Popen(self._argv, env=self._env, cwd=self.run_dir, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, bufsize=1,
+                                     encoding="utf-8", errors="replace",
                                      start_new_session=True)  # its own process group: stop() reaches every rank
         threading.Thread(target=self._read, name="nvkit-launch-reader", daemon=True).start()
         events.record("launch", self.command)
@@ -92,7 +127,12 @@ class LaunchRun:
     def _read(self) -> None:
         try:
             for line in self.proc.stdout:
-                self._line(line.rstrip("\n"))
+                try:
+                    self._line(line.rstrip("\n"))
+                except Exception as e:  # noqa: BLE001 - one bad line must not stop draining stdout
+                    _log.warning("nvkit.launch: skipped an unreadable line from the run (%s: %s): %.200r",
+                                 type(e).__name__, e, line)
+                    self.logs.append((None, line.rstrip("\n")))
         finally:
             self.returncode = self.proc.wait()
             events.record("launch-end", f"exit {self.returncode}{' (stopped)' if self.stopped else ''}")
@@ -104,27 +144,24 @@ class LaunchRun:
         if m:
             rank, line = int(m.group(1)), m.group(2)
         text = line.strip()
-        if text.startswith("{") and '"nvkit"' in text:
+        rec = _record(text) if text.startswith("{") and '"nvkit"' in text else None
+        if rec is None:
+            self.logs.append((rank, line))
+            return
+        with self._lock:
+            self.history.append(rec)
+            listeners = list(self._listeners)
+        if rec.get("event") == "done":
+            self._rank_done(rec)
+        if rec.get("event") == "log" and rec.get("rank") == 0:
+            loss = rec.get("loss")
+            shown = f"{loss:.4f}" if isinstance(loss, (int, float)) and not isinstance(loss, bool) else "n/a"
+            events.record("train-step", f"launch step {rec.get('step')} · loss {shown}")
+        for fn in listeners:
             try:
-                rec = json.loads(text)
-            except ValueError:
-                rec = None
-            if isinstance(rec, dict) and rec.get("nvkit") == 1:
-                rec.pop("nvkit", None)
-                with self._lock:
-                    self.history.append(rec)
-                    listeners = list(self._listeners)
-                if rec.get("event") == "done":
-                    self._rank_done(rec)
-                if rec.get("event") == "log" and rec.get("rank") == 0:
-                    events.record("train-step", f"launch step {rec.get('step')} · loss {rec.get('loss', float('nan')):.4f}")
-                for fn in listeners:
-                    try:
-                        fn(rec)
-                    except Exception:
-                        pass
-                return
-        self.logs.append((rank, line))
+                fn(rec)
+            except Exception:  # noqa: BLE001 - a listener (a closed panel) must not stop the reader
+                pass
 
     def _rank_done(self, rec: dict) -> None:
         if rec.get("rank") in self._done_ranks:
@@ -162,7 +199,8 @@ class LaunchRun:
 
     @property
     def progress(self) -> dict:
-        steps = [r["step"] for r in self.history if r.get("event") == "step" and r.get("rank") == 0]
+        steps = [r["step"] for r in self.history
+                 if r.get("event") == "step" and r.get("rank") == 0 and isinstance(r.get("step"), int)]
         return {"step": steps[-1] if steps else 0, "total": self.total_steps}
 
     def text(self, last: int = 50) -> str:
@@ -247,21 +285,55 @@ def _config(config, overrides: dict) -> dict:
     cfg["model"] = path
     require(cfg.get("data") is not None, "launch needs data: config['data'] = a list of examples or a local file.")
     cfg["lora"] = check_lora(cfg.get("lora") or DEFAULT_LORA)
-    for key, default in (("batch_size", 8), ("grad_accum", 1), ("seq_len", 512), ("log_every", 1), ("seed", 0)):
-        cfg.setdefault(key, default)
-        positive_int(key, cfg[key]) if key != "seed" else require(isinstance(cfg[key], int), "seed must be a whole number.")
+    for key, default in (("batch_size", 8), ("grad_accum", 1), ("seq_len", 512), ("log_every", 1)):
+        positive_int(key, cfg.setdefault(key, default))
+    seed = cfg.setdefault("seed", 0)
+    require(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, f"seed must be a whole number ≥ 0, not {seed!r}.")
     positive_int("max_steps", cfg.get("max_steps"), allow_none=True)
-    require(not (cfg.get("max_steps") and cfg.get("epochs")), "Give max_steps or epochs, not both.")
+    epochs = cfg.get("epochs")
+    require(epochs is None or (isinstance(epochs, (int, float)) and not isinstance(epochs, bool) and epochs > 0),
+            f"epochs must be > 0, not {epochs!r}.")
+    require(not (cfg.get("max_steps") and epochs), "Give max_steps or epochs, not both.")
     lr = cfg.setdefault("learning_rate", 2e-4)
-    require(isinstance(lr, (int, float)) and 0 < lr < 1, f"learning_rate must be in (0, 1), not {lr!r}.")
+    require(isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < 1,
+            f"learning_rate must be in (0, 1), not {lr!r}.")
     q = cfg.get("quantization")
     require(q in (None, "nf4", "fp4"), f"quantization for a launch must be None, 'nf4' or 'fp4', not {q!r}.")
-    cfg.setdefault("packing", "auto")
-    cfg.setdefault("gradient_checkpointing", False)
+    gc_on = cfg.setdefault("gradient_checkpointing", False)
+    require(isinstance(gc_on, bool), f"gradient_checkpointing must be True or False, not {gc_on!r}.")
+    packing = cfg.setdefault("packing", "auto")
+    require(packing is True or packing is False or packing == "auto",
+            f"packing must be True, False or 'auto', not {packing!r}.")
     return cfg
 
 
 WORKER = "nvkit.train.worker"
+
+
+def _run_dir(run_dir) -> str:
+    """The run folder: a new unique one under ./nvkit-runs by default; a given one must be new,
+    empty, or a run folder nvkit made (nvkit overwrites its own config.json, data.jsonl and
+    launch.sh there, and nothing else)."""
+    if run_dir is None:
+        root = make_folder(os.path.abspath("nvkit-runs"), "folder for launched runs")
+        path = tempfile.mkdtemp(prefix=f"launch-{time.strftime('%Y%m%d-%H%M%S')}-", dir=root)
+    else:
+        path = check_target(run_dir, ("launch-run",), "run_dir")
+        make_folder(path, "run_dir")
+    if not owned(path, "launch-run"):
+        write_marker(path, "launch-run")
+    return path
+
+
+def _forget_if_empty(run_dir: str) -> None:
+    """A run that failed its checks leaves no folder behind when nvkit made it just now."""
+    try:
+        names = os.listdir(run_dir)
+        if names == [MARKER]:
+            os.remove(os.path.join(run_dir, MARKER))
+            os.rmdir(run_dir)
+    except OSError:
+        pass
 
 
 def write_run(cfg: dict, run_dir: str, strategy: str, device: str, command: str = "") -> dict:
@@ -308,19 +380,24 @@ def launch(config: dict | None = None, nproc_per_node: int | None = None, strate
                                        and nproc_per_node >= 1),
             f"nproc_per_node must be a whole number ≥ 1, not {nproc_per_node!r}.")
     require(nnodes is None or (isinstance(nnodes, int) and nnodes >= 1), f"nnodes must be ≥ 1, not {nnodes!r}.")
+    require(nnodes is None or not isinstance(nnodes, bool), f"nnodes must be ≥ 1, not {nnodes!r}.")
     if nnodes and nnodes > 1:
-        require(isinstance(rdzv_endpoint, str) and ":" in rdzv_endpoint,
-                "A multi-node launch needs rdzv_endpoint='host:port' (the rendezvous on node 0).")
+        require(isinstance(rdzv_endpoint, str) and re.fullmatch(r"[^\s:]+:\d{1,5}", rdzv_endpoint or "") is not None,
+                f"A multi-node launch needs rdzv_endpoint='host:port' (the rendezvous on node 0), not {rdzv_endpoint!r}.")
         require(node_rank is not None, "A multi-node launch needs node_rank (0 on the first node, 1 on the next...).")
+        require(isinstance(node_rank, int) and not isinstance(node_rank, bool) and 0 <= node_rank < nnodes,
+                f"node_rank must be a whole number from 0 to {nnodes - 1}, not {node_rank!r}.")
+    else:
+        require(node_rank in (None, 0) and rdzv_endpoint is None,
+                "node_rank and rdzv_endpoint are for a multi-node launch: give nnodes=N (N ≥ 2) with them.")
+    require(isinstance(start, bool), f"start must be True or False, not {start!r}.")
     cfg = _config(config, settings)
     import torch
     visible_cuda = gpus != [] and torch.cuda.is_available()
     device = "cuda" if visible_cuda else "cpu"
     if device == "cpu" and strategy == "fsdp":
         raise NvkitError("strategy='fsdp' needs CUDA GPUs (NCCL); on the CPU use strategy='ddp' (gloo).")
-    run_dir = os.path.abspath(os.path.expanduser(run_dir)) if run_dir else os.path.abspath(
-        os.path.join("nvkit-runs", f"launch-{time.strftime('%Y%m%d-%H%M%S')}"))
-    os.makedirs(run_dir, exist_ok=True)
+    run_dir = _run_dir(run_dir)
     torchrun_args = dict(tee=3, log_dir=os.path.join(run_dir, "logs"))
     if nnodes and nnodes > 1:
         torchrun_args.update(nnodes=nnodes, node_rank=node_rank, rdzv_backend="c10d", rdzv_endpoint=rdzv_endpoint,
@@ -332,7 +409,11 @@ def launch(config: dict | None = None, nproc_per_node: int | None = None, strate
     cmd = launch_command(WORKER, nproc_per_node=nproc_per_node, args=[run_dir], **kw, **torchrun_args)
     env_vars = {**cmd.env, "NCCL_NVLS_ENABLE": "0"}  # NVLink multicast off on these machines
     line = " ".join([f"{k}={shlex.quote(str(v))}" for k, v in env_vars.items()] + [shlex.quote(a) for a in cmd.argv])
-    facts = write_run(cfg, run_dir, strategy, device, line)
+    try:
+        facts = write_run(cfg, run_dir, strategy, device, line)
+    except NvkitError:
+        _forget_if_empty(run_dir)
+        raise
     n = int(next((a.split("=", 1)[1] for a in cmd.argv if a.startswith("--nproc_per_node=")), 1))
     import math
     per_rank_rows = math.ceil(facts["rows"] / n)
