@@ -142,8 +142,8 @@ def test_two_rank_ddp_on_cpu(path, tmp_path):
     both ranks log the same reduced loss, and rank 0 alone saves the adapter."""
     run = launch({"model": path, "data": DATA, "max_steps": 2, "batch_size": 4, "seq_len": 64}, nproc_per_node=2,
                  gpus=[], run_dir=str(tmp_path / "ddp"))
-    run.result(timeout=400)
-    assert run.returncode == 0, run.text(40)
+    run.result(timeout=600)  # NvkitError unless every rank finished (a slow teardown is ended by nvkit)
+    assert run.returncode == 0 or run.ended_after_done, run.text(40)
     assert run.ranks == [0, 1]
     logs = {(r["rank"], r["step"]): r["loss"] for r in run.history if r.get("event") == "log"}
     assert sorted(logs) == [(0, 1), (0, 2), (1, 1), (1, 2)]

