@@ -64,7 +64,7 @@ def test_quantized_weights_hand_computed():
 
 
 def test_lora_hand_computed():
-    e = estimate("qwen3-0.6b", mode="lora", batch_size=4, seq_len=512, lora_r=16)
+    e = estimate("qwen3-0.6b", mode="lora", batch_size=4, seq_len=512, lora_r=16, path="plain")
     # Σ(in + out) over the 7 adapted linears of a layer: q 1024+2048, k/v 1024+1024, o 2048+1024,
     # gate/up 1024+3072, down 3072+1024
     dims = 28 * ((1024 + 2048) + 2 * (1024 + 1024) + (2048 + 1024) + 3 * (1024 + 3072))
@@ -74,7 +74,7 @@ def test_lora_hand_computed():
     assert e.parts["logits"] == 4 * 512 * 151936 * 14       # 4.06 GiB: the largest part after activations
     per_layer = 26 * 1024 + 12 * 2048 + 8 * 1024 + 10 * 3072 + 52 * 16
     assert e.parts["activations"] == 2048 * (28 * per_layer + 6 * 1024)
-    ck = estimate("qwen3-0.6b", mode="lora", batch_size=4, seq_len=512, gradient_checkpointing=True)
+    ck = estimate("qwen3-0.6b", mode="lora", batch_size=4, seq_len=512, gradient_checkpointing=True, path="plain")
     assert ck.parts["activations"] == 2048 * (28 * 2 * 1024 + 6 * 1024) + 2048 * 2 * per_layer
     assert ck.parts["activations"] < e.parts["activations"] / 3
     assert ck.parts["logits"] == e.parts["logits"]            # checkpointing does not touch the loss
@@ -84,7 +84,7 @@ def test_lora_nvkit_path_hand_computed():
     """path="nvkit": the fused loss keeps one chunk of logits, and on CUDA the compiled layers
     keep _BUDGET_SHARE of the eager per-layer bytes; on CPU (no compile) only the loss changes."""
     from nvkit.memory.estimate import _BUDGET_SHARE
-    plain = estimate("qwen3-0.6b", mode="lora", batch_size=8, seq_len=512, lora_r=16)
+    plain = estimate("qwen3-0.6b", mode="lora", batch_size=8, seq_len=512, lora_r=16, path="plain")
     nv = estimate("qwen3-0.6b", mode="lora", batch_size=8, seq_len=512, lora_r=16, path="nvkit")
     rows = (1 << 26) // 151936                                # 441 rows of fp32 logits ≈ 256 MiB
     assert nv.parts["logits"] == rows * 151936 * 4 * 3 + 4096 * 1024 * 4
@@ -196,7 +196,7 @@ def test_lora_activations_match_a_measured_step(vocab, inter):
         peaks[B] = _live_peak(step)
         m.zero_grad(set_to_none=True)
     measured_per_token = (peaks[4] - peaks[2]) / (2 * 64)
-    e = estimate(cfg, mode="lora", batch_size=1, seq_len=1, device="cpu")
+    e = estimate(cfg, mode="lora", batch_size=1, seq_len=1, device="cpu", path="plain")
     predicted_per_token = e.parts["activations"] + e.parts["logits"]
     assert predicted_per_token == pytest.approx(measured_per_token, rel=0.05)
 

@@ -13,12 +13,13 @@
 # ---
 
 # %% [markdown]
-# # Training: Trainer, precision, LoRA and QLoRA
+# # Training: the fine-tune loop, Trainer, precision, LoRA and QLoRA
 #
 # `TrainingArguments` finds the NVIDIA GPU by itself, so `Trainer` needs no device setting. Use
 # bf16 mixed precision on Ampere or newer and fp16 on older GPUs. nvkit's fine-tunes are
 # transformers' `Trainer` plus PEFT LoRA, run in a worker thread with the loss and memory drawn
-# live.
+# live. This tutorial walks the loop a fine-tune really is: look at the data, train a short run,
+# watch the held-out loss, compare with the base model, stop and resume, and export the result.
 
 # %%
 import os
@@ -93,6 +94,127 @@ print(text)
 assert s.info["adapters"] and isinstance(text, str)
 s.unload_adapter()
 assert not s.info["adapters"]
+
+# %% [markdown]
+# ## See the data first
+#
+# `nvkit.train.data.preview` shows each example as the model will see it: the chat template
+# applied, its token count, whether it is longer than `seq_len`, and the tokens that carry the loss
+# (between ⟦ ⟧; highlighted in the HTML view). The totals say how many sequences a run packs and
+# how many steps one epoch takes, before any time is spent training.
+
+# %%
+from nvkit.train.data import preview
+
+data = [
+    {"prompt": "Which GPUs support bf16?", "response": "Ampere and newer: compute capability 8.0 and up."},
+    {"prompt": "What does QLoRA train?", "response": "LoRA adapters on top of a 4-bit base model."},
+    {"prompt": "How does PyTorch reach an NVIDIA GPU?", "response": "Through CUDA, as the device 'cuda'."},
+    {"prompt": "What does CUDA_VISIBLE_DEVICES do?", "response": "It chooses which GPUs a process can see."},
+    {"prompt": "Which attention is the default?", "response": "SDPA, PyTorch's scaled dot-product attention."},
+    {"prompt": "What does FSDP shard?", "response": "Parameters, gradients and optimizer state."},
+    {"prompt": "What is NCCL?", "response": "NVIDIA's library for collective communication between GPUs."},
+    {"prompt": "What holds the KV cache?", "response": "GPU memory: keys and values of every layer."},
+    {"prompt": "What is a CUDA graph?", "response": "Recorded GPU work replayed with one launch."},
+    {"prompt": "Why pack rows?", "response": "Fewer pad tokens, so fewer wasted FLOPs."},
+]
+p = preview(data, s.tokenizer, seq_len=64, n=2, batch_size=4)
+print(p)
+assert p.totals["rows"] == len(data) and p.totals["too_long"] == 0 and "⟦" in p.rows[0].marked
+
+# %% [markdown]
+# ## A short run, evaluated
+#
+# `eval_split=0.2` holds a fifth of the examples out of training; their loss and perplexity are
+# measured before the first step, every `eval_every` steps and at the end, with the same fused loss
+# as training (no full logits). `run.info["compile_reason"]` says whether the decoder layers were
+# compiled: on a GPU only runs long enough to pay the compile time back are (or shorter ones once
+# the compile cache is warm); short runs start at once.
+
+# %%
+run = nvkit.finetune(s, data, max_steps=STEPS, eval_split=0.2, eval_every=2, batch_size=4, seq_len=64,
+                     learning_rate=5e-3)
+await run
+print(run)
+print("compile:", run.info["compile_reason"])
+
+# %% [markdown]
+# The training loss (one row per step) and the held-out loss (one row per evaluation) on one step
+# axis; `run.summary()` holds the evaluation before and after. A training loss that falls while
+# the held-out loss rises is the run learning its examples by heart: `patience=N` (with
+# `eval_every`) ends a run after N evaluations without improvement, `stop_at_loss=` once the
+# held-out loss reaches a target.
+
+# %%
+steps = pd.DataFrame(run.history)[["step", "loss"]]
+evals = pd.DataFrame(run.eval_history)[["step", "eval_loss", "eval_perplexity"]]
+print(steps.merge(evals, on="step", how="outer").sort_values("step").round(4).to_string(index=False))
+sm = run.summary()
+print({k: round(v, 4) for k, v in sm.items() if k.startswith("eval_")})
+assert [e["step"] for e in run.eval_history][0] == 0 and run.eval_history[-1]["step"] == STEPS
+assert math.isfinite(sm["eval_loss_before"]) and math.isfinite(sm["eval_loss_after"])
+
+# %% [markdown]
+# ## Did it change the answers?
+#
+# `s.compare(prompts)` answers each prompt twice with the one loaded model: with the adapter
+# switched off (that is the base model) and on, same seed and settings (here the chat template,
+# as in training), side by side with the speed of each side.
+
+# %%
+comparison = s.compare(["Which GPUs support bf16?", "What does QLoRA train?"], max_new_tokens=16, chat=True)
+display(comparison)
+assert len(comparison) == 2 and all(r.base_tokens_per_s > 0 for r in comparison)
+
+# %% [markdown]
+# ## Stop, then go on
+#
+# Stop (the panel's button, `run.stop()` or the notebook's Interrupt) ends a run after the current
+# step and writes a resumable checkpoint beside the adapter: the optimizer, the learning-rate
+# schedule, the random state and the position in the data. `resume=True` continues the latest one
+# (`max_steps` is the total), so stopping costs nothing. Here the run stops itself after two steps.
+
+# %%
+import tempfile
+
+out = tempfile.mkdtemp(prefix="nvkit-resume-")
+run = nvkit.finetune(s, data, max_steps=2 * STEPS, batch_size=4, seq_len=64, output_dir=out)
+run.subscribe(lambda record: record["step"] >= 2 and run.stop())
+await run
+print(run.summary()["stop_reason"], "· checkpoint:", os.path.basename(run.checkpoint))
+run = nvkit.finetune(s, data, max_steps=2 * STEPS, batch_size=4, seq_len=64, output_dir=out, resume=True)
+await run
+print("resumed from", os.path.basename(run.info["resumed_from"]), "· steps", [r["step"] for r in run.history])
+assert run.history[0]["step"] == 4 and run.step == 2 * STEPS
+
+# %% [markdown]
+# ## Take it elsewhere
+#
+# `s.export(folder)` writes a standalone checkpoint with the adapter merged into the weights
+# (safetensors, tokenizer, generation config and a README model card that says what the model was
+# trained on); plain `transformers` loads it, and so do vLLM, TGI and llama.cpp's converter.
+# `merge=False` writes the adapter with the same card. nvkit never writes into a folder that holds
+# files it did not write.
+
+# %%
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers.utils import logging as hf_logging
+
+hf_logging.disable_progress_bar()  # the weight-loading bar would only fill this page
+folder = s.export(os.path.join(tempfile.mkdtemp(), "tuned"))
+print(sorted(os.listdir(folder)))
+print(open(os.path.join(folder, "README.md")).read()[:600])
+model = AutoModelForCausalLM.from_pretrained(folder, dtype=s.model.dtype, device_map=str(s.device))
+tok = AutoTokenizer.from_pretrained(folder)
+prompt = tok.apply_chat_template([{"role": "user", "content": "Which GPUs support bf16?"}], tokenize=False,
+                                 add_generation_prompt=True)
+enc = tok(prompt, return_tensors="pt").to(s.device)
+ids = model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+reloaded = tok.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+in_session = s.generate("Which GPUs support bf16?", chat=True, max_new_tokens=12)
+print("reloaded:  ", reloaded, "\nin session:", in_session)
+del model
+s.unload_adapter();
 
 # %% [markdown]
 # ## Precision

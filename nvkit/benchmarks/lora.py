@@ -192,3 +192,119 @@ def run(model: str = "qwen3-0.6b", batch_size: int = 8, seq_len: int = 512, step
     cols = ["tokens_per_s", "speed_vs_plain", "peak_memory_gib", "memory_vs_plain", "step_ms", "warmup_s",
             "final_loss", "what"]
     return df[[c for c in cols if c in df.columns]]
+
+
+def short_runs(model: str = "qwen3-0.6b", steps=(20, 200), batch_size: int = 8, seq_len: int = 512, r: int = 16,
+               device: str | None = None, quantization: str | None = None):
+    """Wall time of whole short runs, the way a notebook user meets them: plain PEFT + Trainer
+    against ``nvkit.finetune`` with ``compile="auto"``, each for every count in ``steps``, nvkit
+    twice: with empty compile caches ("cold", a first run on this machine) and again with the
+    caches the first run left ("warm", the next run of the same shape). Wall time runs from the
+    LoRA preparation to the trained adapter (the model is loaded before the clock starts; nvkit's
+    time includes saving its adapter, plain's does not). A DataFrame, one row per (steps, variant):
+    wall_s, effective tokens/s, wall time vs plain, what nvkit decided about compiling and why."""
+    import shutil
+
+    import pandas as pd
+    import torch
+
+    require(isinstance(steps, (list, tuple)) and steps and all(isinstance(n, int) and not isinstance(n, bool)
+                                                               and n >= 1 for n in steps),
+            f"steps must be a list of whole numbers ≥ 1, e.g. (20, 200), not {steps!r}.")
+    for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("r", r)):
+        require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{name} must be a whole number ≥ 1, not {v!r}.")
+    device_type = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    require(device_type in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise NvkitError("short_runs: device='cuda' but no CUDA GPU is visible here.")
+    require(isinstance(model, str) and model.strip(), f"model must be a shape name or a local directory, not {model!r}.")
+    if os.path.isdir(os.path.expanduser(model)):
+        path = os.path.expanduser(model)
+    else:
+        from ..demo import shaped
+        path = shaped(model)
+
+    from ..model.session import load
+    from ..train import data as train_data
+    from ..train.finetune import finetune
+
+    lora = dict(r=r, alpha=2 * r, dropout=0.05, target_modules="all-linear")
+    s = load(path, device_map="cuda" if device_type == "cuda" else "cpu", quantization=quantization)
+    # the same packed rows for both: one long text example per row of seq_len tokens
+    sentence = "NVIDIA GPUs train LoRA adapters on short runs and long runs alike. "
+    per = max(1, len(s.tokenizer(sentence, add_special_tokens=False)["input_ids"]))
+    text = sentence * max(1, (seq_len - 2) // per)
+    data = [text] * (batch_size * max(steps))
+    rows, _ = train_data.prepare(data, s.tokenizer, seq_len, True)
+    rows = rows[: batch_size * max(steps)]
+    tokens_per_step = sum(len(x) for x in rows[:batch_size])
+
+    out = []
+    keep_env = {k: os.environ.get(k) for k in ("NVKIT_CACHE", "TORCHINDUCTOR_CACHE_DIR")}
+    try:
+        for n in steps:
+            plain = _plain_wall(s, rows, n, batch_size, lora, device_type)
+            out.append({"steps": n, "variant": "plain", "wall_s": plain, "compile": "off (PEFT + Trainer)"})
+            caches = tempfile.mkdtemp(prefix="nvkit-bench-compile-")
+            os.environ["NVKIT_CACHE"] = caches
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
+            for label in ("nvkit cold", "nvkit warm"):
+                torch.compiler.reset()  # in-process compiled code goes; the disk caches stay
+                if s.info["adapters"]:
+                    s.unload_adapter()
+                with tempfile.TemporaryDirectory(prefix="nvkit-bench-run-") as d:
+                    t0 = time.perf_counter()
+                    run = finetune(s, [text] * (batch_size * n), lora=lora, max_steps=n, batch_size=batch_size,
+                                   seq_len=seq_len, packing=True, output_dir=d, compile="auto")
+                    run.result()
+                    wall = time.perf_counter() - t0
+                out.append({"steps": n, "variant": label, "wall_s": wall,
+                            "compile": run.info["compile_reason"] + (f" · cache {run.info['compile_cache']}"
+                                                                      if run.info.get("compile_cache") else "")})
+            shutil.rmtree(caches, ignore_errors=True)
+    finally:
+        for k, v in keep_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        s.unload()
+    df = pd.DataFrame(out)
+    df["tokens_per_s"] = df["steps"] * tokens_per_step / df["wall_s"]
+    plain_wall = df[df["variant"] == "plain"].set_index("steps")["wall_s"]
+    df["wall_vs_plain"] = df["wall_s"] / df["steps"].map(plain_wall)
+    df.attrs.update(model=model, batch_size=batch_size, seq_len=seq_len, r=r, device=device_type,
+                    quantization=quantization, gpu=torch.cuda.get_device_name() if device_type == "cuda" else "cpu")
+    return df[["steps", "variant", "wall_s", "tokens_per_s", "wall_vs_plain", "compile"]]
+
+
+def _plain_wall(session, rows, steps: int, batch_size: int, lora: dict, device_type: str) -> float:
+    """Seconds for PEFT + Trainer as documented (model's own loss, adamw_torch) to run ``steps``
+    steps on the session's model, from adding the adapter to the end of training."""
+    import torch
+
+    from ..model.precision import precision
+    from ..train import data as _data
+    from ..train.finetune import prepare_lora_model, quiet_trainer as _quiet, trainer_class, training_arguments
+
+    if session.info["adapters"]:
+        session.unload_adapter()
+    cap = torch.cuda.get_device_capability() if device_type == "cuda" else None
+    with tempfile.TemporaryDirectory(prefix="nvkit-bench-plain-") as out:
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model, _, _ = prepare_lora_model(session.model, lora, False)
+        args = training_arguments(out, precision(device_type, cap), device_type, max_steps=steps, epochs=None,
+                                  learning_rate=2e-4, batch_size=batch_size, grad_accum=1, log_every=1, seed=0,
+                                  gradient_checkpointing=False, fused_adamw=False)
+        trainer = trainer_class()(model=model, args=args, train_dataset=_data.ListDataset(rows[: batch_size * steps]),
+                                  data_collator=_data.Collator(session.tokenizer.pad_token_id or 0), fused_loss=False)
+        _quiet(trainer)
+        trainer.train()
+        if device_type == "cuda":
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - t0
+    session.model = model.unload()
+    session.model.eval()
+    return wall

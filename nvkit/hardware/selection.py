@@ -582,6 +582,8 @@ def launch_command(script: str, nproc_per_node: int | None = None, *, launcher: 
     the number of GPUs chosen. ``launcher="accelerate"`` gives the ``accelerate launch`` form; other
     keyword arguments become ``--key=value`` options of the launcher, ``args`` go after the script.
     """
+    if not isinstance(script, (str, os.PathLike)) or not os.fspath(script).strip():
+        raise NvkitError(f"launch_command needs the script to run, e.g. launch_command('train.py'), not {script!r}.")
     if gpus is ...:
         sel = requested()
         choice = sel.choice

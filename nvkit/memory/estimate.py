@@ -239,7 +239,8 @@ def _check_int(name: str, value, lo: int = 1) -> int:
 
 
 def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference", batch_size=1, seq_len=1024,
-             lora_r=16, gradient_checkpointing=False, *, prompt_len=None, device="cuda", path="plain") -> Estimate:
+             lora_r=16, gradient_checkpointing=False, *, prompt_len=None, device="cuda", path="nvkit",
+             compiled=None) -> Estimate:
     """Predict the peak GPU memory of running ``model`` (see the module doc for how).
 
     ``mode="inference"``: ``generate`` over ``batch_size`` prompts of ``prompt_len`` tokens
@@ -247,9 +248,10 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
     ``mode="lora"``: one LoRA training step (all linear layers, AdamW) on ``batch_size`` ×
     ``seq_len`` tokens; on a ``quantization`` of nf4/fp4 this is QLoRA.
     ``device="cpu"`` leaves out the CUDA context.
-    ``path`` (LoRA only): ``"plain"`` is PEFT + Trainer as documented (the model's own loss over
-    full logits); ``"nvkit"`` is what ``nvkit.finetune`` runs: the chunked fused loss (no full
-    logits) and, on CUDA, compiled layers under ``finetune.ACTIVATION_BUDGET``."""
+    ``path`` (LoRA only): ``"nvkit"`` (the default) is what ``nvkit.finetune`` runs: the chunked
+    fused loss (no full logits) and, on CUDA, compiled layers under ``finetune.ACTIVATION_BUDGET``
+    (``compiled=False`` for a run too short to compile, see ``run.info["compile_reason"]``);
+    ``"plain"`` is PEFT + Trainer as documented (the model's own loss over full logits)."""
     dname = str(dtype).replace("torch.", "").lower()
     require(dname in _DTYPE_BYTES, f"dtype must be 'bfloat16', 'float16' or 'float32', not {dtype!r}.")
     qname = quantization.lower() if isinstance(quantization, str) else quantization
@@ -260,6 +262,7 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
     require(isinstance(gradient_checkpointing, bool), "gradient_checkpointing must be True or False.")
     require(device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
     require(path in ("plain", "nvkit"), f"path must be 'plain' or 'nvkit', not {path!r}.")
+    require(compiled is None or isinstance(compiled, bool), f"compiled must be True, False or None, not {compiled!r}.")
     if mode == "lora":
         _check_int("lora_r", lora_r)
     if prompt_len is None:
@@ -319,7 +322,7 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
         # Saved activations, bytes per token per layer, measured with PEFT all-linear LoRA
         # (fp32 adapters: each adapted layer keeps an fp32 copy of its input) on a bf16 model.
         per_layer = _LORA_H * H + _LORA_QD * qd + _LORA_KVD * kvd + _LORA_I * I + _LORA_R * lora_r
-        budget = path == "nvkit" and device == "cuda"
+        budget = path == "nvkit" and device == "cuda" and compiled is not False
         if budget:  # the compiled layers keep about this share of what eager autograd saves
             per_layer = int(per_layer * _BUDGET_SHARE)
         if gradient_checkpointing:

@@ -27,7 +27,7 @@ from ..state import STATE
 from ..quiet import routed
 from ..threads import Job
 from ..units import fmt_bytes
-from . import adapters
+from . import adapters, compare, export
 from .backends import resolve_attention, set_attention
 from .kernels import apply_kernels, enable_kernels, plan_kernels
 from .precision import resolve_dtype
@@ -371,6 +371,16 @@ class Session:
     def unload_adapter(self):
         self._require_loaded()
         return adapters.unload_adapter(self)
+
+    def compare(self, prompts, max_new_tokens: int = 50, do_sample: bool = False, seed: int = 0, **kwargs):
+        """Each prompt with the adapter off (base) and on (tuned), same seed and settings, one
+        loaded model: a side-by-side ``Comparison`` with tok/s per side (``nvkit.model.compare``)."""
+        return compare.compare(self, prompts, max_new_tokens, do_sample, seed, **kwargs)
+
+    def export(self, directory, merge: bool = True) -> str:
+        """Write a standalone checkpoint (``merge=True``) or the adapter (``merge=False``), with the
+        tokenizer and a model card, into ``directory``; returns it (``nvkit.model.export``)."""
+        return export.export(self, directory, merge)
 
 
 def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation: str = "sdpa",

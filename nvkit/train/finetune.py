@@ -2,8 +2,11 @@
 
 The loop is transformers' ``Trainer`` (so the settings mean what the guide says they mean) with its
 notebook progress bar off — it would print into whichever cell happens to run — and an nvkit
-callback that records each logged step into ``FinetuneRun.history``, puts steps and checkpoints on
-the event log (the memory chart draws them) and turns ``run.stop()`` into "end after this step".
+callback (``nvkit.train.run``) that records each logged step into ``FinetuneRun.history``, evaluates
+held-out data into ``FinetuneRun.eval_history`` (``eval_data``/``eval_split``, ``eval_every``), puts
+steps, evaluations and checkpoints on the event log (the memory chart draws them), applies the stop
+rules (``stop_at_loss``, ``patience``) and turns ``run.stop()`` into "end after this step, with a
+resumable checkpoint"; ``resume=`` continues from one (``nvkit.train.checkpoints``).
 
 Speed and memory (``nvkit bench --lora`` measures them; docs/benchmarks.md has the figures):
 - the loss never materializes the full logits: ``nvkit.train.loss`` runs the LM head and
@@ -11,22 +14,23 @@ Speed and memory (``nvkit bench --lora`` measures them; docs/benchmarks.md has t
   Liger's fused linear cross-entropy, in plain torch so it also runs on CPU); with Qwen3's 152k
   vocabulary the logits and their fp32 copies are most of plain PEFT's peak;
 - rows are packed (no pad FLOPs) and right-padded only, so attention keeps its causal fast path;
-- on CUDA, each decoder layer is compiled (``compile="auto"``; regional, so it compiles once and
-  every layer reuses it), which fuses norms, SwiGLU, RoPE, LoRA dropout and the adapter adds, and
-  with an activation-memory budget (``ACTIVATION_BUDGET``) the compiler keeps only half of what
-  the backward needs and recomputes the cheapest rest: selective checkpointing chosen by the
-  partitioner, most of full checkpointing's memory saving at a few per cent of its cost;
+- on CUDA, runs long enough to pay for it compile each decoder layer (``compile="auto"``, decided by
+  the run's length and whether the compile cache is warm: ``nvkit.train.compile``; regional, so it
+  compiles once and every layer reuses it), which fuses norms, SwiGLU, RoPE, LoRA dropout and the
+  adapter adds, and with an activation-memory budget (``ACTIVATION_BUDGET``) the compiler keeps
+  only half of what the backward needs and recomputes the cheapest rest; short runs skip it and
+  finish sooner;
 - Liger's Triton RMSNorm/SwiGLU replace the eager ones when compile is off and liger is installed;
 - fused AdamW on CUDA.
 """
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import shutil
 import tempfile
-import threading
 import time
 
 from .. import events
@@ -36,445 +40,82 @@ from ..memory import peaks
 from ..memory.oom import oom_error
 from ..memory.usage import memory_now
 from ..model.precision import precision
+from ..model.saving import check_target, make_folder, save_atomic
 from ..model.session import Session, session as current_session
 from ..quiet import routed
 from ..threads import Job, run_in_worker
 from ..units import fmt_bytes
+from . import checkpoints as ckpts
 from . import data as train_data
-from .loss import causal_lm, fused_causal_lm_loss, fused_loss_supported
-
-DEFAULT_LORA = dict(r=16, alpha=32, dropout=0.05, target_modules="all-linear")
-_LIGER_TYPES = {"qwen2", "qwen3", "llama", "mistral", "phi3", "olmo2", "smollm3"}
-
-
-# --- decisions (pure functions, tested directly) ------------------------------------------------
-
-
-
-def liger_decision(liger, device_type: str, model_type: str) -> tuple[bool, str]:
-    """(use Liger kernels?, why) for liger=True/False/'auto'."""
-    require(liger in (True, False, "auto"), f"liger must be True, False or 'auto', not {liger!r}.")
-    if liger is False:
-        return False, "off (liger=False)"
-    why_not = None
-    if device_type != "cuda":
-        why_not = "Liger's kernels are Triton (CUDA only) and the model is on the CPU"
-    elif model_type not in _LIGER_TYPES:
-        why_not = f"model type {model_type!r} is not one nvkit applies Liger to ({', '.join(sorted(_LIGER_TYPES))})"
-    else:
-        try:
-            import liger_kernel  # noqa: F401
-        except ImportError:
-            why_not = "liger-kernel is not installed (pip install 'nvkit[cuda]' or pip install liger-kernel)"
-    if why_not is None:
-        return True, "on (RMSNorm, SwiGLU)"
-    if liger is True:
-        raise NvkitError(f"liger=True but {why_not}. Use liger='auto' to fall back silently, or liger=False.")
-    return False, f"off: {why_not}"
-
-
-def check_lora(lora) -> dict:
-    require(isinstance(lora, dict), f"lora must be a dict like {DEFAULT_LORA}, not {type(lora).__name__}.")
-    unknown = set(lora) - {"r", "alpha", "dropout", "target_modules", "bias", "use_rslora", "use_dora"}
-    require(not unknown, f"Unknown LoRA setting(s) {sorted(unknown)}: use r, alpha, dropout, target_modules "
-                         "(and optionally bias, use_rslora, use_dora).")
-    cfg = {**DEFAULT_LORA, **lora}
-    r = cfg["r"]
-    require(isinstance(r, int) and not isinstance(r, bool) and r >= 1, f"lora r must be a whole number ≥ 1, not {r!r}.")
-    require(isinstance(cfg["alpha"], (int, float)) and cfg["alpha"] > 0, f"lora alpha must be > 0, not {cfg['alpha']!r}.")
-    require(isinstance(cfg["dropout"], (int, float)) and 0 <= cfg["dropout"] < 1,
-            f"lora dropout must be in [0, 1), not {cfg['dropout']!r}.")
-    tm = cfg["target_modules"]
-    require(tm == "all-linear" or (isinstance(tm, (list, tuple)) and tm and all(isinstance(t, str) for t in tm)),
-            f"lora target_modules must be 'all-linear' or a list of module names like ['q_proj', 'v_proj'], not {tm!r}.")
-    return cfg
-
-
-
-
-# --- the fused loss ------------------------------------------------------------------------------
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-# --- model preparation ---------------------------------------------------------------------------
-
-def _is_kbit(model) -> bool:
-    return bool(getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
-                or getattr(getattr(model, "config", None), "quantization_config", None) is not None
-                and getattr(model, "hf_quantizer", None) is not None)
-
-
-def prepare_lora_model(model, lora: dict, gradient_checkpointing: bool):
-    """Wrap ``model`` with fresh LoRA adapters (QLoRA preparation first when it is 4/8-bit).
-    A model that already carries adapters gets them removed first (unmerged) so the new run trains
-    one adapter; the old one stays on disk."""
-    from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
-    notes = []
-    if isinstance(model, PeftModel):
-        model = model.unload()
-        notes.append("removed the adapter the session had (it stays on disk; load it again with s.load_adapter)")
-    kbit = _is_kbit(model)
-    if kbit:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
-                                                gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    cfg = LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=float(lora["dropout"]),
-                     target_modules=lora["target_modules"] if lora["target_modules"] == "all-linear" else list(lora["target_modules"]),
-                     bias=lora.get("bias", "none"), use_rslora=bool(lora.get("use_rslora", False)),
-                     use_dora=bool(lora.get("use_dora", False)), task_type="CAUSAL_LM")
-    try:
-        peft_model = get_peft_model(model, cfg)
-    except ValueError as e:
-        raise NvkitError(f"PEFT could not add LoRA adapters: {e}. Check lora['target_modules'] against the model's "
-                         "module names (print(s.model) shows them).") from e
-    return peft_model, kbit, notes
-
-
-def apply_liger(model) -> int:
-    """Swap RMSNorm modules and MLP forwards for Liger's Triton kernels on this model instance only
-    (Liger's apply_liger_kernel_to_* patch classes process-wide, which would also change any other
-    model in the kernel — e.g. the plain baseline of a benchmark)."""
-    import types
-    import torch
-    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-    from liger_kernel.transformers.rms_norm import LigerRMSNorm
-    lm = causal_lm(model)
-    swapped = 0
-    for name, module in list(lm.named_modules()):
-        cls = type(module).__name__
-        if cls.endswith("RMSNorm") and hasattr(module, "weight") and module.weight.dim() == 1:
-            eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
-            new = LigerRMSNorm(module.weight.shape[0], eps=eps).to(device=module.weight.device, dtype=module.weight.dtype)
-            with torch.no_grad():
-                new.weight.copy_(module.weight)
-            new.weight.requires_grad_(module.weight.requires_grad)
-            parent_name, _, child = name.rpartition(".")
-            setattr(lm.get_submodule(parent_name) if parent_name else lm, child, new)
-            swapped += 1
-        elif cls.endswith("MLP") and all(hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj")):
-            def forward(self, x):
-                return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
-            module.forward = types.MethodType(forward, module)
-            swapped += 1
-    return swapped
-
-
-#: Share of the saved activations the compiled layers may keep (torch's AOT partitioner then
-#: recomputes the cheapest rest in the backward). Measured on the H200, Qwen3-0.6B shape, LoRA r16
-#: all-linear, 8 × 512, same process: 1.0 → 26.6 k tok/s at 11.3 GiB peak; 0.5 → 25.4 k at 4.8 GiB;
-#: 0.3 → 21.6 k at 4.8 GiB (plain PEFT: 15.0 k at 17.0 GiB).
-ACTIVATION_BUDGET = 0.5
-
-
-def activation_budget(enabled: bool):
-    """Context in which compiled layers are partitioned under ``ACTIVATION_BUDGET`` (compilation
-    happens at the first step, inside ``trainer.train()``, so the whole call is wrapped)."""
-    import contextlib
-    if not enabled:
-        return contextlib.nullcontext()
-    import torch._functorch.config as functorch_config
-    return functorch_config.patch(activation_memory_budget=ACTIVATION_BUDGET)
-
-
-def _decoder_layers(model):
-    lm = causal_lm(model)
-    dec = lm.get_decoder()
-    layers = getattr(dec, "layers", None)
-    return list(layers) if layers is not None else []
-
-
-def compile_layers(model) -> int:
-    """Regional compilation: each decoder layer's forward is compiled; the layers share code, so
-    dynamo compiles it once per shape and reuses it (seconds, not minutes, for 28 layers)."""
-    import torch
-    layers = _decoder_layers(model)
-    # identical layers differ only in parameters; with one graph per layer the cache would overflow
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 2 * len(layers) + 8)
-    for layer in layers:
-        layer.compile(dynamic=False)
-    return len(layers)
-
-
-def uncompile_layers(model) -> None:
-    for layer in _decoder_layers(model):
-        if getattr(layer, "_compiled_call_impl", None) is not None:
-            layer._compiled_call_impl = None
-
-
-# --- atomic saves ------------------------------------------------------------------------------
-
-def save_atomic(model, target: str, extra_files: dict[str, str] | None = None) -> str:
-    """``model.save_pretrained`` into a temporary sibling directory, then rename it into place: an
-    interrupted save never leaves a half-written adapter, and a reader sees the old or the new."""
-    target = os.path.abspath(target)
-    parent = os.path.dirname(target)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}-tmp-", dir=parent)
-    try:
-        model.save_pretrained(tmp)
-        for name, text in (extra_files or {}).items():
-            with open(os.path.join(tmp, name), "w", encoding="utf-8") as f:
-                f.write(text)
-        old = None
-        if os.path.exists(target):
-            old = tempfile.mkdtemp(prefix=f".{os.path.basename(target)}-old-", dir=parent)
-            os.replace(target, os.path.join(old, "x"))
-        os.replace(tmp, target)
-        if old:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return target
-
-
-# --- the run -----------------------------------------------------------------------------------
-
-class FinetuneRun:
-    """A fine-tune running in a worker thread.
-
-    ``history``: one dict per logged step (step, loss, learning_rate, grad_norm, tokens_per_s,
-    memory, t); ``progress``: step/total/eta; ``adapter_dir``: where the adapter is (written at the
-    end, or at stop); ``info``: the decisions made (precision, fused loss, Liger, compile, data).
-    ``run.result()`` blocks (Interrupt = clean stop), ``await run`` keeps widgets served."""
-
-    def __init__(self, total_steps: int, adapter_dir: str, info: dict):
-        self.total_steps = total_steps
-        self.adapter_dir = adapter_dir
-        self.info = info
-        self.history: list[dict] = []
-        self.step = 0
-        self.started = time.monotonic()
-        self.t0 = events.now()
-        self.ended: float | None = None
-        self.stopped = False
-        self.tokens = 0
-        self.peak_memory = 0
-        self.job: Job | None = None
-        self._listeners: list = []
-        self._lock = threading.Lock()
-
-    # --- state ---------------------------------------------------------------------------------
-    @property
-    def done(self) -> bool:
-        return self.job is not None and self.job.done
-
-    @property
-    def error(self):
-        return self.job.error if self.job is not None else None
-
-    @property
-    def progress(self) -> dict:
-        elapsed = (self.ended or time.monotonic()) - self.started
-        eta = None
-        if 0 < self.step < self.total_steps and not self.done:
-            eta = elapsed / self.step * (self.total_steps - self.step)
-        return {"step": self.step, "total": self.total_steps, "elapsed_s": elapsed, "eta_s": eta,
-                "fraction": min(1.0, self.step / self.total_steps) if self.total_steps else 0.0}
-
-    def summary(self) -> dict:
-        p = self.progress
-        secs = p["elapsed_s"]
-        return {"steps": self.step, "seconds": round(secs, 2), "tokens": self.tokens,
-                "tokens_per_s": self.tokens / secs if secs > 0 else 0.0, "peak_memory": self.peak_memory,
-                "final_loss": self.history[-1]["loss"] if self.history else None,
-                "adapter_dir": self.adapter_dir if os.path.isdir(self.adapter_dir) else None,
-                "stopped": self.stopped}
-
-    def __repr__(self):
-        p = self.progress
-        state = "error" if self.error else ("stopped" if self.stopped and self.done else ("done" if self.done else "running"))
-        loss = f" · loss {self.history[-1]['loss']:.4f}" if self.history and self.history[-1].get("loss") is not None else ""
-        return f"<nvkit.FinetuneRun {state} · step {p['step']}/{p['total']}{loss} · {self.adapter_dir}>"
-
-    # --- control -------------------------------------------------------------------------------
-    def stop(self) -> None:
-        """End after the current step; the adapter is saved. Returns at once."""
-        if self.job is not None and not self.job.done:
-            self.job.stop()
-            events.record("stop", "fine-tune stopped by the user")
-
-    def result(self, timeout: float | None = None) -> "FinetuneRun":
-        """Wait for the end (blocking, in short slices: Interrupt stops cleanly); returns the run."""
-        self.job.result(timeout)
-        return self
-
-    async def wait(self) -> "FinetuneRun":
-        await self.job
-        return self
-
-    def __await__(self):
-        return self.wait().__await__()
-
-    def follow(self, poll: float = 0.1):
-        """Yield each logged step (a ``history`` record) as it comes, in the calling thread, until
-        the run ends. An Interrupt stops the run after its current step, waits for it, then
-        re-raises, so a cell looping over this ends as interrupted with the adapter saved."""
-        shown = 0
-        try:
-            while True:
-                done = self.job.wait_done(poll)
-                with self._lock:
-                    new = self.history[shown:]
-                shown += len(new)
-                yield from new
-                if done:
-                    return
-        except KeyboardInterrupt:
-            self.stop()
-            self.job.wait_done(60)
-            raise
-
-    def subscribe(self, fn) -> None:
-        """``fn(record)`` for each logged step, called in the worker thread."""
-        with self._lock:
-            self._listeners.append(fn)
-
-    def _add(self, rec: dict) -> None:
-        with self._lock:
-            self.history.append(rec)
-            listeners = list(self._listeners)
-        for fn in listeners:
-            try:
-                fn(rec)
-            except Exception:
-                pass
-
-
+from .compile import (ACTIVATION_BUDGET, CompileCache, activation_budget, compile_decision, compile_layers,
+                      uncompile_layers)
+from .evaluate import Evaluator
+from .lora import DEFAULT_LORA, apply_liger, check_lora, is_kbit, liger_decision, prepare_lora_model
+from .loss import fused_loss_supported
+from .run import FinetuneRun, recorder, remember_model
+from .trainer import quiet_trainer, trainer_class, training_arguments
+
+# Names other modules and notebooks import from here (they moved to train.lora/compile/trainer/run
+# and model.saving so the launch worker shares them).
+__all__ = ["finetune", "FinetuneRun", "DEFAULT_LORA", "check_lora", "liger_decision", "prepare_lora_model",
+           "apply_liger", "ACTIVATION_BUDGET", "activation_budget", "compile_layers", "uncompile_layers",
+           "save_atomic", "training_arguments", "quiet_trainer", "trainer_classes", "default_output_dir",
+           "check_output_dir"]
 
 
 def trainer_classes():
-    """Trainer subclass and callback, built on first use (transformers imports are heavy)."""
-    import torch
-    from transformers import Trainer, TrainerCallback
-
-    class NvkitTrainer(Trainer):
-        def __init__(self, *a, fused_loss: bool = False, counter=None, **kw):
-            super().__init__(*a, **kw)
-            self.fused_loss = fused_loss
-            self.counter = counter
-            # our loss is a per-batch mean; let Trainer divide by grad_accum itself
-            self.model_accepts_loss_kwargs = False
-
-        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-            n = inputs.pop("num_tokens", None)
-            if self.counter is not None and n is not None:
-                self.counter["tokens"] += int(n)
-            if self.fused_loss and not return_outputs:
-                return fused_causal_lm_loss(model, inputs["input_ids"], inputs["labels"], inputs.get("attention_mask"))
-            return super().compute_loss(model, inputs, return_outputs=return_outputs)
-
-    class Recorder(TrainerCallback):
-        """History, events, stop and checkpoints; runs in the worker thread."""
-
-        def __init__(self, run: FinetuneRun, job: Job | None, device_type: str, counter: dict,
-                     save_every: int | None, checkpoint_dir: str | None):
-            self.run, self.job, self.device_type, self.counter = run, job, device_type, counter
-            self.save_every, self.checkpoint_dir = save_every, checkpoint_dir
-            self.last_t = time.monotonic()
-            self.last_tokens = 0
-
-        def on_train_begin(self, args, state, control, **kw):
-            self.run.total_steps = state.max_steps or self.run.total_steps
-            self.last_t = time.monotonic()
-            self.run.started = self.last_t
-
-        def on_step_end(self, args, state, control, **kw):
-            self.run.step = state.global_step
-            self.run.tokens = self.counter["tokens"]
-            if self.job is not None and self.job.stop_event.is_set():
-                self.run.stopped = True
-                control.should_training_stop = True
-            if self.save_every and state.global_step % self.save_every == 0 and not control.should_training_stop:
-                path = os.path.join(self.checkpoint_dir, f"checkpoint-{state.global_step}")
-                save_atomic(kw["model"], path)
-                events.record("checkpoint", f"step {state.global_step}: {path}")
-            return control
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            logs = logs or {}
-            if "loss" not in logs:
-                return
-            t = time.monotonic()
-            tokens = self.counter["tokens"]
-            rate = (tokens - self.last_tokens) / (t - self.last_t) if t > self.last_t else 0.0
-            self.last_t, self.last_tokens = t, tokens
-            mem, peak = memory_now(self.device_type)
-            self.run.peak_memory = max(self.run.peak_memory, peak)
-            rec = {"step": state.global_step, "loss": float(logs["loss"]),
-                   "learning_rate": float(logs.get("learning_rate", float("nan"))),
-                   "grad_norm": float(logs["grad_norm"]) if logs.get("grad_norm") is not None else None,
-                   "tokens_per_s": rate, "memory": mem, "t": events.now()}
-            self.run._add(rec)
-            events.record("train-step", f"step {rec['step']}/{self.run.total_steps} · loss {rec['loss']:.4f}")
-
-    return NvkitTrainer, Recorder
+    """(NvkitTrainer, the run's callback factory), built on first use."""
+    return trainer_class(), recorder
 
 
-def quiet_trainer(trainer) -> None:
-    """Trainer prints its log dicts (PrinterCallback) or draws a progress bar: from a worker thread
-    both land in whichever cell runs at that moment. The run's history and the panel replace them."""
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-
-
-def training_arguments(output_dir: str, prec: str, device_type: str, *, max_steps, epochs, learning_rate,
-                       batch_size, grad_accum, log_every, seed, gradient_checkpointing, fused_adamw: bool):
-    from transformers import TrainingArguments
-    kw = dict(output_dir=output_dir, per_device_train_batch_size=batch_size, gradient_accumulation_steps=grad_accum,
-              learning_rate=learning_rate, logging_steps=log_every, logging_strategy="steps",
-              save_strategy="no", report_to="none", disable_tqdm=True, seed=seed, data_seed=seed,
-              remove_unused_columns=False, dataloader_num_workers=0, lr_scheduler_type="linear",
-              warmup_steps=0, bf16=prec == "bf16", fp16=prec == "fp16", use_cpu=device_type != "cuda",
-              optim="adamw_torch_fused" if fused_adamw else "adamw_torch",
-              dataloader_pin_memory=device_type == "cuda", include_num_input_tokens_seen="no",
-              gradient_checkpointing=False)  # enabled on the model already (PEFT-aware)
-    if max_steps is not None:
-        kw["max_steps"] = max_steps
-    else:
-        kw["num_train_epochs"] = float(epochs or 1)
-    args = TrainingArguments(**kw)
-    if args.n_gpu > 1:
-        # Trainer wraps the model in nn.DataParallel when one process sees several GPUs: the model
-        # sits on the session's device, and several GPUs train through nvkit.launch (DDP) instead.
-        args._n_gpu = 1
-    return args
-
-
-def _default_output_dir(session) -> str:
+def default_output_dir(session) -> str:
+    """A new folder under ./nvkit-runs named for the model and the time, unique (mkdtemp): two
+    runs started in the same second never share one."""
     name = os.path.basename(os.path.normpath(str(session.model_id))) or "model"
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return os.path.abspath(os.path.join("nvkit-runs", f"{name}-lora-{stamp}"))
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+    root = make_folder(os.path.abspath("nvkit-runs"), "folder for fine-tune runs")
+    return tempfile.mkdtemp(prefix=f"{name}-lora-{time.strftime('%Y%m%d-%H%M%S')}-", dir=root)
 
 
-def finetune(session=None, data=None, lora: dict | None = None, max_steps: int | None = None,
-             epochs: float | None = None, learning_rate: float = 2e-4, batch_size: int = 8, grad_accum: int = 1,
-             seq_len: int = 512, packing="auto", gradient_checkpointing: bool = False,
-             output_dir: str | None = None, liger="auto", log_every: int = 1, save_every: int | None = None,
-             compile="auto", seed: int = 0) -> FinetuneRun:
-    """Train LoRA adapters on the session's model (QLoRA when it is loaded in 4/8-bit), in a worker
-    thread; returns a ``FinetuneRun`` at once. After it ends the session generates with the adapter.
+def check_output_dir(output_dir, create: bool = True) -> str:
+    """The absolute output folder, when nvkit may write its adapter and checkpoints into it: a
+    new or existing folder where ``adapter`` and any ``checkpoint-N`` are absent or nvkit's own.
+    NvkitError otherwise (nothing of the user's is ever replaced)."""
+    require(isinstance(output_dir, (str, os.PathLike)) and str(output_dir).strip(),
+            f"output_dir must be a folder path, not {output_dir!r}.")
+    out = os.path.abspath(os.path.expanduser(os.fspath(output_dir)))
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise NvkitError(f"output_dir {out} is a file, not a folder. Give a folder path (nvkit writes adapter/ and "
+                         "checkpoint-N/ into it).")
+    if os.path.isdir(out):
+        check_target(os.path.join(out, "adapter"), ("adapter",), "adapter")
+        for name in sorted(os.listdir(out)):
+            if name.startswith("checkpoint-"):
+                check_target(os.path.join(out, name), ("checkpoint",), "checkpoint")
+    return make_folder(out, "output_dir") if create else out
 
-    ``data``: a list of strings, of {"prompt", "response"}, of chat messages, or a local
-    .jsonl/.json/.csv/.txt file. Everything is checked before training starts.
-    ``max_steps`` or ``epochs`` (default: one epoch). ``packing="auto"`` packs plain text, not
-    supervised pairs. ``compile="auto"`` compiles the decoder layers on CUDA. ``save_every=N``
-    writes checkpoint-N directories (atomically) beside the final ``adapter``.
-    """
+
+def _unknown_settings(unknown: dict) -> NvkitError:
+    import difflib
+    known = [p for p in inspect.signature(finetune).parameters if p != "settings"]
+    parts = []
+    for k in unknown:
+        close = difflib.get_close_matches(k, known, n=1)
+        parts.append(f"{k!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return NvkitError(f"Unknown finetune setting(s) {', '.join(parts)}. Known: {', '.join(known)}.")
+
+
+def _number(name: str, v, allow_none=True, lo=0.0, lo_open=True):
+    if v is None and allow_none:
+        return None
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and (v > lo if lo_open else v >= lo)
+    require(ok, f"{name} must be a number {'>' if lo_open else '≥'} {lo:g}, not {v!r}.")
+    return float(v)
+
+
+def _check(session, data, lora, max_steps, epochs, learning_rate, batch_size, grad_accum, seq_len,
+           gradient_checkpointing, output_dir, log_every, save_every, compile, seed, eval_data, eval_split,
+           eval_every, stop_at_loss, patience, resume):
     s = session if session is not None else current_session()
     require(isinstance(s, Session), f"session must be an nvkit.Session (from nvkit.load), not {type(s).__name__}.")
     s._require_loaded()
@@ -486,20 +127,96 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
     require(max_steps is None or epochs is None, "Give max_steps or epochs, not both.")
     require(isinstance(learning_rate, (int, float)) and not isinstance(learning_rate, bool) and 0 < learning_rate < 1,
             f"learning_rate must be a number in (0, 1), e.g. 2e-4, not {learning_rate!r}.")
-    positive_int("batch_size", batch_size)
-    positive_int("grad_accum", grad_accum)
-    positive_int("seq_len", seq_len)
-    positive_int("log_every", log_every)
+    for name, v in (("batch_size", batch_size), ("grad_accum", grad_accum), ("seq_len", seq_len),
+                    ("log_every", log_every)):
+        positive_int(name, v)
     positive_int("save_every", save_every, allow_none=True)
     require(isinstance(gradient_checkpointing, bool), f"gradient_checkpointing must be True or False, not {gradient_checkpointing!r}.")
-    require(compile in (True, False, "auto"), f"compile must be True, False or 'auto', not {compile!r}.")
-    require(output_dir is None or isinstance(output_dir, (str, os.PathLike)), "output_dir must be a directory path.")
+    require(compile is True or compile is False or compile == "auto",
+            f"compile must be True, False or 'auto', not {compile!r}.")
+    require(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0,
+            f"seed must be a whole number ≥ 0, not {seed!r}.")
+    require(output_dir is None or (isinstance(output_dir, (str, os.PathLike)) and str(output_dir).strip()),
+            f"output_dir must be a folder path, not {output_dir!r}.")
+    require(eval_data is None or eval_split is None, "Give eval_data or eval_split, not both.")
+    if eval_split is not None:
+        require(isinstance(eval_split, (int, float)) and not isinstance(eval_split, bool) and 0 < eval_split < 1,
+                f"eval_split must be a fraction in (0, 1), e.g. 0.05, not {eval_split!r}.")
+    has_eval = eval_data is not None or eval_split is not None
+    positive_int("eval_every", eval_every, allow_none=True)
+    _number("stop_at_loss", stop_at_loss)
+    positive_int("patience", patience, allow_none=True)
+    for name, v in (("eval_every", eval_every), ("stop_at_loss", stop_at_loss), ("patience", patience)):
+        require(v is None or has_eval, f"{name} needs held-out data: add eval_split=0.05 (or eval_data=...).")
+    require(patience is None or eval_every is not None,
+            "patience counts evaluations during the run: give eval_every=N as well.")
+    require(resume is True or resume is False or isinstance(resume, (str, os.PathLike)),
+            f"resume must be True, False or the path of a checkpoint folder, not {resume!r}.")
     if s.busy:
         raise NvkitError("A generation is running in this session: wait for it or call s.stop() first.")
     if s.training is not None and not s.training.done:
         raise NvkitError("A fine-tune is already running in this session: run.stop() it or wait for it.")
+    return s, lora_cfg
 
-    rows, data_info = train_data.prepare(data, s.tokenizer, seq_len, packing)
+
+def finetune(session=None, data=None, lora: dict | None = None, max_steps: int | None = None,
+             epochs: float | None = None, learning_rate: float = 2e-4, batch_size: int = 8, grad_accum: int = 1,
+             seq_len: int = 512, packing="auto", gradient_checkpointing: bool = False,
+             output_dir: str | None = None, liger="auto", log_every: int = 1, save_every: int | None = None,
+             compile="auto", seed: int = 0, *, eval_data=None, eval_split: float | None = None,
+             eval_every: int | None = None, stop_at_loss: float | None = None, patience: int | None = None,
+             resume=False, **settings) -> FinetuneRun:
+    """Train LoRA adapters on the session's model (QLoRA when it is loaded in 4/8-bit), in a worker
+    thread; returns a ``FinetuneRun`` at once. After it ends the session generates with the adapter.
+
+    ``data``: a list of strings, of {"prompt", "response"}, of chat messages, or a local
+    .jsonl/.json/.csv/.txt file. Everything is checked before training starts
+    (``nvkit.train.data.preview`` shows what the model will see).
+    ``max_steps`` or ``epochs`` (default: one epoch). ``packing="auto"`` packs plain text, not
+    supervised pairs. ``compile="auto"`` compiles the decoder layers on CUDA when the run is long
+    enough to pay for it (``run.info["compile_reason"]`` says why or why not). ``save_every=N``
+    writes resumable checkpoint-N folders beside the final ``adapter``; Stop and Interrupt write one
+    too. Evaluation: ``eval_data`` (same shapes as ``data``) or ``eval_split=0.05`` (held out of
+    ``data``), loss and perplexity before the first step, every ``eval_every`` steps and at the end
+    (``run.eval_history``); ``stop_at_loss=`` ends the run once the eval loss reaches it,
+    ``patience=N`` after N evaluations without improvement. ``resume=True`` continues the latest
+    checkpoint of ``output_dir`` (or of this session's last run), ``resume="…/checkpoint-N"`` that
+    one: optimizer, schedule, data order and step count go on exactly (``max_steps`` is the total).
+    """
+    if settings:
+        raise _unknown_settings(settings)
+    s, lora_cfg = _check(session, data, lora, max_steps, epochs, learning_rate, batch_size, grad_accum, seq_len,
+                         gradient_checkpointing, output_dir, log_every, save_every, compile, seed, eval_data,
+                         eval_split, eval_every, stop_at_loss, patience, resume)
+    tok = s.tokenizer
+    train_data.check_seq_len(seq_len)
+    train_data.check_packing(packing)
+    examples, kind = train_data.tokenize(data, tok, seq_len)
+    eval_info = None
+    eval_rows: list = []
+    if eval_split is not None:
+        examples, held = train_data.split(examples, eval_split, seed)
+        eval_rows, eval_info = train_data.arrange(held, kind, seq_len, packing)
+        eval_info = {"from": f"eval_split={eval_split}", **eval_info}
+    elif eval_data is not None:
+        held, held_kind = train_data.tokenize(eval_data, tok, seq_len)
+        eval_rows, eval_info = train_data.arrange(held, held_kind, seq_len, packing)
+        eval_info = {"from": "eval_data", **eval_info}
+    rows, data_info = train_data.arrange(examples, kind, seq_len, packing)
+    settings_record = {"base_model": s.path, "data": train_data.fingerprint(rows), "seq_len": seq_len,
+                       "batch_size": batch_size, "grad_accum": grad_accum, "packing": data_info["packing"],
+                       "lora": lora_cfg, "learning_rate": float(learning_rate), "seed": seed,
+                       "max_steps": max_steps, "epochs": epochs}
+
+    out = check_output_dir(output_dir, create=False) if output_dir is not None else None
+    resume_from, resume_notes, first_step = None, [], 0
+    if resume is not False:
+        previous = s.training.info.get("output_dir") if s.training is not None else None
+        resume_from = ckpts.find(resume, out, previous)
+        resume_notes = ckpts.check_settings(resume_from, settings_record, max_steps)
+        first_step = ckpts.step_of(resume_from)
+        if out is None:
+            out = check_output_dir(os.path.dirname(resume_from), create=False)
 
     import torch
     device = s.device
@@ -508,59 +225,84 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
     prec = precision(device_type, capability)
     model_type = getattr(s.model.config, "model_type", "")
     use_liger, liger_why = liger_decision(liger, device_type, model_type)
-    do_compile = (device_type == "cuda") if compile == "auto" else bool(compile)
+    out = make_folder(out, "output_dir") if out is not None else default_output_dir(s)
+    adapter_dir = os.path.join(out, "adapter")
+    per_epoch = math.ceil(math.ceil(len(rows) / batch_size) / grad_accum)
+    total = max_steps if max_steps is not None else max(1, math.ceil(per_epoch * float(epochs or 1)))
+    cache = None
+    if compile is not False and device_type == "cuda":
+        cache = CompileCache(CompileCache.facts(s.model, dtype=s.model.dtype, lora=lora_cfg, batch_size=batch_size,
+                                                seq_len=seq_len, gradient_checkpointing=gradient_checkpointing,
+                                                kbit=is_kbit(s.model), capability=capability))
+    do_compile, compile_why = compile_decision(compile, device_type, total - first_step, cache is not None and cache.warm)
     if do_compile and use_liger:
         # compiled layers already fuse norms and SwiGLU; Liger's Triton calls would only break the graphs
         use_liger, liger_why = False, "off: compiled decoder layers fuse RMSNorm/SwiGLU themselves (compile=False to use Liger)"
-    out = os.path.abspath(os.path.expanduser(os.fspath(output_dir))) if output_dir else _default_output_dir(s)
-    adapter_dir = os.path.join(out, "adapter")
-
-    per_epoch = math.ceil(math.ceil(len(rows) / batch_size) / grad_accum)
-    total = max_steps if max_steps is not None else max(1, math.ceil(per_epoch * float(epochs or 1)))
-    info = {"precision": prec, "capability": capability, "device": str(device), "qlora": False,
-            "lora": lora_cfg, "liger": liger_why, "compile": do_compile, "data": data_info,
-            "gradient_checkpointing": gradient_checkpointing, "output_dir": out}
-    run = FinetuneRun(total, adapter_dir, info)
+    info = {"base_model": s.model_id, "base_path": s.path, "precision": prec, "capability": capability,
+            "device": str(device), "qlora": False, "lora": lora_cfg, "liger": liger_why, "compile": do_compile,
+            "compile_reason": compile_why, "data": data_info, "eval": eval_info,
+            "gradient_checkpointing": gradient_checkpointing, "output_dir": out, "learning_rate": float(learning_rate),
+            "batch_size": batch_size, "grad_accum": grad_accum, "seq_len": seq_len,
+            "resumed_from": resume_from, "notes": list(resume_notes)}
+    run = FinetuneRun(total, adapter_dir, info, first_step=first_step)
     counter = {"tokens": 0}
-    peaks.expect_finetune(s, batch_size, seq_len, lora_cfg["r"], gradient_checkpointing)  # drawn beside the measured peak
-    events.record("train-start", f"LoRA r={lora_cfg['r']} on {s.model_id}: {total} steps, {prec}")
+    # the prediction drawn beside the measured peak: nvkit's path, compiled or not as decided here
+    peaks.expect_for(s, mode="lora", batch_size=batch_size, seq_len=seq_len, lora_r=lora_cfg["r"],
+                     gradient_checkpointing=gradient_checkpointing, path="nvkit", compiled=do_compile)
+    events.record("train-start", f"LoRA r={lora_cfg['r']} on {s.model_id}: {total} steps, {prec}"
+                                 + (f", resumed at step {first_step}" if resume_from else ""))
 
     def work(job: Job):
         with routed():  # Trainer's first import brings in peft and bitsandbytes (see nvkit.quiet)
-            NvkitTrainer, Recorder = trainer_classes()
+            NvkitTrainer = trainer_class()
         model, kbit, notes = prepare_lora_model(s.model, lora_cfg, gradient_checkpointing)
         info["qlora"] = kbit
-        info["notes"] = notes
+        info["notes"] += notes
         s.model = model  # the session generates with the adapter from now on (even after an error)
+        remember_model(run, model)
         fused, why = fused_loss_supported(model)
         info["loss"] = why
         if use_liger:
             info["liger_modules"] = apply_liger(model)
         if do_compile:
+            if cache is not None:
+                info["compile_cache"] = cache.load()
             info["compiled_layers"] = compile_layers(model)
             info["activation_budget"] = ACTIVATION_BUDGET
         if device_type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        args = training_arguments(out, prec, device_type, max_steps=max_steps, epochs=epochs,
+        # Trainer writes its checkpoints here; the callback moves each one into place (checkpoint-N)
+        staging = tempfile.mkdtemp(prefix=".nvkit-trainer-", dir=out)
+        args = training_arguments(staging, prec, device_type, max_steps=max_steps, epochs=epochs,
                                   learning_rate=float(learning_rate), batch_size=batch_size, grad_accum=grad_accum,
                                   log_every=log_every, seed=seed, gradient_checkpointing=gradient_checkpointing,
                                   fused_adamw=device_type == "cuda")
-        pad = s.tokenizer.pad_token_id if s.tokenizer.pad_token_id is not None else (s.tokenizer.eos_token_id or 0)
+        pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
         # compiled layers see a few padded shapes rather than one per batch length
-        collator = train_data.Collator(pad, pad_to=64 if do_compile else 8)
-        recorder = Recorder(run, job, device_type, counter, save_every, out)
-        trainer = NvkitTrainer(model=model, args=args, train_dataset=train_data.ListDataset(rows), data_collator=collator,
-                               callbacks=[recorder], fused_loss=fused, counter=counter)
+        pad_to = 64 if do_compile else 8
+        evaluator = Evaluator(eval_rows, batch_size, pad, device, pad_to=pad_to) if eval_rows else None
+        callback = recorder(run, job, device_type=device_type, counter=counter, save_every=save_every,
+                            output_dir=out, staging=staging, evaluator=evaluator, eval_every=eval_every,
+                            stop_at_loss=stop_at_loss, patience=patience,
+                            checkpoint_facts=lambda: {**run.facts(), "settings": settings_record})
+        trainer = NvkitTrainer(model=model, args=args, train_dataset=train_data.ListDataset(rows),
+                               data_collator=train_data.Collator(pad, pad_to=pad_to), callbacks=[callback],
+                               fused_loss=fused, counter=counter)
         quiet_trainer(trainer)
         model.train()
+        trained = False
         try:
             with activation_budget(do_compile):
-                trainer.train()
+                trainer.train(resume_from_checkpoint=resume_from)
+            trained = True
         except torch.OutOfMemoryError as e:
             raise oom_error(e, "fine-tune", s) from e
         finally:
+            shutil.rmtree(staging, ignore_errors=True)
             if do_compile:
                 uncompile_layers(model)
+                if cache is not None and trained:
+                    info["compile_cache"] = f"{info.get('compile_cache', '')}; {cache.save()}".lstrip("; ")
             if gradient_checkpointing and hasattr(model, "gradient_checkpointing_disable"):
                 model.gradient_checkpointing_disable()
             model.eval()
@@ -568,7 +310,7 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
             run.tokens = counter["tokens"]
             _, peak = memory_now(device_type)
             run.peak_memory = max(run.peak_memory, peak)
-        save_atomic(model, adapter_dir)
+        save_atomic(model, adapter_dir, facts={**run.facts(), "settings": settings_record})
         events.record("checkpoint", f"adapter saved: {adapter_dir}")
         sm = run.summary()
         events.record("train-end", f"{run.step} steps in {sm['seconds']:.1f} s · {sm['tokens_per_s']:.0f} tok/s · "

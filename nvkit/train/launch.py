@@ -1,11 +1,14 @@
-"""Multi-GPU fine-tunes: ``nvkit.launch(config)`` writes a standalone training script and runs it
-with torchrun, one process per selected GPU, and streams every rank's metrics back.
+"""Multi-GPU fine-tunes: ``nvkit.launch(config)`` writes a run folder and runs nvkit's training
+program (``nvkit.train.worker``) on it with torchrun, one process per selected GPU, and streams
+every rank's metrics back.
 
-A notebook kernel is one process, so DDP/FSDP over several GPUs has to run outside it. The script
-is plain transformers ``Trainer`` + PEFT (no nvkit import), so the run directory can be copied to a
-cluster and started there with the same shell line. Beside it: ``config.json`` (the settings) and
-``data.jsonl`` (the examples, already tokenized and checked in the notebook by ``nvkit.data``, so a
-bad example fails here in a second instead of on every rank after the model loaded).
+A notebook kernel is one process, so DDP/FSDP over several GPUs has to run outside it. The run
+folder holds ``config.json`` (the settings), ``data.jsonl`` (the examples, already tokenized and
+checked in the notebook by ``nvkit.train.data``, so a bad example fails here in a second instead
+of on every rank after the model loaded) and ``launch.sh`` (the shell line). Nothing the user
+typed is pasted into Python source: the run folder reaches the worker as a command-line argument.
+The same line starts the run on any machine where nvkit is installed:
+``python -m torch.distributed.run [options] -m nvkit.train.worker RUN_DIR``.
 
 Each rank prints JSON lines (``{"nvkit": 1, "rank": r, ...}``); torchrun's ``--tee`` prefixes them
 with the rank and also writes per-rank log files under ``logs/``. ``LaunchRun.stop()`` writes a
@@ -23,12 +26,14 @@ from __future__ import annotations
 
 import collections
 import json
+import logging
 import os
 import re
 import shlex
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -36,221 +41,46 @@ from .. import events
 from ..checks import positive_int
 from ..errors import NvkitError, require
 from ..hardware.selection import launch_command
+from ..model.saving import MARKER, check_target, make_folder, owned, write_marker
 from ..model.session import resolve_model, session as current_session
 from . import data as train_data
-from .finetune import DEFAULT_LORA, check_lora
+from .lora import DEFAULT_LORA, check_lora
 
 _STRATEGIES = ("ddp", "fsdp")
 _CONFIG_KEYS = {"model", "data", "lora", "max_steps", "epochs", "learning_rate", "batch_size", "grad_accum",
                 "seq_len", "packing", "gradient_checkpointing", "seed", "log_every", "quantization"}
 _RANK_PREFIX = re.compile(r"^\[(?:[A-Za-z_]*?)(\d+)\]:(.*)$")
 _MAX_LOG_LINES = 5000
+_INT_FIELDS = ("rank", "local_rank", "world", "step", "total_steps")
+_log = logging.getLogger("nvkit.launch")
 
-SCRIPT = r'''#!/usr/bin/env python
-"""LoRA fine-tune written by nvkit.launch: transformers Trainer + PEFT, one process per GPU.
-
-Run it with (the line nvkit showed):
-    {command}
-Multi-node: the same line on every node, with torchrun options
-    --nnodes=N --node_rank=I --rdzv_backend=c10d --rdzv_endpoint=HOST:PORT
-Settings: config.json beside this file. Data: data.jsonl (tokenized: input_ids, labels; -100 = no loss).
-Every rank prints JSON lines {{"nvkit": 1, "rank": ...}}; touch STOP beside this file to end the run
-after the current step (all ranks agree on it), the adapter is saved to adapter/ either way.
-"""
-import json
-import os
-import shutil
-import signal
-import sys
-import tempfile
-import time
-
-import torch
-import torch.distributed as dist
-from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-from transformers import (AutoModelForCausalLM, BitsAndBytesConfig, Trainer, TrainerCallback,
-                          TrainingArguments)
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-with open(os.path.join(HERE, "config.json"), encoding="utf-8") as f:
-    CFG = json.load(f)
-RANK = int(os.environ.get("RANK", 0))
-LOCAL_RANK = int(os.environ.get("LOCAL_RANK", 0))
-WORLD = int(os.environ.get("WORLD_SIZE", 1))
-STOP_FILE = os.path.join(HERE, "STOP")
-_stop = {{"signal": False}}
-
-
-def emit(**kw):
-    print(json.dumps({{"nvkit": 1, "rank": RANK, "local_rank": LOCAL_RANK, "world": WORLD, "t": time.time(), **kw}}),
-          flush=True)
-
-
-def _on_term(signum, frame):
-    _stop["signal"] = True  # end after this step, like the STOP file
-
-
-signal.signal(signal.SIGTERM, _on_term)
-
-
-def load_rows():
-    rows = []
-    with open(os.path.join(HERE, "data.jsonl"), encoding="utf-8") as f:
-        for line in f:
-            if line.strip():
-                r = json.loads(line)
-                rows.append({{"input_ids": r["input_ids"], "labels": r["labels"]}})
-    return rows
-
-
-class Collate:
-    def __init__(self, pad_id):
-        self.pad_id = pad_id
-
-    def __call__(self, batch):
-        n = max(len(b["input_ids"]) for b in batch)
-        n = -(-n // 8) * 8
-        ids = torch.full((len(batch), n), self.pad_id, dtype=torch.long)
-        labels = torch.full((len(batch), n), -100, dtype=torch.long)
-        for i, b in enumerate(batch):
-            ids[i, :len(b["input_ids"])] = torch.tensor(b["input_ids"])
-            labels[i, :len(b["labels"])] = torch.tensor(b["labels"])
-        # right padding only: under causal attention pads never reach real tokens, so no mask
-        return {{"input_ids": ids, "labels": labels, "num_tokens": sum(len(b["input_ids"]) for b in batch)}}
-
-
-class CountingTrainer(Trainer):
-    tokens = 0
-
-    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        n = inputs.pop("num_tokens", 0)
-        CountingTrainer.tokens += int(n)
-        return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                    num_items_in_batch=num_items_in_batch)
-
-
-class Stream(TrainerCallback):
-    def __init__(self, cuda):
-        self.cuda = cuda
-        self.t = time.time()
-        self.tokens = 0
-
-    def _memory(self):
-        if self.cuda:
-            return torch.cuda.memory_allocated(), torch.cuda.max_memory_allocated()
-        with open("/proc/self/statm") as f:
-            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        return rss, rss
-
-    def on_train_begin(self, args, state, control, **kw):
-        self.t = time.time()
-        emit(event="start", total_steps=state.max_steps)
-
-    def on_step_end(self, args, state, control, **kw):
-        now = time.time()
-        rate = (CountingTrainer.tokens - self.tokens) / max(now - self.t, 1e-9)
-        self.t, self.tokens = now, CountingTrainer.tokens
-        mem, peak = self._memory()
-        emit(event="step", step=state.global_step, total_steps=state.max_steps, tokens_per_s=rate,
-             memory=mem, peak_memory=peak)
-        flag = torch.tensor([1.0 if (_stop["signal"] or os.path.exists(STOP_FILE)) else 0.0],
-                            device="cuda" if self.cuda else "cpu")
-        if dist.is_available() and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # every rank stops at the same step
-        if flag.item() > 0:
-            control.should_training_stop = True
-            emit(event="stopping", step=state.global_step)
-        return control
-
-    def on_log(self, args, state, control, logs=None, **kw):
-        logs = logs or {{}}
-        if "loss" in logs:
-            emit(event="log", step=state.global_step, loss=float(logs["loss"]),
-                 learning_rate=float(logs.get("learning_rate", 0.0)),
-                 grad_norm=float(logs["grad_norm"]) if logs.get("grad_norm") is not None else None)
-
-
-def main():
-    cuda = torch.cuda.is_available() and CFG.get("device", "cuda") == "cuda"
-    if cuda:
-        torch.cuda.set_device(LOCAL_RANK)  # the current device is per process (and per thread)
-        cap = torch.cuda.get_device_capability(LOCAL_RANK)
-        prec = "bf16" if cap >= (8, 0) else "fp16"  # is_bf16_supported() can say True before Ampere
-    else:
-        prec = "fp32"
-    dtype = {{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}}[prec]
-    kw = dict(dtype=dtype, attn_implementation=CFG.get("attn_implementation", "sdpa"))
-    quant = CFG.get("quantization")
-    if quant in ("nf4", "fp4"):
-        kw["quantization_config"] = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type=quant,
-                                                       bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype)
-    if cuda and CFG["strategy"] == "ddp":
-        kw["device_map"] = {{"": LOCAL_RANK}}
-    model = AutoModelForCausalLM.from_pretrained(CFG["model"], **kw)
-    gc_on = bool(CFG.get("gradient_checkpointing"))
-    if quant:
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gc_on,
-                                                gradient_checkpointing_kwargs={{"use_reentrant": False}})
-    elif gc_on:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={{"use_reentrant": False}})
-    lora = CFG["lora"]
-    tm = lora["target_modules"]
-    model = get_peft_model(model, LoraConfig(r=lora["r"], lora_alpha=lora["alpha"], lora_dropout=lora["dropout"],
-                                             target_modules=tm if tm == "all-linear" else list(tm),
-                                             task_type="CAUSAL_LM"))
-    args = dict(output_dir=os.path.join(HERE, "trainer"), per_device_train_batch_size=CFG["batch_size"],
-                gradient_accumulation_steps=CFG["grad_accum"], learning_rate=CFG["learning_rate"],
-                logging_steps=CFG["log_every"], save_strategy="no", report_to="none", disable_tqdm=True,
-                seed=CFG["seed"], remove_unused_columns=False, bf16=prec == "bf16", fp16=prec == "fp16",
-                use_cpu=not cuda, ddp_backend="nccl" if cuda else "gloo", ddp_find_unused_parameters=False,
-                dataloader_num_workers=0)
-    if CFG.get("max_steps"):
-        args["max_steps"] = CFG["max_steps"]
-    else:
-        args["num_train_epochs"] = float(CFG.get("epochs") or 1)
-    if CFG["strategy"] == "fsdp":
-        layer_cls = type(model.get_base_model().get_decoder().layers[0]).__name__
-        args["fsdp"] = "full_shard auto_wrap"
-        args["fsdp_config"] = {{"fsdp_version": 2, "transformer_layer_cls_to_wrap": [layer_cls],
-                               "reshard_after_forward": True}}
-    pad = CFG.get("pad_token_id")
-    trainer = CountingTrainer(model=model, args=TrainingArguments(**args), train_dataset=load_rows(),
-                              data_collator=Collate(0 if pad is None else pad), callbacks=[Stream(cuda)])
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-    if cuda:
-        torch.cuda.reset_peak_memory_stats()
-    trainer.train()
-    # written to a temporary directory, renamed into place: never a half-written adapter
-    tmp = os.path.join(HERE, ".adapter-tmp")
-    if RANK == 0 and os.path.exists(tmp):
-        shutil.rmtree(tmp)
-    trainer.save_model(tmp)  # collective under FSDP; writes on rank 0 only
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-    if RANK == 0:
-        target = os.path.join(HERE, "adapter")
-        if os.path.exists(target):
-            old = tempfile.mkdtemp(dir=HERE, prefix=".adapter-old-")
-            os.replace(target, os.path.join(old, "a"))
-            shutil.rmtree(old, ignore_errors=True)
-        os.replace(tmp, target)
-        emit(event="saved", adapter_dir=target)
-    emit(event="done", step=trainer.state.global_step)
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-    # Leave without the interpreter's teardown: on the CPU (gloo) a rank once hung for good in
-    # ~ProcessGroupGloo while the DDP reducer was garbage-collected at exit, after everything had
-    # been saved. Nothing is left to write: the adapter is in place and the logs are flushed.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-if __name__ == "__main__":
-    main()
-'''
+def _record(text: str) -> dict | None:
+    """A rank's metric line as a dict of plain values, or None when it is not one (then the line
+    is kept as log text). rank/step/world are whole numbers (or the line is not a record), other
+    values plain scalars, so nothing downstream trips over a structure where a value belongs."""
+    try:
+        rec = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(rec, dict) or rec.get("nvkit") != 1:
+        return None
+    rec.pop("nvkit", None)
+    out = {}
+    for k, v in rec.items():
+        if not isinstance(k, str):
+            return None
+        if k in _INT_FIELDS:
+            if v is not None and not (isinstance(v, int) and not isinstance(v, bool)):
+                return None
+        elif k in ("event", "adapter_dir"):
+            if not isinstance(v, str):
+                return None
+        elif not isinstance(v, (bool, int, float, str, type(None))):
+            v = None  # a structure where a value belongs: kept as missing
+        out[k] = v
+    if not isinstance(out.get("event"), str) or not isinstance(out.get("rank"), int):
+        return None
+    return out
 
 
 class LaunchRun:
@@ -288,6 +118,7 @@ class LaunchRun:
         os.makedirs(log_dir, exist_ok=True)
         self.proc = subprocess.Popen(self._argv, env=self._env, cwd=self.run_dir, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, bufsize=1,
+                                     encoding="utf-8", errors="replace",
                                      start_new_session=True)  # its own process group: stop() reaches every rank
         threading.Thread(target=self._read, name="nvkit-launch-reader", daemon=True).start()
         events.record("launch", self.command)
@@ -296,7 +127,12 @@ class LaunchRun:
     def _read(self) -> None:
         try:
             for line in self.proc.stdout:
-                self._line(line.rstrip("\n"))
+                try:
+                    self._line(line.rstrip("\n"))
+                except Exception as e:  # noqa: BLE001 - one bad line must not stop draining stdout
+                    _log.warning("nvkit.launch: skipped an unreadable line from the run (%s: %s): %.200r",
+                                 type(e).__name__, e, line)
+                    self.logs.append((None, line.rstrip("\n")))
         finally:
             self.returncode = self.proc.wait()
             events.record("launch-end", f"exit {self.returncode}{' (stopped)' if self.stopped else ''}")
@@ -308,27 +144,24 @@ class LaunchRun:
         if m:
             rank, line = int(m.group(1)), m.group(2)
         text = line.strip()
-        if text.startswith("{") and '"nvkit"' in text:
+        rec = _record(text) if text.startswith("{") and '"nvkit"' in text else None
+        if rec is None:
+            self.logs.append((rank, line))
+            return
+        with self._lock:
+            self.history.append(rec)
+            listeners = list(self._listeners)
+        if rec.get("event") == "done":
+            self._rank_done(rec)
+        if rec.get("event") == "log" and rec.get("rank") == 0:
+            loss = rec.get("loss")
+            shown = f"{loss:.4f}" if isinstance(loss, (int, float)) and not isinstance(loss, bool) else "n/a"
+            events.record("train-step", f"launch step {rec.get('step')} · loss {shown}")
+        for fn in listeners:
             try:
-                rec = json.loads(text)
-            except ValueError:
-                rec = None
-            if isinstance(rec, dict) and rec.get("nvkit") == 1:
-                rec.pop("nvkit", None)
-                with self._lock:
-                    self.history.append(rec)
-                    listeners = list(self._listeners)
-                if rec.get("event") == "done":
-                    self._rank_done(rec)
-                if rec.get("event") == "log" and rec.get("rank") == 0:
-                    events.record("train-step", f"launch step {rec.get('step')} · loss {rec.get('loss', float('nan')):.4f}")
-                for fn in listeners:
-                    try:
-                        fn(rec)
-                    except Exception:
-                        pass
-                return
-        self.logs.append((rank, line))
+                fn(rec)
+            except Exception:  # noqa: BLE001 - a listener (a closed panel) must not stop the reader
+                pass
 
     def _rank_done(self, rec: dict) -> None:
         if rec.get("rank") in self._done_ranks:
@@ -366,7 +199,8 @@ class LaunchRun:
 
     @property
     def progress(self) -> dict:
-        steps = [r["step"] for r in self.history if r.get("event") == "step" and r.get("rank") == 0]
+        steps = [r["step"] for r in self.history
+                 if r.get("event") == "step" and r.get("rank") == 0 and isinstance(r.get("step"), int)]
         return {"step": steps[-1] if steps else 0, "total": self.total_steps}
 
     def text(self, last: int = 50) -> str:
@@ -451,22 +285,59 @@ def _config(config, overrides: dict) -> dict:
     cfg["model"] = path
     require(cfg.get("data") is not None, "launch needs data: config['data'] = a list of examples or a local file.")
     cfg["lora"] = check_lora(cfg.get("lora") or DEFAULT_LORA)
-    for key, default in (("batch_size", 8), ("grad_accum", 1), ("seq_len", 512), ("log_every", 1), ("seed", 0)):
-        cfg.setdefault(key, default)
-        positive_int(key, cfg[key]) if key != "seed" else require(isinstance(cfg[key], int), "seed must be a whole number.")
+    for key, default in (("batch_size", 8), ("grad_accum", 1), ("seq_len", 512), ("log_every", 1)):
+        positive_int(key, cfg.setdefault(key, default))
+    seed = cfg.setdefault("seed", 0)
+    require(isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0, f"seed must be a whole number ≥ 0, not {seed!r}.")
     positive_int("max_steps", cfg.get("max_steps"), allow_none=True)
-    require(not (cfg.get("max_steps") and cfg.get("epochs")), "Give max_steps or epochs, not both.")
+    epochs = cfg.get("epochs")
+    require(epochs is None or (isinstance(epochs, (int, float)) and not isinstance(epochs, bool) and epochs > 0),
+            f"epochs must be > 0, not {epochs!r}.")
+    require(not (cfg.get("max_steps") and epochs), "Give max_steps or epochs, not both.")
     lr = cfg.setdefault("learning_rate", 2e-4)
-    require(isinstance(lr, (int, float)) and 0 < lr < 1, f"learning_rate must be in (0, 1), not {lr!r}.")
+    require(isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < 1,
+            f"learning_rate must be in (0, 1), not {lr!r}.")
     q = cfg.get("quantization")
     require(q in (None, "nf4", "fp4"), f"quantization for a launch must be None, 'nf4' or 'fp4', not {q!r}.")
-    cfg.setdefault("packing", "auto")
-    cfg.setdefault("gradient_checkpointing", False)
+    gc_on = cfg.setdefault("gradient_checkpointing", False)
+    require(isinstance(gc_on, bool), f"gradient_checkpointing must be True or False, not {gc_on!r}.")
+    packing = cfg.setdefault("packing", "auto")
+    require(packing is True or packing is False or packing == "auto",
+            f"packing must be True, False or 'auto', not {packing!r}.")
     return cfg
 
 
-def write_run(cfg: dict, run_dir: str, strategy: str, device: str, command_hint: str = "") -> dict:
-    """Write script, config.json and data.jsonl into ``run_dir``; returns the data facts."""
+WORKER = "nvkit.train.worker"
+
+
+def _run_dir(run_dir) -> str:
+    """The run folder: a new unique one under ./nvkit-runs by default; a given one must be new,
+    empty, or a run folder nvkit made (nvkit overwrites its own config.json, data.jsonl and
+    launch.sh there, and nothing else)."""
+    if run_dir is None:
+        root = make_folder(os.path.abspath("nvkit-runs"), "folder for launched runs")
+        path = tempfile.mkdtemp(prefix=f"launch-{time.strftime('%Y%m%d-%H%M%S')}-", dir=root)
+    else:
+        path = check_target(run_dir, ("launch-run",), "run_dir")
+        make_folder(path, "run_dir")
+    if not owned(path, "launch-run"):
+        write_marker(path, "launch-run")
+    return path
+
+
+def _forget_if_empty(run_dir: str) -> None:
+    """A run that failed its checks leaves no folder behind when nvkit made it just now."""
+    try:
+        names = os.listdir(run_dir)
+        if names == [MARKER]:
+            os.remove(os.path.join(run_dir, MARKER))
+            os.rmdir(run_dir)
+    except OSError:
+        pass
+
+
+def write_run(cfg: dict, run_dir: str, strategy: str, device: str, command: str = "") -> dict:
+    """Write config.json, data.jsonl and launch.sh into ``run_dir``; returns the data facts."""
     from transformers import AutoTokenizer
     os.makedirs(run_dir, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(cfg["model"])
@@ -475,22 +346,29 @@ def write_run(cfg: dict, run_dir: str, strategy: str, device: str, command_hint:
         for r in rows:
             f.write(json.dumps({"input_ids": r.input_ids, "labels": r.labels}) + "\n")
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    script_cfg = {k: v for k, v in cfg.items() if k != "data"}
-    script_cfg.update(strategy=strategy, device=device, pad_token_id=pad, data_facts=facts)
+    worker_cfg = {k: v for k, v in cfg.items() if k != "data"}
+    worker_cfg.update(strategy=strategy, device=device, pad_token_id=pad, data_facts=facts)
     with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(script_cfg, f, indent=2)
-    with open(os.path.join(run_dir, "train.py"), "w", encoding="utf-8") as f:
-        f.write(SCRIPT.format(command=command_hint or "torchrun --nproc_per_node=N train.py"))
+        json.dump(worker_cfg, f, indent=2)
+    if command:
+        # A shell script, not Python: every word of the line is shell-quoted.
+        with open(os.path.join(run_dir, "launch.sh"), "w", encoding="utf-8") as f:
+            f.write("#!/bin/sh\n# Written by nvkit.launch: LoRA fine-tune, one process per GPU (nvkit.train.worker).\n"
+                    "# Multi-node: the same line on every node, with --nnodes=N --node_rank=I "
+                    "--rdzv_backend=c10d --rdzv_endpoint=HOST:PORT\n"
+                    "# Touch STOP in the run folder to end the run after the current step.\n"
+                    f"exec {command}\n")
+        os.chmod(os.path.join(run_dir, "launch.sh"), 0o755)
     return facts
 
 
 def launch(config: dict | None = None, nproc_per_node: int | None = None, strategy: str = "ddp", *,
            gpus=..., nnodes: int | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
            run_dir: str | None = None, start: bool = True, **settings) -> LaunchRun:
-    """Fine-tune with LoRA over several GPUs: write a training script for ``config`` and run it with
-    torchrun (one process per GPU of the selection, NCCL; gloo on CPU) under the selection's
-    ``CUDA_DEVICE_ORDER``/``CUDA_VISIBLE_DEVICES``. Returns a ``LaunchRun`` whose history fills
-    with every rank's metrics.
+    """Fine-tune with LoRA over several GPUs: write a run folder for ``config`` and run nvkit's
+    training program on it with torchrun (one process per GPU of the selection, NCCL; gloo on CPU)
+    under the selection's ``CUDA_DEVICE_ORDER``/``CUDA_VISIBLE_DEVICES``. Returns a ``LaunchRun``
+    whose history fills with every rank's metrics.
 
     ``config``: {"model": path/id/Session (default: the current session's), "data": ..., "lora": ...,
     "max_steps": ..., "batch_size": ..., ...} (the ``nvkit.finetune`` settings; keywords work too).
@@ -502,31 +380,40 @@ def launch(config: dict | None = None, nproc_per_node: int | None = None, strate
                                        and nproc_per_node >= 1),
             f"nproc_per_node must be a whole number ≥ 1, not {nproc_per_node!r}.")
     require(nnodes is None or (isinstance(nnodes, int) and nnodes >= 1), f"nnodes must be ≥ 1, not {nnodes!r}.")
+    require(nnodes is None or not isinstance(nnodes, bool), f"nnodes must be ≥ 1, not {nnodes!r}.")
     if nnodes and nnodes > 1:
-        require(isinstance(rdzv_endpoint, str) and ":" in rdzv_endpoint,
-                "A multi-node launch needs rdzv_endpoint='host:port' (the rendezvous on node 0).")
+        require(isinstance(rdzv_endpoint, str) and re.fullmatch(r"[^\s:]+:\d{1,5}", rdzv_endpoint or "") is not None,
+                f"A multi-node launch needs rdzv_endpoint='host:port' (the rendezvous on node 0), not {rdzv_endpoint!r}.")
         require(node_rank is not None, "A multi-node launch needs node_rank (0 on the first node, 1 on the next...).")
+        require(isinstance(node_rank, int) and not isinstance(node_rank, bool) and 0 <= node_rank < nnodes,
+                f"node_rank must be a whole number from 0 to {nnodes - 1}, not {node_rank!r}.")
+    else:
+        require(node_rank in (None, 0) and rdzv_endpoint is None,
+                "node_rank and rdzv_endpoint are for a multi-node launch: give nnodes=N (N ≥ 2) with them.")
+    require(isinstance(start, bool), f"start must be True or False, not {start!r}.")
     cfg = _config(config, settings)
     import torch
     visible_cuda = gpus != [] and torch.cuda.is_available()
     device = "cuda" if visible_cuda else "cpu"
     if device == "cpu" and strategy == "fsdp":
         raise NvkitError("strategy='fsdp' needs CUDA GPUs (NCCL); on the CPU use strategy='ddp' (gloo).")
-    run_dir = os.path.abspath(os.path.expanduser(run_dir)) if run_dir else os.path.abspath(
-        os.path.join("nvkit-runs", f"launch-{time.strftime('%Y%m%d-%H%M%S')}"))
-    os.makedirs(run_dir, exist_ok=True)
-    script = os.path.join(run_dir, "train.py")
+    run_dir = _run_dir(run_dir)
     torchrun_args = dict(tee=3, log_dir=os.path.join(run_dir, "logs"))
     if nnodes and nnodes > 1:
         torchrun_args.update(nnodes=nnodes, node_rank=node_rank, rdzv_backend="c10d", rdzv_endpoint=rdzv_endpoint,
                              rdzv_id=os.path.basename(run_dir))
     else:
         torchrun_args.update(standalone=True)
+    torchrun_args["module"] = True  # the worker is a module of nvkit: nothing to write as a script
     kw = {} if gpus is ... else {"gpus": gpus}
-    cmd = launch_command(script, nproc_per_node=nproc_per_node, **kw, **torchrun_args)
+    cmd = launch_command(WORKER, nproc_per_node=nproc_per_node, args=[run_dir], **kw, **torchrun_args)
     env_vars = {**cmd.env, "NCCL_NVLS_ENABLE": "0"}  # NVLink multicast off on these machines
     line = " ".join([f"{k}={shlex.quote(str(v))}" for k, v in env_vars.items()] + [shlex.quote(a) for a in cmd.argv])
-    facts = write_run(cfg, run_dir, strategy, device, line)
+    try:
+        facts = write_run(cfg, run_dir, strategy, device, line)
+    except NvkitError:
+        _forget_if_empty(run_dir)
+        raise
     n = int(next((a.split("=", 1)[1] for a in cmd.argv if a.startswith("--nproc_per_node=")), 1))
     import math
     per_rank_rows = math.ceil(facts["rows"] / n)

@@ -118,3 +118,67 @@ def fused_causal_lm_loss(model, input_ids, labels, attention_mask=None):
     y = labels[:, 1:].reshape(-1)
     head = lm.get_output_embeddings()
     return fused_linear_cross_entropy(h, head.weight, y)
+
+
+def fused_loss_forward(model):
+    """Context in which the causal LM under ``model`` computes its training loss with the fused
+    loss whenever it is called with ``labels`` (it returns the loss and no logits); calls without
+    labels run the model's own forward. The loss then goes through the model's ``__call__``, so
+    DDP's and FSDP2's hooks on the wrapped model run as they must (calling the decoder directly
+    would bypass them)."""
+    import contextlib
+
+    @contextlib.contextmanager
+    def installed():
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+        lm = causal_lm(model)
+        had_own = "forward" in vars(lm)
+        original = lm.forward
+
+        def forward(*args, labels=None, **kwargs):
+            if labels is None or args:
+                return original(*args, labels=labels, **kwargs)
+            loss = fused_causal_lm_loss(lm, kwargs["input_ids"], labels, kwargs.get("attention_mask"))
+            return CausalLMOutputWithPast(loss=loss)
+
+        lm.forward = forward
+        try:
+            yield
+        finally:
+            if had_own:
+                lm.forward = original
+            else:
+                del lm.forward
+
+    return installed()
+
+
+def loss_sum(model, input_ids, labels, fused: bool) -> tuple[float, int]:
+    """(sum of the next-token cross-entropy over the target tokens, their count) for one batch,
+    without gradients: the evaluation of held-out data. ``fused``: chunk by chunk through the LM
+    head (no full logits), else through the model's own logits."""
+    import torch
+    lm = causal_lm(model)
+    y = labels[:, 1:].reshape(-1)
+    valid = y != -100
+    count = int(valid.sum())
+    if count == 0:
+        return 0.0, 0
+    with torch.no_grad():
+        if fused:
+            hidden = lm.get_decoder()(input_ids=input_ids, use_cache=False).last_hidden_state
+            h = hidden[:, :-1, :].reshape(-1, hidden.shape[-1])
+            weight = lm.get_output_embeddings().weight
+            chunk = loss_chunk_rows(weight.shape[0])
+            total = torch.zeros((), dtype=torch.float32, device=h.device)
+            for s in range(0, h.shape[0], chunk):
+                v = valid[s:s + chunk]
+                if not bool(v.any()):
+                    continue
+                logits = (h[s:s + chunk][v] @ weight.t()).float()
+                total += torch.nn.functional.cross_entropy(logits, y[s:s + chunk][v], reduction="sum")
+            return float(total), count
+        logits = lm(input_ids=input_ids, use_cache=False).logits[:, :-1, :].float()
+        total = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), y, ignore_index=-100,
+                                                  reduction="sum")
+        return float(total), count

@@ -100,7 +100,7 @@ def test_lora_estimate_within_15_percent(qwen_dir):
         cur.unload()
     memory.release()
     B, S = 4, 512
-    est = nvkit.estimate("qwen3-0.6b", mode="lora", batch_size=B, seq_len=S, lora_r=16)
+    est = nvkit.estimate("qwen3-0.6b", mode="lora", batch_size=B, seq_len=S, lora_r=16, path="plain")
     # The estimate's assumptions: PEFT all-linear LoRA (fp32 adapters, dropout 0), AdamW, the
     # standard (unfused) loss, no autocast. nvkit.finetune fuses the loss and is printed apart.
     memory.expect(est)
