@@ -34,8 +34,8 @@ _LAZY = {
     # panels
     "panel": "ui.app", "GPUSelector": "ui.gpu_selector", "LoadPanel": "ui.load_panel",
     "GeneratePanel": "ui.generate_panel", "FinetunePanel": "ui.finetune_panel",
-    # modules users reach into
-    "demo": None, "memory": None,
+    # modules users reach into (nvkit.data.preview, nvkit.memory.comparisons, nvkit.demo.shaped)
+    "demo": None, "memory": None, "data": "train.data",
 }
 
 __all__ = ["NvkitError", "mark", "__version__", *_LAZY]
@@ -47,6 +47,8 @@ def __getattr__(name: str):
     where = _LAZY[name]
     if where is None:
         value = importlib.import_module(f".{name}", __name__)
+    elif name == where.rpartition(".")[2]:     # a module under another name (nvkit.data)
+        value = importlib.import_module(f".{where}", __name__)
     else:
         value = getattr(importlib.import_module(f".{where}", __name__), name)
     globals()[name] = value

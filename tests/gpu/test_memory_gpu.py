@@ -146,7 +146,7 @@ def test_finetune_predicts_its_own_peak(qwen_dir):
         text = text * (800 * 120 // len(text) + 1)  # the corpus is shorter than that: repeat it
         rows = [text[i:i + 120] for i in range(0, 800 * 120, 120)]
         memory.expect(None)
-        run = nvkit.finetune(s, rows, max_steps=4, batch_size=4, seq_len=512, packing=True)
+        run = nvkit.finetune(s, rows, max_steps=4, batch_size=4, seq_len=512, packing=True, compile=True)
         run.result()
         c = memory.last_comparison()
         assert c.what == "train" and c.estimate is not None
