@@ -35,8 +35,10 @@ _LAZY = {
     "panel": "ui.app", "GPUSelector": "ui.gpu_selector", "LoadPanel": "ui.load_panel",
     "GeneratePanel": "ui.generate_panel", "FinetunePanel": "ui.finetune_panel",
     # modules users reach into (nvkit.data.preview, nvkit.memory.comparisons, nvkit.demo.shaped)
-    "demo": None, "memory": None, "data": "train.data",
+    "demo": None, "memory": None, "data": None,
 }
+# modules published under a name of their own
+_MODULE_AT = {"demo": "demo", "memory": "memory", "data": "train.data"}
 
 __all__ = ["NvkitError", "mark", "__version__", *_LAZY]
 
@@ -46,9 +48,7 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'nvkit' has no attribute {name!r}")
     where = _LAZY[name]
     if where is None:
-        value = importlib.import_module(f".{name}", __name__)
-    elif name == where.rpartition(".")[2]:     # a module under another name (nvkit.data)
-        value = importlib.import_module(f".{where}", __name__)
+        value = importlib.import_module(f".{_MODULE_AT[name]}", __name__)
     else:
         value = getattr(importlib.import_module(f".{where}", __name__), name)
     globals()[name] = value
