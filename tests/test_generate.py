@@ -1,6 +1,7 @@
 """Generation on the CPU: streaming order, Stop, chat template, batch order, seeds, bad values, and
 the fast path's decode logic (run without graph capture) against plain ``generate``."""
 
+import dataclasses
 import threading
 import time
 
@@ -14,7 +15,8 @@ from tests.gen_fixtures import model_dir
 import nvkit
 from nvkit.benchmarks import decode as bench_decode
 from nvkit.generate import batch as generation, paths
-from nvkit.generate.fast import decoding as fast
+import nvkit.generate.fast as fast
+from nvkit.generate.fast import attached, capture
 from nvkit.errors import NvkitError, error_summary
 from nvkit.generate.stats import GenerationStats
 
@@ -166,7 +168,7 @@ def test_resolve_knows_what_the_fast_path_implements(s):
     for extra in (dict(repetition_penalty=1.2), dict(num_beams=2), dict(min_new_tokens=3), dict(foo=1)):
         none, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=False, **extra))
         assert none is None and why, extra
-    assert fast._bucket_len(10) == 256 and fast._bucket_len(257) == 512 and fast._bucket_len(512) == 512
+    assert capture.bucket_len(10) == 256 and capture.bucket_len(257) == 512 and capture.bucket_len(512) == 512
 
 
 def test_k_step_decoding_matches_plain_greedy_and_honours_stop(s):
@@ -210,21 +212,13 @@ def test_fused_step_keeps_the_model_and_follows_weight_changes(s):
         assert attn.q_proj.weight.data_ptr() == fused._fused.qkv[0][0].data_ptr()
         plain = fast.FastDecoder(s.model, k_steps=4, graphs=False, fused=False)
         assert not plain.fused
-        a = fused.generate(ids, sampling, keep_logits=True)
-        assert a == plain.generate(ids, sampling)
-        # the LM head outside the compiled step (cuBLAS on a GPU): the same logits
-        head = fast.FastDecoder(s.model, k_steps=4, graphs=False, head="cublas")
-        fused_logits = torch.stack(fused.last_logits)
-        assert head.generate(ids, sampling, keep_logits=True) == a
-        assert torch.equal(torch.stack(head.last_logits), fused_logits)
-        with pytest.raises(NvkitError, match="head"):
-            fast.FastDecoder(s.model, graphs=False, head="tensor-cores")
-        # attention as products and sums (fp32 throughout): the same tokens, logits within fp32 rounding
-        red = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="reduce")
-        assert red.generate(ids, sampling, keep_logits=True) == a
-        assert torch.allclose(torch.stack(red.last_logits), fused_logits, atol=1e-4, rtol=1e-4)
+        a, fused_logits = fused.trace(ids, sampling)
+        assert a == plain.generate(ids, sampling) == fused.generate(ids, sampling)
+        assert len(fused_logits) == len(a)
         with pytest.raises(NvkitError, match="attention"):
             fast.FastDecoder(s.model, graphs=False, attention="flash")
+        with pytest.raises(NvkitError, match="Unknown fast-path option"):
+            fast.FastDecoder(s.model, graphs=False, head="cublas")  # a bench experiment that lost, gone
         # replace a weight the way a merge does (new tensor): the decoder must notice and refuse stale weights
         old = attn.v_proj.weight.data
         attn.v_proj.weight.data = old.clone() * 0
@@ -271,10 +265,10 @@ def test_fast_default_waits_for_nothing_on_short_requests(s):
     request, the fast path runs."""
     greedy = dict(max_new_tokens=24, do_sample=False)
     why = fast.worth_capturing(s, "Hello there", greedy)
-    assert why and f"< {fast.AUTO_MIN_TOKENS}" in why and "fast=True" in why
-    assert fast.worth_capturing(s, "Hello there", dict(greedy, max_new_tokens=fast.AUTO_MIN_TOKENS)) is None
+    assert why and f"< {fast.default_options().min_tokens}" in why and "fast=True" in why
+    assert fast.worth_capturing(s, "Hello there", dict(greedy, max_new_tokens=fast.default_options().min_tokens)) is None
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
-    object.__setattr__(s.model, fast._ATTR, d)  # as fast.decoder(session) keeps it
+    attached.keep(s.model, d)  # as fast.decoder(session) keeps it
     try:
         sampling, _ = fast.resolve(s.model, dict(greedy, eos_token_id=NEVER))
         ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]
@@ -309,12 +303,12 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
     # "auto" takes triton-fused where it fits and says why not where it does not: on a CPU, never
     on_cpu = fast.FastDecoder(s.model, graphs=False, attention="auto")
     assert on_cpu.attention == "matmul" and "run on CUDA GPUs" in on_cpu.attention_why
-    monkeypatch.setattr(fast, "_triton_cannot_run_on", lambda device: None)  # as on a GPU, for the rest
+    monkeypatch.setattr(capture, "triton_cannot_run_on", lambda device: None)  # as on a GPU, for the rest
     assert fast.FastDecoder(s.model, graphs=False, attention="auto").attention == "triton-fused"
     auto = fast.FastDecoder(other, graphs=False, attention="auto")
     assert auto.attention == "matmul" and "not a per-head RMS norm" in auto.attention_why
     assert fast.FastDecoder(s.model, graphs=False, fused=False, attention="auto").attention == "matmul"
-    assert auto.settings["attention"] == "auto"  # decoder(session, attention="auto") keeps it, not rebuilds
+    assert auto.options.attention == "auto"  # decoder(session, attention="auto") keeps it, not rebuilds
     import sys
     monkeypatch.delitem(sys.modules, "nvkit.generate.decode_attention", raising=False)
     monkeypatch.delattr(sys.modules["nvkit.generate"], "decode_attention", raising=False)  # else `from .. import` finds it there
@@ -328,7 +322,7 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
     Triton kernels fail with a broken or slow decoder: the capture retries with "matmul" and says why.
     The failure is injected at the capture (what ptxas or inductor raise there on such a GPU)."""
     from nvkit import events
-    monkeypatch.setattr(fast, "_triton_cannot_run_on", lambda device: None)  # "auto" decides as on a GPU
+    monkeypatch.setattr(capture, "triton_cannot_run_on", lambda device: None)  # "auto" decides as on a GPU
     ids = s.tokenizer("NVIDIA GPUs are", return_tensors="pt")["input_ids"]
     sampling, _ = fast.resolve(s.model, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
     tried = []
@@ -347,22 +341,22 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
         d = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="auto")
         assert d.attention == "triton-fused"
         assert d.describe() == "fused step, eager, no CUDA graphs, triton-fused attention (auto), 4 steps per replay"
-        other, b = d._bucket(600), d._bucket(40)
+        other, b = d._cache(600), d._cache(40)
         old_step = b.step
         d._capture_with = capture_with(d)
         assert d._captured(b, ("greedy",), False) == "graph"
         assert tried == ["triton-fused", "matmul"]
-        assert d.attention == "matmul" and d.settings["attention"] == "auto"
+        assert d.attention == "matmul" and d.options.attention == "auto"
         assert "attention='triton-fused' failed on this GPU" in d.attention_why and "the cause" in d.attention_why
         assert d.compile_error is None  # the matmul step compiles: nothing fell back to eager
-        assert b.step is not old_step and list(d._buckets.values()) == [b] and other not in d._buckets.values()
+        assert b.step is not old_step and list(d._caches.values()) == [b] and other not in d._caches.values()
         assert "failed on this GPU" in events.events()[-1].text
         assert "matmul attention (auto)" in d.describe()
         del d._capture_with
         assert d.generate(ids, sampling) == ref  # the rebuilt bucket decodes with matmul attention
         # asked for by name, a failing Triton step is not swapped for another attention
         named = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="triton-fused", compile=False)
-        nb = named._bucket(40)
+        nb = named._cache(40)
         named._capture_with = capture_with(named)
         with pytest.raises(RuntimeError, match="ptxas"):
             named._captured(nb, ("greedy",), False)
@@ -413,13 +407,13 @@ def test_bench_decode_rejects_bad_values_and_runs_on_cpu(s):
 def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     opts = bench_decode.fast_options
     assert opts("generate") is None and opts("nvkit batch") is None
-    assert opts("fast") == dict(compile=True, head="compiled", attention=None, pdl=None, inductor={}, k_steps=None)
+    assert opts("fast") == dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None)
     assert opts("fast+matmul")["attention"] == "matmul"
-    assert opts("fast cublas head")["head"] == "cublas" and opts("fast eager")["compile"] is False
+    assert opts("fast eager")["compile"] is False
     assert opts("fast without pdl")["pdl"] is False
     assert opts("fast+triton")["attention"] == "triton"
-    assert opts("fast+pdl+reduce+cublas+combo+k16") == dict(compile=True, head="cublas", attention="reduce", pdl=True,
-                                                             inductor={"combo_kernels": True}, k_steps=16)
+    assert opts("fast+pdl+tfused+combo+k16") == dict(compile=True, attention="triton-fused", pdl=True,
+                                                  inductor={"combo_kernels": True}, k_steps=16)
     for typo in ("fast+pld", "fast+k", "fast+kx2", "fast+"):
         with pytest.raises(NvkitError, match="fast-path option"):
             opts(typo)
@@ -441,10 +435,9 @@ def test_fast_pdl_and_inductor_options(s, monkeypatch):
     assert inductor_config.triton.enable_pdl is False and not inductor_config.combo_kernels  # only around the capture
     with pytest.raises(NvkitError, match="inductor option"):
         fast.FastDecoder(s.model, graphs=False, inductor={"warp_speed": 9})
-    monkeypatch.setenv("NVKIT_FAST_PDL", "0")
-    assert not fast.FastDecoder(s.model, graphs=False).pdl
-    assert fast.FastDecoder(s.model, graphs=False, pdl=True).pdl
-    monkeypatch.delenv("NVKIT_FAST_PDL")
+    off = fast.FastOptions.from_env({"NVKIT_FAST_PDL": "0"})
+    assert off.pdl is False and not fast.FastDecoder(s.model, off, graphs=False).pdl
+    assert fast.FastDecoder(s.model, off, graphs=False, pdl=True).pdl
     # a torch whose inductor cannot emit PDL: off by default, a clear error when asked for
     monkeypatch.delattr(inductor_config.triton, "enable_pdl")
     assert not fast.FastDecoder(s.model, graphs=False).pdl
@@ -454,7 +447,7 @@ def test_fast_pdl_and_inductor_options(s, monkeypatch):
 
 @pytest.mark.parametrize("arch", ["llama", "llama-bias", "qwen2", "mistral", "qwen3"])
 def test_fused_step_matches_the_model_for_each_family(arch):
-    """Each architecture in fast._FUSABLE (random tiny fp32 weights, so ties are not an issue at
+    """Each architecture in fast.fused.FUSABLE (random tiny fp32 weights, so ties are not an issue at
     fp32): the fused step's logits equal the model's own forward step by step, biases included."""
     import transformers as T
     torch.manual_seed(0)
@@ -477,10 +470,9 @@ def test_fused_step_matches_the_model_for_each_family(arch):
         plain = fast.FastDecoder(model, k_steps=4, graphs=False, fused=False)
         d = fast.FastDecoder(model, k_steps=4, graphs=False)
         assert d.fused, d.fused_why
-        got = d.generate(ids, sampling, keep_logits=True)
-        fused_logits = torch.stack(d.last_logits)
-        plain.generate(ids, sampling, keep_logits=True)
-        plain_logits = torch.stack(plain.last_logits)
+        got, fused_logits = d.trace(ids, sampling)
+        fused_logits = torch.stack(fused_logits)
+        plain_logits = torch.stack(plain.trace(ids, sampling)[1])
     assert got == ref
     assert torch.allclose(fused_logits, plain_logits, atol=1e-4, rtol=1e-4), (fused_logits - plain_logits).abs().max()
 
@@ -536,12 +528,32 @@ def test_swap_keeps_decoders_side_by_side(s):
         assert fast.swap(s, a) is None and fast.decoder(s) is a
         assert fast.swap(s, b) is a and fast.decoder(s) is b   # a was handed back, not released
         assert fast.decoder(s, k_steps=3) is b                   # same settings: kept
-        assert fast.swap(s, None) is b and getattr(model, fast._ATTR, None) is None
+        assert fast.swap(s, None) is b and attached.current(model) is None
 
         class Other:
             model = object()
         with pytest.raises(NvkitError, match="another model"):
             fast.swap(s, Other())
-        assert getattr(model, fast._ATTR, None) is None  # refused: nothing changed
+        assert attached.current(model) is None  # refused: nothing changed
     finally:
         fast.swap(s, before)
+
+
+def test_fast_options_come_from_the_environment_once_and_name_a_bad_variable():
+    opts = fast.FastOptions.from_env({"NVKIT_FAST_K": "4", "NVKIT_FAST_ATTENTION": "matmul", "NVKIT_FAST_FUSED": "0",
+                                      "NVKIT_FAST_COMPILE": "off", "NVKIT_FAST_MIN_TOKENS": "0"})
+    assert (opts.k_steps, opts.attention, opts.fused, opts.compile, opts.min_tokens) == (4, "matmul", False, False, 0)
+    assert fast.FastOptions.from_env({}) == fast.FastOptions()
+    assert fast.FastOptions.from_env({"NVKIT_FAST_PDL": "1"}).pdl is None  # "on where it can", not forced
+    for env, var in [({"NVKIT_FAST_K": "eight"}, "NVKIT_FAST_K"), ({"NVKIT_FAST_K": "0"}, "NVKIT_FAST_K"),
+                     ({"NVKIT_FAST_PDL": "maybe"}, "NVKIT_FAST_PDL"),
+                     ({"NVKIT_FAST_ATTENTION": "reduce"}, "NVKIT_FAST_ATTENTION"),
+                     ({"NVKIT_FAST_CACHE_TOKENS": "3000"}, "NVKIT_FAST_CACHE_TOKENS")]:
+        with pytest.raises(NvkitError, match=var):
+            fast.FastOptions.from_env(env)
+    assert fast.default_options() is fast.default_options()  # read once per process
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.k_steps = 2
+    assert opts.replace(k_steps=None) == opts and opts.replace(k_steps=2).k_steps == 2
+    with pytest.raises(NvkitError, match="Unknown fast-path option"):
+        opts.replace(warp=9)

@@ -1,9 +1,8 @@
 """Attention of one new token over a static KV cache, split over the cache length (flash-decoding).
 
-Why a kernel of our own: in the H200 profile of the fast decode step (Qwen3-0.6B shape, cache of
-512), attention took three kernels per layer — cuBLAS for q·Kᵀ (3.3 µs), a softmax (3.7 µs) and
-cuBLAS for p·V (2.7 µs): ≈ 270 µs of the ≈ 1.1 ms a token costs, for a few kilobytes of work.
-Every one of them is latency, not bandwidth. Here the first kernel gives each (KV head, slice of
+Why a kernel of our own: at batch 1 the matmul form of decode attention costs three kernels per
+layer (q·Kᵀ, softmax, p·V), each a few microseconds of latency for a few kilobytes of work, and it
+reads the whole cache whatever the position. Here the first kernel gives each (KV head, slice of
 the cache) pair its own program — the query heads of the group, a running max, sum and weighted
 sum over the slice, skipping positions past the current one — and the second merges the slices
 per query head. Grouped-query attention reads each KV head once for all its query heads.
@@ -11,7 +10,7 @@ per query head. Grouped-query attention reads each KV head once for all its quer
 ``decode_attention`` is a ``torch.library.custom_op``: ``torch.compile`` (fullgraph) keeps it as one
 opaque node and calls it at run time, Triton compiles the kernels in this process on the first
 (warm-up) call, and CUDA-graph capture records their launches. Why not ``triton_op``, which hands
-the kernels to inductor: on the H200 (torch 2.11) inductor's compile workers failed on them
+the kernels to inductor: on a Hopper GPU with torch 2.11 inductor's compile workers failed on them
 ("SubprocException"), while the same kernels compiled and decoded the right tokens when launched
 directly. ``attend_reference`` is the same computation in plain torch, for checking. Used by
 ``nvkit.fast`` with ``attention="triton"``.

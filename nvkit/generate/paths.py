@@ -21,7 +21,7 @@ from .. import events
 from ..errors import NvkitError, error_summary
 from ..threads import Job
 from . import batch as batch_path
-from .fast import decoding as fast_decoder
+from .fast import attached as fast_attached, sampling as fast_sampling
 from .stats import GenerationStats
 
 
@@ -138,7 +138,7 @@ def run_fast(session, req: Request) -> list[str]:
     """One prompt through the fast path, streamed; fills ``stats`` like the plain path."""
     import torch
     text, gen, stats, t0 = req.texts[0], req.gen, req.stats, req.t0
-    sampling, why = fast_decoder.resolve(session.model, gen)
+    sampling, why = fast_sampling.resolve(session.model, gen)
     if sampling is None:
         raise NvkitError(f"The fast path cannot run this request: {why}.")
     tok = session.tokenizer
@@ -159,7 +159,7 @@ def run_fast(session, req: Request) -> list[str]:
         if req.on_progress:
             req.on_progress(stats)
 
-    d = fast_decoder.decoder(session)
+    d = fast_attached.decoder(session)
     d.generate(ids, sampling, on_tokens=on_tokens, stop_event=req.job.stop_event)
     stats.detail = d.describe()
     streamer.end()
@@ -173,7 +173,7 @@ def run(session, req: Request) -> list[str]:
     request needs something it does not implement (then plain ``generate``; ``fast=True`` makes
     that an error). With ``fast=None`` a short request whose length and sampling mode are not
     captured yet runs plain ``generate`` instead of waiting for the capture
-    (``fast.decoder.worth_capturing``). Several prompts on CUDA: continuous batching. On the CPU:
+    (``fast.worth_capturing``). Several prompts on CUDA: continuous batching. On the CPU:
     plain ``generate`` (a left-padded batch for a list)."""
     texts, gen, stats, fast = req.texts, req.gen, req.stats, req.fast
     cuda = session.device.type == "cuda"
@@ -181,7 +181,7 @@ def run(session, req: Request) -> list[str]:
         raise NvkitError("fast=True needs a CUDA GPU.")
     if len(texts) > 1:
         if cuda and fast is not False and not req.stream:
-            why = fast_decoder.unsupported_reason(session, texts[:1], gen)  # same limits: one GPU, no adapter, no quantization
+            why = fast_sampling.unsupported_reason(session, texts[:1], gen)  # same limits: one GPU, no adapter, no quantization
             if why is None:
                 return batch_path.run(session, req)
             events.record("batch", f"continuous batching off: {why}; padded generate instead")
@@ -190,9 +190,9 @@ def run(session, req: Request) -> list[str]:
         stats.prompts_done = len(texts)
         return outs
     if cuda and fast is not False:
-        why = fast_decoder.unsupported_reason(session, texts, gen)
+        why = fast_sampling.unsupported_reason(session, texts, gen)
         if why is None and fast is None:
-            why = fast_decoder.worth_capturing(session, texts[0], gen)
+            why = fast_attached.worth_capturing(session, texts[0], gen)
         if why is None:
             try:
                 return run_fast(session, req)

@@ -17,7 +17,7 @@ from typing import Any
 from .. import events
 from ..errors import NvkitError, require
 from ..generate import paths
-from ..generate.fast.decoding import forget as forget_fast_decoder
+from ..generate.fast.attached import forget as forget_fast_decoder
 from ..generate.stats import GenerationStats
 from ..memory import peaks
 from ..memory.oom import oom_error

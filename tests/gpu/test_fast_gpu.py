@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import nvkit
-from nvkit.generate.fast import decoding as fast
+import nvkit.generate.fast as fast
 from nvkit.errors import NvkitError
 from tests.gen_fixtures import model_dir, shaped_dir
 
@@ -158,12 +158,12 @@ def test_logits_close_on_qwen3_shape():
             sampling, why = fast.resolve(s.model, dict(max_new_tokens=n, do_sample=False, eos_token_id=10 ** 7))
             assert why is None
             d = fast.decoder(s)
-            got = d.generate(ids, sampling, keep_logits=True)
+            got, got_logits = d.trace(ids, sampling)
         compared = []
         for i in range(n):
             if got[:i] != ref_tokens[:i]:
                 break  # after a divergence the two runs condition on different text
-            a, b = d.last_logits[i].float(), ref.logits[i][0].float()
+            a, b = got_logits[i].float(), ref.logits[i][0].float()
             diff = (a - b).abs().max().item()
             scale = b.abs().max().item()
             compared.append((i, diff, scale))
@@ -188,8 +188,8 @@ def _profile_one_replay(d):
     """Kernels in one K-step replay and where the GPU time goes (printed for the notes)."""
     try:
         from torch.profiler import ProfilerActivity, profile
-        b = next(reversed(d._buckets.values()))
-        replay = b.graphs[(("greedy",), False)]
+        c = next(reversed(d._caches.values()))
+        replay = c.graphs[(("greedy",), False)]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             replay()
             torch.cuda.synchronize()
