@@ -162,13 +162,21 @@ def test_cpu_path_choice_is_recorded(s):
 
 def test_resolve_knows_what_the_fast_path_implements(s):
     ok, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=False))
-    assert why is None and ok.key == ("greedy",) and ok.max_new_tokens == 5
+    assert why is None and ok.key == ("greedy", 0, False, False) and ok.max_new_tokens == 5
     smp, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=True, temperature=0.5, top_p=0.9))
-    assert why is None and smp.key == ("sample", 50, True) and smp.temperature == 0.5  # top_k 50: transformers' default
-    for extra in (dict(repetition_penalty=1.2), dict(num_beams=2), dict(min_new_tokens=3), dict(foo=1)):
+    assert why is None and smp.key == ("sample", 50, True, False) and smp.temperature == 0.5  # top_k 50: transformers' default
+    pen, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=False, repetition_penalty=1.2, min_new_tokens=3,
+                                          stop_strings="GPU"))
+    assert why is None and pen.key == ("greedy", 0, False, True) and pen.stop_strings == ("GPU",)
+    assert pen.eos_allowed_from(10) == 13
+    for extra, name in ((dict(num_beams=2), "num_beams"), (dict(no_repeat_ngram_size=2), "no_repeat_ngram_size"),
+                        (dict(foo=1), "foo")):
         none, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=False, **extra))
-        assert none is None and why, extra
-    assert capture.bucket_len(10) == 256 and capture.bucket_len(257) == 512 and capture.bucket_len(512) == 512
+        assert none is None and name in why, extra
+    from nvkit.generate.fast.cache import prefill_class, size_class
+    assert size_class(10, 4096, 40960) == 4096 and size_class(5000, 4096, 40960) == 8192
+    assert size_class(10, 4096, 1024) == 1024  # never past the model's whole context
+    assert prefill_class(1, 4096) == 16 and prefill_class(17, 4096) == 32 and prefill_class(3000, 4096) is None
 
 
 def test_k_step_decoding_matches_plain_greedy_and_honours_stop(s):
@@ -200,7 +208,8 @@ def test_k_step_decoding_matches_plain_greedy_and_honours_stop(s):
 def test_fused_step_keeps_the_model_and_follows_weight_changes(s):
     """The fused step re-points q/k/v and gate/up at one tensor each: the model's own forward must
     give the same logits as before, the fused and the model-forward steps the same tokens, and a
-    weight replaced afterwards (as merging an adapter does) must be picked up, not decoded stale."""
+    weight replaced afterwards (as merging an adapter does) must be decoded, with nothing captured
+    again: the new values are copied into the tensors the graphs read."""
     ids = s.tokenizer("The memory of a GPU", return_tensors="pt")["input_ids"]
     sampling, _ = fast.resolve(s.model, dict(max_new_tokens=16, do_sample=False, eos_token_id=NEVER))
     with torch.inference_mode():
@@ -209,7 +218,7 @@ def test_fused_step_keeps_the_model_and_follows_weight_changes(s):
         assert fused.fused and fused.fused_why is None
         assert torch.equal(s.model(ids).logits, before)
         attn = s.model.model.layers[0].self_attn
-        assert attn.q_proj.weight.data_ptr() == fused._fused.qkv[0][0].data_ptr()
+        assert attn.q_proj.weight.data_ptr() == fused._fw.layers[0].qkv.data_ptr()
         plain = fast.FastDecoder(s.model, k_steps=4, graphs=False, fused=False)
         assert not plain.fused
         a, fused_logits = fused.trace(ids, sampling)
@@ -219,40 +228,42 @@ def test_fused_step_keeps_the_model_and_follows_weight_changes(s):
             fast.FastDecoder(s.model, graphs=False, attention="flash")
         with pytest.raises(NvkitError, match="Unknown fast-path option"):
             fast.FastDecoder(s.model, graphs=False, head="cublas")  # a bench experiment that lost, gone
-        # replace a weight the way a merge does (new tensor): the decoder must notice and refuse stale weights
-        old = attn.v_proj.weight.data
-        attn.v_proj.weight.data = old.clone() * 0
+        # replace a weight the way a merge does (new tensor): decoded, and the module reads ours again
+        captured = dict(fused.counts)
+        old = attn.v_proj.weight.data.clone()
+        attn.v_proj.weight.data = old * 0
         try:
-            assert not fused._fused.valid()
             changed = fused.generate(ids, sampling)
-            assert fused._fused.valid()
-            assert changed == plain.generate(ids, sampling)  # both decode the changed model
+            assert attn.v_proj.weight.data_ptr() == fused._fw.layers[0].qkv[2 * attn.v_proj.weight.shape[0]:].data_ptr() \
+                or attn.v_proj.weight.data_ptr() != old.data_ptr()
+            assert changed == plain.generate(ids, sampling) and changed != a  # both decode the changed model
+            assert dict(fused.counts) == captured  # nothing captured again
         finally:
-            attn.v_proj.weight.data = old.clone()
-            fused._check_fused()
-        assert torch.equal(s.model(ids).logits, before)
+            attn.v_proj.weight.data.copy_(old)
+        assert torch.equal(s.model(ids).logits, before) and fused.generate(ids, sampling) == a
     with pytest.raises(NvkitError, match="fused"):
         class _Cfg:
             def get_text_config(self):
                 return self
             model_type = "gpt2"
+            vocab_size = 8
         fast.FastDecoder(type("M", (), {"config": _Cfg(), "get_input_embeddings": lambda self: s.model.get_input_embeddings()})(),
                          graphs=False, fused=True)
 
 
 def test_fusing_under_inference_mode_leaves_the_model_trainable(tmp_path):
-    """Generation runs under inference_mode, and that is where the fast path fuses the weights.
-    On the H200 a training step after a fast generate failed with "Inference tensors cannot be
-    saved for backward": the fused weights must stay ordinary tensors."""
+    """Generation runs under inference_mode, and that is where the fast path fuses the weights
+    (and copies replaced ones in). A training step after a fast generate failed with "Inference
+    tensors cannot be saved for backward" before: the fused weights must stay ordinary tensors."""
     m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path())
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.inference_mode():
         d = fast.FastDecoder(m, k_steps=2, graphs=False)
         attn = m.model.layers[0].self_attn
-        attn.k_proj.weight.data = attn.k_proj.weight.data.clone()  # as a merge does: re-fused on the next call
+        attn.k_proj.weight.data = attn.k_proj.weight.data.clone()  # as a merge does: copied in on the next call
         sampling, _ = fast.resolve(m, dict(max_new_tokens=3, do_sample=False, eos_token_id=NEVER))
         d.generate(ids, sampling)
-    assert d._fused.valid() and not attn.q_proj.weight.is_inference()
+    assert d._fw.sync() == 0 and not attn.q_proj.weight.is_inference() and not attn.k_proj.weight.is_inference()
     m.train()
     loss = m(input_ids=ids, labels=ids).loss
     loss.backward()
@@ -260,12 +271,12 @@ def test_fusing_under_inference_mode_leaves_the_model_trainable(tmp_path):
 
 
 def test_fast_default_waits_for_nothing_on_short_requests(s):
-    """fast=None: a short request whose length and sampling mode are not captured yet is answered by
-    plain generate (the capture would cost far more than it saves); once captured, or for a long
-    request, the fast path runs."""
+    """fast=None: a short request when nothing is compiled yet is answered by plain generate (the
+    compile would cost far more than it saves); once the session's fast path is compiled, every
+    request that fits its cache takes it, whatever its length or sampling mode."""
     greedy = dict(max_new_tokens=24, do_sample=False)
     why = fast.worth_capturing(s, "Hello there", greedy)
-    assert why and f"< {fast.default_options().min_tokens}" in why and "fast=True" in why
+    assert why and f"< {fast.default_options().min_tokens}" in why and "prepare" in why
     assert fast.worth_capturing(s, "Hello there", dict(greedy, max_new_tokens=fast.default_options().min_tokens)) is None
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
     attached.keep(s.model, d)  # as fast.decoder(session) keeps it
@@ -273,11 +284,13 @@ def test_fast_default_waits_for_nothing_on_short_requests(s):
         sampling, _ = fast.resolve(s.model, dict(greedy, eos_token_id=NEVER))
         ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]
         with torch.inference_mode():
-            d.generate(ids, sampling)  # captures greedy decoding for this length bucket
+            d.generate(ids, sampling)  # compiles the session's step for its cache
         assert fast.worth_capturing(s, "Hello there", dict(greedy, eos_token_id=NEVER)) is None
-        # another sampling mode, or a length in another bucket, is not captured: plain again
-        assert fast.worth_capturing(s, "Hello there", dict(greedy, do_sample=True, temperature=0.7))
-        assert fast.worth_capturing(s, "word " * 300, greedy)
+        assert fast.worth_capturing(s, "word " * 300, greedy) is None  # another length: the same cache
+        assert fast.worth_capturing(s, "Hello there", dict(greedy, do_sample=True, temperature=0.7)) is None
+        assert fast.worth_capturing(s, "Hello there", dict(greedy, max_new_tokens=1, repetition_penalty=1.2)) is None
+        # longer than the cache holds (the demo's whole context is 1024 positions): not prepared
+        assert fast.worth_capturing(s, "word " * 1200, greedy)
     finally:
         fast.forget(s.model)
 
@@ -328,7 +341,7 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
     tried = []
 
     def capture_with(d):
-        def fake(b, key, keep_logits, fn):
+        def fake(c, body, compiling, warmups=3, pool=None):
             tried.append(d.attention)
             if d.attention != "matmul":
                 raise RuntimeError("InductorError: ptxas fatal   : Value 'sm_61' is not defined\nthe cause")
@@ -341,25 +354,26 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
         d = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="auto")
         assert d.attention == "triton-fused"
         assert d.describe() == "fused step, eager, no CUDA graphs, triton-fused attention (auto), 4 steps per replay"
-        other, b = d._cache(600), d._cache(40)
-        old_step = b.step
+        key = ("greedy", 0, False, False)
+        c = d._cache_for(40)
+        old_step = d._step(c, False)
         d._capture_with = capture_with(d)
-        assert d._captured(b, ("greedy",), False) == "graph"
+        assert d._captured(c, key, False, False) == "graph"
         assert tried == ["triton-fused", "matmul"]
         assert d.attention == "matmul" and d.options.attention == "auto"
         assert "attention='triton-fused' failed on this GPU" in d.attention_why and "the cause" in d.attention_why
         assert d.compile_error is None  # the matmul step compiles: nothing fell back to eager
-        assert b.step is not old_step and list(d._caches.values()) == [b] and other not in d._caches.values()
+        assert d._step(c, False) is not old_step and d._cache is c
         assert "failed on this GPU" in events.events()[-1].text
         assert "matmul attention (auto)" in d.describe()
         del d._capture_with
-        assert d.generate(ids, sampling) == ref  # the rebuilt bucket decodes with matmul attention
+        assert d.generate(ids, sampling) == ref  # the rebuilt cache decodes with matmul attention
         # asked for by name, a failing Triton step is not swapped for another attention
         named = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="triton-fused", compile=False)
-        nb = named._cache(40)
+        nc = named._cache_for(40)
         named._capture_with = capture_with(named)
         with pytest.raises(RuntimeError, match="ptxas"):
-            named._captured(nb, ("greedy",), False)
+            named._captured(nc, key, False, False)
         assert named.attention == "triton-fused" and named.attention_why is None
     # the stats line says how the fast path ran (the panel shows the same words)
     st = GenerationStats(new_tokens=9, seconds=0.5, time_to_first_token=0.1, path="fast", detail=d.describe())

@@ -2,8 +2,10 @@
 K decode steps per CUDA-graph replay (``decoder``).
 
 Modules: ``options`` (``FastOptions`` from the ``NVKIT_FAST_*`` variables), ``sampling`` (what a
-request may ask for, the token pick), ``fused`` (the Llama-family step), ``capture``
-(``FastDecoder``), ``attached`` (the decoder a session uses), ``debug`` (side-by-side decoders)."""
+request may ask for, the token pick), ``fused`` (the Llama-family steps), ``lora`` (adapters in
+the fused steps), ``cache`` (the KV cache of a size class and its buffers), ``capture``
+(``FastDecoder``), ``artifacts`` (compile artifacts on disk), ``attached`` (the decoder a session
+uses, ``prepare``), ``debug`` (side-by-side decoders)."""
 
 from ...lazy import lazy_names
 
@@ -12,7 +14,7 @@ _NAMES = {
     "DEFAULT_ATTENTION": "options", "ENVIRONMENT_VARIABLES": "options",
     "Sampling": "sampling", "resolve": "sampling", "unsupported_reason": "sampling",
     "FastDecoder": "capture",
-    "decoder": "attached", "forget": "attached", "worth_capturing": "attached",
+    "decoder": "attached", "forget": "attached", "worth_capturing": "attached", "prepare": "attached",
     "swap": "debug",
 }
 __getattr__, __dir__ = lazy_names(__name__, _NAMES, globals())

@@ -4,17 +4,18 @@ Why not ``generate(cache_implementation="static")``: its compiled decode step is
 but every token still pays the host work of the generate loop and of the graph-tree checks, so the
 GPU is idle most of the time. Here one CUDA graph holds K consecutive decode steps: each step's
 picked token is written into the next step's input buffer on the device, so the host wakes once
-per K tokens, reads K ids with one copy, checks EOS and the stop event, and streams the K tokens
-at once (up to K-1 extra steps are computed past an EOS and dropped).
+per K tokens, reads K ids with one copy, checks EOS, stop strings and the stop event, and streams
+the K tokens at once (up to K-1 extra steps are computed past an EOS and dropped).
 
 The step is nvkit's fused one for the Llama family (``fused``), else the model's own forward over a
 ``StaticCache``. It is compiled with inductor (``torch.compile(fullgraph=True)``, no cudagraphs of
 its own) so the many small elementwise kernels are fused, and then captured K times into one
 graph; if compiling fails, the eager step is captured instead (more kernels per token, still no
-host work between them). The prompt's prefill runs eagerly (any length) into the same cache.
-
-Shapes: the cache length is rounded up to a bucket (powers of two from 256), so the capture is paid
-once per bucket, shown as a ``compile`` event (``nvkit.events``).
+host work between them). Compiling is the expensive part: it happens once per session and cache
+size class (``cache``), and with ``FastOptions.disk_cache`` its artifacts are kept on disk
+(``artifacts``) so another process compiles in seconds. A graph for another sampling mode reuses
+the compiled step and costs a second. The fused step's prompt prefill is captured too, once per
+prompt-length class, without compiling.
 """
 
 from __future__ import annotations
@@ -23,26 +24,16 @@ import collections
 import contextlib
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from ... import events
 from ...errors import NvkitError, error_summary
 from ...memory.estimate import attention_dims
-from .fused import FusedWeights, fusable_why, fused_step, qk_norm_why
+from . import artifacts, lora as lora_mod
+from .cache import Cache, new_cache, prefill_class, set_request, size_class
+from .fused import FusedWeights, decode_step, fusable_why, prefill_step, qk_norm_why
 from .options import FastOptions, default_options
-from .sampling import Sampling, pick
-
-MIN_BUCKET = 256
-MAX_BUCKETS = 3  # captured buckets kept per model (each holds a KV cache of its length)
-
-
-def bucket_len(needed: int) -> int:
-    """The cache length a request of ``needed`` positions is served from."""
-    n = MIN_BUCKET
-    while n < needed:
-        n *= 2
-    return n
+from .sampling import Sampling, StopStrings, choose
 
 
 def triton_cannot_run_on(device) -> str | None:
@@ -54,40 +45,29 @@ def triton_cannot_run_on(device) -> str | None:
     return None
 
 
-@dataclass
-class _Cache:
-    """One static KV cache with the device buffers its graphs read and write."""
-    length: int
-    kv: Any           # transformers StaticCache
-    tok: Any          # (1, 1) int64: the next step's input id
-    out: Any          # (K,) int64: the ids picked by one replay
-    arange: Any       # (length,) int64
-    temperature: Any  # 0-dim float32
-    top_p: Any        # 0-dim float32
-    pos: Any = None   # 0-dim int64: the next position (the fused step's own counter)
-    step: Callable | None = None
-    graphs: dict = field(default_factory=dict)
-    logits: Any = None  # (K, vocab) float32 when a graph keeps its logits (FastDecoder.trace)
-    host: Any = None    # two (pinned K-id buffer, CUDA event) pairs the host reads replays through
-
-
 class FastDecoder:
     """Greedy/sampled decoding of one sequence on one GPU, K steps per CUDA-graph replay.
 
-    ``options``: a ``FastOptions`` (default: the process's, from ``NVKIT_FAST_*``); keywords
-    override single fields (``FastDecoder(model, k_steps=4)``). ``graphs=False`` runs the same step
-    code without capture, for checking the logic on a CPU; it is not a fast path."""
+    ``model``: the causal LM (a PEFT wrapper's base model; adapters injected into it are run by the
+    fused step). ``options``: a ``FastOptions`` (default: the process's, from ``NVKIT_FAST_*``);
+    keywords override single fields (``FastDecoder(model, k_steps=4)``). ``graphs=False`` runs the
+    same step code without capture, for checking the logic on a CPU; it is not a fast path."""
 
     def __init__(self, model, options: FastOptions | None = None, *, graphs: bool = True, **overrides):
         self.options = (options or default_options()).replace(**overrides)
         self.model = model
         self.graphs = graphs
         self.device = model.get_input_embeddings().weight.device
+        self.vocab = int(model.config.get_text_config().vocab_size)
         self.max_positions = int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 1 << 20)
-        self._caches: "collections.OrderedDict[int, _Cache]" = collections.OrderedDict()
+        self._cache: Cache | None = None
+        self._lora: lora_mod.LoraSlots | None = None
         self.compiled = False      # True once the inductor step was used for a capture
         self.compile_error: str | None = None
         self.compile_detail: str | None = None  # the whole message (inductor's carry the worker's traceback)
+        #: expensive captures (a step compiled, or captured eagerly, for a cache), cheap ones
+        #: (another sampling mode on a compiled step) and prefill graphs, counted for the benchmarks
+        self.counts = collections.Counter()
         self.capture_seconds: dict[tuple, float] = {}
         self.last_logits: list = []
         self._lock = threading.Lock()
@@ -95,7 +75,7 @@ class FastDecoder:
         self.fused_why = fusable_why(model)
         if opts.fused and self.fused_why:
             raise NvkitError(f"The fused decode step does not fit this model: {self.fused_why}. Use fused=None or False.")
-        self._fused = FusedWeights(model) if opts.fused is not False and self.fused_why is None else None
+        self._fw = FusedWeights(model) if opts.fused is not False and self.fused_why is None else None
         self.attention, self.attention_why = self._choose_attention(opts.attention)
         self.pdl = self._choose_pdl(opts.pdl)
         import torch._inductor.config as inductor_config
@@ -109,7 +89,12 @@ class FastDecoder:
 
     @property
     def fused(self) -> bool:
-        return self._fused is not None
+        return self._fw is not None
+
+    @property
+    def cache_length(self) -> int | None:
+        """The size class of the cache the graphs run on (None before the first request)."""
+        return self._cache.length if self._cache is not None else None
 
     def _choose_attention(self, asked: str) -> tuple[str, str | None]:
         """(attention, why "auto" did not take triton-fused). "auto" is triton-fused where it fits
@@ -128,7 +113,7 @@ class FastDecoder:
         return ("matmul", why) if why else ("triton-fused", None)
 
     def _check_triton_attention(self, kind: str) -> None:
-        if self._fused is None:
+        if self._fw is None:
             raise NvkitError(f"attention={kind!r} belongs to the fused decode step, which does not fit this model"
                              f"{': ' + self.fused_why if self.fused_why else ' (fused=False)'}.")
         try:
@@ -157,8 +142,8 @@ class FastDecoder:
 
     def describe(self) -> str:
         """How this decoder runs, in a few words for the stats line: the step, compiled or why not,
-        its attention, the steps per graph replay."""
-        step = "fused step" if self._fused is not None else "model forward"
+        its attention, adapters, the steps per graph replay."""
+        step = "fused step" if self._fw is not None else "model forward"
         if not self.graphs:
             how = "eager, no CUDA graphs"
         elif self.compiled:
@@ -168,39 +153,78 @@ class FastDecoder:
         else:
             how = "eager"
         parts = [f"{step}, {how}"]
-        if self._fused is not None:
+        if self._fw is not None:
             parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
+        if self._lora is not None and lora_mod.active(self.model):
+            parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank})")
         parts.append(f"{self.k} steps per replay")
         return ", ".join(parts)
 
-    def _check_fused(self) -> None:
-        """Weights replaced since fusing (an adapter merged, say) -> fuse again and capture again."""
-        if self._fused is not None and not self._fused.valid():
-            self._fused.fuse()
-            self._caches.clear()
-            events.record("compile", "fast decode: the weights changed; fusing and capturing again")
+    # --- the model's state -----------------------------------------------------------------------
+    def _sync(self) -> bool:
+        """Weights and adapters as the model has them now; returns whether adapters run."""
+        if self._fw is not None:
+            try:
+                if self._fw.sync():
+                    events.record("compile", "fast decode: the model's weights changed; its graphs read the new ones")
+            except ValueError as e:  # shapes changed: nothing captured fits any more
+                self._drop_cache()
+                self._fw = FusedWeights(self.model)
+                events.record("compile", f"fast decode: {e}; capturing again")
+        if self._fw is None or not lora_mod.active(self.model):
+            return False
+        if self._lora is None or not self._lora.fits(self.model):
+            rank = max(8, -(-lora_mod.needed_rank(self.model) // 8) * 8)
+            self._lora = lora_mod.LoraSlots(self._fw, rank, lora_mod.adapter_dtype(self.model))
+            if self._cache is not None:
+                self._cache.forget_lora()
+        self._lora.load(self.model)
+        return True
 
-    # --- caches and their graphs ---------------------------------------------------------------
-    def _new_cache(self, length: int) -> _Cache:
-        import torch
-        from transformers import StaticCache
-        dev = self.device
-        kv = StaticCache(config=self.model.config, max_cache_len=length)
-        c = _Cache(length=length, kv=kv, pos=torch.zeros((), dtype=torch.long, device=dev),
-                   tok=torch.zeros((1, 1), dtype=torch.long, device=dev),
-                   out=torch.zeros((self.k,), dtype=torch.long, device=dev),
-                   arange=torch.arange(length, device=dev),
-                   temperature=torch.ones((), dtype=torch.float32, device=dev),
-                   top_p=torch.ones((), dtype=torch.float32, device=dev))
-        # Allocate the cache eagerly (lazy allocation inside a traced/captured region would move it).
-        self.model(input_ids=c.tok, past_key_values=kv, use_cache=True, logits_to_keep=1)
-        kv.reset()
-        c.step = self._step_for(c)
-        return c
+    # --- caches and their graphs -------------------------------------------------------------------
+    def _positions(self, prompt_len: int, sampling: Sampling) -> int:
+        """Cache positions a request needs: the prompt, the new tokens, and the up to K-1 steps a
+        replay computes past the last one (+1 of slack)."""
+        return prompt_len + sampling.max_new_tokens + self.k
 
-    def _step_for(self, c: _Cache) -> Callable:
-        if self._fused is not None:
-            return fused_step(self.model, self._fused, c, attention=self.attention)
+    def _cache_for(self, needed: int) -> Cache:
+        if needed > self.max_positions:
+            raise NvkitError(f"The prompt plus max_new_tokens (+{self.k} steps of slack) needs {needed} positions; "
+                             f"the model handles {self.max_positions}. Shorten the prompt or ask for fewer tokens.")
+        c = self._cache
+        if c is not None and c.length >= needed:
+            return c
+        length = size_class(needed, self.options.cache_tokens, self.max_positions)
+        if c is not None:
+            events.record("compile", f"fast decode: a request needs {needed} positions; the cache grows from "
+                                     f"{c.length} to {length} tokens and is captured again")
+            self._drop_cache()
+        self._cache = new_cache(self.model, self._fw, length, self.k, self.device)
+        return self._cache
+
+    def _drop_cache(self) -> None:
+        c, self._cache = self._cache, None
+        if c is None:
+            return
+        if self.options.compile and self.graphs and c.steps:
+            # dynamo keeps compiled entries (and what their guards hold: the tensors) on the code object
+            try:
+                import torch._dynamo
+                for step in c.steps.values():
+                    torch._dynamo.reset_code(step.__code__)
+            except Exception:  # noqa: BLE001 - an older torch: the entries only cost memory
+                pass
+
+    def _step(self, c: Cache, lora_on: bool) -> Callable:
+        if lora_on not in c.steps:
+            if self._fw is not None:
+                c.steps[lora_on] = decode_step(self._fw, c, self.attention, self._lora if lora_on else None)
+            else:
+                c.steps[lora_on] = self._model_step(c)
+        return c.steps[lora_on]
+
+    def _model_step(self, c: Cache) -> Callable:
+        """The model's own forward as the step (architectures the fused step does not cover)."""
         import torch
         model, length = self.model, c.length
         layer0 = c.kv.layers[0]
@@ -214,76 +238,86 @@ class FastDecoder:
             mask = torch.where(c.arange <= pos, zero, neg).view(1, 1, 1, length)
             out = model(input_ids=tok, attention_mask=mask, position_ids=pos.view(1, 1), past_key_values=c.kv,
                         use_cache=True, logits_to_keep=1)
+            c.pos.add_(1)
             return out.logits[:, -1, :].float()
         return step
 
-    def _cache(self, needed: int) -> _Cache:
-        length = bucket_len(needed)
-        if length > self.max_positions:
-            raise NvkitError(f"The prompt plus max_new_tokens (+{self.k} steps of slack) needs {needed} positions; "
-                             f"the model handles {self.max_positions}. Shorten the prompt or ask for fewer tokens.")
-        c = self._caches.get(length)
-        if c is None:
-            while len(self._caches) >= MAX_BUCKETS:
-                self._caches.popitem(last=False)  # oldest: its cache and graphs are freed
-            c = self._caches[length] = self._new_cache(length)
-        self._caches.move_to_end(length)
-        return c
-
-    def _step_fn(self, c: _Cache):
+    def _compiled(self, c: Cache, lora_on: bool):
+        step = self._step(c, lora_on)
         if not (self.options.compile and self.graphs) or self.compile_error:
-            return c.step
-        import torch
-        # dynamic=False: one specialised kernel set per cache; fullgraph: a graph break would mean host work per step
-        return torch.compile(c.step, fullgraph=True, dynamic=False)
+            return step
+        if lora_on not in c.compiled:
+            import torch
+            # dynamic=False: one specialised kernel set per cache; fullgraph: a graph break would mean host work per step
+            c.compiled[lora_on] = torch.compile(step, fullgraph=True, dynamic=False)
+        return c.compiled[lora_on]
 
-    def _body(self, c: _Cache, key: tuple, fn, keep_logits: bool):
+    def _body(self, c: Cache, key: tuple, fn, keep_logits: bool):
         def body():
             for i in range(self.k):
                 logits = fn(c.tok)
-                nxt = pick(logits, c.temperature, c.top_p, key)
+                nxt = choose(logits, c, key)
                 if keep_logits:
                     c.logits[i].copy_(logits[0])
                 c.out[i].copy_(nxt[0])
                 c.tok.copy_(nxt.view(1, 1))
         return body
 
-    def _capture(self, c: _Cache, key: tuple, keep_logits: bool):
+    def _graph(self, c: Cache, key: tuple, lora_on: bool, keep_logits: bool, on_progress=None):
         import torch
-        gkey = (key, keep_logits)
+        gkey = (key, lora_on, keep_logits)
         if gkey in c.graphs:
             return c.graphs[gkey]
         if keep_logits and c.logits is None:
-            vocab = int(self.model.config.get_text_config().vocab_size)
-            c.logits = torch.zeros((self.k, vocab), dtype=torch.float32, device=self.device)
+            c.logits = torch.zeros((self.k, self.vocab), dtype=torch.float32, device=self.device)
+        expensive = not any(g[1] == lora_on for g in c.graphs)  # nothing compiled for this cache and step yet
         if not self.graphs:
-            c.graphs[gkey] = self._body(c, key, c.step, keep_logits)
+            c.graphs[gkey] = self._body(c, key, self._step(c, lora_on), keep_logits)
+            self.counts["compiles" if expensive else "graphs"] += 1
             return c.graphs[gkey]
-        what = f"fast decode: capturing {self.k} steps per graph for cache length {c.length} ({key[0]})"
-        events.record("compile", what + (" with torch.compile; once per session and length" if self.options.compile else ""))
+        what = (f"fast decode: capturing {self.k} steps per graph for a {c.length}-token cache "
+                f"({key[0]}{', LoRA' if lora_on else ''})")
+        events.record("compile", what + (" with torch.compile, once per session" if expensive and self.options.compile else ""))
         t = time.perf_counter()
         # Warm-up and capture draw random numbers; keep the user's seeded stream as it was.
         rng = torch.cuda.get_rng_state(self.device)
+        disk_key = self._disk_key(c, lora_on) if expensive else None
         try:
-            graph = self._captured(c, key, keep_logits)
+            with _ticking(on_progress if expensive else None):
+                restored = disk_key is not None and artifacts.restore(disk_key)
+                graph = self._captured(c, key, lora_on, keep_logits)
         finally:
             torch.cuda.set_rng_state(rng, self.device)
-            c.kv.reset()
+            if c.kv is not None:
+                c.kv.reset()
         seconds = time.perf_counter() - t
-        self.capture_seconds[(c.length, key, keep_logits)] = seconds
+        self.capture_seconds[(c.length, key, lora_on, keep_logits)] = seconds
         self.compiled = self.options.compile and not self.compile_error
-        events.record("compile", f"fast decode ready for cache length {c.length} in {seconds:.1f} s "
-                                 f"({'compiled' if self.compiled else 'eager'} step, {self.k} steps per replay)")
+        self.counts["compiles" if expensive else "graphs"] += 1
+        if expensive and disk_key is not None and self.compiled:
+            artifacts.store(disk_key)
+        events.record("compile", f"fast decode ready for a {c.length}-token cache in {seconds:.1f} s "
+                                 f"({'compiled' if self.compiled else 'eager'} step"
+                                 f"{', compile artifacts from disk' if expensive and restored else ''}, "
+                                 f"{self.k} steps per replay)")
         c.graphs[gkey] = graph.replay
         return c.graphs[gkey]
 
-    def _captured(self, c: _Cache, key: tuple, keep_logits: bool):
+    def _disk_key(self, c: Cache, lora_on: bool) -> str | None:
+        if not (self.options.disk_cache and self.options.compile):
+            return None
+        return artifacts.key(self.model, dict(k=self.k, attention=self.attention, pdl=self.pdl, tune=self.options.tune,
+                                              inductor=self.options.inductor, fused=self._fw is not None,
+                                              length=c.length, lora=(self._lora.rank, str(self._lora.dtype))
+                                              if lora_on else None), self.device)
+
+    def _captured(self, c: Cache, key: tuple, lora_on: bool, keep_logits: bool):
         """The cache's graph: the compiled step, else the eager one. Under ``attention="auto"`` a
         Triton attention step that fails first gives way to "matmul", compiled: the eager Triton
         step would be slower than compiled matmul."""
         import torch
         try:
-            return self._capture_with(c, key, keep_logits, self._step_fn(c))
+            return self._capture_with(c, self._body(c, key, self._compiled(c, lora_on), keep_logits), compiling=True)
         except Exception as e:  # noqa: BLE001 - compile problems fall back, as said above
             retry_matmul = self.options.attention == "auto" and self.attention != "matmul"
             if not retry_matmul and (not self.options.compile or self.compile_error):
@@ -292,24 +326,22 @@ class FastDecoder:
                 torch.cuda.synchronize(self.device)  # what the failed warm-up queued ends before the retry
             if retry_matmul:
                 self._attention_failed(c, e)
-                return self._captured(c, key, keep_logits)
+                return self._captured(c, key, lora_on, keep_logits)
             self.compile_error = error_summary(e)
             self.compile_detail = str(e)
-            events.record("compile", f"fast decode: torch.compile failed ({self.compile_error}); capturing the eager forward")
-            return self._capture_with(c, key, keep_logits, c.step)
+            events.record("compile", f"fast decode: torch.compile failed ({self.compile_error}); capturing the eager step")
+            return self._capture_with(c, self._body(c, key, self._step(c, lora_on), keep_logits), compiling=False)
 
-    def _attention_failed(self, c: _Cache, e: Exception) -> None:
-        """attention="auto" settles on "matmul" for this decoder: ``c`` gets the matmul step, and the
-        other caches (captured with the Triton step) are dropped so that every length runs one path."""
+    def _attention_failed(self, c: Cache, e: Exception) -> None:
+        """attention="auto" settles on "matmul" for this decoder: the cache's steps and graphs are
+        rebuilt with it."""
         self.attention_why = (f"attention={self.attention!r} failed on this GPU ({error_summary(e)}); "
                               "nvkit uses 'matmul' here")
         events.record("compile", f"fast decode: {self.attention_why}")
         self.attention = "matmul"
-        for length in [n for n, other in self._caches.items() if other is not c]:
-            del self._caches[length]
+        c.steps.clear()
+        c.compiled.clear()
         c.graphs.clear()
-        c.kv.reset()
-        c.step = self._step_for(c)
 
     def _inductor_options(self, compiling: bool):
         """inductor settings around the capture: coordinate-descent tuning, PDL, ``options.inductor``."""
@@ -323,123 +355,174 @@ class FastDecoder:
         patch.update(dict(opts.inductor))
         return inductor_config.patch(patch)
 
-    def _capture_with(self, c: _Cache, key: tuple, keep_logits: bool, fn):
+    def _capture_with(self, c: Cache, body, compiling: bool, warmups: int = 3, pool=None):
         import torch
-        body = self._body(c, key, fn, keep_logits)
-        c.kv.reset()
         side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side), self._inductor_options(fn is not c.step):
-            for _ in range(3):  # compile + autotune, then settle the allocator before capture
-                c.kv.reset()
-                c.pos.zero_()
+        with torch.cuda.stream(side), self._inductor_options(compiling and self.options.compile):
+            for _ in range(warmups):  # compile + autotune, then settle the allocator before capture
+                self._rewind(c)
                 body()
         torch.cuda.current_stream(self.device).wait_stream(side)
         torch.cuda.synchronize(self.device)
-        c.kv.reset()
-        c.pos.zero_()
+        self._rewind(c)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, pool=pool):
             body()
         torch.cuda.synchronize(self.device)
         return graph
 
-    def _positions(self, prompt_len: int, sampling: Sampling) -> int:
-        """Cache positions a request needs: the prompt, the new tokens, and the up to K-1 steps a
-        replay computes past the last one (+1 of slack)."""
-        return prompt_len + sampling.max_new_tokens + self.k
+    @staticmethod
+    def _rewind(c: Cache) -> None:
+        if c.kv is not None:
+            c.kv.reset()
+        c.pos.zero_()
 
+    def _prefill(self, c: Cache, input_ids, lora_on: bool):
+        """Run the prompt into the cache; returns its last position's (1, vocab) float logits."""
+        n = int(input_ids.shape[-1])
+        if self._fw is None:  # the model's own forward, eagerly (any length)
+            out = self.model(input_ids=input_ids, past_key_values=c.kv, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1, :].float()
+        length = prefill_class(n, c.length)
+        c.last.fill_(n - 1)
+        if length is None:  # longer than any class: eagerly, at its own length
+            return prefill_step(self._fw, c, self._lora if lora_on else None)(input_ids[0])
+        c.prompt[0, :n].copy_(input_ids[0])
+        c.prompt[0, n:length].zero_()
+        pkey = (length, lora_on)
+        if pkey not in c.prefills:
+            fn = prefill_step(self._fw, c, self._lora if lora_on else None)
+
+            def body():
+                c.first_logits.copy_(fn(c.prompt[0, :length]))
+            if self.graphs:
+                import torch
+                if c.pool is None:
+                    c.pool = torch.cuda.graph_pool_handle()
+                t = time.perf_counter()
+                c.prefills[pkey] = self._capture_with(c, body, compiling=False, warmups=1, pool=c.pool).replay
+                self.capture_seconds[("prefill", length, lora_on)] = time.perf_counter() - t
+                self.counts["prefill graphs"] += 1
+            else:
+                c.prefills[pkey] = body
+        c.prefills[pkey]()
+        return c.first_logits
+
+    # --- the public side -----------------------------------------------------------------------
     def ready(self, prompt_len: int, sampling: Sampling) -> bool:
-        """True when a request of this size and sampling mode runs without capturing anything first."""
-        c = self._caches.get(bucket_len(self._positions(prompt_len, sampling)))
-        return (c is not None and (sampling.key, False) in c.graphs
-                and (self._fused is None or self._fused.valid()))
+        """True when a request of this size runs without compiling anything first (a graph for
+        another sampling mode on the compiled step is captured in about a second)."""
+        c = self._cache
+        if c is None or c.length < self._positions(prompt_len, sampling):
+            return False
+        lora_on = self._fw is not None and lora_mod.active(self.model)
+        fits = not lora_on or (self._lora is not None and self._lora.fits(self.model))
+        return fits and any(g[1] == lora_on for g in c.graphs)
 
-    def prepare(self, prompt_len: int, sampling: Sampling) -> float:
-        """Capture what a request of this size needs now; returns the seconds it took (0 when cached)."""
+    def prepare(self, prompt_len: int, sampling: Sampling, on_progress: Callable[[float], None] | None = None,
+                prefill_up_to: int = 512) -> float:
+        """Capture what a request of this size and sampling mode needs now, and the prefill
+        graphs of prompts up to ``prefill_up_to`` tokens; returns the seconds it took."""
+        import torch
         with self._lock:
             t = time.perf_counter()
-            self._check_fused()
-            c = self._cache(self._positions(prompt_len, sampling))
-            self._capture(c, sampling.key, False)
+            lora_on = self._sync()
+            c = self._cache_for(self._positions(prompt_len, sampling))
+            self._graph(c, sampling.key, lora_on, False, on_progress)
+            if self._fw is not None:
+                n = 1
+                while True:
+                    length = prefill_class(n, c.length)
+                    if length is None or length > max(prefill_up_to, 1):
+                        break
+                    self._prefill(c, torch.zeros((1, length), dtype=torch.long, device=self.device), lora_on)
+                    n = length + 1
             return time.perf_counter() - t
 
-    # --- decoding ------------------------------------------------------------------------------
     def generate(self, input_ids, sampling: Sampling, on_tokens: Callable[[list[int]], None] | None = None,
-                 stop_event: threading.Event | None = None) -> list[int]:
+                 stop_event: threading.Event | None = None, tokenizer=None,
+                 on_progress: Callable[[float], None] | None = None) -> list[int]:
         """Decode up to ``sampling.max_new_tokens`` ids after ``input_ids`` ((1, n) on the model's device).
 
         ``on_tokens`` gets each chunk of new ids as soon as it is known (the first one right after
-        the prefill). Returns the new ids, EOS included when reached."""
-        return self._decode(input_ids, sampling, on_tokens, stop_event, keep_logits=False)
+        the prefill). Returns the new ids, EOS included when reached. ``tokenizer`` is needed for
+        ``sampling.stop_strings``. ``on_progress(seconds)`` is called about once a second while a
+        compile runs."""
+        return self._decode(input_ids, sampling, on_tokens, stop_event, tokenizer, on_progress, keep_logits=False)
 
-    def trace(self, input_ids, sampling: Sampling) -> tuple[list[int], list]:
+    def trace(self, input_ids, sampling: Sampling, tokenizer=None) -> tuple[list[int], list]:
         """Debug API (tests, benchmarks): ``generate`` that also returns the float logits of each
         step as the captured graph computed them ((vocab,) tensors). It runs a graph of its own,
         which copies the logits out; the tokens are those ``generate`` gives."""
-        tokens = self._decode(input_ids, sampling, None, None, keep_logits=True)
+        tokens = self._decode(input_ids, sampling, None, None, tokenizer, None, keep_logits=True)
         return tokens, self.last_logits
 
-    def _decode(self, input_ids, sampling, on_tokens, stop_event, keep_logits: bool) -> list[int]:
+    def _decode(self, input_ids, sampling, on_tokens, stop_event, tokenizer, on_progress, keep_logits: bool):
+        if sampling.stop_strings and tokenizer is None:
+            raise NvkitError("stop_strings need the tokenizer: FastDecoder.generate(..., tokenizer=tok).")
         with self._lock:
             n = int(input_ids.shape[-1])
-            self._check_fused()
-            c = self._cache(self._positions(n, sampling))
-            replay = self._capture(c, sampling.key, keep_logits)
-            c.kv.reset()
-            c.temperature.fill_(max(sampling.temperature, 1e-5))
-            c.top_p.fill_(sampling.top_p)
-            eos = set(sampling.eos)
-            kept: list = []
-            out = self.model(input_ids=input_ids, past_key_values=c.kv, use_cache=True, logits_to_keep=1)
-            logits = out.logits[:, -1, :].float()
-            first = pick(logits, c.temperature, c.top_p, sampling.key)
-            c.tok.copy_(first.view(1, 1))
+            lora_on = self._sync()
+            c = self._cache_for(self._positions(n, sampling))
+            replay = self._graph(c, sampling.key, lora_on, keep_logits, on_progress)
+            self._rewind(c)
+            set_request(c, input_ids, sampling, self.vocab)
+            logits = self._prefill(c, input_ids, lora_on)
             c.pos.fill_(n)
-            if keep_logits:
-                kept.append(logits[0].clone())
-            # Pipelined: the next replay is queued before the host reads the ids of the one before,
-            # so the GPU is not idle while the host checks EOS and runs the callbacks (streamed text,
-            # progress). At most two replays are in flight; the one queued past an EOS or a Stop is
-            # wasted work (the next request resets the cache).
-            pending: collections.deque = collections.deque()
-            planned = 1  # tokens covered by the replays queued so far, if no EOS comes
-
-            def queue_next() -> None:
-                nonlocal planned
-                if planned >= sampling.max_new_tokens or (stop_event is not None and stop_event.is_set()):
-                    return
-                replay()
-                pending.append(self._readout(c, (planned - 1) // self.k, keep_logits))
-                planned += self.k
-
-            queue_next()  # before the first token's sync: the GPU goes on while the host streams it
-            tokens = [int(first.item())]
-            if on_tokens:
-                on_tokens(tokens[:])
-            if tokens[0] in eos:
-                self._drain(pending)
-                self.last_logits = kept
-                return tokens
-            while pending:
-                queue_next()
-                chunk, logits_k = self._collect(pending.popleft())
-                kept.extend(logits_k)
-                chunk = chunk[:sampling.max_new_tokens - len(tokens)]
-                for i, t in enumerate(chunk):
-                    if t in eos:
-                        chunk = chunk[:i + 1]
-                        break
-                tokens.extend(chunk)
-                if on_tokens and chunk:
-                    on_tokens(chunk)
-                if chunk and chunk[-1] in eos:
-                    break
-            self._drain(pending)
+            first = choose(logits, c, sampling.key)
+            c.tok.copy_(first.view(1, 1))
+            kept = [logits[0].clone()] if keep_logits else []
+            stops = StopStrings(tokenizer, sampling.stop_strings, input_ids[0].tolist()) if sampling.stop_strings else None
+            tokens = self._loop(c, replay, first, sampling, on_tokens, stop_event, stops, keep_logits, kept)
             self.last_logits = kept[:len(tokens)]
             return tokens
 
-    def _readout(self, c: _Cache, slot: int, keep_logits: bool) -> tuple:
+    def _loop(self, c, replay, first, sampling, on_tokens, stop_event, stops, keep_logits, kept) -> list[int]:
+        # Pipelined: the next replay is queued before the host reads the ids of the one before, so
+        # the GPU is not idle while the host checks EOS and runs the callbacks (streamed text,
+        # progress). At most two replays are in flight; the one queued past an EOS or a Stop is
+        # wasted work (the next request starts over).
+        eos = set(sampling.eos)
+        pending: collections.deque = collections.deque()
+        planned = 1  # tokens covered by the replays queued so far, if no EOS comes
+
+        def queue_next() -> None:
+            nonlocal planned
+            if planned >= sampling.max_new_tokens or (stop_event is not None and stop_event.is_set()):
+                return
+            replay()
+            pending.append(self._readout(c, (planned - 1) // self.k, keep_logits))
+            planned += self.k
+
+        queue_next()  # before the first token's sync: the GPU goes on while the host streams it
+        tokens: list[int] = []
+        chunk = [int(first.item())]
+        while True:
+            chunk = chunk[:sampling.max_new_tokens - len(tokens)]
+            done = False
+            for i, t in enumerate(chunk):
+                if t in eos:
+                    chunk, done = chunk[:i + 1], True
+                    break
+            checked = len(tokens)
+            tokens.extend(chunk)
+            if stops is not None:
+                keep = stops.cut(tokens, checked)
+                if keep is not None:
+                    chunk, done = chunk[:keep - checked], True
+                    del tokens[keep:]
+            if on_tokens and chunk:
+                on_tokens(chunk)
+            if done or not pending:
+                break
+            queue_next()
+            chunk, logits_k = self._collect(pending.popleft())
+            kept.extend(logits_k)
+        self._drain(pending)
+        return tokens
+
+    def _readout(self, c: Cache, slot: int, keep_logits: bool) -> tuple:
         """Queue the copy of one replay's ids (and logits) to where the host reads them, ahead of
         the next replay overwriting them; ``_collect`` waits for it. On CUDA the ids go to one of
         two pinned buffers (two replays in flight at most) with an event to wait on."""
@@ -469,18 +552,37 @@ class FastDecoder:
         return host.tolist(), logits
 
     def release(self) -> None:
-        """Drop every captured graph and cache, and the compiled step (memory back to the allocator)."""
+        """Drop every captured graph and cache, and the compiled steps (memory back to the allocator)."""
         with self._lock:
-            codes = {c.step.__code__ for c in self._caches.values() if c.step is not None}
-            self._caches.clear()
-            if codes and self.options.compile and self.graphs:
-                # dynamo keeps compiled entries (and what their guards hold: the model) on the code object
-                try:
-                    import torch._dynamo
-                    for code in codes:
-                        torch._dynamo.reset_code(code)
-                except Exception:  # noqa: BLE001 - an older torch: the entries only cost memory
-                    pass
+            self._drop_cache()
+            self._lora = None
+
+
+@contextlib.contextmanager
+def _ticking(on_progress: Callable[[float], None] | None):
+    """Call ``on_progress(seconds so far)`` now and about once a second until the block ends."""
+    if on_progress is None:
+        yield
+        return
+    stop = threading.Event()
+    t0 = time.perf_counter()
+
+    def tick():
+        while True:
+            try:
+                on_progress(time.perf_counter() - t0)
+            except Exception:  # noqa: BLE001 - a display callback must not break the capture
+                pass
+            if stop.wait(1.0):
+                return
+
+    th = threading.Thread(target=tick, name="nvkit-fast-progress", daemon=True)
+    th.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        th.join(5)
 
 
 def _has_inductor_option(config, dotted: str) -> bool:
