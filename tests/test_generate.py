@@ -571,3 +571,12 @@ def test_fast_options_come_from_the_environment_once_and_name_a_bad_variable():
     assert opts.replace(k_steps=None) == opts and opts.replace(k_steps=2).k_steps == 2
     with pytest.raises(NvkitError, match="Unknown fast-path option"):
         opts.replace(warp=9)
+
+
+def test_bench_decode_adapter_row_is_skipped_on_cpu_and_leaves_the_model_plain(s):
+    df = bench_decode.run(model=s, new_tokens=3, prompt_len=4, paths=["generate", "fast lora"], show=False)
+    assert list(df["path"]) == ["generate", "fast lora"] and df["note"].iloc[1] == "skipped: the fast path needs CUDA"
+    seen = []
+    bench_decode._with_adapter(s, lambda: seen.append(type(s.model).__name__))
+    assert seen == ["PeftModel"] and type(s.model).__name__ == "Qwen3ForCausalLM"
+    assert not any("lora" in n for n, _ in s.model.named_parameters())

@@ -37,6 +37,9 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # (inductor's combo_kernels: independent small kernels launched as one), kN (N decode steps per
 # graph replay).
 OPTIONAL_PATHS = ("fast eager", "fast without pdl")
+# The fast path with an unmerged LoRA adapter attached (PEFT, r=16 on every projection, random
+# weights): what a session decodes at after a fine-tune, beside the plain "fast" row.
+ADAPTER_PATHS = ("fast lora",)
 _ALIASES = {"fast eager": "fast+eager", "fast without pdl": "fast+nopdl"}
 
 
@@ -131,6 +134,22 @@ def _on_decoder(session, d, timed):
     return run_on_d
 
 
+def _with_adapter(session, run):
+    """``run()`` with a LoRA adapter (PEFT, r=16, every projection, small random weights) attached
+    to the session's model, unmerged; the model is as it was afterwards."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    base = session.model
+    torch.manual_seed(0)
+    peft_model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
+                                                 init_lora_weights=False)).eval()
+    session.model = peft_model
+    try:
+        return run()
+    finally:
+        session.model = peft_model.unload()
+
+
 def _summarise_rounds(r: dict, stats: list, peaks: list) -> None:
     """Fill a batch-1 row from all its timed rounds: the median round's figures, the spread."""
     import statistics
@@ -163,7 +182,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     for name, v, lo in (("new_tokens", new_tokens, 2), ("prompt_len", prompt_len, 1), ("n_prompts", n_prompts, 1),
                         ("batch_new_tokens", batch_new_tokens, 1), ("repeats", repeats, 1)):
         require(isinstance(v, int) and not isinstance(v, bool) and v >= lo, f"{name} must be a whole number ≥ {lo}, not {v!r}.")
-    known = SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS
+    known = SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS + ADAPTER_PATHS
     if paths is None:
         paths = SINGLE_PATHS + BATCH_PATHS
     if isinstance(paths, str):
@@ -214,8 +233,8 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     kept = {}  # fast path -> its decoder, kept captured for the later rounds (repeats > 1)
 
     group1 = f"batch 1 · {new_tokens} new tokens"
-    fast_paths = [p for p in paths if p not in SINGLE_PATHS and fast_options(p) is not None]
-    for path in [p for p in SINGLE_PATHS if p in paths] + fast_paths:
+    fast_paths = [p for p in paths if p not in SINGLE_PATHS and p not in ADAPTER_PATHS and fast_options(p) is not None]
+    for path in [p for p in SINGLE_PATHS if p in paths] + fast_paths + [p for p in ADAPTER_PATHS if p in paths]:
         try:
             if path == "generate":
                 single(path, min(new_tokens, 8), fast=False)
@@ -224,6 +243,14 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                     skip(group1, path, "compiling the decode step is benchmarked on CUDA only")
                     continue
                 single(path, new_tokens, fast=False, cache_implementation="static")
+            elif path in ADAPTER_PATHS:
+                if not cuda:
+                    skip(group1, path, "the fast path needs CUDA")
+                    continue
+                _with_adapter(s, lambda: single(path, new_tokens, fast=True))
+                rows[-1]["note"] += f"; {s.last_stats.detail}"
+                timed = timed_runs[-1]["timed"]  # later rounds attach the adapter again around their run
+                timed_runs[-1]["timed"] = lambda timed=timed: _with_adapter(s, timed)
             elif fast_options(path) is not None:
                 if not cuda:
                     skip(group1, path, "the fast path needs CUDA")

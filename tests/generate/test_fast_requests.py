@@ -136,7 +136,7 @@ def test_run_fast_streams_says_how_and_reports_preparing(s):
 
 
 def test_progress_ticks_while_a_capture_runs():
-    from nvkit.generate.fast.capture import _ticking
+    from nvkit.generate.fast.replay import ticking as _ticking
     import time
     got = []
     with _ticking(got.append):

@@ -107,6 +107,5 @@ def worth_capturing(session, text: str, gen: dict) -> str | None:
             return None
     if int(gen["max_new_tokens"]) >= min_tokens:
         return None
-    return (f"not prepared yet, and {gen['max_new_tokens']} new tokens (< {min_tokens}) would not pay the "
-            f"one-time compile; fast=True, a request of ≥ {min_tokens} tokens or "
-            "nvkit.generate.fast.prepare(s) prepares it once per session")
+    return (f"not compiled yet, and {gen['max_new_tokens']} new tokens (< {min_tokens}) would not pay for it; "
+            f"nvkit.generate.fast.prepare(s), fast=True or a request of ≥ {min_tokens} tokens compiles it once")

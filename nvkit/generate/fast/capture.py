@@ -31,6 +31,7 @@ from ...errors import NvkitError, error_summary
 from ...memory.estimate import attention_dims
 from . import artifacts, lora as lora_mod
 from .cache import Cache, new_cache, prefill_class, set_request, size_class
+from .replay import replays, ticking
 from .fused import FusedWeights, decode_step, fusable_why, prefill_step, qk_norm_why
 from .options import FastOptions, default_options
 from .sampling import Sampling, StopStrings, choose
@@ -283,7 +284,7 @@ class FastDecoder:
         rng = torch.cuda.get_rng_state(self.device)
         disk_key = self._disk_key(c, lora_on) if expensive else None
         try:
-            with _ticking(on_progress if expensive else None):
+            with ticking(on_progress if expensive else None):
                 restored = disk_key is not None and artifacts.restore(disk_key)
                 graph = self._captured(c, key, lora_on, keep_logits)
         finally:
@@ -474,115 +475,15 @@ class FastDecoder:
             c.tok.copy_(first.view(1, 1))
             kept = [logits[0].clone()] if keep_logits else []
             stops = StopStrings(tokenizer, sampling.stop_strings, input_ids[0].tolist()) if sampling.stop_strings else None
-            tokens = self._loop(c, replay, first, sampling, on_tokens, stop_event, stops, keep_logits, kept)
+            tokens = replays(c, replay, first, sampling, on_tokens, stop_event, stops, keep_logits, kept)
             self.last_logits = kept[:len(tokens)]
             return tokens
-
-    def _loop(self, c, replay, first, sampling, on_tokens, stop_event, stops, keep_logits, kept) -> list[int]:
-        # Pipelined: the next replay is queued before the host reads the ids of the one before, so
-        # the GPU is not idle while the host checks EOS and runs the callbacks (streamed text,
-        # progress). At most two replays are in flight; the one queued past an EOS or a Stop is
-        # wasted work (the next request starts over).
-        eos = set(sampling.eos)
-        pending: collections.deque = collections.deque()
-        planned = 1  # tokens covered by the replays queued so far, if no EOS comes
-
-        def queue_next() -> None:
-            nonlocal planned
-            if planned >= sampling.max_new_tokens or (stop_event is not None and stop_event.is_set()):
-                return
-            replay()
-            pending.append(self._readout(c, (planned - 1) // self.k, keep_logits))
-            planned += self.k
-
-        queue_next()  # before the first token's sync: the GPU goes on while the host streams it
-        tokens: list[int] = []
-        chunk = [int(first.item())]
-        while True:
-            chunk = chunk[:sampling.max_new_tokens - len(tokens)]
-            done = False
-            for i, t in enumerate(chunk):
-                if t in eos:
-                    chunk, done = chunk[:i + 1], True
-                    break
-            checked = len(tokens)
-            tokens.extend(chunk)
-            if stops is not None:
-                keep = stops.cut(tokens, checked)
-                if keep is not None:
-                    chunk, done = chunk[:keep - checked], True
-                    del tokens[keep:]
-            if on_tokens and chunk:
-                on_tokens(chunk)
-            if done or not pending:
-                break
-            queue_next()
-            chunk, logits_k = self._collect(pending.popleft())
-            kept.extend(logits_k)
-        self._drain(pending)
-        return tokens
-
-    def _readout(self, c: Cache, slot: int, keep_logits: bool) -> tuple:
-        """Queue the copy of one replay's ids (and logits) to where the host reads them, ahead of
-        the next replay overwriting them; ``_collect`` waits for it. On CUDA the ids go to one of
-        two pinned buffers (two replays in flight at most) with an event to wait on."""
-        import torch
-        logits = [c.logits[i].clone() for i in range(self.k)] if keep_logits else []
-        if c.out.device.type != "cuda":
-            return c.out.clone(), None, logits
-        if c.host is None:
-            c.host = [(torch.empty(self.k, dtype=torch.long, pin_memory=True), torch.cuda.Event()) for _ in range(2)]
-        host, done = c.host[slot % 2]
-        host.copy_(c.out, non_blocking=True)  # on c.out's device's current stream, after the replay
-        done.record(torch.cuda.current_stream(c.out.device))  # that stream, not the current device's
-        return host, done, logits
-
-    @classmethod
-    def _drain(cls, pending: collections.deque) -> None:
-        """Wait for the replays queued past an EOS: nothing of this request runs on the GPU after
-        it returns (a cache dropped next must not free a graph that is still replaying)."""
-        while pending:
-            cls._collect(pending.popleft())
-
-    @staticmethod
-    def _collect(item: tuple) -> tuple[list[int], list]:
-        host, done, logits = item
-        if done is not None:
-            done.synchronize()
-        return host.tolist(), logits
 
     def release(self) -> None:
         """Drop every captured graph and cache, and the compiled steps (memory back to the allocator)."""
         with self._lock:
             self._drop_cache()
             self._lora = None
-
-
-@contextlib.contextmanager
-def _ticking(on_progress: Callable[[float], None] | None):
-    """Call ``on_progress(seconds so far)`` now and about once a second until the block ends."""
-    if on_progress is None:
-        yield
-        return
-    stop = threading.Event()
-    t0 = time.perf_counter()
-
-    def tick():
-        while True:
-            try:
-                on_progress(time.perf_counter() - t0)
-            except Exception:  # noqa: BLE001 - a display callback must not break the capture
-                pass
-            if stop.wait(1.0):
-                return
-
-    th = threading.Thread(target=tick, name="nvkit-fast-progress", daemon=True)
-    th.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        th.join(5)
 
 
 def _has_inductor_option(config, dotted: str) -> bool:
