@@ -1,6 +1,7 @@
 """Generation on the CPU: streaming order, Stop, chat template, batch order, seeds, bad values, and
 the fast path's decode logic (run without graph capture) against plain ``generate``."""
 
+import dataclasses
 import threading
 import time
 
@@ -14,7 +15,8 @@ from tests.gen_fixtures import model_dir
 import nvkit
 from nvkit.benchmarks import decode as bench_decode
 from nvkit.generate import batch as generation, paths
-from nvkit.generate.fast import decoding as fast
+import nvkit.generate.fast as fast
+from nvkit.generate.fast import attached, capture
 from nvkit.errors import NvkitError, error_summary
 from nvkit.generate.stats import GenerationStats
 
@@ -160,13 +162,21 @@ def test_cpu_path_choice_is_recorded(s):
 
 def test_resolve_knows_what_the_fast_path_implements(s):
     ok, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=False))
-    assert why is None and ok.key == ("greedy",) and ok.max_new_tokens == 5
+    assert why is None and ok.key == ("greedy", 0, False, False) and ok.max_new_tokens == 5
     smp, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=True, temperature=0.5, top_p=0.9))
-    assert why is None and smp.key == ("sample", 50, True) and smp.temperature == 0.5  # top_k 50: transformers' default
-    for extra in (dict(repetition_penalty=1.2), dict(num_beams=2), dict(min_new_tokens=3), dict(foo=1)):
+    assert why is None and smp.key == ("sample", 50, True, False) and smp.temperature == 0.5  # top_k 50: transformers' default
+    pen, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=False, repetition_penalty=1.2, min_new_tokens=3,
+                                          stop_strings="GPU"))
+    assert why is None and pen.key == ("greedy", 0, False, True) and pen.stop_strings == ("GPU",)
+    assert pen.eos_allowed_from(10) == 13
+    for extra, name in ((dict(num_beams=2), "num_beams"), (dict(no_repeat_ngram_size=2), "no_repeat_ngram_size"),
+                        (dict(foo=1), "foo")):
         none, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=False, **extra))
-        assert none is None and why, extra
-    assert fast._bucket_len(10) == 256 and fast._bucket_len(257) == 512 and fast._bucket_len(512) == 512
+        assert none is None and name in why, extra
+    from nvkit.generate.fast.cache import prefill_class, size_class
+    assert size_class(10, 4096, 40960) == 4096 and size_class(5000, 4096, 40960) == 8192
+    assert size_class(10, 4096, 1024) == 1024  # never past the model's whole context
+    assert prefill_class(1, 4096) == 16 and prefill_class(17, 4096) == 32 and prefill_class(3000, 4096) is None
 
 
 def test_k_step_decoding_matches_plain_greedy_and_honours_stop(s):
@@ -198,7 +208,8 @@ def test_k_step_decoding_matches_plain_greedy_and_honours_stop(s):
 def test_fused_step_keeps_the_model_and_follows_weight_changes(s):
     """The fused step re-points q/k/v and gate/up at one tensor each: the model's own forward must
     give the same logits as before, the fused and the model-forward steps the same tokens, and a
-    weight replaced afterwards (as merging an adapter does) must be picked up, not decoded stale."""
+    weight replaced afterwards (as merging an adapter does) must be decoded, with nothing captured
+    again: the new values are copied into the tensors the graphs read."""
     ids = s.tokenizer("The memory of a GPU", return_tensors="pt")["input_ids"]
     sampling, _ = fast.resolve(s.model, dict(max_new_tokens=16, do_sample=False, eos_token_id=NEVER))
     with torch.inference_mode():
@@ -207,58 +218,52 @@ def test_fused_step_keeps_the_model_and_follows_weight_changes(s):
         assert fused.fused and fused.fused_why is None
         assert torch.equal(s.model(ids).logits, before)
         attn = s.model.model.layers[0].self_attn
-        assert attn.q_proj.weight.data_ptr() == fused._fused.qkv[0][0].data_ptr()
+        assert attn.q_proj.weight.data_ptr() == fused._fw.layers[0].qkv.data_ptr()
         plain = fast.FastDecoder(s.model, k_steps=4, graphs=False, fused=False)
         assert not plain.fused
-        a = fused.generate(ids, sampling, keep_logits=True)
-        assert a == plain.generate(ids, sampling)
-        # the LM head outside the compiled step (cuBLAS on a GPU): the same logits
-        head = fast.FastDecoder(s.model, k_steps=4, graphs=False, head="cublas")
-        fused_logits = torch.stack(fused.last_logits)
-        assert head.generate(ids, sampling, keep_logits=True) == a
-        assert torch.equal(torch.stack(head.last_logits), fused_logits)
-        with pytest.raises(NvkitError, match="head"):
-            fast.FastDecoder(s.model, graphs=False, head="tensor-cores")
-        # attention as products and sums (fp32 throughout): the same tokens, logits within fp32 rounding
-        red = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="reduce")
-        assert red.generate(ids, sampling, keep_logits=True) == a
-        assert torch.allclose(torch.stack(red.last_logits), fused_logits, atol=1e-4, rtol=1e-4)
+        a, fused_logits = fused.trace(ids, sampling)
+        assert a == plain.generate(ids, sampling) == fused.generate(ids, sampling)
+        assert len(fused_logits) == len(a)
         with pytest.raises(NvkitError, match="attention"):
             fast.FastDecoder(s.model, graphs=False, attention="flash")
-        # replace a weight the way a merge does (new tensor): the decoder must notice and refuse stale weights
-        old = attn.v_proj.weight.data
-        attn.v_proj.weight.data = old.clone() * 0
+        with pytest.raises(NvkitError, match="Unknown fast-path option"):
+            fast.FastDecoder(s.model, graphs=False, head="cublas")  # a bench experiment that lost, gone
+        # replace a weight the way a merge does (new tensor): decoded, and the module reads ours again
+        captured = dict(fused.counts)
+        old = attn.v_proj.weight.data.clone()
+        attn.v_proj.weight.data = old * 0
         try:
-            assert not fused._fused.valid()
             changed = fused.generate(ids, sampling)
-            assert fused._fused.valid()
-            assert changed == plain.generate(ids, sampling)  # both decode the changed model
+            assert attn.v_proj.weight.data_ptr() == fused._fw.layers[0].qkv[2 * attn.v_proj.weight.shape[0]:].data_ptr() \
+                or attn.v_proj.weight.data_ptr() != old.data_ptr()
+            assert changed == plain.generate(ids, sampling) and changed != a  # both decode the changed model
+            assert dict(fused.counts) == captured  # nothing captured again
         finally:
-            attn.v_proj.weight.data = old.clone()
-            fused._check_fused()
-        assert torch.equal(s.model(ids).logits, before)
+            attn.v_proj.weight.data.copy_(old)
+        assert torch.equal(s.model(ids).logits, before) and fused.generate(ids, sampling) == a
     with pytest.raises(NvkitError, match="fused"):
         class _Cfg:
             def get_text_config(self):
                 return self
             model_type = "gpt2"
+            vocab_size = 8
         fast.FastDecoder(type("M", (), {"config": _Cfg(), "get_input_embeddings": lambda self: s.model.get_input_embeddings()})(),
                          graphs=False, fused=True)
 
 
 def test_fusing_under_inference_mode_leaves_the_model_trainable(tmp_path):
-    """Generation runs under inference_mode, and that is where the fast path fuses the weights.
-    On the H200 a training step after a fast generate failed with "Inference tensors cannot be
-    saved for backward": the fused weights must stay ordinary tensors."""
+    """Generation runs under inference_mode, and that is where the fast path fuses the weights
+    (and copies replaced ones in). A training step after a fast generate failed with "Inference
+    tensors cannot be saved for backward" before: the fused weights must stay ordinary tensors."""
     m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path())
     ids = torch.tensor([[5, 6, 7, 8]])
     with torch.inference_mode():
         d = fast.FastDecoder(m, k_steps=2, graphs=False)
         attn = m.model.layers[0].self_attn
-        attn.k_proj.weight.data = attn.k_proj.weight.data.clone()  # as a merge does: re-fused on the next call
+        attn.k_proj.weight.data = attn.k_proj.weight.data.clone()  # as a merge does: copied in on the next call
         sampling, _ = fast.resolve(m, dict(max_new_tokens=3, do_sample=False, eos_token_id=NEVER))
         d.generate(ids, sampling)
-    assert d._fused.valid() and not attn.q_proj.weight.is_inference()
+    assert d._fw.sync() == 0 and not attn.q_proj.weight.is_inference() and not attn.k_proj.weight.is_inference()
     m.train()
     loss = m(input_ids=ids, labels=ids).loss
     loss.backward()
@@ -266,24 +271,26 @@ def test_fusing_under_inference_mode_leaves_the_model_trainable(tmp_path):
 
 
 def test_fast_default_waits_for_nothing_on_short_requests(s):
-    """fast=None: a short request whose length and sampling mode are not captured yet is answered by
-    plain generate (the capture would cost far more than it saves); once captured, or for a long
-    request, the fast path runs."""
+    """fast=None: a short request when nothing is compiled yet is answered by plain generate (the
+    compile would cost far more than it saves); once the session's fast path is compiled, every
+    request that fits its cache takes it, whatever its length or sampling mode."""
     greedy = dict(max_new_tokens=24, do_sample=False)
     why = fast.worth_capturing(s, "Hello there", greedy)
-    assert why and f"< {fast.AUTO_MIN_TOKENS}" in why and "fast=True" in why
-    assert fast.worth_capturing(s, "Hello there", dict(greedy, max_new_tokens=fast.AUTO_MIN_TOKENS)) is None
+    assert why and f"< {fast.default_options().min_tokens}" in why and "prepare" in why
+    assert fast.worth_capturing(s, "Hello there", dict(greedy, max_new_tokens=fast.default_options().min_tokens)) is None
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
-    object.__setattr__(s.model, fast._ATTR, d)  # as fast.decoder(session) keeps it
+    attached.keep(s.model, d)  # as fast.decoder(session) keeps it
     try:
         sampling, _ = fast.resolve(s.model, dict(greedy, eos_token_id=NEVER))
         ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]
         with torch.inference_mode():
-            d.generate(ids, sampling)  # captures greedy decoding for this length bucket
+            d.generate(ids, sampling)  # compiles the session's step for its cache
         assert fast.worth_capturing(s, "Hello there", dict(greedy, eos_token_id=NEVER)) is None
-        # another sampling mode, or a length in another bucket, is not captured: plain again
-        assert fast.worth_capturing(s, "Hello there", dict(greedy, do_sample=True, temperature=0.7))
-        assert fast.worth_capturing(s, "word " * 300, greedy)
+        assert fast.worth_capturing(s, "word " * 300, greedy) is None  # another length: the same cache
+        assert fast.worth_capturing(s, "Hello there", dict(greedy, do_sample=True, temperature=0.7)) is None
+        assert fast.worth_capturing(s, "Hello there", dict(greedy, max_new_tokens=1, repetition_penalty=1.2)) is None
+        # longer than the cache holds (the demo's whole context is 1024 positions): not prepared
+        assert fast.worth_capturing(s, "word " * 1200, greedy)
     finally:
         fast.forget(s.model)
 
@@ -309,12 +316,12 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
     # "auto" takes triton-fused where it fits and says why not where it does not: on a CPU, never
     on_cpu = fast.FastDecoder(s.model, graphs=False, attention="auto")
     assert on_cpu.attention == "matmul" and "run on CUDA GPUs" in on_cpu.attention_why
-    monkeypatch.setattr(fast, "_triton_cannot_run_on", lambda device: None)  # as on a GPU, for the rest
+    monkeypatch.setattr(capture, "triton_cannot_run_on", lambda device: None)  # as on a GPU, for the rest
     assert fast.FastDecoder(s.model, graphs=False, attention="auto").attention == "triton-fused"
     auto = fast.FastDecoder(other, graphs=False, attention="auto")
     assert auto.attention == "matmul" and "not a per-head RMS norm" in auto.attention_why
     assert fast.FastDecoder(s.model, graphs=False, fused=False, attention="auto").attention == "matmul"
-    assert auto.settings["attention"] == "auto"  # decoder(session, attention="auto") keeps it, not rebuilds
+    assert auto.options.attention == "auto"  # decoder(session, attention="auto") keeps it, not rebuilds
     import sys
     monkeypatch.delitem(sys.modules, "nvkit.generate.decode_attention", raising=False)
     monkeypatch.delattr(sys.modules["nvkit.generate"], "decode_attention", raising=False)  # else `from .. import` finds it there
@@ -328,13 +335,13 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
     Triton kernels fail with a broken or slow decoder: the capture retries with "matmul" and says why.
     The failure is injected at the capture (what ptxas or inductor raise there on such a GPU)."""
     from nvkit import events
-    monkeypatch.setattr(fast, "_triton_cannot_run_on", lambda device: None)  # "auto" decides as on a GPU
+    monkeypatch.setattr(capture, "triton_cannot_run_on", lambda device: None)  # "auto" decides as on a GPU
     ids = s.tokenizer("NVIDIA GPUs are", return_tensors="pt")["input_ids"]
     sampling, _ = fast.resolve(s.model, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
     tried = []
 
     def capture_with(d):
-        def fake(b, key, keep_logits, fn):
+        def fake(c, body, compiling, warmups=3, pool=None):
             tried.append(d.attention)
             if d.attention != "matmul":
                 raise RuntimeError("InductorError: ptxas fatal   : Value 'sm_61' is not defined\nthe cause")
@@ -347,25 +354,26 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
         d = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="auto")
         assert d.attention == "triton-fused"
         assert d.describe() == "fused step, eager, no CUDA graphs, triton-fused attention (auto), 4 steps per replay"
-        other, b = d._bucket(600), d._bucket(40)
-        old_step = b.step
+        key = ("greedy", 0, False, False)
+        c = d._cache_for(40)
+        old_step = d._step(c, False)
         d._capture_with = capture_with(d)
-        assert d._captured(b, ("greedy",), False) == "graph"
+        assert d._captured(c, key, False, False) == "graph"
         assert tried == ["triton-fused", "matmul"]
-        assert d.attention == "matmul" and d.settings["attention"] == "auto"
+        assert d.attention == "matmul" and d.options.attention == "auto"
         assert "attention='triton-fused' failed on this GPU" in d.attention_why and "the cause" in d.attention_why
         assert d.compile_error is None  # the matmul step compiles: nothing fell back to eager
-        assert b.step is not old_step and list(d._buckets.values()) == [b] and other not in d._buckets.values()
+        assert d._step(c, False) is not old_step and d._cache is c
         assert "failed on this GPU" in events.events()[-1].text
         assert "matmul attention (auto)" in d.describe()
         del d._capture_with
-        assert d.generate(ids, sampling) == ref  # the rebuilt bucket decodes with matmul attention
+        assert d.generate(ids, sampling) == ref  # the rebuilt cache decodes with matmul attention
         # asked for by name, a failing Triton step is not swapped for another attention
         named = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="triton-fused", compile=False)
-        nb = named._bucket(40)
+        nc = named._cache_for(40)
         named._capture_with = capture_with(named)
         with pytest.raises(RuntimeError, match="ptxas"):
-            named._captured(nb, ("greedy",), False)
+            named._captured(nc, key, False, False)
         assert named.attention == "triton-fused" and named.attention_why is None
     # the stats line says how the fast path ran (the panel shows the same words)
     st = GenerationStats(new_tokens=9, seconds=0.5, time_to_first_token=0.1, path="fast", detail=d.describe())
@@ -413,13 +421,13 @@ def test_bench_decode_rejects_bad_values_and_runs_on_cpu(s):
 def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     opts = bench_decode.fast_options
     assert opts("generate") is None and opts("nvkit batch") is None
-    assert opts("fast") == dict(compile=True, head="compiled", attention=None, pdl=None, inductor={}, k_steps=None)
+    assert opts("fast") == dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None)
     assert opts("fast+matmul")["attention"] == "matmul"
-    assert opts("fast cublas head")["head"] == "cublas" and opts("fast eager")["compile"] is False
+    assert opts("fast eager")["compile"] is False
     assert opts("fast without pdl")["pdl"] is False
     assert opts("fast+triton")["attention"] == "triton"
-    assert opts("fast+pdl+reduce+cublas+combo+k16") == dict(compile=True, head="cublas", attention="reduce", pdl=True,
-                                                             inductor={"combo_kernels": True}, k_steps=16)
+    assert opts("fast+pdl+tfused+combo+k16") == dict(compile=True, attention="triton-fused", pdl=True,
+                                                  inductor={"combo_kernels": True}, k_steps=16)
     for typo in ("fast+pld", "fast+k", "fast+kx2", "fast+"):
         with pytest.raises(NvkitError, match="fast-path option"):
             opts(typo)
@@ -441,10 +449,9 @@ def test_fast_pdl_and_inductor_options(s, monkeypatch):
     assert inductor_config.triton.enable_pdl is False and not inductor_config.combo_kernels  # only around the capture
     with pytest.raises(NvkitError, match="inductor option"):
         fast.FastDecoder(s.model, graphs=False, inductor={"warp_speed": 9})
-    monkeypatch.setenv("NVKIT_FAST_PDL", "0")
-    assert not fast.FastDecoder(s.model, graphs=False).pdl
-    assert fast.FastDecoder(s.model, graphs=False, pdl=True).pdl
-    monkeypatch.delenv("NVKIT_FAST_PDL")
+    off = fast.FastOptions.from_env({"NVKIT_FAST_PDL": "0"})
+    assert off.pdl is False and not fast.FastDecoder(s.model, off, graphs=False).pdl
+    assert fast.FastDecoder(s.model, off, graphs=False, pdl=True).pdl
     # a torch whose inductor cannot emit PDL: off by default, a clear error when asked for
     monkeypatch.delattr(inductor_config.triton, "enable_pdl")
     assert not fast.FastDecoder(s.model, graphs=False).pdl
@@ -454,7 +461,7 @@ def test_fast_pdl_and_inductor_options(s, monkeypatch):
 
 @pytest.mark.parametrize("arch", ["llama", "llama-bias", "qwen2", "mistral", "qwen3"])
 def test_fused_step_matches_the_model_for_each_family(arch):
-    """Each architecture in fast._FUSABLE (random tiny fp32 weights, so ties are not an issue at
+    """Each architecture in fast.fused.FUSABLE (random tiny fp32 weights, so ties are not an issue at
     fp32): the fused step's logits equal the model's own forward step by step, biases included."""
     import transformers as T
     torch.manual_seed(0)
@@ -477,10 +484,9 @@ def test_fused_step_matches_the_model_for_each_family(arch):
         plain = fast.FastDecoder(model, k_steps=4, graphs=False, fused=False)
         d = fast.FastDecoder(model, k_steps=4, graphs=False)
         assert d.fused, d.fused_why
-        got = d.generate(ids, sampling, keep_logits=True)
-        fused_logits = torch.stack(d.last_logits)
-        plain.generate(ids, sampling, keep_logits=True)
-        plain_logits = torch.stack(plain.last_logits)
+        got, fused_logits = d.trace(ids, sampling)
+        fused_logits = torch.stack(fused_logits)
+        plain_logits = torch.stack(plain.trace(ids, sampling)[1])
     assert got == ref
     assert torch.allclose(fused_logits, plain_logits, atol=1e-4, rtol=1e-4), (fused_logits - plain_logits).abs().max()
 
@@ -536,12 +542,41 @@ def test_swap_keeps_decoders_side_by_side(s):
         assert fast.swap(s, a) is None and fast.decoder(s) is a
         assert fast.swap(s, b) is a and fast.decoder(s) is b   # a was handed back, not released
         assert fast.decoder(s, k_steps=3) is b                   # same settings: kept
-        assert fast.swap(s, None) is b and getattr(model, fast._ATTR, None) is None
+        assert fast.swap(s, None) is b and attached.current(model) is None
 
         class Other:
             model = object()
         with pytest.raises(NvkitError, match="another model"):
             fast.swap(s, Other())
-        assert getattr(model, fast._ATTR, None) is None  # refused: nothing changed
+        assert attached.current(model) is None  # refused: nothing changed
     finally:
         fast.swap(s, before)
+
+
+def test_fast_options_come_from_the_environment_once_and_name_a_bad_variable():
+    opts = fast.FastOptions.from_env({"NVKIT_FAST_K": "4", "NVKIT_FAST_ATTENTION": "matmul", "NVKIT_FAST_FUSED": "0",
+                                      "NVKIT_FAST_COMPILE": "off", "NVKIT_FAST_MIN_TOKENS": "0"})
+    assert (opts.k_steps, opts.attention, opts.fused, opts.compile, opts.min_tokens) == (4, "matmul", False, False, 0)
+    assert fast.FastOptions.from_env({}) == fast.FastOptions()
+    assert fast.FastOptions.from_env({"NVKIT_FAST_PDL": "1"}).pdl is None  # "on where it can", not forced
+    for env, var in [({"NVKIT_FAST_K": "eight"}, "NVKIT_FAST_K"), ({"NVKIT_FAST_K": "0"}, "NVKIT_FAST_K"),
+                     ({"NVKIT_FAST_PDL": "maybe"}, "NVKIT_FAST_PDL"),
+                     ({"NVKIT_FAST_ATTENTION": "reduce"}, "NVKIT_FAST_ATTENTION"),
+                     ({"NVKIT_FAST_CACHE_TOKENS": "3000"}, "NVKIT_FAST_CACHE_TOKENS")]:
+        with pytest.raises(NvkitError, match=var):
+            fast.FastOptions.from_env(env)
+    assert fast.default_options() is fast.default_options()  # read once per process
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.k_steps = 2
+    assert opts.replace(k_steps=None) == opts and opts.replace(k_steps=2).k_steps == 2
+    with pytest.raises(NvkitError, match="Unknown fast-path option"):
+        opts.replace(warp=9)
+
+
+def test_bench_decode_adapter_row_is_skipped_on_cpu_and_leaves_the_model_plain(s):
+    df = bench_decode.run(model=s, new_tokens=3, prompt_len=4, paths=["generate", "fast lora"], show=False)
+    assert list(df["path"]) == ["generate", "fast lora"] and df["note"].iloc[1] == "skipped: the fast path needs CUDA"
+    seen = []
+    bench_decode._with_adapter(s, lambda: seen.append(type(s.model).__name__))
+    assert seen == ["PeftModel"] and type(s.model).__name__ == "Qwen3ForCausalLM"
+    assert not any("lora" in n for n, _ in s.model.named_parameters())

@@ -219,6 +219,11 @@ def cli_main(argv) -> int:
     p.add_argument("--paths", default=None, help="with --decode: comma-separated paths, e.g. fast,fast+triton "
                                                  "(python -m nvkit.bench_decode --help lists them)")
     p.add_argument("--lora", action="store_true", help="LoRA fine-tune step timings (nvkit.bench_lora)")
+    p.add_argument("--session", action="store_true", help="generation as a notebook user meets it, in a cold and a "
+                                                          "warm process (nvkit.benchmarks.session)")
+    p.add_argument("--phases", default="cold,warm", help="with --session: cold, warm or both (each its own process)")
+    p.add_argument("--session-dir", default=None, help="with --session: the folder a cold and a later warm call share")
+    p.add_argument("--csv", default=None, help="with --session: also write the table here")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     try:
         a = p.parse_args(list(argv))
@@ -236,6 +241,11 @@ def cli_main(argv) -> int:
         return 2
     if a.decode and a.paths is not None:
         kw["paths"] = [x.strip() for x in a.paths.split(",") if x.strip()]
+    if a.session:
+        from . import session as bench_session
+        bench_session.run_phases(model=model, csv=a.csv, folder=a.session_dir,
+                                 phases=tuple(x.strip() for x in a.phases.split(",") if x.strip()))
+        return 0
     if a.decode or a.lora:
         df = bench(model, decode=a.decode, lora=a.lora, **kw)
     else:

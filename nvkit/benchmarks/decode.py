@@ -30,34 +30,34 @@ SINGLE_PATHS = ("generate", "static+compile", "fast")
 BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # Variants of the fast path, to compare in one process before changing its defaults. Besides the
 # names below, any "fast+OPT+OPT..." works, OPT one of: eager (no torch.compile: own capture of the
-# eager forward), cublas (LM head left to cuBLAS: FastDecoder(head="cublas")), reduce (attention as
-# products and sums: attention="reduce"), matmul (attention as two batched products, the default
-# before "auto": attention="matmul"), triton (nvkit's split-cache decode attention kernel:
-# attention="triton"), tfused (the same kernel also doing q/k norms, RoPE and the cache writes:
-# attention="triton-fused"), pdl (Programmatic Dependent Launch between inductor's
-# kernels: pdl=True, the default where torch can; nopdl turns it off), combo (inductor's
-# combo_kernels: independent small kernels launched as one), kN (N decode steps per graph replay).
-OPTIONAL_PATHS = ("fast eager", "fast cublas head", "fast reduce attention", "fast without pdl")
-_ALIASES = {"fast eager": "fast+eager", "fast cublas head": "fast+cublas", "fast reduce attention": "fast+reduce",
-            "fast without pdl": "fast+nopdl"}
+# eager forward), matmul (attention as two batched products: attention="matmul"), triton (nvkit's
+# split-cache decode attention kernel: attention="triton"), tfused (the same kernel also doing q/k
+# norms, RoPE and the cache writes: attention="triton-fused"), pdl (Programmatic Dependent Launch
+# between inductor's kernels: pdl=True, the default where torch can; nopdl turns it off), combo
+# (inductor's combo_kernels: independent small kernels launched as one), kN (N decode steps per
+# graph replay).
+OPTIONAL_PATHS = ("fast eager", "fast without pdl")
+# The fast path with an unmerged LoRA adapter attached (PEFT, r=16 on every projection, random
+# weights): what a session decodes at after a fine-tune, beside the plain "fast" row.
+ADAPTER_PATHS = ("fast lora",)
+_ALIASES = {"fast eager": "fast+eager", "fast without pdl": "fast+nopdl"}
 
 
-# option -> (FastDecoder setting, value)
-_FAST_OPTIONS = {"eager": ("compile", False), "cublas": ("head", "cublas"), "matmul": ("attention", "matmul"),
-                 "reduce": ("attention", "reduce"),
-                 "triton": ("attention", "triton"), "tfused": ("attention", "triton-fused"), "pdl": ("pdl", True), "nopdl": ("pdl", False),
-                 "combo": ("inductor", {"combo_kernels": True})}
+# option -> (FastOptions field, value)
+_FAST_OPTIONS = {"eager": ("compile", False), "matmul": ("attention", "matmul"),
+                 "triton": ("attention", "triton"), "tfused": ("attention", "triton-fused"), "pdl": ("pdl", True),
+                 "nopdl": ("pdl", False), "combo": ("inductor", {"combo_kernels": True})}
 
 
 def fast_options(path: str) -> dict | None:
-    """The FastDecoder settings a fast-path benchmark name asks for (None: not a fast path).
+    """The ``FastOptions`` fields a fast-path benchmark name sets (None: not a fast path).
 
     Raises NvkitError for an unknown option, so a typo is not measured as the default."""
     path = _ALIASES.get(path, path)
     if path != "fast" and not path.startswith("fast+"):
         return None
-    # attention=None: the decoder's default (nvkit.fast.DEFAULT_ATTENTION), i.e. what users get
-    opts = dict(compile=True, head="compiled", attention=None, pdl=None, inductor={}, k_steps=None)
+    # None: the process's default (nvkit.generate.fast.default_options()), i.e. what users get
+    opts = dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None)
     for part in path.split("+")[1:]:
         part = part.strip()
         if part in _FAST_OPTIONS:
@@ -67,7 +67,7 @@ def fast_options(path: str) -> dict | None:
             opts["k_steps"] = int(part[1:])
         else:
             raise NvkitError(f"Unknown fast-path option {part!r} in {path!r}: use {', '.join(_FAST_OPTIONS)} or kN "
-                             "(e.g. 'fast+pdl+reduce+k16').")
+                             "(e.g. 'fast+pdl+tfused+k16').")
     return opts
 
 
@@ -123,15 +123,31 @@ def _peak() -> float | None:
 
 def _on_decoder(session, d, timed):
     """``timed`` run with ``d`` as the session's decoder (the others stay captured, unused)."""
-    from ..generate.fast import decoding as fast_mod
+    from ..generate.fast import debug
 
     def run_on_d():
-        old = fast_mod.swap(session, d)
+        old = debug.swap(session, d)
         try:
             return timed()
         finally:
-            fast_mod.swap(session, old)
+            debug.swap(session, old)
     return run_on_d
+
+
+def _with_adapter(session, run):
+    """``run()`` with a LoRA adapter (PEFT, r=16, every projection, small random weights) attached
+    to the session's model, unmerged; the model is as it was afterwards."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    base = session.model
+    torch.manual_seed(0)
+    peft_model = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear",
+                                                 init_lora_weights=False)).eval()
+    session.model = peft_model
+    try:
+        return run()
+    finally:
+        session.model = peft_model.unload()
 
 
 def _summarise_rounds(r: dict, stats: list, peaks: list) -> None:
@@ -157,7 +173,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     ``model``: "qwen3-0.6b" (or another ``nvkit.demo.SHAPES`` name: random weights, real shape),
     "demo", a local checkpoint directory, or a loaded ``Session``. ``paths``: a subset of
     ``SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS`` (default: the first two groups).
-    ``k_steps``: decode steps per graph replay for the fast path (default ``nvkit.fast.DEFAULT_K``).
+    ``k_steps``: decode steps per graph replay for the fast path (default ``FastOptions.k_steps``, from ``NVKIT_FAST_K``).
     ``repeats``: timed rounds of each batch-1 path, in alternation (the median is reported).
     Keywords meant for other benchmarks (``decode=True`` ...) are ignored."""
     import pandas as pd
@@ -166,7 +182,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     for name, v, lo in (("new_tokens", new_tokens, 2), ("prompt_len", prompt_len, 1), ("n_prompts", n_prompts, 1),
                         ("batch_new_tokens", batch_new_tokens, 1), ("repeats", repeats, 1)):
         require(isinstance(v, int) and not isinstance(v, bool) and v >= lo, f"{name} must be a whole number ≥ {lo}, not {v!r}.")
-    known = SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS
+    known = SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS + ADAPTER_PATHS
     if paths is None:
         paths = SINGLE_PATHS + BATCH_PATHS
     if isinstance(paths, str):
@@ -177,7 +193,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     if unused:
         print(f"(decode benchmark: ignoring {sorted(unused)})")
 
-    from ..generate.fast import decoding as fast_mod
+    from ..generate.fast import attached as fast_mod, debug as fast_debug
     s = _session(model, dtype)
     tok, hf = s.tokenizer, s.model
     cuda = s.device.type == "cuda"
@@ -217,8 +233,8 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     kept = {}  # fast path -> its decoder, kept captured for the later rounds (repeats > 1)
 
     group1 = f"batch 1 · {new_tokens} new tokens"
-    fast_paths = [p for p in paths if p not in SINGLE_PATHS and fast_options(p) is not None]
-    for path in [p for p in SINGLE_PATHS if p in paths] + fast_paths:
+    fast_paths = [p for p in paths if p not in SINGLE_PATHS and p not in ADAPTER_PATHS and fast_options(p) is not None]
+    for path in [p for p in SINGLE_PATHS if p in paths] + fast_paths + [p for p in ADAPTER_PATHS if p in paths]:
         try:
             if path == "generate":
                 single(path, min(new_tokens, 8), fast=False)
@@ -227,24 +243,33 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                     skip(group1, path, "compiling the decode step is benchmarked on CUDA only")
                     continue
                 single(path, new_tokens, fast=False, cache_implementation="static")
+            elif path in ADAPTER_PATHS:
+                if not cuda:
+                    skip(group1, path, "the fast path needs CUDA")
+                    continue
+                _with_adapter(s, lambda: single(path, new_tokens, fast=True))
+                rows[-1]["note"] += f"; {s.last_stats.detail}"
+                timed = timed_runs[-1]["timed"]  # later rounds attach the adapter again around their run
+                timed_runs[-1]["timed"] = lambda timed=timed: _with_adapter(s, timed)
             elif fast_options(path) is not None:
                 if not cuda:
                     skip(group1, path, "the fast path needs CUDA")
                     continue
                 opts = fast_options(path)
-                opts["k_steps"] = opts["k_steps"] or k_steps or fast_mod.DEFAULT_K
+                opts["k_steps"] = opts["k_steps"] or k_steps
+                opts["inductor"] = tuple(sorted(opts["inductor"].items()))
                 fast_mod.decoder(s, **opts)
                 single(path, new_tokens, fast=True)
                 d = fast_mod.decoder(s)
                 rows[-1]["note"] += (f"; K={d.k}, {'fused' if d.fused else 'model-forward'} "
-                                     f"{'compiled' if d.compiled else 'eager'} step, head {d.head}, "
+                                     f"{'compiled' if d.compiled else 'eager'} step, "
                                      f"attention {d.attention}{', pdl' if d.pdl else ''}"
-                                     f"{''.join(f', {k}' for k in d.inductor)}") + (
+                                     f"{''.join(f', {k}' for k, _ in d.options.inductor)}") + (
                     f" (compile failed: {d.compile_error})" if d.compile_error else "")
                 if d.compile_detail:  # the note holds one line; the whole cause goes to stderr
                     print(f"{path}: torch.compile failed:\n{d.compile_detail}", file=sys.stderr)
                 if repeats > 1:
-                    kept[path] = fast_mod.swap(s, None)  # the next variant builds its own beside it
+                    kept[path] = fast_debug.swap(s, None)  # the next variant builds its own beside it
                     timed_runs[-1]["timed"] = _on_decoder(s, kept[path], timed_runs[-1]["timed"])
         except Exception as e:  # noqa: BLE001 - one broken path must not hide the others' figures
             skip(group1, path, error_summary(e))
@@ -265,7 +290,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
         for d in kept.values():
             d.release()
         if last is not None:
-            old = fast_mod.swap(s, last)
+            old = fast_debug.swap(s, last)
             if old is not None and old is not last:
                 old.release()
     for r in rows:

@@ -13,8 +13,8 @@ def cache_blocks(prompt_lengths: list[int], max_new_tokens: int, page_size: int 
     ``max_new_tokens`` in pages of ``page_size``, plus one for the page it is writing into.
 
     Why not leave it to transformers: without ``num_blocks`` it sizes the cache from free memory
-    (90 % of it), so 64 short prompts took 124.7 GiB of an H200, which the memory chart then shows
-    as used and other work in the notebook cannot get. When the whole batch would not fit in 80 %
+    (90 % of it), so 64 short prompts take most of a large GPU (docs/benchmarks.md), which the
+    memory chart then shows as used and other work in the notebook cannot get. When the whole batch would not fit in 80 %
     of ``free_bytes`` (given ``bytes_per_block``), None: transformers then sizes the cache from
     memory and runs the requests in waves, as it would have."""
     per = [-(-(n + max_new_tokens) // page_size) + 1 for n in prompt_lengths]

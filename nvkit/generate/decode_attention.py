@@ -1,17 +1,20 @@
 """Attention of one new token over a static KV cache, split over the cache length (flash-decoding).
 
-Why a kernel of our own: in the H200 profile of the fast decode step (Qwen3-0.6B shape, cache of
-512), attention took three kernels per layer — cuBLAS for q·Kᵀ (3.3 µs), a softmax (3.7 µs) and
-cuBLAS for p·V (2.7 µs): ≈ 270 µs of the ≈ 1.1 ms a token costs, for a few kilobytes of work.
-Every one of them is latency, not bandwidth. Here the first kernel gives each (KV head, slice of
+Why a kernel of our own: at batch 1 the matmul form of decode attention costs three kernels per
+layer (q·Kᵀ, softmax, p·V), each a few microseconds of latency for a few kilobytes of work, and it
+reads the whole cache whatever the position. Here the first kernel gives each (KV head, slice of
 the cache) pair its own program — the query heads of the group, a running max, sum and weighted
 sum over the slice, skipping positions past the current one — and the second merges the slices
 per query head. Grouped-query attention reads each KV head once for all its query heads.
 
+A slice is every N-th block of ``BLOCK_L`` positions (block b belongs to slice b mod N), not a
+contiguous stretch: a short sequence in a long cache then still spreads over all the slices,
+so the cache can be sized for the longest request without slowing the short ones.
+
 ``decode_attention`` is a ``torch.library.custom_op``: ``torch.compile`` (fullgraph) keeps it as one
 opaque node and calls it at run time, Triton compiles the kernels in this process on the first
 (warm-up) call, and CUDA-graph capture records their launches. Why not ``triton_op``, which hands
-the kernels to inductor: on the H200 (torch 2.11) inductor's compile workers failed on them
+the kernels to inductor: on a Hopper GPU with torch 2.11 inductor's compile workers failed on them
 ("SubprocException"), while the same kernels compiled and decoded the right tokens when launched
 directly. ``attend_reference`` is the same computation in plain torch, for checking. Used by
 ``nvkit.fast`` with ``attention="triton"``.
@@ -25,23 +28,22 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_SPLITS = 16  # slices of the cache per KV head: 8 KV heads x 16 fill the H200's 132 SMs about once
+MAX_SPLITS = 16  # slices of the cache per KV head: 8 KV heads x 16 programs fill a large GPU's SMs about once
 BLOCK_L = 32     # cache positions per step inside a slice
 
 
 @triton.jit
 def _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
                   stride_kh, stride_kl, stride_vh, stride_vl,
-                  GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr,
-                  CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                  GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
     """One (KV head, slice) program's part: running max, sum and weighted sum of the group's query
-    heads ``q`` (GROUPS_P2, HD; fp32) over the slice's cache positions up to ``pos``."""
+    heads ``q`` (GROUPS_P2, HD; fp32) over the slice's cache positions up to ``pos`` (its blocks
+    are blocks split, split + N_SPLITS, ...)."""
     m = tl.full((GROUPS_P2,), float("-inf"), tl.float32)
     s_sum = tl.zeros((GROUPS_P2,), tl.float32)
     acc = tl.zeros((GROUPS_P2, HD), tl.float32)
-    start = split * CHUNK
-    hi = tl.minimum(start + CHUNK, pos + 1)
-    for off in range(start, hi, BLOCK):  # no step at all when the slice lies past the current position
+    hi = pos + 1
+    for off in range(split * BLOCK, hi, N_SPLITS * BLOCK):  # no step at all when the slice's first block lies past pos
         cols = off + tl.arange(0, BLOCK)
         ok = cols < hi
         k = tl.load(K + kvh * stride_kh + cols[:, None] * stride_kl + d[None, :], mask=ok[:, None], other=0.0)
@@ -65,7 +67,7 @@ def _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
 def _split_kernel(Q, K, V, POS, M, L, O, scale,
                   stride_kh, stride_kl, stride_vh, stride_vl,
                   GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr,
-                  CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+                  BLOCK: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     pos = tl.load(POS)  # keys 0..pos (inclusive) are valid; the rest of the cache is not written yet
@@ -75,7 +77,7 @@ def _split_kernel(Q, K, V, POS, M, L, O, scale,
     live = g < GROUPS
     q = tl.load(Q + heads[:, None] * HD + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
     _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
-                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, CHUNK, BLOCK)
+                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK)
 
 
 @triton.jit
@@ -93,8 +95,7 @@ def _norm_rope(x, xr, W, d, rd, sign, cos, sin, eps, HAS_NORM: tl.constexpr, HD:
 def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, eps,
                        stride_kh, stride_kl, stride_vh, stride_vl,
                        NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
-                       HD: tl.constexpr, N_SPLITS: tl.constexpr, CHUNK: tl.constexpr, BLOCK: tl.constexpr,
-                       HAS_NORM: tl.constexpr):
+                       HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     pos = tl.load(POS)
@@ -110,8 +111,7 @@ def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, eps,
     q = _norm_rope(tl.load(qp + d[None, :], mask=live[:, None], other=0.0).to(tl.float32),
                    tl.load(qp + rd[None, :], mask=live[:, None], other=0.0).to(tl.float32),
                    QW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
-    start = split * CHUNK
-    if (pos >= start) & (pos < start + CHUNK):  # the one program whose slice holds the new position
+    if (pos // BLOCK) % N_SPLITS == split:  # the one program whose slice holds the new position
         kp = QKV + (NH + kvh) * HD
         k = _norm_rope(tl.load(kp + d).to(tl.float32)[None, :], tl.load(kp + rd).to(tl.float32)[None, :],
                        KW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
@@ -119,7 +119,7 @@ def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, eps,
         tl.store(V + kvh * stride_vh + pos * stride_vl + d, tl.load(QKV + (NH + NKV + kvh) * HD + d))
     tl.debug_barrier()  # the new key and value are read back below by other threads of this program
     _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
-                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, CHUNK, BLOCK)
+                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK)
 
 
 @triton.jit
@@ -160,7 +160,7 @@ def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, o
         *lead, m, s_sum, o, *scalars,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         GROUPS=groups, GROUPS_P2=_next_pow2(groups), HD=hd, N_SPLITS=n_splits,
-        CHUNK=length // n_splits, BLOCK=min(BLOCK_L, length // n_splits), **constexprs)
+        BLOCK=min(BLOCK_L, length), **constexprs)
     _combine_kernel[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
 
 

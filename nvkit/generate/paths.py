@@ -21,53 +21,72 @@ from .. import events
 from ..errors import NvkitError, error_summary
 from ..threads import Job
 from . import batch as batch_path
-from .fast import decoding as fast_decoder
+from .fast import attached as fast_attached, sampling as fast_sampling
 from .stats import GenerationStats
 
 
 class StopOnEvent:
-    """StoppingCriteria that ends generation within a step once the event is set."""
+    """StoppingCriteria that ends generation within a step once the event is set. The answer is
+    one of two tensors made once per batch size and device: generate calls this every token."""
 
     def __init__(self, event: threading.Event):
         self.event = event
+        self._answers: dict = {}
 
     def __call__(self, input_ids, scores, **kwargs):
         import torch
-        return torch.full((input_ids.shape[0],), self.event.is_set(), dtype=torch.bool, device=input_ids.device)
+        key = (input_ids.shape[0], input_ids.device)
+        answers = self._answers.get(key)
+        if answers is None:
+            answers = self._answers[key] = tuple(torch.full((input_ids.shape[0],), v, dtype=torch.bool,
+                                                            device=input_ids.device) for v in (False, True))
+        return answers[self.event.is_set()]
 
 
 class CallbackStreamer:
-    """A transformers streamer that decodes incrementally and hands text pieces to a callback in
-    the worker thread (no queue, so nothing can block forever if generate raises)."""
+    """A transformers streamer that hands text pieces to a callback in the worker thread (no
+    queue, so nothing can block forever if generate raises), and counts tokens for ``on_token``.
 
-    def __init__(self, tokenizer, callback: Callable[[str], Any], on_token: Callable[[], None] | None = None):
+    Each token decodes only the last few ids (the window since the last piece, and the token
+    before it for the tokenizers that drop a leading space), not the whole text so far: decoding
+    everything again made every token cost more the longer the answer. Without a callback nothing
+    is decoded at all."""
+
+    def __init__(self, tokenizer, callback: Callable[[str], Any] | None = None,
+                 on_token: Callable[[int], None] | None = None):
         self.tokenizer = tokenizer
         self.callback = callback
         self.on_token = on_token
         self.ids: list[int] = []
-        self.sent = 0
+        self.prefix = 0    # ids[prefix:read] decode to the text sent last...
+        self.read = 0      # ...ids[read:] are not sent yet
         self.prompt_skipped = False
 
     def put(self, value):
         if not self.prompt_skipped:  # the first put is the prompt
             self.prompt_skipped = True
             return
+        if self.callback is None:
+            if self.on_token:
+                self.on_token(int(value.numel()))
+            return
         self.ids.extend(int(t) for t in value.reshape(-1).tolist())
         if self.on_token:
-            self.on_token()
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+            self.on_token(int(value.numel()))
+        self._send(final=False)
+
+    def _send(self, final: bool) -> None:
+        decode = self.tokenizer.decode
+        before = decode(self.ids[self.prefix:self.read], skip_special_tokens=True)
+        text = decode(self.ids[self.prefix:], skip_special_tokens=True)
         # Hold back an incomplete UTF-8 sequence (shown as U+FFFD) until its bytes arrive.
-        if text.endswith("\ufffd"):
-            return
-        if len(text) > self.sent:
-            piece, self.sent = text[self.sent:], len(text)
-            self.callback(piece)
+        if len(text) > len(before) and (final or not text.endswith("\ufffd")):
+            self.callback(text[len(before):])
+            self.prefix, self.read = self.read, len(self.ids)
 
     def end(self):
-        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
-        if len(text) > self.sent:
-            self.callback(text[self.sent:])
-            self.sent = len(text)
+        if self.callback is not None:
+            self._send(final=True)
 
 
 @dataclass
@@ -103,16 +122,17 @@ def run_plain(session, req: Request) -> list[str]:
     stats.prompt_tokens = int(enc["attention_mask"].sum())
     first = {}
 
-    def on_token():
+    def on_token(count: int):
         if "t" not in first:
             first["t"] = time.perf_counter() - t0
             stats.time_to_first_token = first["t"]
-        stats.new_tokens += len(texts)
+        stats.new_tokens += count
         if on_progress:
             on_progress(stats)
 
-    streamer = CallbackStreamer(tok, req.stream or (lambda piece: None), on_token)
-    out = model.generate(**enc, **gen, streamer=streamer, stopping_criteria=_stopping(req.job))
+    streamer = CallbackStreamer(tok, req.stream, on_token)
+    extra = {"tokenizer": tok} if gen.get("stop_strings") else {}  # transformers needs it to match the strings
+    out = model.generate(**enc, **gen, **extra, streamer=streamer, stopping_criteria=_stopping(req.job))
     new = out[:, enc["input_ids"].shape[1]:]
     # count what was really produced (streamer counted steps; pads after EOS are not tokens)
     eos = set(_as_list(getattr(model.generation_config, "eos_token_id", None)))
@@ -135,10 +155,12 @@ def _as_list(x):
 
 
 def run_fast(session, req: Request) -> list[str]:
-    """One prompt through the fast path, streamed; fills ``stats`` like the plain path."""
+    """One prompt through the fast path, streamed; fills ``stats`` like the plain path. While the
+    fast path compiles (once per session), ``stats.detail`` says so and ``on_progress`` hears it
+    about once a second."""
     import torch
     text, gen, stats, t0 = req.texts[0], req.gen, req.stats, req.t0
-    sampling, why = fast_decoder.resolve(session.model, gen)
+    sampling, why = fast_sampling.resolve(fast_attached.base_model(session.model), gen)
     if sampling is None:
         raise NvkitError(f"The fast path cannot run this request: {why}.")
     tok = session.tokenizer
@@ -146,21 +168,27 @@ def run_fast(session, req: Request) -> list[str]:
     ids = enc["input_ids"]
     stats.prompt_tokens = int(ids.shape[-1])
     stats.path = "fast"
-    streamer = CallbackStreamer(tok, req.stream or (lambda piece: None))
+    streamer = CallbackStreamer(tok, req.stream)
     streamer.put(ids)  # the first put is the prompt, skipped
     produced: list[int] = []
 
     def on_tokens(chunk: list[int]):
         if stats.time_to_first_token is None:
             stats.time_to_first_token = time.perf_counter() - t0
+            stats.detail = ""
         produced.extend(chunk)
         stats.new_tokens = len(produced)
         streamer.put(torch.tensor(chunk))
         if req.on_progress:
             req.on_progress(stats)
 
-    d = fast_decoder.decoder(session)
-    d.generate(ids, sampling, on_tokens=on_tokens, stop_event=req.job.stop_event)
+    def preparing(seconds: float):
+        stats.detail = f"preparing fast decode… {seconds:.0f} s"
+        if req.on_progress:
+            req.on_progress(stats)
+
+    d = fast_attached.decoder(session)
+    d.generate(ids, sampling, on_tokens=on_tokens, stop_event=req.job.stop_event, tokenizer=tok, on_progress=preparing)
     stats.detail = d.describe()
     streamer.end()
     return [tok.decode(produced, skip_special_tokens=True)]
@@ -173,26 +201,30 @@ def run(session, req: Request) -> list[str]:
     request needs something it does not implement (then plain ``generate``; ``fast=True`` makes
     that an error). With ``fast=None`` a short request whose length and sampling mode are not
     captured yet runs plain ``generate`` instead of waiting for the capture
-    (``fast.decoder.worth_capturing``). Several prompts on CUDA: continuous batching. On the CPU:
-    plain ``generate`` (a left-padded batch for a list)."""
+    (``fast.worth_capturing``). Several prompts on CUDA: continuous batching. On the CPU:
+    plain ``generate`` (a left-padded batch for a list). When plain ``generate`` runs on a GPU
+    although the fast path was not turned off, ``stats.detail`` says why ("fast path off: ...")."""
     texts, gen, stats, fast = req.texts, req.gen, req.stats, req.fast
     cuda = session.device.type == "cuda"
     if fast and not cuda:
         raise NvkitError("fast=True needs a CUDA GPU.")
     if len(texts) > 1:
         if cuda and fast is not False and not req.stream:
-            why = fast_decoder.unsupported_reason(session, texts[:1], gen)  # same limits: one GPU, no adapter, no quantization
+            why = fast_sampling.unsupported_reason(session, texts[:1], gen)  # same limits: one GPU, no quantization
+            if why is None and getattr(session.model, "peft_config", None):
+                why = "a LoRA adapter is attached"
             if why is None:
                 return batch_path.run(session, req)
             events.record("batch", f"continuous batching off: {why}; padded generate instead")
+            stats.detail = f"continuous batching off: {why}"
         stats.path = "generate"
         outs = run_plain(session, req)
         stats.prompts_done = len(texts)
         return outs
     if cuda and fast is not False:
-        why = fast_decoder.unsupported_reason(session, texts, gen)
+        why = fast_sampling.unsupported_reason(session, texts, gen)
         if why is None and fast is None:
-            why = fast_decoder.worth_capturing(session, texts[0], gen)
+            why = fast_attached.worth_capturing(session, texts[0], gen)
         if why is None:
             try:
                 return run_fast(session, req)
@@ -207,5 +239,6 @@ def run(session, req: Request) -> list[str]:
             raise NvkitError(f"fast=True, but the fast path cannot run this request: {why}. "
                              "Drop fast=True (plain generate is used then) or change the request.")
         events.record("fast-off", f"fast decode off: {why}")
+        stats.detail = f"fast path off: {why}"
     stats.path = "generate"
     return run_plain(session, req)

@@ -342,22 +342,53 @@ def attention_backends(device=None) -> ChoiceList:
     return out
 
 
-def resolve_attention(name: str, device_type: str, device=None) -> str:
+_CLASS_FLAGS = {"sdpa": "_supports_sdpa", "flash_attention_2": "_supports_flash_attn",
+                "flash_attention_3": "_supports_flash_attn", "flash_attention_4": "_supports_flash_attn",
+                "flex_attention": "_supports_flex_attn"}
+
+
+def class_backends(model_class) -> tuple[str, ...]:
+    """The backends of ``NAMES`` a transformers model class declares support for (all of them
+    when the class is unknown, e.g. remote code: transformers then checks at load)."""
+    if model_class is None:
+        return NAMES
+    return tuple(n for n in NAMES if n == "eager" or getattr(model_class, _CLASS_FLAGS[n], True) is not False)
+
+
+def model_class_for(config):
+    """The causal-LM class transformers would build for ``config`` (None when it is not a known one)."""
+    try:
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except (KeyError, ImportError, ValueError):
+        return None
+
+
+def resolve_attention(name: str, device_type: str, device=None, model_class=None) -> str:
     """The ``attn_implementation`` to pass to transformers for ``name`` on ``device_type``
     ("cuda"/"cpu"), or NvkitError listing the backends that work here. No silent fallback:
-    only ``"auto"`` chooses, and it says what it chose in the returned name."""
+    only ``"auto"`` chooses: the first of ``AUTO_ORDER`` that works here and that
+    ``model_class`` supports (Gemma2, say, refuses sdpa). A backend asked for by name that the
+    model class does not support is an NvkitError naming the ones it does."""
     if not isinstance(name, str) or not name.strip():
         raise NvkitError(f"attn_implementation must be a backend name such as 'sdpa' (or 'auto'), not {name!r}.")
     name = name.strip()
     if device_type not in ("cpu", "cuda"):
         raise NvkitError(f"device type must be 'cpu' or 'cuda', not {device_type!r}.")
+    supported = class_backends(model_class)
+    if name in NAMES and name not in supported:
+        cls = getattr(model_class, "__name__", "This model")
+        works = [n for n in supported if n in BUILTIN or attention_backends(device if device is not None else device_type)[n].available]
+        raise NvkitError(f"{cls} does not support attention backend {name!r}. It supports: {', '.join(supported)}; "
+                         f"of those, these work here: {', '.join(works)}. Leave attn_implementation out (or 'auto') "
+                         "and nvkit picks the best of them.")
     if name in BUILTIN:
         return name
     choices = attention_backends(device if device is not None else device_type)
     works = choices.names(True)
     if name == "auto":
         for cand in AUTO_ORDER:
-            if cand in works:
+            if cand in works and cand in supported:
                 return cand
         return "eager"
     if name.startswith("paged|"):
@@ -387,7 +418,8 @@ def resolve_attention(name: str, device_type: str, device=None) -> str:
 def set_attention(session, name: str) -> str:
     """Switch the loaded model to ``name`` (checked first; the model keeps its backend on error)."""
     dev = session.device
-    impl = resolve_attention(name, dev.type, dev.index if dev.type == "cuda" else "cpu")
+    base = session.model.get_base_model() if hasattr(session.model, "get_base_model") else session.model
+    impl = resolve_attention(name, dev.type, dev.index if dev.type == "cuda" else "cpu", model_class=type(base))
     try:
         session.model.set_attn_implementation(impl)
     except (ValueError, ImportError, RuntimeError) as e:

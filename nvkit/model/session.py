@@ -17,7 +17,7 @@ from typing import Any
 from .. import events
 from ..errors import NvkitError, require
 from ..generate import paths
-from ..generate.fast.decoding import forget as forget_fast_decoder
+from ..generate.fast.attached import forget as forget_fast_decoder
 from ..generate.stats import GenerationStats
 from ..memory import peaks
 from ..memory.oom import oom_error
@@ -28,13 +28,12 @@ from ..quiet import routed
 from ..threads import Job
 from ..units import fmt_bytes
 from . import adapters, compare, export
-from .backends import resolve_attention, set_attention
+from .backends import model_class_for, resolve_attention, set_attention
 from .kernels import apply_kernels, enable_kernels, plan_kernels
 from .precision import resolve_dtype
 from .quant import quantization_config
 
 _DEVICE_MAPS = ("cuda", "auto", "cpu", "balanced", "balanced_low_0", "sequential")
-
 
 
 def session(required: bool = True) -> "Session | None":
@@ -383,26 +382,25 @@ class Session:
         return export.export(self, directory, merge)
 
 
-def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation: str = "sdpa",
+def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation: str = "auto",
          use_kernels: bool = False, kernel_config=None, quantization=None, max_memory=None,
          trust_remote_code: bool = False, **from_pretrained_kwargs) -> Session:
     """Load a model and its tokenizer into this kernel and make it the current session.
 
     ``model``: "demo" (nvkit's offline demo model), a Hub id, or a local checkpoint directory.
-    The previous session is unloaded first."""
+    ``attn_implementation="auto"`` picks the best backend that works here and that the model class
+    supports (``s.info["attention"]`` says which). The previous session is unloaded first."""
     path, is_local = resolve_model(model)
     dm, device_type = resolve_device_map(device_map)
     import torch
     capability = torch.cuda.get_device_capability(0) if device_type == "cuda" else None
     torch_dtype = resolve_dtype(dtype, device_type, capability)
-    attn = resolve_attention(attn_implementation, device_type)
     qconfig = quantization_config(quantization, torch_dtype, device_type)
     require(isinstance(trust_remote_code, bool), "trust_remote_code must be True or False.")
     require(max_memory is None or isinstance(max_memory, dict),
             "max_memory must be a dict such as {0: '20GiB', 1: '20GiB', 'cpu': '64GiB'}.")
 
-    kwargs = dict(dtype=torch_dtype, device_map=dm, attn_implementation=attn,
-                  trust_remote_code=trust_remote_code, **from_pretrained_kwargs)
+    kwargs = dict(dtype=torch_dtype, device_map=dm, trust_remote_code=trust_remote_code, **from_pretrained_kwargs)
     if max_memory is not None:
         kwargs["max_memory"] = max_memory
     if qconfig is not None:
@@ -414,10 +412,12 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     # Config and tokenizer first: they are small and fail fast (offline Hub, wrong path), so a bad
     # request leaves the current session loaded and usable.
     try:
-        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, ImportError) as e:
         raise _load_error(model, path, is_local, e) from e
+    kwargs["attn_implementation"] = resolve_attention(attn_implementation, device_type,
+                                                      model_class=model_class_for(config))
     kernel_plan = plan_kernels(path, device_type, use_kernels, kernel_config, trust_remote_code)
     old = STATE.session
     if old is not None and old.model is not None:

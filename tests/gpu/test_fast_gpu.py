@@ -1,7 +1,8 @@
 """nvkit's fast decode path and batch path on a real GPU, and the decode benchmark table.
 
 - demo model (trained, so greedy choices are clear-cut): the fast path's text is identical to plain
-  ``generate``'s, streaming and Stop work through it, unsupported options fall back;
+  ``generate``'s, streaming and Stop work through it, the generation options it runs itself give
+  plain's text, the others fall back and the stats line says why;
 - Qwen3-0.6B shape (random bf16 weights: near-tied logits make paths drift apart after a few
   tokens): the logits of the first steps agree within bf16 tolerance while the tokens agree;
 - a list of prompts goes through continuous batching and comes back in input order;
@@ -15,7 +16,7 @@ import pytest
 import torch
 
 import nvkit
-from nvkit.generate.fast import decoding as fast
+import nvkit.generate.fast as fast
 from nvkit.errors import NvkitError
 from tests.gen_fixtures import model_dir, shaped_dir
 
@@ -88,10 +89,15 @@ def test_fast_sampling_is_seeded_and_options_fall_back(demo_cuda):
     assert s.last_stats.path == "fast"
     b = s.generate(PROMPTS[2], **kw)  # short, but captured now: the default takes the fast path
     assert s.last_stats.path == "fast" and a == b
-    s.generate(PROMPTS[2], max_new_tokens=8, repetition_penalty=1.3)
-    assert s.last_stats.path == "generate"  # not implemented by the fast path: plain generate
-    with pytest.raises(NvkitError, match="repetition_penalty"):
-        s.generate(PROMPTS[2], max_new_tokens=8, repetition_penalty=1.3, fast=True)
+    s.generate(PROMPTS[2], max_new_tokens=8, no_repeat_ngram_size=2)
+    st = s.last_stats  # not implemented by the fast path: plain generate, and the stats line says why
+    assert st.path == "generate" and st.detail.startswith("fast path off: no_repeat_ngram_size=2"), st.detail
+    with pytest.raises(NvkitError, match="no_repeat_ngram_size"):
+        s.generate(PROMPTS[2], max_new_tokens=8, no_repeat_ngram_size=2, fast=True)
+    for kw in (dict(repetition_penalty=1.3), dict(min_new_tokens=20), dict(stop_strings=["GPU"])):
+        plain = s.generate(PROMPTS[2], max_new_tokens=32, fast=False, **kw)
+        quick = s.generate(PROMPTS[2], max_new_tokens=32, **kw)  # runs on the fast path now
+        assert s.last_stats.path == "fast" and quick == plain, (kw, quick, plain)
     assert s.generate(PROMPTS[2], max_new_tokens=4)  # still usable
     chat = s.generate("What is a GPU?", max_new_tokens=24, chat=True, system="Answer briefly.", fast=True)
     assert s.last_stats.path == "fast" and isinstance(chat, str)
@@ -158,12 +164,12 @@ def test_logits_close_on_qwen3_shape():
             sampling, why = fast.resolve(s.model, dict(max_new_tokens=n, do_sample=False, eos_token_id=10 ** 7))
             assert why is None
             d = fast.decoder(s)
-            got = d.generate(ids, sampling, keep_logits=True)
+            got, got_logits = d.trace(ids, sampling)
         compared = []
         for i in range(n):
             if got[:i] != ref_tokens[:i]:
                 break  # after a divergence the two runs condition on different text
-            a, b = d.last_logits[i].float(), ref.logits[i][0].float()
+            a, b = got_logits[i].float(), ref.logits[i][0].float()
             diff = (a - b).abs().max().item()
             scale = b.abs().max().item()
             compared.append((i, diff, scale))
@@ -188,8 +194,7 @@ def _profile_one_replay(d):
     """Kernels in one K-step replay and where the GPU time goes (printed for the notes)."""
     try:
         from torch.profiler import ProfilerActivity, profile
-        b = next(reversed(d._buckets.values()))
-        replay = b.graphs[(("greedy",), False)]
+        replay = d._cache.graphs[(("greedy", 0, False, False), False, False)]
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             replay()
             torch.cuda.synchronize()

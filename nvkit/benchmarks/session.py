@@ -1,0 +1,252 @@
+"""Session benchmark: generation as a notebook user meets it (``nvkit bench --session``).
+
+One process, one model, plain ``s.generate(prompt, max_new_tokens=n)`` calls in a row — the
+request lengths of ``REQUESTS``, then the same after a short ``nvkit.finetune`` (the adapter stays
+attached), then a list of prompts — timed per request with nvkit's defaults, against
+transformers' plain ``model.generate`` and ``generate(cache_implementation="static")`` (which
+compiles), and nvkit's own plain path (``fast=False``) beside transformers' on the same requests.
+Compiles are counted. ``run_phases`` runs it twice in fresh processes sharing one
+nvkit cache folder: "cold" (nothing on disk) and "warm" (the first process's compile artifacts on
+disk, torch's own caches empty), which is what a restarted kernel or a second notebook meets.
+
+Plain ``generate`` runs at a steady rate per token, so by default it runs a few of the requests
+and the others are estimated from its measured rate (the table marks them "est."). EOS is set
+to an id the model cannot produce so every path makes exactly the tokens asked for.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from ..errors import NvkitError, require
+
+REQUESTS = (256, 256, 40, 100, 200, 300, 600, 1000, 30)
+COLUMNS = ["phase", "part", "path", "request", "new_tokens", "seconds", "tokens_per_s", "ttft_ms", "compiles",
+           "ran", "note"]
+
+
+def _prompt(tok, n_tokens: int, seed: int = 0) -> str:
+    from .. import demo
+    with open(demo.CORPUS, encoding="utf-8") as f:
+        words = f.read().split()
+    start = (seed * 997) % max(1, len(words) - 4 * n_tokens)
+    ids = tok(" ".join(words[start:start + 2 * n_tokens]))["input_ids"][:n_tokens]
+    return tok.decode(ids, skip_special_tokens=True)
+
+
+def _load(model):
+    from ..model.session import Session, load
+    if isinstance(model, Session):
+        return model
+    require(isinstance(model, str) and model.strip(), f"model must be a shape name such as 'qwen3-0.6b', 'demo', a "
+                                                      f"local directory or a Session, not {model!r}.")
+    from .. import demo
+    key = model.strip().lower()
+    return load(demo.shaped(key) if key in demo.SHAPES else model)
+
+
+def _compiles(s) -> int:
+    from ..generate.fast import attached
+    d = attached.current(s.model) if s.model is not None else None
+    return int(d.counts["compiles"]) if d is not None else 0
+
+
+def _parse(requests) -> tuple[int, ...]:
+    if isinstance(requests, str):
+        requests = [r for r in requests.split(",") if r.strip()]
+    try:
+        out = tuple(int(r) for r in requests)
+    except (TypeError, ValueError):
+        raise NvkitError(f"requests must be whole numbers of new tokens, e.g. '256,40', not {requests!r}.") from None
+    require(all(r > 0 for r in out), f"requests must be ≥ 1 new token each, not {requests!r}.")
+    return out
+
+
+def run(model="qwen3-0.6b", requests=REQUESTS, plain="256,600", static="256,40", finetune_steps: int = 20,
+        n_prompts: int = 64, list_new_tokens: int = 128, prompt_len: int = 64, phase: str = "cold",
+        show: bool = True):
+    """Run the session sequence in this process and return a pandas DataFrame (printed when ``show``).
+
+    ``model``: a shape name such as "qwen3-0.6b" (random weights), "demo", a local directory or a
+    loaded Session. ``plain`` / ``static``: the requests (new-token counts out of ``requests``)
+    those paths really run; ``"all"`` runs them all, ``""`` none. ``finetune_steps=0`` skips the
+    fine-tune part, ``n_prompts=0`` the list."""
+    import pandas as pd
+    import torch
+
+    requests = _parse(requests)
+    plain_set = set(requests) if plain == "all" else set(_parse(plain or ()))
+    static_set = set(requests) if static == "all" else set(_parse(static or ()))
+    for name, v in (("finetune_steps", finetune_steps), ("n_prompts", n_prompts), ("list_new_tokens", list_new_tokens),
+                    ("prompt_len", prompt_len)):
+        require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f"{name} must be a whole number ≥ 0, not {v!r}.")
+    s = _load(model)
+    tok = s.tokenizer
+    never = int(s.model.config.get_text_config().vocab_size)
+    prompt = _prompt(tok, prompt_len)
+    cuda = s.device.type == "cuda"
+    rows: list[dict] = []
+
+    def add(part, path, i, n, seconds, ttft=None, ran="", note=""):
+        rows.append(dict(phase=phase, part=part, path=path, request=i, new_tokens=n, seconds=round(seconds, 3),
+                         tokens_per_s=round(n / seconds, 1) if seconds else None,
+                         ttft_ms=round(ttft * 1000, 1) if ttft is not None else None,
+                         compiles=_compiles(s), ran=ran, note=note))
+
+    def hf_generate(n, **kw):
+        enc = tok(prompt, return_tensors="pt").to(s.device)
+        with torch.inference_mode():
+            s.model.generate(**enc, max_new_tokens=n, do_sample=False, eos_token_id=never,
+                             pad_token_id=tok.pad_token_id, **kw)
+
+    def sequence(part):
+        t_part = time.perf_counter()
+        for i, n in enumerate(requests):
+            t = time.perf_counter()
+            s.generate(prompt, max_new_tokens=n, eos_token_id=never)
+            st = s.last_stats
+            add(part, "nvkit default", i, st.new_tokens, time.perf_counter() - t, st.time_to_first_token, st.how)
+        add(part, "nvkit default", "total", sum(requests), time.perf_counter() - t_part)
+        if phase != "cold":
+            return  # plain and static do not depend on nvkit's disk cache: measured once, in the cold phase
+        for path, chosen, kw in (("plain generate", plain_set, {}),
+                                 ("static+compile", static_set if cuda else set(), dict(cache_implementation="static"))):
+            if not chosen:
+                continue
+            measured, total, est = [], 0.0, False
+            for i, n in enumerate(requests):
+                if n in chosen:
+                    t = time.perf_counter()
+                    hf_generate(n, **kw)
+                    secs = time.perf_counter() - t
+                    measured.append((n, secs))
+                    total += secs
+                    add(part, path, i, n, secs, ran="transformers generate")
+            rate = sum(n for n, _ in measured) / sum(x for _, x in measured) if measured else None
+            for i, n in enumerate(requests):
+                if n not in chosen and rate and path == "plain generate":
+                    total += n / rate
+                    est = True
+                    add(part, path, i, n, n / rate, note=f"est. from its {rate:.1f} tok/s")
+            if path == "plain generate" and rate:
+                add(part, path, "total", sum(requests), total, note="measured + est." if est else "")
+            elif path == "static+compile":
+                add(part, path, "total (run only)", sum(n for n, _ in measured), total,
+                    note="each new length compiles again; the others were not run")
+        # nvkit's plain path on the requests plain generate ran: what the session adds to transformers
+        for i, n in enumerate(requests):
+            if n in plain_set:
+                t = time.perf_counter()
+                s.generate(prompt, max_new_tokens=n, eos_token_id=never, fast=False)
+                st = s.last_stats
+                add(part, "nvkit fast=False", i, st.new_tokens, time.perf_counter() - t, st.time_to_first_token,
+                    st.how, note="compare with plain generate's row of this request")
+
+    sequence("sequence")
+    if finetune_steps:
+        from .. import demo
+        from ..train.finetune import finetune
+        with open(demo.CORPUS, encoding="utf-8") as f:
+            lines = [ln.strip() for ln in f if len(ln.strip()) > 40][:200]
+        t = time.perf_counter()
+        ft = finetune(s, lines, max_steps=finetune_steps, batch_size=4, seq_len=256,
+                      output_dir=tempfile.mkdtemp(prefix="nvkit-bench-session-"))
+        ft.result()
+        rows.append(dict(phase=phase, part="fine-tune", path="nvkit.finetune", request="", new_tokens=None,
+                         seconds=round(time.perf_counter() - t, 3), compiles=_compiles(s),
+                         note=f"{finetune_steps} steps, adapter left attached"))
+        plain_set = {requests[0]} if plain_set else set()  # with the adapter: its rate, the rest estimated
+        static_set = set()
+        sequence("after fine-tune")
+    if n_prompts:
+        prompts = [_prompt(tok, max(8, prompt_len // 2 + (i * 37) % (2 * prompt_len)), seed=i + 1) for i in range(n_prompts)]
+        t = time.perf_counter()
+        s.generate(prompts, max_new_tokens=list_new_tokens, eos_token_id=never)
+        st = s.last_stats
+        add(f"{n_prompts} prompts", "nvkit default", "", st.new_tokens, time.perf_counter() - t, st.time_to_first_token,
+            st.how)
+        if phase == "cold":
+            old = tok.padding_side
+            tok.padding_side = "left"
+            try:
+                enc = tok(prompts, return_tensors="pt", padding=True).to(s.device)
+            finally:
+                tok.padding_side = old
+            t = time.perf_counter()
+            with torch.inference_mode():
+                s.model.generate(**enc, max_new_tokens=list_new_tokens, do_sample=False, eos_token_id=never,
+                                 pad_token_id=tok.pad_token_id)
+            add(f"{n_prompts} prompts", "padded generate", "", n_prompts * list_new_tokens, time.perf_counter() - t,
+                ran="transformers generate")
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    df.attrs.update(model=s.model_id, device=str(s.device), gpu=torch.cuda.get_device_name(s.device) if cuda else "cpu")
+    if show:
+        _print(df)
+    return df
+
+
+def summary(df) -> "object":
+    """Totals per phase, part and path, and nvkit's speed-up over plain generate."""
+    import pandas as pd
+    tot = df[df["request"].astype(str).str.startswith("total") | df["part"].str.contains("prompts")]
+    out = tot[["phase", "part", "path", "new_tokens", "seconds", "compiles", "note"]].copy()
+    plain = {(r.phase, r.part): r.seconds for r in out.itertuples() if r.path in ("plain generate", "padded generate")}
+    cold_plain = {part: v for (ph, part), v in plain.items() if ph == "cold"}
+    out["plain_over_nvkit"] = [round(cold_plain[r.part] / r.seconds, 1) if r.path == "nvkit default"
+                               and r.part in cold_plain and r.seconds else None for r in out.itertuples()]
+    return pd.DataFrame(out)
+
+
+def _print(df) -> None:
+    import pandas as pd
+    with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_colwidth", 90):
+        print(f"session benchmark · {df.attrs.get('model')} · {df.attrs.get('gpu')}")
+        print(df.to_string(index=False))
+        print("\ntotals:")
+        print(summary(df).to_string(index=False))
+
+
+def run_phases(model="qwen3-0.6b", phases=("cold", "warm"), csv: str | None = None, folder: str | None = None,
+               **kwargs):
+    """The session benchmark in one fresh process per phase, sharing one nvkit cache folder (so
+    "warm" finds "cold"'s compile artifacts) and each with empty torch compile caches of its own
+    (so only nvkit's artifacts can make it warm). ``folder``: where those live (default: a new
+    temporary folder); give the same one to a cold and a later warm call. Returns the combined
+    DataFrame."""
+    import pandas as pd
+    if isinstance(model, str) and model.strip().lower() != "demo" and not os.path.isdir(os.path.expanduser(model)):
+        from .. import demo
+        if model.strip().lower() in demo.SHAPES:
+            model = demo.shaped(model.strip().lower())  # built once, in the usual cache, before the phases
+    require(all(p in ("cold", "warm") for p in phases) and phases, f"phases must be 'cold', 'warm' or both, not {phases!r}.")
+    root = folder or tempfile.mkdtemp(prefix="nvkit-bench-session-")
+    os.makedirs(root, exist_ok=True)
+    frames = []
+    for phase in phases:
+        out = os.path.join(root, f"{phase}.json")
+        env = dict(os.environ, NVKIT_CACHE=os.path.join(root, "nvkit"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(root, f"inductor-{phase}"),
+                   TRITON_CACHE_DIR=os.path.join(root, f"triton-{phase}"))
+        args = dict(kwargs, model=model, phase=phase)
+        code = ("import json, sys; from nvkit.benchmarks import session as b; "
+                f"df = b.run(**json.loads(sys.argv[1])); df.to_json({out!r}, orient='records')")
+        t = time.perf_counter()
+        r = subprocess.run([sys.executable, "-c", code, json.dumps(args)], env=env)
+        if r.returncode != 0:
+            raise NvkitError(f"The {phase} phase of the session benchmark failed (exit {r.returncode}); its output is above.")
+        df = pd.read_json(out, orient="records")
+        df = pd.concat([df, pd.DataFrame([dict(phase=phase, part="process", path="whole process", request="",
+                                               seconds=round(time.perf_counter() - t, 1),
+                                               note="start, model load, everything above")])], ignore_index=True)
+        frames.append(df)
+    df = pd.concat(frames, ignore_index=True)[COLUMNS]
+    if csv:
+        df.to_csv(csv, index=False)
+    print("\n=== both phases ===")
+    _print(df)
+    return df

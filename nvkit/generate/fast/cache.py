@@ -1,0 +1,119 @@
+"""The KV cache of one size class and every device buffer the fast path's graphs read and write.
+
+A size class is a power of two of tokens (``FastOptions.cache_tokens`` at least): every request
+whose prompt, new tokens and replay slack fit in it runs on the same graphs, because the steps
+read the position from ``pos`` on the device. A request that needs more doubles the class.
+Prompts are padded to a prefill class (powers of two from ``MIN_PREFILL`` up to
+``MAX_PREFILL``), one prefill graph each; longer prompts run their prefill eagerly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+MIN_PREFILL = 16
+MAX_PREFILL = 2048
+
+
+def next_pow2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def size_class(needed: int, smallest: int, max_positions: int) -> int:
+    """The cache length for a request of ``needed`` positions: ``smallest`` doubled until it fits,
+    never longer than the power of two that holds the model's whole context."""
+    return min(max(smallest, next_pow2(needed)), max(next_pow2(max_positions), next_pow2(needed)))
+
+
+def prefill_class(n: int, length: int) -> int | None:
+    """The padded length a prompt of ``n`` tokens is prefilled at (None: too long for a class)."""
+    if n > min(MAX_PREFILL, length):
+        return None
+    return max(MIN_PREFILL, next_pow2(n))
+
+
+@dataclass
+class Cache:
+    """One size class: the KV cache, the request's device buffers, and the graphs captured on them."""
+    length: int
+    k: int                 # decode steps per replay
+    keys: list = field(default_factory=list)    # fused step: per layer (kv heads, length, head_dim)
+    values: list = field(default_factory=list)
+    kv: Any = None         # model-forward step: a transformers StaticCache
+    tok: Any = None        # (1, 1) int64: the next step's input id
+    out: Any = None        # (K,) int64: the ids picked by one replay
+    pos: Any = None        # 0-dim int64: the position the next token takes
+    arange: Any = None     # (length,) int64
+    cos: Any = None        # (length, head_dim) rotary tables (fused step)
+    sin: Any = None
+    prompt: Any = None     # (1, prefill capacity) int64: the padded prompt a prefill graph reads
+    last: Any = None       # 0-dim int64: the prompt's last position
+    first_logits: Any = None  # (1, vocab) float32: what the prefill returns
+    temperature: Any = None   # 0-dim float32
+    top_p: Any = None         # 0-dim float32
+    penalty: Any = None       # 0-dim float32: repetition penalty (1: none)
+    min_pos: Any = None       # 0-dim int64: the first position an EOS may take
+    eos_mask: Any = None      # (1, vocab) bool
+    seen: Any = None          # (1, vocab) bool: ids in the prompt and the text so far
+    logits: Any = None        # (K, vocab) float32 when a graph copies its logits out (FastDecoder.trace)
+    steps: dict = field(default_factory=dict)     # lora on? -> the eager decode step
+    compiled: dict = field(default_factory=dict)  # lora on? -> its torch.compile wrapper
+    graphs: dict = field(default_factory=dict)    # (sampling key, lora on?, logits kept?) -> replay
+    prefills: dict = field(default_factory=dict)  # (padded length, lora on?) -> replay
+    pool: Any = None       # the memory pool the prefill graphs share (they never run at once)
+    host: Any = None       # two (pinned K-id buffer, CUDA event) pairs the host reads replays through
+
+    def forget_lora(self) -> None:
+        """Drop what was built for the adapters' buffers (they are being replaced)."""
+        self.steps.pop(True, None)
+        self.compiled.pop(True, None)
+        for key in [k for k in self.graphs if k[1]]:
+            del self.graphs[key]
+        for key in [k for k in self.prefills if k[1]]:
+            del self.prefills[key]
+
+
+def new_cache(model, fw, length: int, k: int, device) -> Cache:
+    """A cache of ``length`` positions with its buffers; ``fw`` (FusedWeights) for the fused step,
+    None for the model's own forward over a transformers StaticCache."""
+    import torch
+    vocab = int(model.config.get_text_config().vocab_size)
+    f32 = dict(dtype=torch.float32, device=device)
+    i64 = dict(dtype=torch.long, device=device)
+    c = Cache(length=length, k=k, tok=torch.zeros((1, 1), **i64), out=torch.zeros((k,), **i64),
+              pos=torch.zeros((), **i64), arange=torch.arange(length, device=device),
+              prompt=torch.zeros((1, min(MAX_PREFILL, length)), **i64), last=torch.zeros((), **i64),
+              first_logits=torch.zeros((1, vocab), **f32), temperature=torch.ones((), **f32),
+              top_p=torch.ones((), **f32), penalty=torch.ones((), **f32), min_pos=torch.zeros((), **i64),
+              eos_mask=torch.zeros((1, vocab), dtype=torch.bool, device=device),
+              seen=torch.zeros((1, vocab), dtype=torch.bool, device=device))
+    with torch.inference_mode(False):
+        if fw is not None:
+            c.keys = [torch.zeros((fw.nkv, length, fw.hd), dtype=fw.dtype, device=device) for _ in fw.layers]
+            c.values = [torch.zeros((fw.nkv, length, fw.hd), dtype=fw.dtype, device=device) for _ in fw.layers]
+            c.cos, c.sin = fw.rotary(length)
+    if fw is None:
+        from transformers import StaticCache
+        c.kv = StaticCache(config=model.config, max_cache_len=length)
+        # Allocate it now: lazy allocation inside a traced or captured region would move it.
+        model(input_ids=c.tok, past_key_values=c.kv, use_cache=True, logits_to_keep=1)
+        c.kv.reset()
+    return c
+
+
+def set_request(c: Cache, prompt_ids, sampling, vocab: int) -> None:
+    """Write one request's values into the buffers its graphs read."""
+    n = int(prompt_ids.shape[-1])
+    c.temperature.fill_(max(sampling.temperature, 1e-5))
+    c.top_p.fill_(sampling.top_p)
+    c.penalty.fill_(sampling.repetition_penalty)
+    c.min_pos.fill_(sampling.eos_allowed_from(n))
+    c.eos_mask.zero_()
+    eos = [e for e in sampling.eos if 0 <= e < vocab]
+    if eos:
+        c.eos_mask[0, eos] = True
+    c.seen.zero_()
+    if sampling.repetition_penalty != 1.0:
+        c.seen[0].index_fill_(0, prompt_ids.view(-1), True)
+    c.pos.fill_(n)

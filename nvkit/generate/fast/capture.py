@@ -1,0 +1,495 @@
+"""``FastDecoder``: decoding of one sequence on one GPU, K decode steps per CUDA-graph replay.
+
+Why not ``generate(cache_implementation="static")``: its compiled decode step is fast on the GPU,
+but every token still pays the host work of the generate loop and of the graph-tree checks, so the
+GPU is idle most of the time. Here one CUDA graph holds K consecutive decode steps: each step's
+picked token is written into the next step's input buffer on the device, so the host wakes once
+per K tokens, reads K ids with one copy, checks EOS, stop strings and the stop event, and streams
+the K tokens at once (up to K-1 extra steps are computed past an EOS and dropped).
+
+The step is nvkit's fused one for the Llama family (``fused``), else the model's own forward over a
+``StaticCache``. It is compiled with inductor (``torch.compile(fullgraph=True)``, no cudagraphs of
+its own) so the many small elementwise kernels are fused, and then captured K times into one
+graph; if compiling fails, the eager step is captured instead (more kernels per token, still no
+host work between them). Compiling is the expensive part: it happens once per session and cache
+size class (``cache``), and with ``FastOptions.disk_cache`` its artifacts are kept on disk
+(``artifacts``) so another process compiles in seconds. A graph for another sampling mode reuses
+the compiled step and costs a second. The fused step's prompt prefill is captured too, once per
+prompt-length class, without compiling.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+import time
+from typing import Callable
+
+from ... import events
+from ...errors import NvkitError, error_summary
+from ...memory.estimate import attention_dims
+from . import artifacts, lora as lora_mod
+from .cache import Cache, new_cache, prefill_class, set_request, size_class
+from .replay import replays, ticking
+from .fused import FusedWeights, decode_step, fusable_why, prefill_step, qk_norm_why
+from .options import FastOptions, default_options
+from .sampling import Sampling, StopStrings, choose
+
+
+def triton_cannot_run_on(device) -> str | None:
+    """Why nvkit's Triton decode-attention kernels cannot run on ``device`` (None: they can).
+    "auto" asks this first; a kernel asked for by name is built anyway (Triton's interpreter runs
+    it on a CPU in the tests)."""
+    if device.type != "cuda":
+        return f"nvkit's Triton attention kernels run on CUDA GPUs; this model is on {device.type}"
+    return None
+
+
+class FastDecoder:
+    """Greedy/sampled decoding of one sequence on one GPU, K steps per CUDA-graph replay.
+
+    ``model``: the causal LM (a PEFT wrapper's base model; adapters injected into it are run by the
+    fused step). ``options``: a ``FastOptions`` (default: the process's, from ``NVKIT_FAST_*``);
+    keywords override single fields (``FastDecoder(model, k_steps=4)``). ``graphs=False`` runs the
+    same step code without capture, for checking the logic on a CPU; it is not a fast path."""
+
+    def __init__(self, model, options: FastOptions | None = None, *, graphs: bool = True, **overrides):
+        self.options = (options or default_options()).replace(**overrides)
+        self.model = model
+        self.graphs = graphs
+        self.device = model.get_input_embeddings().weight.device
+        self.vocab = int(model.config.get_text_config().vocab_size)
+        self.max_positions = int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 1 << 20)
+        self._cache: Cache | None = None
+        self._lora: lora_mod.LoraSlots | None = None
+        self.compiled = False      # True once the inductor step was used for a capture
+        self.compile_error: str | None = None
+        self.compile_detail: str | None = None  # the whole message (inductor's carry the worker's traceback)
+        #: expensive captures (a step compiled, or captured eagerly, for a cache), cheap ones
+        #: (another sampling mode on a compiled step) and prefill graphs, counted for the benchmarks
+        self.counts = collections.Counter()
+        self.capture_seconds: dict[tuple, float] = {}
+        self.last_logits: list = []
+        self._lock = threading.Lock()
+        opts = self.options
+        self.fused_why = fusable_why(model)
+        if opts.fused and self.fused_why:
+            raise NvkitError(f"The fused decode step does not fit this model: {self.fused_why}. Use fused=None or False.")
+        self._fw = FusedWeights(model) if opts.fused is not False and self.fused_why is None else None
+        self.attention, self.attention_why = self._choose_attention(opts.attention)
+        self.pdl = self._choose_pdl(opts.pdl)
+        import torch._inductor.config as inductor_config
+        bad = [k for k, _ in opts.inductor if not _has_inductor_option(inductor_config, k)]
+        if bad:
+            raise NvkitError(f"Unknown inductor option(s) {bad}: see torch._inductor.config.")
+
+    @property
+    def k(self) -> int:
+        return self.options.k_steps
+
+    @property
+    def fused(self) -> bool:
+        return self._fw is not None
+
+    @property
+    def cache_length(self) -> int | None:
+        """The size class of the cache the graphs run on (None before the first request)."""
+        return self._cache.length if self._cache is not None else None
+
+    def _choose_attention(self, asked: str) -> tuple[str, str | None]:
+        """(attention, why "auto" did not take triton-fused). "auto" is triton-fused where it fits
+        (CUDA, a power-of-two head size, per-head RMS q/k norms or none), matmul elsewhere; and
+        matmul also where the Triton step fails to capture on this GPU (``_captured``)."""
+        if asked != "auto":
+            if asked.startswith("triton"):
+                self._check_triton_attention(asked)
+            return asked, None
+        why = triton_cannot_run_on(self.device)
+        if why is None:
+            try:
+                self._check_triton_attention("triton-fused")
+            except NvkitError as e:
+                why = str(e)
+        return ("matmul", why) if why else ("triton-fused", None)
+
+    def _check_triton_attention(self, kind: str) -> None:
+        if self._fw is None:
+            raise NvkitError(f"attention={kind!r} belongs to the fused decode step, which does not fit this model"
+                             f"{': ' + self.fused_why if self.fused_why else ' (fused=False)'}.")
+        try:
+            from .. import decode_attention  # noqa: F401 - imports triton
+        except ImportError as e:
+            raise NvkitError(f"attention={kind!r} needs the triton package ({e}); PyTorch's CUDA builds bring it.") from e
+        hd = attention_dims(self.model.config)[2]
+        if hd & (hd - 1):
+            raise NvkitError(f"attention={kind!r} needs a power-of-two head_dim; this model's is {hd}.")
+        if kind == "triton-fused":
+            why = qk_norm_why(self.model, hd)
+            if why:
+                raise NvkitError(f"attention='triton-fused' does not fit this model: {why}. attention='triton' does.")
+
+    @staticmethod
+    def _choose_pdl(asked: bool | None) -> bool:
+        """PDL where this torch's inductor can emit it (it checks the GPU itself), unless turned off."""
+        import torch._inductor.config as inductor_config
+        can = hasattr(inductor_config.triton, "enable_pdl")
+        if asked and not can:
+            import torch
+            raise NvkitError(f"pdl=True needs a torch whose inductor can emit Programmatic Dependent Launch "
+                             f"(torch._inductor.config.triton.enable_pdl); torch {torch.__version__} has none. "
+                             "Use pdl=False.")
+        return can if asked is None else bool(asked)
+
+    def describe(self) -> str:
+        """How this decoder runs, in a few words for the stats line: the step, compiled or why not,
+        its attention, adapters, the steps per graph replay."""
+        step = "fused step" if self._fw is not None else "model forward"
+        if not self.graphs:
+            how = "eager, no CUDA graphs"
+        elif self.compiled:
+            how = "compiled"
+        elif self.compile_error:
+            how = f"eager: torch.compile failed ({self.compile_error})"
+        else:
+            how = "eager"
+        parts = [f"{step}, {how}"]
+        if self._fw is not None:
+            parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
+        if self._lora is not None and lora_mod.active(self.model):
+            parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank})")
+        parts.append(f"{self.k} steps per replay")
+        return ", ".join(parts)
+
+    # --- the model's state -----------------------------------------------------------------------
+    def _sync(self) -> bool:
+        """Weights and adapters as the model has them now; returns whether adapters run."""
+        if self._fw is not None:
+            try:
+                if self._fw.sync():
+                    events.record("compile", "fast decode: the model's weights changed; its graphs read the new ones")
+            except ValueError as e:  # shapes changed: nothing captured fits any more
+                self._drop_cache()
+                self._fw = FusedWeights(self.model)
+                events.record("compile", f"fast decode: {e}; capturing again")
+        if self._fw is None or not lora_mod.active(self.model):
+            return False
+        if self._lora is None or not self._lora.fits(self.model):
+            rank = max(8, -(-lora_mod.needed_rank(self.model) // 8) * 8)
+            self._lora = lora_mod.LoraSlots(self._fw, rank, lora_mod.adapter_dtype(self.model))
+            if self._cache is not None:
+                self._cache.forget_lora()
+        self._lora.load(self.model)
+        return True
+
+    # --- caches and their graphs -------------------------------------------------------------------
+    def _positions(self, prompt_len: int, sampling: Sampling) -> int:
+        """Cache positions a request needs: the prompt, the new tokens, and the up to K-1 steps a
+        replay computes past the last one (+1 of slack)."""
+        return prompt_len + sampling.max_new_tokens + self.k
+
+    def _cache_for(self, needed: int) -> Cache:
+        if needed > self.max_positions:
+            raise NvkitError(f"The prompt plus max_new_tokens (+{self.k} steps of slack) needs {needed} positions; "
+                             f"the model handles {self.max_positions}. Shorten the prompt or ask for fewer tokens.")
+        c = self._cache
+        if c is not None and c.length >= needed:
+            return c
+        length = size_class(needed, self.options.cache_tokens, self.max_positions)
+        if c is not None:
+            events.record("compile", f"fast decode: a request needs {needed} positions; the cache grows from "
+                                     f"{c.length} to {length} tokens and is captured again")
+            self._drop_cache()
+        self._cache = new_cache(self.model, self._fw, length, self.k, self.device)
+        return self._cache
+
+    def _drop_cache(self) -> None:
+        c, self._cache = self._cache, None
+        if c is None:
+            return
+        if self.options.compile and self.graphs and c.steps:
+            # dynamo keeps compiled entries (and what their guards hold: the tensors) on the code object
+            try:
+                import torch._dynamo
+                for step in c.steps.values():
+                    torch._dynamo.reset_code(step.__code__)
+            except Exception:  # noqa: BLE001 - an older torch: the entries only cost memory
+                pass
+
+    def _step(self, c: Cache, lora_on: bool) -> Callable:
+        if lora_on not in c.steps:
+            if self._fw is not None:
+                c.steps[lora_on] = decode_step(self._fw, c, self.attention, self._lora if lora_on else None)
+            else:
+                c.steps[lora_on] = self._model_step(c)
+        return c.steps[lora_on]
+
+    def _model_step(self, c: Cache) -> Callable:
+        """The model's own forward as the step (architectures the fused step does not cover)."""
+        import torch
+        model, length = self.model, c.length
+        layer0 = c.kv.layers[0]
+        zero = torch.zeros((), dtype=model.dtype, device=self.device)
+        neg = torch.full((), torch.finfo(model.dtype).min, dtype=model.dtype, device=self.device)
+
+        def step(tok):
+            # The position lives on the device (the cache's own counter), so the graph needs no host input.
+            pos = layer0.cumulative_length
+            # additive mask in the model dtype: sdpa takes it as is (a bool one is converted in every layer)
+            mask = torch.where(c.arange <= pos, zero, neg).view(1, 1, 1, length)
+            out = model(input_ids=tok, attention_mask=mask, position_ids=pos.view(1, 1), past_key_values=c.kv,
+                        use_cache=True, logits_to_keep=1)
+            c.pos.add_(1)
+            return out.logits[:, -1, :].float()
+        return step
+
+    def _compiled(self, c: Cache, lora_on: bool):
+        step = self._step(c, lora_on)
+        if not (self.options.compile and self.graphs) or self.compile_error:
+            return step
+        if lora_on not in c.compiled:
+            import torch
+            # dynamic=False: one specialised kernel set per cache; fullgraph: a graph break would mean host work per step
+            c.compiled[lora_on] = torch.compile(step, fullgraph=True, dynamic=False)
+        return c.compiled[lora_on]
+
+    def _body(self, c: Cache, key: tuple, fn, keep_logits: bool):
+        def body():
+            for i in range(self.k):
+                logits = fn(c.tok)
+                nxt = choose(logits, c, key)
+                if keep_logits:
+                    c.logits[i].copy_(logits[0])
+                c.out[i].copy_(nxt[0])
+                c.tok.copy_(nxt.view(1, 1))
+        return body
+
+    def _graph(self, c: Cache, key: tuple, lora_on: bool, keep_logits: bool, on_progress=None):
+        import torch
+        gkey = (key, lora_on, keep_logits)
+        if gkey in c.graphs:
+            return c.graphs[gkey]
+        if keep_logits and c.logits is None:
+            c.logits = torch.zeros((self.k, self.vocab), dtype=torch.float32, device=self.device)
+        expensive = not any(g[1] == lora_on for g in c.graphs)  # nothing compiled for this cache and step yet
+        if not self.graphs:
+            c.graphs[gkey] = self._body(c, key, self._step(c, lora_on), keep_logits)
+            self.counts["compiles" if expensive else "graphs"] += 1
+            return c.graphs[gkey]
+        what = (f"fast decode: capturing {self.k} steps per graph for a {c.length}-token cache "
+                f"({key[0]}{', LoRA' if lora_on else ''})")
+        events.record("compile", what + (" with torch.compile, once per session" if expensive and self.options.compile else ""))
+        t = time.perf_counter()
+        # Warm-up and capture draw random numbers; keep the user's seeded stream as it was.
+        rng = torch.cuda.get_rng_state(self.device)
+        disk_key = self._disk_key(c, lora_on) if expensive else None
+        try:
+            with ticking(on_progress if expensive else None):
+                restored = disk_key is not None and artifacts.restore(disk_key)
+                graph = self._captured(c, key, lora_on, keep_logits)
+        finally:
+            torch.cuda.set_rng_state(rng, self.device)
+            if c.kv is not None:
+                c.kv.reset()
+        seconds = time.perf_counter() - t
+        self.capture_seconds[(c.length, key, lora_on, keep_logits)] = seconds
+        self.compiled = self.options.compile and not self.compile_error
+        self.counts["compiles" if expensive else "graphs"] += 1
+        if expensive and disk_key is not None and self.compiled:
+            artifacts.store(disk_key)
+        events.record("compile", f"fast decode ready for a {c.length}-token cache in {seconds:.1f} s "
+                                 f"({'compiled' if self.compiled else 'eager'} step"
+                                 f"{', compile artifacts from disk' if expensive and restored else ''}, "
+                                 f"{self.k} steps per replay)")
+        c.graphs[gkey] = graph.replay
+        return c.graphs[gkey]
+
+    def _disk_key(self, c: Cache, lora_on: bool) -> str | None:
+        if not (self.options.disk_cache and self.options.compile):
+            return None
+        return artifacts.key(self.model, dict(k=self.k, attention=self.attention, pdl=self.pdl, tune=self.options.tune,
+                                              inductor=self.options.inductor, fused=self._fw is not None,
+                                              length=c.length, lora=(self._lora.rank, str(self._lora.dtype))
+                                              if lora_on else None), self.device)
+
+    def _captured(self, c: Cache, key: tuple, lora_on: bool, keep_logits: bool):
+        """The cache's graph: the compiled step, else the eager one. Under ``attention="auto"`` a
+        Triton attention step that fails first gives way to "matmul", compiled: the eager Triton
+        step would be slower than compiled matmul."""
+        import torch
+        try:
+            return self._capture_with(c, self._body(c, key, self._compiled(c, lora_on), keep_logits), compiling=True)
+        except Exception as e:  # noqa: BLE001 - compile problems fall back, as said above
+            retry_matmul = self.options.attention == "auto" and self.attention != "matmul"
+            if not retry_matmul and (not self.options.compile or self.compile_error):
+                raise
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # what the failed warm-up queued ends before the retry
+            if retry_matmul:
+                self._attention_failed(c, e)
+                return self._captured(c, key, lora_on, keep_logits)
+            self.compile_error = error_summary(e)
+            self.compile_detail = str(e)
+            events.record("compile", f"fast decode: torch.compile failed ({self.compile_error}); capturing the eager step")
+            return self._capture_with(c, self._body(c, key, self._step(c, lora_on), keep_logits), compiling=False)
+
+    def _attention_failed(self, c: Cache, e: Exception) -> None:
+        """attention="auto" settles on "matmul" for this decoder: the cache's steps and graphs are
+        rebuilt with it."""
+        self.attention_why = (f"attention={self.attention!r} failed on this GPU ({error_summary(e)}); "
+                              "nvkit uses 'matmul' here")
+        events.record("compile", f"fast decode: {self.attention_why}")
+        self.attention = "matmul"
+        c.steps.clear()
+        c.compiled.clear()
+        c.graphs.clear()
+
+    def _inductor_options(self, compiling: bool):
+        """inductor settings around the capture: coordinate-descent tuning, PDL, ``options.inductor``."""
+        opts = self.options
+        if not compiling or not (opts.tune or self.pdl or opts.inductor):
+            return contextlib.nullcontext()
+        import torch._inductor.config as inductor_config
+        patch = {"coordinate_descent_tuning": True} if opts.tune else {}
+        if self.pdl:
+            patch["triton.enable_pdl"] = True
+        patch.update(dict(opts.inductor))
+        return inductor_config.patch(patch)
+
+    def _capture_with(self, c: Cache, body, compiling: bool, warmups: int = 3, pool=None):
+        import torch
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side), self._inductor_options(compiling and self.options.compile):
+            for _ in range(warmups):  # compile + autotune, then settle the allocator before capture
+                self._rewind(c)
+                body()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        self._rewind(c)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            body()
+        torch.cuda.synchronize(self.device)
+        return graph
+
+    @staticmethod
+    def _rewind(c: Cache) -> None:
+        if c.kv is not None:
+            c.kv.reset()
+        c.pos.zero_()
+
+    def _prefill(self, c: Cache, input_ids, lora_on: bool):
+        """Run the prompt into the cache; returns its last position's (1, vocab) float logits."""
+        n = int(input_ids.shape[-1])
+        if self._fw is None:  # the model's own forward, eagerly (any length)
+            out = self.model(input_ids=input_ids, past_key_values=c.kv, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1, :].float()
+        length = prefill_class(n, c.length)
+        c.last.fill_(n - 1)
+        if length is None:  # longer than any class: eagerly, at its own length
+            return prefill_step(self._fw, c, self._lora if lora_on else None)(input_ids[0])
+        c.prompt[0, :n].copy_(input_ids[0])
+        c.prompt[0, n:length].zero_()
+        pkey = (length, lora_on)
+        if pkey not in c.prefills:
+            fn = prefill_step(self._fw, c, self._lora if lora_on else None)
+
+            def body():
+                c.first_logits.copy_(fn(c.prompt[0, :length]))
+            if self.graphs:
+                import torch
+                if c.pool is None:
+                    c.pool = torch.cuda.graph_pool_handle()
+                t = time.perf_counter()
+                c.prefills[pkey] = self._capture_with(c, body, compiling=False, warmups=1, pool=c.pool).replay
+                self.capture_seconds[("prefill", length, lora_on)] = time.perf_counter() - t
+                self.counts["prefill graphs"] += 1
+            else:
+                c.prefills[pkey] = body
+        c.prefills[pkey]()
+        return c.first_logits
+
+    # --- the public side -----------------------------------------------------------------------
+    def ready(self, prompt_len: int, sampling: Sampling) -> bool:
+        """True when a request of this size runs without compiling anything first (a graph for
+        another sampling mode on the compiled step is captured in about a second)."""
+        c = self._cache
+        if c is None or c.length < self._positions(prompt_len, sampling):
+            return False
+        lora_on = self._fw is not None and lora_mod.active(self.model)
+        fits = not lora_on or (self._lora is not None and self._lora.fits(self.model))
+        return fits and any(g[1] == lora_on for g in c.graphs)
+
+    def prepare(self, prompt_len: int, sampling: Sampling, on_progress: Callable[[float], None] | None = None,
+                prefill_up_to: int = 512) -> float:
+        """Capture what a request of this size and sampling mode needs now, and the prefill
+        graphs of prompts up to ``prefill_up_to`` tokens; returns the seconds it took."""
+        import torch
+        with self._lock:
+            t = time.perf_counter()
+            lora_on = self._sync()
+            c = self._cache_for(self._positions(prompt_len, sampling))
+            self._graph(c, sampling.key, lora_on, False, on_progress)
+            if self._fw is not None:
+                n = 1
+                while True:
+                    length = prefill_class(n, c.length)
+                    if length is None or length > max(prefill_up_to, 1):
+                        break
+                    self._prefill(c, torch.zeros((1, length), dtype=torch.long, device=self.device), lora_on)
+                    n = length + 1
+            return time.perf_counter() - t
+
+    def generate(self, input_ids, sampling: Sampling, on_tokens: Callable[[list[int]], None] | None = None,
+                 stop_event: threading.Event | None = None, tokenizer=None,
+                 on_progress: Callable[[float], None] | None = None) -> list[int]:
+        """Decode up to ``sampling.max_new_tokens`` ids after ``input_ids`` ((1, n) on the model's device).
+
+        ``on_tokens`` gets each chunk of new ids as soon as it is known (the first one right after
+        the prefill). Returns the new ids, EOS included when reached. ``tokenizer`` is needed for
+        ``sampling.stop_strings``. ``on_progress(seconds)`` is called about once a second while a
+        compile runs."""
+        return self._decode(input_ids, sampling, on_tokens, stop_event, tokenizer, on_progress, keep_logits=False)
+
+    def trace(self, input_ids, sampling: Sampling, tokenizer=None) -> tuple[list[int], list]:
+        """Debug API (tests, benchmarks): ``generate`` that also returns the float logits of each
+        step as the captured graph computed them ((vocab,) tensors). It runs a graph of its own,
+        which copies the logits out; the tokens are those ``generate`` gives."""
+        tokens = self._decode(input_ids, sampling, None, None, tokenizer, None, keep_logits=True)
+        return tokens, self.last_logits
+
+    def _decode(self, input_ids, sampling, on_tokens, stop_event, tokenizer, on_progress, keep_logits: bool):
+        if sampling.stop_strings and tokenizer is None:
+            raise NvkitError("stop_strings need the tokenizer: FastDecoder.generate(..., tokenizer=tok).")
+        with self._lock:
+            n = int(input_ids.shape[-1])
+            lora_on = self._sync()
+            c = self._cache_for(self._positions(n, sampling))
+            replay = self._graph(c, sampling.key, lora_on, keep_logits, on_progress)
+            self._rewind(c)
+            set_request(c, input_ids, sampling, self.vocab)
+            logits = self._prefill(c, input_ids, lora_on)
+            c.pos.fill_(n)
+            first = choose(logits, c, sampling.key)
+            c.tok.copy_(first.view(1, 1))
+            kept = [logits[0].clone()] if keep_logits else []
+            stops = StopStrings(tokenizer, sampling.stop_strings, input_ids[0].tolist()) if sampling.stop_strings else None
+            tokens = replays(c, replay, first, sampling, on_tokens, stop_event, stops, keep_logits, kept)
+            self.last_logits = kept[:len(tokens)]
+            return tokens
+
+    def release(self) -> None:
+        """Drop every captured graph and cache, and the compiled steps (memory back to the allocator)."""
+        with self._lock:
+            self._drop_cache()
+            self._lora = None
+
+
+def _has_inductor_option(config, dotted: str) -> bool:
+    obj = config
+    for part in dotted.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True

@@ -1,0 +1,158 @@
+"""How the fast path is built: one frozen ``FastOptions``, read from the ``NVKIT_FAST_*``
+environment variables once per process (``default_options``) and overridable per decoder.
+
+Each variable maps to one field; a value nvkit cannot read is an ``NvkitError`` that names the
+variable, raised when the fast path is first used rather than silently replaced by a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ...errors import NvkitError
+
+#: the fused step's attention kinds ("auto": triton-fused where it fits, see ``FastDecoder``)
+ATTENTION_KINDS = ("matmul", "triton", "triton-fused")
+DEFAULT_ATTENTION = "auto"
+#: the smallest KV-cache size class, in tokens: one capture serves every request that fits in it
+DEFAULT_CACHE_TOKENS = 4096
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+@dataclass(frozen=True)
+class FastOptions:
+    """The fast path's settings.
+
+    - ``k_steps``: decode steps per CUDA-graph replay. More steps mean fewer host wake-ups; the
+      host reads a chunk of K ids at a time, so streaming moves in chunks of K tokens.
+    - ``compile``: fuse the decode step with inductor before capture (the eager step is captured
+      when compiling fails).
+    - ``tune``: inductor's coordinate-descent tuning, which turns the batch-1 matrix-vector
+      products into reductions tuned to the memory bandwidth and fused with their neighbours.
+    - ``fused``: nvkit's own decode step for the Llama family (None: where the model fits it).
+    - ``attention``: the fused step's attention, one of ``ATTENTION_KINDS`` or "auto".
+    - ``pdl``: Programmatic Dependent Launch between inductor's kernels, so each kernel's launch
+      overlaps the tail of the one before it (None: where this torch can emit it).
+    - ``inductor``: further ``torch._inductor.config`` settings for the capture, as (name, value) pairs.
+    - ``min_tokens``: with ``fast=None`` and nothing captured yet, only requests of at least this
+      many new tokens pay the one-time capture themselves; shorter ones run plain ``generate``.
+    - ``cache_tokens``: the smallest KV-cache size class; a request that needs more doubles it.
+    - ``disk_cache``: keep compile artifacts under nvkit's cache folder so a new process captures
+      in seconds.
+    """
+    k_steps: int = 8
+    compile: bool = True
+    tune: bool = True
+    fused: bool | None = None
+    attention: str = DEFAULT_ATTENTION
+    pdl: bool | None = None
+    inductor: tuple = ()
+    min_tokens: int = 128
+    cache_tokens: int = DEFAULT_CACHE_TOKENS
+    disk_cache: bool = True
+
+    def __post_init__(self):
+        def whole(name, lo, hi=None):
+            v = getattr(self, name)
+            ok = isinstance(v, int) and not isinstance(v, bool) and v >= lo and (hi is None or v <= hi)
+            if not ok:
+                raise NvkitError(f"{name} must be a whole number from {lo}{f' to {hi}' if hi else ' up'}, not {v!r}.")
+        whole("k_steps", 1, 64)
+        whole("min_tokens", 0)
+        whole("cache_tokens", 16)
+        if self.cache_tokens & (self.cache_tokens - 1):
+            raise NvkitError(f"cache_tokens must be a power of two (the size classes double), not {self.cache_tokens}.")
+        for name in ("compile", "tune", "disk_cache"):
+            if not isinstance(getattr(self, name), bool):
+                raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
+        for name in ("fused", "pdl"):
+            if getattr(self, name) not in (None, True, False):
+                raise NvkitError(f"{name} must be True, False or None (where it fits), not {getattr(self, name)!r}.")
+        if self.attention not in ATTENTION_KINDS + ("auto",):
+            raise NvkitError(f"attention must be one of {', '.join(map(repr, ATTENTION_KINDS + ('auto',)))}, "
+                             f"not {self.attention!r}.")
+        inductor = self.inductor
+        if isinstance(inductor, Mapping):
+            inductor = tuple(sorted(inductor.items()))
+        if not isinstance(inductor, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in inductor):
+            raise NvkitError(f"inductor must be a dict of torch._inductor.config settings, not {self.inductor!r}.")
+        object.__setattr__(self, "inductor", inductor)
+
+    def replace(self, **changes) -> "FastOptions":
+        """A copy with ``changes`` (None values are left out: "keep what it is")."""
+        unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(self)})
+        if unknown:
+            raise NvkitError(f"Unknown fast-path option(s) {unknown}: use {', '.join(f.name for f in dataclasses.fields(self))}.")
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "FastOptions":
+        """The options the ``NVKIT_FAST_*`` variables of ``environ`` (default: this process's) ask for."""
+        env = os.environ if environ is None else environ
+        kw: dict[str, Any] = {}
+        for var, (name, parse) in _VARIABLES.items():
+            raw = env.get(var)
+            if raw is None or raw.strip() == "":
+                continue
+            try:
+                kw[name] = parse(raw.strip())
+            except ValueError as e:
+                raise NvkitError(f"{var}={raw!r} is not understood: {e}. Unset it or fix it, then restart the kernel.") from None
+        try:
+            return cls(**kw)
+        except NvkitError as e:
+            names = {name: var for var, (name, _) in _VARIABLES.items()}
+            bad = next((names[k] for k in kw if str(e).startswith(k)), "an NVKIT_FAST_* variable")
+            raise NvkitError(f"{bad}: {e}") from None
+
+
+def _whole(raw: str) -> int:
+    if not raw.lstrip("-").isdigit():
+        raise ValueError("expected a whole number")
+    return int(raw)
+
+
+def _flag(raw: str) -> bool:
+    low = raw.lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise ValueError("expected 1 or 0")
+
+
+def _flag_or_auto(raw: str) -> bool | None:
+    # "1" keeps the default (on where it fits); only "0" forces it off
+    return None if _flag(raw) else False
+
+
+_VARIABLES = {
+    "NVKIT_FAST_K": ("k_steps", _whole),
+    "NVKIT_FAST_COMPILE": ("compile", _flag),
+    "NVKIT_FAST_TUNE": ("tune", _flag),
+    "NVKIT_FAST_FUSED": ("fused", _flag_or_auto),
+    "NVKIT_FAST_ATTENTION": ("attention", str),
+    "NVKIT_FAST_PDL": ("pdl", _flag_or_auto),
+    "NVKIT_FAST_MIN_TOKENS": ("min_tokens", _whole),
+    "NVKIT_FAST_CACHE_TOKENS": ("cache_tokens", _whole),
+    "NVKIT_FAST_DISK_CACHE": ("disk_cache", _flag),
+}
+ENVIRONMENT_VARIABLES = tuple(_VARIABLES)
+
+_lock = threading.Lock()
+_default: FastOptions | None = None
+
+
+def default_options() -> FastOptions:
+    """The process's options, read from the environment on first use and kept (a change of the
+    variables afterwards takes effect in a new kernel)."""
+    global _default
+    with _lock:
+        if _default is None:
+            _default = FastOptions.from_env()
+        return _default

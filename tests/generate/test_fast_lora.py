@@ -1,0 +1,120 @@
+"""LoRA adapters on the fast path, unmerged (CPU, the fused step without CUDA graphs, fp32): the
+same greedy tokens as PEFT's own generate with a trained adapter; adapters switched, disabled,
+trained further or merged without compiling again."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import nvkit
+import nvkit.generate.fast as fast
+from nvkit.generate.fast import lora
+
+NEVER = 10 ** 7
+PROMPTS = ["NVIDIA GPUs are", "The memory of a GPU", "Hello there"]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return AutoTokenizer.from_pretrained(nvkit.demo.path())
+
+
+def _model():
+    return AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
+
+
+def _train(peft_model, tok, steps: int = 6, seed: int = 0):
+    """A few optimizer steps on a sentence, so the adapter is a trained one (B no longer zero)."""
+    torch.manual_seed(seed)
+    batch = tok(["NVIDIA GPUs are built for parallel work: thousands of cores share the memory."] * 2,
+                return_tensors="pt")
+    opt = torch.optim.AdamW([p for p in peft_model.parameters() if p.requires_grad], lr=5e-3)
+    peft_model.train()
+    for _ in range(steps):
+        loss = peft_model(**batch, labels=batch["input_ids"]).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    peft_model.eval()
+
+
+def _peft_greedy(model, tok, prompt, n=20):
+    ids = tok(prompt, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        return ids, model.generate(input_ids=ids, max_new_tokens=n, do_sample=False, eos_token_id=NEVER,
+                                   pad_token_id=tok.pad_token_id)[0, ids.shape[1]:].tolist()
+
+
+def _fast(d, model, ids, n=20):
+    sampling, _ = fast.resolve(model, dict(max_new_tokens=n, do_sample=False, eos_token_id=NEVER))
+    with torch.inference_mode():
+        return d.generate(ids, sampling)
+
+
+def test_trained_adapter_decodes_as_peft_does_and_switches_without_compiling(tok):
+    from peft import LoraConfig, get_peft_model
+    base = _model()
+    plain = {p: _peft_greedy(base, tok, p)[1] for p in PROMPTS}
+    pm = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.1))
+    _train(pm, tok)
+    assert lora.lora_why(pm) is None and lora.active(base) and lora.needed_rank(base) == 8
+    d = fast.FastDecoder(base, k_steps=4, graphs=False)
+    tuned = {}
+    for p in PROMPTS:
+        ids, ref = _peft_greedy(pm, tok, p)
+        tuned[p] = ref
+        assert _fast(d, base, ids) == ref, p
+    assert tuned != plain  # the adapter changes the text: the check above compared something
+    assert d.counts == {"compiles": 1} and "LoRA unmerged" in d.describe()
+    ids = tok(PROMPTS[0], return_tensors="pt")["input_ids"]
+    with pm.disable_adapter():  # off: the base model's text, from the graphs already there
+        assert not lora.active(base) and _fast(d, base, ids) == plain[PROMPTS[0]]
+    assert _fast(d, base, ids) == tuned[PROMPTS[0]]
+    # a second adapter of the same rank: loaded into the same buffers, nothing compiled
+    pm.add_adapter("second", LoraConfig(r=8, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    pm.set_adapter("second")
+    _train(pm, tok, seed=1)
+    ids2, ref2 = _peft_greedy(pm, tok, PROMPTS[1])
+    assert _fast(d, base, ids2) == ref2
+    pm.set_adapter("default")
+    assert _fast(d, base, ids) == tuned[PROMPTS[0]]
+    # trained further in place (an optimizer step): the buffers follow
+    _train(pm, tok, steps=3, seed=2)
+    ids3, ref3 = _peft_greedy(pm, tok, PROMPTS[2])
+    assert _fast(d, base, ids3) == ref3
+    compiles = dict(d.counts)
+    # merged: the weights change in place or are replaced; either way decoded, no compile
+    merged = pm.merge_and_unload()
+    assert merged is base and not lora.active(base)
+    _, ref4 = _peft_greedy(merged, tok, PROMPTS[2])
+    assert _fast(d, base, ids3) == ref4 and dict(d.counts) == compiles
+
+
+def test_a_larger_rank_gets_larger_buffers_once(tok):
+    from peft import LoraConfig, get_peft_model
+    base = _model()
+    pm = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "o_proj"], init_lora_weights=False))
+    d = fast.FastDecoder(base, k_steps=4, graphs=False)
+    ids, ref = _peft_greedy(pm, tok, PROMPTS[0], n=8)
+    assert _fast(d, base, ids, n=8) == ref and d._lora.rank == 8
+    pm.add_adapter("wide", LoraConfig(r=24, target_modules=["k_proj", "up_proj"], init_lora_weights=False))
+    pm.base_model.set_adapter(["default", "wide"])  # both at once: their ranks add up where they share a layer
+    ids, ref = _peft_greedy(pm, tok, PROMPTS[0], n=8)
+    assert lora.needed_rank(base) == 24 and _fast(d, base, ids, n=8) == ref and d._lora.rank == 24
+    assert d.counts == {"compiles": 2}
+
+
+def test_what_the_fast_path_does_not_run_of_an_adapter_is_named(tok):
+    from peft import LoraConfig, get_peft_model
+    dora = get_peft_model(_model(), LoraConfig(r=4, target_modules=["q_proj"], use_dora=True))
+    assert "DoRA" in lora.lora_why(dora)
+    saved = get_peft_model(_model(), LoraConfig(r=4, target_modules=["q_proj"], modules_to_save=["lm_head"]))
+    assert "modules_to_save" in lora.lora_why(saved)
+    head = get_peft_model(_model(), LoraConfig(r=4, target_modules=["q_proj", "lm_head"]))
+    assert "lm_head" in lora.lora_why(head)
+    from types import SimpleNamespace
+    ok = get_peft_model(_model(), LoraConfig(r=4, target_modules="all-linear"))
+    on_gpu = SimpleNamespace(model=ok, tokenizer=tok, device=SimpleNamespace(type="cuda"), quantization=None)
+    assert fast.unsupported_reason(on_gpu, ["x"], dict(max_new_tokens=4, do_sample=False)) is None
+    on_gpu.model = dora
+    assert "DoRA" in fast.unsupported_reason(on_gpu, ["x"], dict(max_new_tokens=4, do_sample=False))

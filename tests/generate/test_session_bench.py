@@ -1,0 +1,53 @@
+"""The session benchmark (``nvkit bench --session``) on the CPU with the demo model: its rows, its
+totals, the fine-tune part and the cold/warm processes (the H200 figures come from the GPU run)."""
+
+import pytest
+
+import nvkit
+from nvkit.benchmarks import session as bench_session
+from nvkit.errors import NvkitError
+from tests.gen_fixtures import model_dir
+
+
+def test_session_sequence_rows_and_totals():
+    s = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    try:
+        df = bench_session.run(model=s, requests="6,3,4", plain="6", static="6", finetune_steps=2, n_prompts=3,
+                               list_new_tokens=3, prompt_len=8, show=False)
+    finally:
+        s.unload()
+    seq = df[df["part"] == "sequence"]
+    ours = seq[seq["path"] == "nvkit default"]
+    assert list(ours["request"]) == [0, 1, 2, "total"] and list(ours["new_tokens"]) == [6, 3, 4, 13]
+    assert (ours["ran"].iloc[:3] == "generate").all()  # the CPU: plain generate, no reason shown there
+    plain = seq[seq["path"] == "plain generate"]
+    assert plain["note"].iloc[0] == "" and plain["note"].iloc[1].startswith("est. from its ")  # 6 ran, 3 and 4 not
+    assert plain["note"].iloc[-1] == "measured + est." and list(plain["request"]) == [0, 1, 2, "total"]
+    assert "static+compile" not in set(seq["path"])  # compiled static cache: benchmarked on CUDA only
+    assert set(df["part"]) == {"sequence", "fine-tune", "after fine-tune", "3 prompts"}
+    after = df[(df["part"] == "after fine-tune") & (df["path"] == "nvkit default")]
+    assert list(after["new_tokens"]) == [6, 3, 4, 13]
+    assert set(df[df["part"] == "3 prompts"]["path"]) == {"nvkit default", "padded generate"}
+    tot = bench_session.summary(df)
+    row = tot[(tot["part"] == "sequence") & (tot["path"] == "nvkit default")].iloc[0]
+    assert row["plain_over_nvkit"] > 0
+    with pytest.raises(NvkitError, match="requests"):
+        bench_session.run(model=s, requests="ten")
+
+
+def test_cold_and_warm_phases_run_in_processes_of_their_own(tmp_path):
+    df = bench_session.run_phases(model=model_dir(), requests="3", plain="", static="", finetune_steps=0, n_prompts=0,
+                                  prompt_len=8, csv=str(tmp_path / "session.csv"))
+    assert list(dict.fromkeys(df["phase"])) == ["cold", "warm"] and (tmp_path / "session.csv").is_file()
+    assert (df[df["path"] == "whole process"]["seconds"] > 0).all()
+    with pytest.raises(NvkitError, match="phases"):
+        bench_session.run_phases(model=model_dir(), phases=("tepid",))
+
+
+def test_cli_session_dispatch(monkeypatch):
+    from nvkit.benchmarks.backends import cli_main
+    seen = {}
+    monkeypatch.setattr(bench_session, "run_phases", lambda **kw: seen.update(kw))
+    assert cli_main(["demo", "--session", "--csv", "x.csv"]) == 0
+    assert seen == dict(model="demo", csv="x.csv", folder=None, phases=("cold", "warm"))
+    assert cli_main(["demo", "--session", "--phases", "warm"]) == 0 and seen["phases"] == ("warm",)
