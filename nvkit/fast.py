@@ -35,8 +35,10 @@ runs eagerly (any length) into the same cache.
 Sampling (temperature, top_k, top_p) runs on the device inside the graph with the Gumbel-max trick
 on the default CUDA generator, so ``seed=`` makes runs repeatable; the random stream differs from
 transformers' ``generate``, so the sampled text does too. Anything else that changes the logits
-(repetition penalty, bad words, min length, beams, ...) is not supported: ``unsupported_reason``
-says so and ``nvkit.generation.run`` falls back to plain ``generate``.
+(repetition penalty, bad words, min_length, beams, ...) is not supported: ``unsupported_reason``
+says so and ``nvkit.generation.run`` falls back to plain ``generate``. ``min_new_tokens`` is: the
+graph masks the EOS logits for the first N tokens as transformers does (benchmarks rely on it to
+decode exactly the tokens they time); a graph with that mask is captured only for such requests.
 """
 
 from __future__ import annotations
@@ -64,12 +66,12 @@ MAX_BUCKETS = 3  # captured buckets kept per model (each holds a KV cache of its
 
 # Generation options the fast path honours; the first group changes nothing in the logits.
 _SUPPORTED = {"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "pad_token_id", "eos_token_id",
-              "use_cache", "return_dict_in_generate"}
+              "use_cache", "return_dict_in_generate", "min_new_tokens"}
 # Generation-config fields that would add a logits processor the graph does not implement, with
 # the value that means "off".
 _PROCESSORS_OFF = {
     "repetition_penalty": (None, 1.0), "encoder_repetition_penalty": (None, 1.0), "no_repeat_ngram_size": (None, 0),
-    "bad_words_ids": (None,), "min_length": (None, 0), "min_new_tokens": (None, 0), "num_beams": (None, 1),
+    "bad_words_ids": (None,), "min_length": (None, 0), "num_beams": (None, 1),
     "num_return_sequences": (None, 1), "forced_bos_token_id": (None,), "forced_eos_token_id": (None,),
     "suppress_tokens": (None,), "begin_suppress_tokens": (None,), "sequence_bias": (None,),
     "guidance_scale": (None, 1.0), "typical_p": (None, 1.0), "epsilon_cutoff": (None, 0.0), "eta_cutoff": (None, 0.0),
@@ -77,6 +79,16 @@ _PROCESSORS_OFF = {
     "renormalize_logits": (None, False), "max_length": None,  # max_length: see _resolve
     "stop_strings": (None,), "assistant_model": (None,), "prompt_lookup_num_tokens": (None,),
 }
+
+
+class Reason(str):
+    """Why the fast path does not take a request: the sentence (errors, events), and ``short``, a
+    few words for the stats line ("repetition_penalty not supported")."""
+
+    def __new__(cls, text: str, short: str | None = None):
+        r = super().__new__(cls, text)
+        r.short = short or text
+        return r
 
 
 @dataclass
@@ -88,34 +100,40 @@ class Sampling:
     top_p: float = 1.0
     eos: tuple[int, ...] = ()
     max_new_tokens: int = 50
+    min_new_tokens: int = 0  # EOS cannot be picked before this many new tokens
 
     @property
     def key(self) -> tuple:
-        # temperature/top_p live in device tensors (no recapture); top_k and which filters run shape the graph
-        return ("greedy",) if not self.do_sample else ("sample", self.top_k, self.top_p < 1.0)
+        # temperature/top_p live in device tensors (no recapture); top_k and which filters run shape the
+        # graph, and so does the EOS mask of min_new_tokens (its count and ids live in device tensors)
+        base = ("greedy",) if not self.do_sample else ("sample", self.top_k, self.top_p < 1.0)
+        return base + (("min_new",) if self.min_new_tokens > 0 and self.eos else ())
 
 
 def _resolve(model, gen: dict) -> tuple[Sampling | None, str | None]:
     """(Sampling, None) when the fast path can honour ``gen``, else (None, why not)."""
     extra = sorted(k for k in gen if k not in _SUPPORTED)
     if extra:
-        return None, f"generation option(s) {', '.join(extra)} are not implemented by the fast path"
+        return None, Reason(f"generation option(s) {', '.join(extra)} are not implemented by the fast path",
+                            f"{', '.join(extra)} not supported")
     try:
         cfg = copy.deepcopy(model.generation_config)
         cfg.update(**gen)
     except Exception as e:  # noqa: BLE001 - an odd config means: use plain generate
-        return None, f"the model's generation config could not be read ({e})"
+        return None, Reason(f"the model's generation config could not be read ({e})", "unreadable generation config")
     for name, off in _PROCESSORS_OFF.items():
         if off is None:
             continue
         value = getattr(cfg, name, None)
         if value not in off:
-            return None, f"{name}={value!r} (from the request or the model's generation_config) is not implemented by the fast path"
+            return None, Reason(f"{name}={value!r} (from the request or the model's generation_config) is not "
+                                "implemented by the fast path", f"{name} not supported")
     eos = cfg.eos_token_id if "eos_token_id" not in gen else gen["eos_token_id"]
     if eos is None and "eos_token_id" not in gen:
         eos = getattr(model.config.get_text_config(), "eos_token_id", None)
     eos = () if eos is None else tuple(int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos]))
-    s = Sampling(do_sample=bool(cfg.do_sample), eos=eos, max_new_tokens=int(gen["max_new_tokens"]))
+    s = Sampling(do_sample=bool(cfg.do_sample), eos=eos, max_new_tokens=int(gen["max_new_tokens"]),
+                 min_new_tokens=int(getattr(cfg, "min_new_tokens", None) or 0))
     if s.do_sample:
         s.temperature = float(cfg.temperature if cfg.temperature is not None else 1.0)
         s.top_k = int(cfg.top_k if cfg.top_k is not None else 50)  # transformers' default when unset
@@ -126,30 +144,37 @@ def _resolve(model, gen: dict) -> tuple[Sampling | None, str | None]:
     return s, None
 
 
-def unsupported_reason(session, texts: list[str], gen: dict) -> str | None:
-    """Why this request cannot take the fast path here (None when it can)."""
+def unsupported_reason(session, texts: list[str], gen: dict, batch: bool = False) -> Reason | None:
+    """Why this request cannot take the fast path here (None when it can). ``batch``: the same
+    question for nvkit's batch path (continuous batching, same limits), asked with one of its prompts."""
     model = session.model
     if session.device.type != "cuda":
-        return f"the model is on {session.device}, and the fast path replays CUDA graphs"
+        return Reason(f"the model is on {session.device}, and the fast path replays CUDA graphs", f"model on {session.device}")
     if len(texts) != 1:
-        return "the fast path decodes one prompt at a time (lists go through continuous batching)"
+        return Reason("the fast path decodes one prompt at a time (lists go through continuous batching)", "several prompts")
     dev_map = getattr(model, "hf_device_map", None)
     if dev_map and len({str(v) for v in dev_map.values()}) > 1:
-        return "the model is spread over several devices (device_map); the fast path needs it on one GPU"
+        return Reason("the model is spread over several devices (device_map); the fast path needs it on one GPU",
+                      "model on several devices")
     if getattr(model, "peft_config", None):
-        return "a LoRA adapter is attached; merge it first (s.merge_adapter()) to decode fast"
+        return Reason("a LoRA adapter is attached; merge it first (s.merge_adapter()) to decode fast", "LoRA adapter attached")
     if getattr(session, "quantization", None):
-        return f"the model is quantized ({session.quantization}); the fast path covers bf16/fp16/fp32 weights"
+        return Reason(f"the model is quantized ({session.quantization}); the fast path covers bf16/fp16/fp32 weights",
+                      f"{session.quantization} quantized")
     if not getattr(model, "_can_compile_fullgraph", False):
-        return f"{type(model).__name__} does not support a static KV cache"
+        return Reason(f"{type(model).__name__} does not support a static KV cache", "no static KV cache")
     text_cfg = model.config.get_text_config()
     layer_types = getattr(text_cfg, "layer_types", None) or []
     if any(t != "full_attention" for t in layer_types):
-        return "the model has sliding-window or other non-full attention layers"
+        return Reason("the model has sliding-window or other non-full attention layers", "sliding-window attention")
     attn = getattr(model.config, "_attn_implementation", None)
     if attn not in ("sdpa", "eager"):
-        return f"attention backend {attn!r}: the fast path passes its own mask, which needs 'sdpa' or 'eager'"
-    _, why = _resolve(model, gen)
+        return Reason(f"attention backend {attn!r}: the fast path passes its own mask, which needs 'sdpa' or 'eager'",
+                      f"attention {attn}")
+    sampling, why = _resolve(model, gen)
+    if why is None and batch and sampling.min_new_tokens:
+        # transformers' continuous batching drops the min_new_tokens processor (it says it does not support it)
+        return Reason("continuous batching does not implement min_new_tokens", "min_new_tokens not supported")
     return why
 
 
@@ -160,12 +185,21 @@ def _bucket_len(needed: int) -> int:
     return n
 
 
+def _hold_eos(logits, b: "_Bucket"):
+    """min_new_tokens: EOS logits at -inf while ``b.min_left`` > 0 (transformers' MinNewTokens
+    processor, on the device); counts the step."""
+    import torch
+    held = torch.where(b.eos_mask & (b.min_left > 0), float("-inf"), logits)
+    b.min_left.sub_(1)
+    return held
+
+
 def _pick(logits, s: "_Bucket", key: tuple):
     """The next token from (1, vocab) float logits, as a (1,) int64 tensor; device ops only."""
     import torch
     if key[0] == "greedy":
         return logits.argmax(-1)
-    _, top_k, use_top_p = key
+    top_k, use_top_p = key[1], key[2]
     logits = logits / s.temperature
     if top_k:
         kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
@@ -417,6 +451,8 @@ class _Bucket:
     arange: Any       # (length,) int64
     temperature: Any  # 0-dim float32
     top_p: Any        # 0-dim float32
+    eos_mask: Any = None  # (vocab,) bool: the EOS ids min_new_tokens holds back
+    min_left: Any = None  # 0-dim int64: steps that may not pick EOS yet (min_new_tokens)
     pos: Any = None   # 0-dim int64: the next position (the fused step's own counter)
     step: Callable | None = None
     head: Callable | None = None  # applied to the step's output outside compilation (see _fused_step)
@@ -579,7 +615,10 @@ class FastDecoder:
                     out=torch.zeros((self.k,), dtype=torch.long, device=dev),
                     arange=torch.arange(length, device=dev),
                     temperature=torch.ones((), dtype=torch.float32, device=dev),
-                    top_p=torch.ones((), dtype=torch.float32, device=dev))
+                    top_p=torch.ones((), dtype=torch.float32, device=dev),
+                    eos_mask=torch.zeros((int(self.model.config.get_text_config().vocab_size),), dtype=torch.bool,
+                                         device=dev),
+                    min_left=torch.zeros((), dtype=torch.long, device=dev))
         # Allocate the cache eagerly (lazy allocation inside a traced/captured region would move it).
         self.model(input_ids=b.tok, past_key_values=cache, use_cache=True, logits_to_keep=1)
         cache.reset()
@@ -626,12 +665,14 @@ class FastDecoder:
         return torch.compile(b.step, fullgraph=True, dynamic=False)
 
     def _body(self, b: _Bucket, key: tuple, fn, keep_logits: bool):
+        hold_eos = key[-1] == "min_new"
+
         def body():
             for i in range(self.k):
                 logits = fn(b.tok)
                 if b.head is not None:
                     logits = b.head(logits)
-                nxt = _pick(logits, b, key)
+                nxt = _pick(_hold_eos(logits, b) if hold_eos else logits, b, key)
                 if keep_logits:
                     b.logits[i].copy_(logits[0])
                 b.out[i].copy_(nxt[0])
@@ -773,10 +814,16 @@ class FastDecoder:
             b.temperature.fill_(max(sampling.temperature, 1e-5))
             b.top_p.fill_(sampling.top_p)
             eos = set(sampling.eos)
+            if sampling.key[-1] == "min_new":
+                b.eos_mask.zero_()
+                held = [e for e in eos if 0 <= e < b.eos_mask.shape[0]]  # an id past the vocabulary never comes
+                if held:
+                    b.eos_mask[held] = True
+                b.min_left.fill_(sampling.min_new_tokens)
             kept: list = []
             out = self.model(input_ids=input_ids, past_key_values=b.cache, use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1, :].float()
-            first = _pick(logits, b, sampling.key)
+            first = _pick(_hold_eos(logits, b) if sampling.key[-1] == "min_new" else logits, b, sampling.key)
             b.tok.copy_(first.view(1, 1))
             b.pos.fill_(n)
             if keep_logits:
@@ -929,7 +976,7 @@ def forget(model) -> None:
             pass
 
 
-def worth_capturing(session, text: str, gen: dict) -> str | None:
+def worth_capturing(session, text: str, gen: dict) -> Reason | None:
     """For ``fast=None``: None when the fast path should run this request now, else why plain
     ``generate`` is the quicker answer (nothing captured for it yet, and too short to pay for that)."""
     if int(gen["max_new_tokens"]) >= AUTO_MIN_TOKENS:
@@ -940,9 +987,10 @@ def worth_capturing(session, text: str, gen: dict) -> str | None:
         n = len(session.tokenizer(text)["input_ids"])
         if d.ready(n, sampling):
             return None
-    return (f"nothing is captured yet for this length and sampling mode, and {gen['max_new_tokens']} new tokens "
-            f"(< {AUTO_MIN_TOKENS}) would not pay the one-time capture; fast=True (or a request of "
-            f"≥ {AUTO_MIN_TOKENS} tokens) captures it once per session")
+    return Reason(f"nothing is captured yet for this length and sampling mode, and {gen['max_new_tokens']} new tokens "
+                  f"(< {AUTO_MIN_TOKENS}) would not pay the one-time capture; fast=True (or a request of "
+                  f"≥ {AUTO_MIN_TOKENS} tokens) captures it once per session",
+                  "short request, not captured yet")
 
 
 def run(session, job, text: str, gen: dict, stream, stats, t0: float, on_progress=None) -> list[str]:

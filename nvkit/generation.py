@@ -44,8 +44,9 @@ def plain(session, job, texts, gen, stream, stats, t0, on_progress=None):
     streamer = _CallbackStreamer(tok, stream or (lambda piece: None), on_token)
     out = model.generate(**enc, **gen, streamer=streamer, stopping_criteria=_stopping(job))
     new = out[:, enc["input_ids"].shape[1]:]
-    # count what was really produced (streamer counted steps; pads after EOS are not tokens)
-    eos = set(_as_list(getattr(model.generation_config, "eos_token_id", None)))
+    # count what was really produced (streamer counted steps; pads after EOS are not tokens), up to the
+    # request's EOS where it names one (eos_token_id=None: none), else the model's
+    eos = set(_as_list(gen["eos_token_id"] if "eos_token_id" in gen else getattr(model.generation_config, "eos_token_id", None)))
     pad = gen.get("pad_token_id")
     produced = 0
     for row in new.tolist():
@@ -184,10 +185,11 @@ def run(session, job, texts, gen, stream, fast, stats, t0, on_progress=None):
     if len(texts) > 1:
         if cuda and fast is not False and not stream:
             from .fast import unsupported_reason
-            why = unsupported_reason(session, texts[:1], gen)  # same limits: one GPU, no adapter, no quantization
+            why = unsupported_reason(session, texts[:1], gen, batch=True)  # one GPU, no adapter, no quantization
             if why is None:
                 return batch(session, job, texts, gen, stats, t0, on_progress)
             events.record("batch", f"continuous batching off: {why}; padded generate instead")
+            stats.detail = f"continuous batching off: {getattr(why, 'short', why)}"
         stats.path = "generate"
         outs = plain(session, job, texts, gen, stream, stats, t0, on_progress)
         stats.prompts_done = len(texts)
@@ -206,10 +208,11 @@ def run(session, job, texts, gen, stream, fast, stats, t0, on_progress=None):
                 if fast or stats.new_tokens:
                     raise NvkitError(f"The fast decode path failed: {type(e).__name__}: {e}. "
                                      "Generate with fast=False to use plain transformers generate.") from e
-                why = f"it failed ({error_summary(e)})"
+                why = fast_path.Reason(f"it failed ({error_summary(e)})", f"it failed ({type(e).__name__})")
         if fast:
             raise NvkitError(f"fast=True, but the fast path cannot run this request: {why}. "
                              "Drop fast=True (plain generate is used then) or change the request.")
         events.record("fast-off", f"fast decode off: {why}")
+        stats.detail = f"fast path off: {getattr(why, 'short', why)}"
     stats.path = "generate"
     return plain(session, job, texts, gen, stream, stats, t0, on_progress)

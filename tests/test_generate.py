@@ -161,7 +161,7 @@ def test_resolve_knows_what_the_fast_path_implements(s):
     assert why is None and ok.key == ("greedy",) and ok.max_new_tokens == 5
     smp, why = fast._resolve(s.model, dict(max_new_tokens=5, do_sample=True, temperature=0.5, top_p=0.9))
     assert why is None and smp.key == ("sample", 50, True) and smp.temperature == 0.5  # top_k 50: transformers' default
-    for extra in (dict(repetition_penalty=1.2), dict(num_beams=2), dict(min_new_tokens=3), dict(foo=1)):
+    for extra in (dict(repetition_penalty=1.2), dict(num_beams=2), dict(min_length=3), dict(foo=1)):
         none, why = fast._resolve(s.model, dict(max_new_tokens=5, do_sample=False, **extra))
         assert none is None and why, extra
     assert fast._bucket_len(10) == 256 and fast._bucket_len(257) == 512 and fast._bucket_len(512) == 512
@@ -520,7 +520,7 @@ def test_bench_decode_rounds_alternate_and_report_the_median(s):
 
     class St:
         def __init__(self, rate, seconds, ttft):
-            self.tokens_per_second, self.seconds, self.time_to_first_token = rate, seconds, ttft
+            self.decode_tokens_per_second, self.seconds, self.time_to_first_token = rate, seconds, ttft
     row = {}
     bench_decode._summarise_rounds(row, [St(10, 3.0, 0.1), St(30, 1.0, 0.3), St(20, 2.0, 0.2)], [1.0, None, 1.5])
     assert row == dict(rounds=3, seconds=2.0, tokens_per_s=20.0, ttft_ms=200.0, peak_mem_gib=1.5, spread_pct=100.0)
