@@ -291,12 +291,13 @@ def cli_main(argv) -> int:
         epilog="Each option names the modes it applies to; one that does not apply to the chosen mode is refused.")
     p.add_argument("model", nargs="?", default="demo",
                    help="'demo', a local directory, or shape:NAME (random weights of a real shape, e.g. "
-                        "shape:qwen3-0.6b; see nvkit.demo.SHAPES); the default mode also takes a Hub id")
+                        "shape:qwen3-0.6b; see nvkit.demo.SHAPES); the default mode and --decode also take a Hub id")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--decode", action="store_true", help="fast decode path vs plain generate (nvkit.bench_decode)")
     mode.add_argument("--lora", action="store_true", help="LoRA fine-tune variants (nvkit.bench_lora)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    o = p.add_argument_group("options (the modes each applies to in brackets)")
+    o = p.add_argument_group("options (in brackets the modes each applies to; 'default': the backend comparison, "
+                             "without --decode or --lora)")
     o.add_argument("--backends", type=_csv, help="[default] comma-separated, e.g. sdpa,eager,flash_attention_4 (default sdpa)")
     o.add_argument("--quant", dest="quantizations", help="[default] comma-separated, e.g. none,nf4,int8 (default none)",
                    type=lambda t: [None if q.lower() == "none" else q for q in _csv(t)] or [None])

@@ -46,6 +46,13 @@ def _bench(tmp_path, *args):
     return json.loads(r.stdout)
 
 
+def test_bench_help_is_the_benchmarks_own():
+    r = _nvkit("bench", "--help")
+    assert r.returncode == 0, r.stderr
+    for words in ("--decode", "--lora", "shape:qwen3-0.6b", "[--lora] tokens per training row", "[default, --decode]"):
+        assert words in r.stdout, words
+
+
 def test_bench_compare_on_demo(tmp_path):
     rows = _bench(tmp_path, "demo", "--backends", "sdpa", "--quant", "none", "--prompt-len", "6", "--new-tokens", "3",
                   "--repeats", "1", "--device-map", "cpu")
