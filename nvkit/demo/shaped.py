@@ -178,8 +178,8 @@ def fill_unspellable(model, n_tok: int, seed: int = 1) -> None:
 
     Why: with random rows everywhere, greedy decoding nearly always picks an id the tokenizer cannot
     spell (about 150 k of them against 2 k it can) and the text comes out empty. A single shared row
-    gives all of them one logit, h·row, whose spread is half that of each real id's, so the best of
-    the real ids beats it and the noise is readable text. Why not zero rows: Qwen3 and Llama tie
+    gives all of them one logit, h·row, with half the spread of any one real id's logit, so the best
+    of the 2 k real ids beats it and the noise is readable text. Why not zero rows: Qwen3 and Llama tie
     the head to the input embedding, so a zero row is also a zero input. A sequence that starts with
     such ids keeps an exactly zero hidden state through every layer (attention over zero values
     gives zero), where RMSNorm's gradient is 1/sqrt(eps) instead of about 1/rms; the backward
