@@ -88,6 +88,10 @@ def main(argv=None) -> int:
     lab.add_argument("lab_args", nargs=argparse.REMAINDER)
     b = sub.add_parser("bench", help="side-by-side runs: backends, quantization, fast path, LoRA")
     b.add_argument("bench_args", nargs=argparse.REMAINDER)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bench"]:  # its options, --help included, are the benchmark's own (nvkit.bench.cli_main)
+        from .benchmarks.backends import cli_main
+        return cli_main(argv[1:])
     args = parser.parse_args(argv)
     try:
         if args.cmd == "doctor":

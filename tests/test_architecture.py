@@ -148,6 +148,15 @@ def test_arrows_run_one_way():
     assert not upward, "imports that reach up a layer:\n" + "\n".join(upward)
 
 
+def test_every_nvkit_import_names_a_module_that_exists():
+    """A moved module leaves no import behind (a function-level import would fail only when run)."""
+    modules = all_modules()
+    missing = [f"{path.relative_to(ROOT.parent)}:{line} imports {target}"
+               for mod, path in modules.items() for target, _, line in imports_of(mod, path, modules)
+               if target not in modules]
+    assert not missing, "imports of modules that do not exist:\n" + "\n".join(missing)
+
+
 def test_every_module_has_a_layer():
     for mod in all_modules():
         layer_of(mod)

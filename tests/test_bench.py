@@ -1,6 +1,8 @@
 """nvkit.bench on the CPU with small sizes: one row per choice plus plain transformers, greedy
-agreement against the reference, unavailable choices as rows with the reason."""
+agreement against the reference, unavailable choices as rows with the reason, every timed run
+producing exactly the tokens it asked for, and options that do not fit a mode refused."""
 
+import functools
 import json
 
 import pytest
@@ -22,6 +24,9 @@ def test_rows_and_reference(df):
                                "nvkit eager + int8", "nvkit flash_attention_2", "nvkit flash_attention_2 + int8"]
     ok = df[df["error"] == ""]
     assert len(ok) == 5
+    # exactly the asked tokens, wherever this CPU's rounding makes the model put its EOS, so every rate
+    # is measured: time to the first token and the decode after it come from the same run
+    assert (ok["tokens"] == 6).all() and (ok["note"] == "").all()
     assert (ok["ttft_ms"] > 0).all() and (ok["prefill_tok_s"] > 0).all() and (ok["decode_tok_s"] > 0).all()
     by = df.set_index("row")
     assert by.loc["transformers (plain)", "match_rate"] == 1.0
@@ -47,22 +52,42 @@ def test_chart(df):
     (dict(new_tokens=1.5), "new_tokens must be"),
     (dict(repeats=True), "repeats must be"),
     (dict(decode=True, lora=True), "Choose one"),
-    (dict(colour=1), "Unknown bench option"),
+    (dict(colour=1), "Unknown bench option colour"),
+    (dict(paths=["fast"]), "paths does not apply to the backend × quantization comparison: it belongs to the decode"),
+    (dict(lora=True, prompt_len=8), "prompt_len does not apply to the LoRA comparison"),
+    (dict(lora=True, backends=["eager"]), "backends does not apply to the LoRA comparison"),
+    (dict(decode=True, batch_size=2), "batch_size does not apply to the decode comparison .* the LoRA comparison"),
+    (dict(decode=True, steps=3), "steps does not apply to the decode comparison"),
+    (dict(lora=True, turbo=1), "Unknown bench option turbo"),
 ])
 def test_bad_arguments(kw, match):
     with pytest.raises(NvkitError, match=match):
         bench(model_path(), **kw)
 
 
+def _recording(monkeypatch, module, seen, result):
+    """Replace ``module.run`` by one that records its keywords; it keeps the real signature, which is
+    what ``bench`` checks options against."""
+    real = module.run
+
+    @functools.wraps(real)
+    def run(**kw):
+        seen[module.__name__] = kw
+        return result
+    monkeypatch.setattr(module, "run", run)
+
+
 def test_decode_and_lora_dispatch(monkeypatch):
     import nvkit.benchmarks.decode as bd
     import nvkit.benchmarks.lora as bl
     seen = {}
-    monkeypatch.setattr(bd, "run", lambda **kw: seen.setdefault("decode", kw) and "decode-df")
-    monkeypatch.setattr(bl, "run", lambda **kw: seen.setdefault("lora", kw) and "lora-df")
-    assert bench("demo", decode=True, new_tokens=5, extra=1) == "decode-df"
-    assert seen["decode"]["new_tokens"] == 5 and seen["decode"]["extra"] == 1
-    assert bench("demo", lora=True) == "lora-df" and seen["lora"]["model"] == "demo"
+    _recording(monkeypatch, bd, seen, "decode-df")
+    _recording(monkeypatch, bl, seen, "lora-df")
+    # each mode gets what it takes and nothing it does not (the modes' own defaults stay theirs)
+    assert bench("demo", decode=True, new_tokens=5, n_prompts=3) == "decode-df"
+    assert seen[bd.__name__] == dict(model="demo", new_tokens=5, n_prompts=3)
+    assert bench("demo", lora=True, batch_size=2, seq_len=64, steps=3) == "lora-df"
+    assert seen[bl.__name__] == dict(model="demo", batch_size=2, seq_len=64, steps=3)
 
 
 def test_cli_json(capsys):
@@ -79,8 +104,46 @@ def test_cli_decode_paths(monkeypatch, capsys):
 
     import nvkit.benchmarks.decode as bd
     seen = {}
-    monkeypatch.setattr(bd, "run", lambda **kw: seen.update(kw) or pd.DataFrame([{"path": "fast", "tokens_per_s": 1.0}]))
+    _recording(monkeypatch, bd, seen, pd.DataFrame([{"path": "fast", "tokens_per_s": 1.0}]))
     assert cli_main(["demo", "--decode", "--paths", "fast, fast+triton", "--repeats", "2"]) == 0
-    assert seen["paths"] == ["fast", "fast+triton"] and seen["repeats"] == 2
+    assert seen[bd.__name__] == dict(model="demo", paths=["fast", "fast+triton"], repeats=2)
     assert cli_main(["demo", "--paths", "fast"]) == 2  # --paths without --decode
-    assert "--decode" in capsys.readouterr().err
+    assert "--paths does not apply to the backend comparison (no --decode/--lora): it belongs to --decode" \
+        in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--lora", "--prompt-len", "8"], "--prompt-len does not apply to --lora: it belongs to the backend comparison"),
+    (["--lora", "--quant", "nf4"], "--quant does not apply to --lora"),
+    (["--decode", "--steps", "3"], "--steps does not apply to --decode: it belongs to --lora"),
+    (["--decode", "--device-map", "cpu"], "--device-map does not apply to --decode"),
+    (["--seq-len", "64"], "--seq-len does not apply to the backend comparison (no --decode/--lora): it belongs to --lora"),
+    (["shape:gpt-9", "--lora"], "Unknown model shape 'gpt-9'"),
+])
+def test_cli_refuses_what_a_mode_does_not_take(argv, words, capsys):
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("nvkit bench: ") and words in err
+
+
+def test_cli_modes_exclude_each_other(capsys):
+    assert cli_main(["--decode", "--lora"]) == 2
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_lora_health_and_text_rows():
+    from transformers import AutoTokenizer
+
+    from nvkit.benchmarks.lora import health, text_rows
+    assert health([11.9, 11.0, 10.2, 9.5], [1.0, 2.0, 1.5, 1.2]) == ""
+    assert health([11.9, 0.0], [float("nan"), 0.0]) == "grad_norm nan at step 1"  # what the H200 run logged
+    assert health([11.9, float("nan")], [1.0, 1.0]) == "loss nan at step 2"
+    assert health([11.9, 11.0], [1.0, None]) == "grad_norm None at step 2"
+    assert health([11.0, 11.2, 11.1, 11.3], [1.0] * 4).startswith("the loss did not fall")
+    assert health([11.0, 11.5, 10.0, 10.4], [1.0] * 4) == ""  # noisy steps: quarters are compared, not two steps
+    assert health([], []) == "no loss was logged"
+    rows = text_rows(model_path(), 32, 5)
+    n_tok = len(AutoTokenizer.from_pretrained(model_path()))
+    assert len(rows) == 5 and all(len(r.input_ids) == 32 and r.labels == r.input_ids for r in rows)
+    assert all(0 <= t < n_tok for r in rows for t in r.input_ids)  # text: every id one the tokenizer makes
+    assert rows[0].input_ids != rows[1].input_ids

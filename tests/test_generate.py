@@ -527,7 +527,7 @@ def test_bench_decode_rounds_alternate_and_report_the_median(s):
 
     class St:
         def __init__(self, rate, seconds, ttft):
-            self.tokens_per_second, self.seconds, self.time_to_first_token = rate, seconds, ttft
+            self.decode_tokens_per_second, self.seconds, self.time_to_first_token = rate, seconds, ttft
     row = {}
     bench_decode._summarise_rounds(row, [St(10, 3.0, 0.1), St(30, 1.0, 0.3), St(20, 2.0, 0.2)], [1.0, None, 1.5])
     assert row == dict(rounds=3, seconds=2.0, tokens_per_s=20.0, ttft_ms=200.0, peak_mem_gib=1.5, spread_pct=100.0)

@@ -249,6 +249,7 @@ def test_overhead_benchmark_runs_on_the_default_path(no_gpus):
     figure itself is measured on the H200, not asserted here)."""
     r = sampler_bench.overhead_benchmark("demo", new_tokens=6, rounds=1, rate_hz=20)
     assert r["path"] == "generate"  # CPU: plain generate; on CUDA this is "fast"
+    assert r["tokens"] == 6  # every round decodes exactly what it asked for, whatever the model's EOS
     assert r["tok_s_without"] > 0 and r["tok_s_with"] > 0
     assert r["noise"] == 0.0  # one round: no spread
     assert {"difference", "seconds_per_sample", "core_share"} <= set(r)

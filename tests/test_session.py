@@ -13,10 +13,20 @@ from nvkit import NvkitError
 
 
 @pytest.fixture(scope="module")
-def s():
-    sess = nvkit.load("demo")
-    yield sess
-    sess.unload()
+def _demo():
+    box = {}
+    yield box
+    if box.get("s") is not None:
+        box["s"].unload()
+
+
+@pytest.fixture
+def s(_demo):
+    """The module's demo session, loaded once; loaded again after a test whose nvkit.load replaced it
+    (a load unloads the current session), so no test depends on which tests ran before it."""
+    if _demo.get("s") is None or not _demo["s"].loaded:
+        _demo["s"] = nvkit.load("demo")
+    return _demo["s"]
 
 
 def test_load_demo_is_current_and_described(s):

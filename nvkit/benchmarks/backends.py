@@ -1,11 +1,14 @@
 """``nvkit.bench``: attention backends and quantization side by side, in one process, on the same
 prompts, against plain transformers with the same settings.
 
-Each row loads the model (through ``nvkit.load``, the path users take), runs a 1-token generate
-for the time to first token (prefill), then a ``new_tokens`` greedy generate for decode speed, and
-compares the greedy tokens with the reference row: plain ``AutoModelForCausalLM`` + sdpa, no
-quantization, same dtype (bf16 on a GPU from Ampere on). Prompts are random token ids from a fixed
-seed, so random-weight shapes (``nvkit.demo.shaped("qwen3-0.6b")``) measure real speed offline.
+Each row loads the model (through ``nvkit.load``, the path users take), runs a greedy generate of
+exactly ``new_tokens`` tokens (``min_new_tokens``: EOS cannot end it early) and times, inside that
+one run, the first token (prefill: ``ttft_ms``, ``prefill_tok_s``) and the tokens after it
+(``decode_tok_s``); ``tokens`` is what the run produced. It compares the greedy tokens with the
+reference row: plain ``AutoModelForCausalLM`` + sdpa, no quantization, same dtype (bf16 on a GPU
+from Ampere on). Prompts are random token ids from a fixed seed, so random-weight shapes
+(``nvkit.demo.shaped("qwen3-0.6b")``) measure real speed offline. A rate that cannot be measured
+stays empty and ``note`` says why; a row that failed says why in ``error``.
 
 The bench needs the memory: it unloads the current session first.
 """
@@ -22,8 +25,8 @@ from ..memory.usage import release, rss_bytes
 from ..model import precision, session as model_session
 from ..units import fmt_bytes
 
-COLUMNS = ["row", "backend", "quantization", "ttft_ms", "prefill_tok_s", "decode_tok_s", "peak_memory_bytes",
-           "peak_memory", "match_rate", "error"]
+COLUMNS = ["row", "backend", "quantization", "tokens", "ttft_ms", "prefill_tok_s", "decode_tok_s",
+           "peak_memory_bytes", "peak_memory", "match_rate", "error", "note"]
 
 
 def _posint(name, v):
@@ -59,30 +62,57 @@ def _peak(device, rss0: int) -> int:
     return max(0, rss_bytes() - rss0)  # CPU: growth of the process over the row (no allocator peak)
 
 
+class _Clock:
+    """A ``generate`` streamer that only notes when the first new token reached the host.
+    transformers puts the prompt first, then each step's tokens after copying them to the CPU (a
+    device sync), so the second put is the end of the prefill and its first token."""
+
+    def __init__(self):
+        self.puts, self.first = 0, None
+
+    def put(self, value):
+        self.puts += 1
+        if self.puts == 2:
+            self.first = time.perf_counter()
+
+    def end(self):
+        pass
+
+
 def _measure(model, input_ids, attention_mask, new_tokens: int, repeats: int, pad_id) -> dict:
-    """TTFT (1-token generate), then a full greedy generate; medians over ``repeats``."""
+    """Greedy generates of exactly ``new_tokens`` tokens (EOS held back by ``min_new_tokens``): the
+    time to the first token and the rate of the tokens after it, both from the same run (two runs
+    timed apart could give a decode time below zero on a noisy machine); medians over ``repeats``."""
     import torch
     dev = input_ids.device
-    kw = dict(attention_mask=attention_mask, do_sample=False, pad_token_id=pad_id)
-    with torch.inference_mode():
-        model.generate(input_ids, max_new_tokens=2, min_new_tokens=2, **kw)  # warm-up (kernels, compile, caches)
-        ttfts, totals, out = [], [], None
-        for _ in range(repeats):
-            _sync(dev)
-            t0 = time.perf_counter()
-            model.generate(input_ids, max_new_tokens=1, min_new_tokens=1, **kw)
-            _sync(dev)
-            ttfts.append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
-            out = model.generate(input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
-            _sync(dev)
-            totals.append(time.perf_counter() - t0)
-    ttft, total = statistics.median(ttfts), statistics.median(totals)
+    kw = dict(attention_mask=attention_mask, do_sample=False, pad_token_id=pad_id,
+              max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     b, p = input_ids.shape
-    decode_s = total - ttft
-    return {"ttft_ms": ttft * 1000, "prefill_tok_s": b * p / ttft,
-            "decode_tok_s": b * (new_tokens - 1) / decode_s if decode_s > 0 and new_tokens > 1 else float("nan"),
-            "tokens": out[:, p:].cpu()}
+    with torch.inference_mode():
+        model.generate(input_ids, **dict(kw, max_new_tokens=2, min_new_tokens=2))  # warm-up (kernels, compile, caches)
+        ttfts, decodes, out = [], [], None
+        for _ in range(repeats):
+            clock = _Clock()
+            _sync(dev)
+            t0 = time.perf_counter()
+            out = model.generate(input_ids, streamer=clock, **kw)
+            _sync(dev)
+            t1 = time.perf_counter()
+            ttfts.append((clock.first or t1) - t0)
+            decodes.append(t1 - clock.first if clock.first is not None else 0.0)
+    produced = int(out.shape[1] - p)  # per prompt; every row runs the same number of steps
+    ttft, decode_s = statistics.median(ttfts), statistics.median(decodes)
+    r = {"tokens": b * produced, "ttft_ms": ttft * 1000, "prefill_tok_s": b * p / ttft if ttft > 0 else float("nan"),
+         "decode_tok_s": float("nan"), "note": "", "new": out[:, p:].cpu()}
+    if produced != new_tokens:
+        r["note"] = f"produced {produced} of {new_tokens} tokens per prompt"
+    if produced < 2:
+        r["note"] = (r["note"] + "; " if r["note"] else "") + "no token after the first: no decode rate"
+    elif decode_s <= 0:
+        r["note"] = (r["note"] + "; " if r["note"] else "") + "decode took no measurable time: no decode rate"
+    else:
+        r["decode_tok_s"] = b * (produced - 1) / decode_s
+    return r
 
 
 def _match(tokens, ref) -> float:
@@ -91,27 +121,71 @@ def _match(tokens, ref) -> float:
     return float((tokens == ref).float().mean())
 
 
-def bench(model: str = "demo", backends=("sdpa",), quantizations=(None,), prompt_len: int = 128,
-          new_tokens: int = 64, batch_size: int = 1, decode: bool = False, lora: bool = False,
-          repeats: int = 3, device_map=None, dtype="auto", seed: int = 0, **kwargs):
-    """A pandas DataFrame, one row per backend × quantization plus the plain-transformers row.
+# The options each mode of ``bench`` takes (None = not given: the mode's own default). The decode
+# and LoRA modes also take the keywords of their ``run`` (``nvkit.benchmarks.decode``, ``nvkit.benchmarks.lora``).
+_SHARED = {"backends": ("compare",), "quantizations": ("compare",), "device_map": ("compare",),
+           "prompt_len": ("compare", "decode"), "new_tokens": ("compare", "decode"), "repeats": ("compare", "decode"),
+           "dtype": ("compare", "decode"), "seed": ("compare", "decode"), "batch_size": ("compare", "lora")}
+MODES = ("compare", "decode", "lora")
+_MODE_NAMES = {"compare": "the backend × quantization comparison", "decode": "the decode comparison (decode=True)",
+               "lora": "the LoRA comparison (lora=True)"}
 
-    ``decode=True`` runs the fast-decode comparison (``nvkit.bench_decode``), ``lora=True`` the
-    fine-tune one (``nvkit.bench_lora``); extra keywords go to those. Unavailable choices give a
-    row with ``error`` set instead of stopping the run."""
+
+def _run_keywords(mode: str) -> set:
+    if mode == "compare":
+        return set()
+    import inspect
+    from . import decode as bench_decode, lora as bench_lora
+    fn = bench_decode.run if mode == "decode" else bench_lora.run
+    return {n for n, p in inspect.signature(fn).parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)} - {"model"}
+
+
+def check_options(mode: str, names, spell=None, mode_names=None) -> None:
+    """Raise NvkitError for the first option in ``names`` that ``mode`` does not take, saying which
+    mode it belongs to. ``spell`` / ``mode_names``: how the caller's user writes options and modes
+    (the CLI's ``--prompt-len`` and ``--lora``)."""
+    spell = spell or (lambda n: n)
+    mode_names = mode_names or _MODE_NAMES
+    for n in names:
+        ok = mode in _SHARED[n] if n in _SHARED else n in _run_keywords(mode)
+        if ok:
+            continue
+        home = [m for m in MODES if (m in _SHARED[n] if n in _SHARED else n in _run_keywords(m))]
+        if not home:
+            raise NvkitError(f"Unknown bench option {spell(n)}.")
+        raise NvkitError(f"{spell(n)} does not apply to {mode_names[mode]}: it belongs to "
+                         f"{' and '.join(mode_names[m] for m in home)}.")
+
+
+def bench(model: str = "demo", backends=None, quantizations=None, prompt_len: int | None = None,
+          new_tokens: int | None = None, batch_size: int | None = None, decode: bool = False, lora: bool = False,
+          repeats: int | None = None, device_map=None, dtype=None, seed: int | None = None, **kwargs):
+    """A pandas DataFrame, one row per backend × quantization plus the plain-transformers row
+    (defaults: sdpa, no quantization, 128-token prompts, 64 new tokens, batch 1, 3 repeats, dtype "auto").
+
+    ``decode=True`` runs the fast-decode comparison (``nvkit.benchmarks.decode.run``: model, prompt_len,
+    new_tokens, repeats, dtype, seed and its own keywords), ``lora=True`` the fine-tune one
+    (``nvkit.benchmarks.lora.run``: model, batch_size and its own keywords). An option the chosen mode
+    does not take raises NvkitError. Unavailable backends or quantizations give a row with
+    ``error`` set instead of stopping the run."""
     require(isinstance(decode, bool) and isinstance(lora, bool), "decode and lora must be True or False.")
     require(not (decode and lora), "Choose one: decode=True or lora=True.")
-    common = dict(model=model, prompt_len=prompt_len, new_tokens=new_tokens, batch_size=batch_size,
-                  repeats=repeats, device_map=device_map)
+    mode = "decode" if decode else "lora" if lora else "compare"
+    given = {k: v for k, v in dict(backends=backends, quantizations=quantizations, prompt_len=prompt_len,
+                                   new_tokens=new_tokens, batch_size=batch_size, repeats=repeats,
+                                   device_map=device_map, dtype=dtype, seed=seed).items() if v is not None}
+    check_options(mode, [*given, *kwargs])
     if decode:
         from . import decode as bench_decode
-        return bench_decode.run(**common, **kwargs)
+        return bench_decode.run(model=model, **given, **kwargs)
     if lora:
         from . import lora as bench_lora
-        return bench_lora.run(**common, **kwargs)
-    require(not kwargs, f"Unknown bench option(s): {', '.join(sorted(kwargs))}.")
-    backends = _names("backends", backends)
+        return bench_lora.run(model=model, **given, **kwargs)
+    backends = _names("backends", ("sdpa",) if backends is None else backends)
     quantizations = _names("quantizations", quantizations, allow_none=True)
+    prompt_len, new_tokens = given.get("prompt_len", 128), given.get("new_tokens", 64)
+    batch_size, repeats, seed, dtype = given.get("batch_size", 1), given.get("repeats", 3), given.get("seed", 0), dtype or "auto"
     for name, v in (("prompt_len", prompt_len), ("new_tokens", new_tokens), ("batch_size", batch_size), ("repeats", repeats)):
         _posint(name, v)
     require(isinstance(seed, int), f"seed must be a whole number, not {seed!r}.")
@@ -148,14 +222,14 @@ def bench(model: str = "demo", backends=("sdpa",), quantizations=(None,), prompt
         dev = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
         _peak_reset(dev)
         rss0 = rss_bytes()
-        r = {"row": label, "backend": backend, "quantization": quant or "none", "ttft_ms": float("nan"),
+        r = {"row": label, "backend": backend, "quantization": quant or "none", "tokens": 0, "ttft_ms": float("nan"),
              "prefill_tok_s": float("nan"), "decode_tok_s": float("nan"), "peak_memory_bytes": None,
-             "peak_memory": "", "match_rate": float("nan"), "error": ""}
+             "peak_memory": "", "match_rate": float("nan"), "error": "", "note": ""}
         try:
             m = fn()
             d = m.get_input_embeddings().weight.device
             res = _measure(m, ids.to(d), mask.to(d), new_tokens, repeats, pad)
-            toks = res.pop("tokens")
+            toks = res.pop("new")
             if ref_tokens is None:
                 ref_tokens = toks
             r.update(res, match_rate=_match(toks, ref_tokens))
@@ -203,61 +277,121 @@ def bench_chart(df):
     return fig
 
 
-def cli_main(argv) -> int:
-    """``nvkit bench [MODEL] --backends sdpa,eager --quant none,nf4 ... [--json]``."""
-    p = argparse.ArgumentParser(prog="nvkit bench", description="attention backends × quantization, side by side")
-    p.add_argument("model", nargs="?", default="demo", help="'demo', a local directory, a Hub id, or shape:qwen3-0.6b")
-    p.add_argument("--backends", default="sdpa", help="comma-separated, e.g. sdpa,eager,flash_attention_4")
-    p.add_argument("--quant", default="none", help="comma-separated, e.g. none,nf4,int8")
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--batch-size", type=int, default=1)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--device-map", default=None)
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--decode", action="store_true", help="fast decode path vs plain generate (nvkit.bench_decode)")
-    p.add_argument("--paths", default=None, help="with --decode: comma-separated paths, e.g. fast,fast+triton "
-                                                 "(python -m nvkit.bench_decode --help lists them)")
-    p.add_argument("--lora", action="store_true", help="LoRA fine-tune step timings (nvkit.bench_lora)")
-    p.add_argument("--session", action="store_true", help="generation as a notebook user meets it, in a cold and a "
-                                                          "warm process (nvkit.benchmarks.session)")
-    p.add_argument("--phases", default="cold,warm", help="with --session: cold, warm or both (each its own process)")
-    p.add_argument("--session-dir", default=None, help="with --session: the folder a cold and a later warm call share")
-    p.add_argument("--csv", default=None, help="with --session: also write the table here")
-    p.add_argument("--json", action="store_true", help="print the rows as JSON")
-    try:
-        a = p.parse_args(list(argv))
-    except SystemExit as e:
-        return int(e.code or 0)
+def _csv(text: str) -> list[str]:
+    return [x.strip() for x in text.split(",") if x.strip()]
+
+
+_CLI_MODES = {"compare": "the backend comparison (no --decode/--lora)", "decode": "--decode", "lora": "--lora"}
+_SESSION_OPTIONS = ("phases", "session_dir", "csv")
+
+
+def _session_cli(a, chosen: str, options: dict, flags: dict) -> int:
+    """``nvkit bench MODEL --session``: it takes only its own options (the others time other things)."""
+    if chosen != "session":
+        first = next(k for k in options if k in _SESSION_OPTIONS)
+        raise NvkitError(f"{flags.get(first, first)} belongs to --session.")
+    other = [k for k in options if k not in _SESSION_OPTIONS]
+    if other:
+        raise NvkitError(f"{flags.get(other[0], other[0])} does not apply to --session; it takes "
+                         f"{', '.join(flags[k] for k in _SESSION_OPTIONS)}.")
+    from . import session as bench_session
     model = a.model
     if model.startswith("shape:"):
         from ..demo import shaped
         model = shaped(model.split(":", 1)[1])
-    quants = [None if q.strip().lower() in ("none", "") else q.strip() for q in a.quant.split(",")]
-    kw = dict(prompt_len=a.prompt_len, new_tokens=a.new_tokens, batch_size=a.batch_size, repeats=a.repeats,
-              device_map=a.device_map)
-    if a.paths is not None and not a.decode:
-        print("nvkit bench: --paths chooses decode paths; add --decode (or leave --paths out).", file=sys.stderr)
+    bench_session.run_phases(model=model, csv=a.csv, folder=a.session_dir, phases=tuple(a.phases or ("cold", "warm")))
+    return 0
+
+
+def cli_main(argv) -> int:
+    """``nvkit bench [MODEL] [--decode | --lora | --session] [options] [--json]``; see ``--help``."""
+    p = argparse.ArgumentParser(
+        prog="nvkit bench", description="Side by side, in one process: attention backends × quantization (default), "
+        "nvkit's fast decode path vs plain generate (--decode), LoRA training speed and memory (--lora), "
+        "generation as a notebook user meets it, cold and warm (--session).",
+        epilog="Each option names the modes it applies to; one that does not apply to the chosen mode is refused.")
+    p.add_argument("model", nargs="?", default="demo",
+                   help="'demo', a local directory, or shape:NAME (random weights of a real shape, e.g. "
+                        "shape:qwen3-0.6b; see nvkit.demo.SHAPES); the default mode and --decode also take a Hub id")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--decode", action="store_true", help="fast decode path vs plain generate (nvkit.benchmarks.decode)")
+    mode.add_argument("--lora", action="store_true", help="LoRA fine-tune variants (nvkit.benchmarks.lora)")
+    mode.add_argument("--session", action="store_true", help="one model, the request sequence a notebook user makes, "
+                                                             "in a cold and a warm process (nvkit.benchmarks.session)")
+    p.add_argument("--json", action="store_true", help="print the rows as JSON")
+    o = p.add_argument_group("options (in brackets the modes each applies to; 'default': the backend comparison, "
+                             "without --decode or --lora)")
+    o.add_argument("--backends", type=_csv, help="[default] comma-separated, e.g. sdpa,eager,flash_attention_4 (default sdpa)")
+    o.add_argument("--quant", dest="quantizations", help="[default] comma-separated, e.g. none,nf4,int8 (default none)",
+                   type=lambda t: [None if q.lower() == "none" else q for q in _csv(t)] or [None])
+    o.add_argument("--device-map", dest="device_map", help="[default] e.g. cpu, cuda, auto")
+    o.add_argument("--prompt-len", dest="prompt_len", type=int, help="[default, --decode] prompt tokens")
+    o.add_argument("--new-tokens", dest="new_tokens", type=int, help="[default, --decode] tokens generated per prompt")
+    o.add_argument("--repeats", type=int, help="[default, --decode] timed runs per row (the median is shown)")
+    o.add_argument("--dtype", help="[default, --decode] e.g. auto, bfloat16, float32")
+    o.add_argument("--batch-size", dest="batch_size", type=int, help="[default, --lora] prompts per batch / rows per step")
+    o.add_argument("--paths", type=_csv, help="[--decode] comma-separated paths, e.g. fast,fast+triton "
+                                              "(python -m nvkit.benchmarks.decode --help lists them)")
+    o.add_argument("--n-prompts", dest="n_prompts", type=int, help="[--decode] prompts of the batch group")
+    o.add_argument("--batch-new-tokens", dest="batch_new_tokens", type=int, help="[--decode] new tokens per batch prompt")
+    o.add_argument("--k-steps", dest="k_steps", type=int, help="[--decode] fast-path decode steps per graph replay")
+    o.add_argument("--seq-len", dest="seq_len", type=int, help="[--lora] tokens per training row")
+    o.add_argument("--steps", type=int, help="[--lora] timed training steps")
+    o.add_argument("--warmup", type=int, help="[--lora] untimed steps first (compilation happens there)")
+    o.add_argument("--r", type=int, help="[--lora] LoRA rank")
+    o.add_argument("--learning-rate", dest="learning_rate", type=float, help="[--lora] AdamW learning rate")
+    o.add_argument("--variants", type=_csv, help="[--lora] comma-separated subset of plain,nvkit,nvkit+liger,nvkit+gc")
+    o.add_argument("--device", help="[--lora] cuda or cpu (default: cuda when there is one)")
+    o.add_argument("--short-runs", dest="short_runs", action="store_true",
+                   help="[--lora] wall time of whole 20- and 200-step runs, plain vs nvkit, compile cache cold and warm")
+    so = p.add_argument_group("--session options")
+    so.add_argument("--phases", type=_csv, help="[--session] cold, warm or both (each in a process of its own)")
+    so.add_argument("--session-dir", dest="session_dir", help="[--session] the folder a cold and a later warm call share")
+    so.add_argument("--csv", help="[--session] also write the table here")
+    try:
+        a = p.parse_args(list(argv))
+    except SystemExit as e:
+        return int(e.code or 0)
+    chosen = "decode" if a.decode else "lora" if a.lora else "session" if a.session else "compare"
+    flags = {act.dest: act.option_strings[0] for act in p._actions if act.option_strings}
+    options = {k: v for k, v in vars(a).items()
+               if k not in ("model", "decode", "lora", "session", "json") and v is not None and v is not False}
+    try:
+        if chosen == "session" or any(k in options for k in _SESSION_OPTIONS):
+            return _session_cli(a, chosen, options, flags)
+        if a.short_runs and not a.lora:
+            raise NvkitError("--short-runs belongs to --lora.")
+        options.pop("short_runs", None)
+        check_options(chosen, options, spell=lambda n: flags.get(n, n), mode_names=_CLI_MODES)
+        model = a.model
+        if model.startswith("shape:"):
+            from ..demo import shaped
+            model = shaped(model.split(":", 1)[1])
+        if a.decode and a.json:
+            options["show"] = False  # its printed table would break the JSON
+        if a.short_runs:
+            from .lora import short_runs
+            df = short_runs(model=model, **{k: v for k, v in options.items() if k in ("batch_size", "seq_len", "r")})
+        else:
+            df = bench(model, decode=a.decode, lora=a.lora, **options)
+    except NvkitError as e:
+        print(f"nvkit bench: {e}", file=sys.stderr)
         return 2
-    if a.decode and a.paths is not None:
-        kw["paths"] = [x.strip() for x in a.paths.split(",") if x.strip()]
-    if a.session:
-        from . import session as bench_session
-        bench_session.run_phases(model=model, csv=a.csv, folder=a.session_dir,
-                                 phases=tuple(x.strip() for x in a.phases.split(",") if x.strip()))
-        return 0
-    if a.decode or a.lora:
-        df = bench(model, decode=a.decode, lora=a.lora, **kw)
-    else:
-        df = bench(model, backends=[b.strip() for b in a.backends.split(",") if b.strip()], quantizations=quants,
-                   dtype=a.dtype, **kw)
+    bad = {}
+    if a.lora and not a.short_runs:
+        from .lora import untrained
+        bad = untrained(df)
+    if df.index.name is not None:  # the LoRA table is indexed by variant: keep it as a column
+        df = df.reset_index()
     if a.json:
         print(df.to_json(orient="records", indent=2))
-    else:
+    elif not a.decode:  # the decode benchmark prints its own table
         import pandas as pd
-        with pd.option_context("display.width", 200, "display.max_columns", 20):
+        with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 60):
             print(df.drop(columns=["peak_memory_bytes"], errors="ignore").to_string(index=False, float_format=lambda x: f"{x:.2f}"))
-    return 0
+    for v, why in bad.items():  # a speed of a run that did not train is no speed
+        print(f"nvkit bench: {v} did not train: {why}", file=sys.stderr)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

@@ -8,8 +8,14 @@
   (continuous batching), nvkit's batch path (``Session.generate(list)``);
 
 and gives tokens/s, time to first token, peak PyTorch memory and the ratio to the plain path of
-its group. EOS is set to an id the model cannot produce so every path decodes the same number of
-tokens. Each path runs once untimed first (compiles and captures are not what is measured; the
+its group. Batch-1 rows give the decode rate (the tokens after the first, over the time after it;
+``ttft_ms`` is the wait for the first); batch rows give all new tokens over the whole call.
+
+Every timed run produces exactly the tokens it asks for, whatever the model's EOS: with
+``min_new_tokens`` where the path honours it (plain and padded ``generate``, nvkit's fast path),
+and with EOS set to an id the model cannot produce where it does not (continuous batching drops
+that processor). ``tokens`` is what each run produced; ``note`` says so if that is not what was
+asked. Each path runs once untimed first (compiles and captures are not what is measured; the
 table says how long that warm-up took).
 
 ``repeats`` > 1 times every batch-1 path that many times, in alternation (path A, B, C, then C, B,
@@ -101,6 +107,11 @@ def _prompts(tok, prompt_len: int, n: int, seed: int) -> tuple[str, list[str]]:
     return text(prompt_len), [text(rng.randint(lo, hi)) for _ in range(n)]
 
 
+def _short(got: int, asked: int) -> str:
+    """A note's words for a run that produced another number of tokens than it asked for."""
+    return "" if got == asked else f"; produced {got} of {asked} tokens"
+
+
 def _cuda():
     import torch
     return torch.cuda.is_available()
@@ -156,7 +167,7 @@ def _summarise_rounds(r: dict, stats: list, peaks: list) -> None:
     r["rounds"] = len(stats)
     if len(stats) < 2:
         return
-    rates = [st.tokens_per_second for st in stats]
+    rates = [st.decode_tokens_per_second or 0.0 for st in stats]
     mid = sorted(range(len(stats)), key=lambda i: rates[i])[(len(stats) - 1) // 2]
     r.update(seconds=round(stats[mid].seconds, 3), tokens_per_s=round(statistics.median(rates), 1),
              ttft_ms=round(statistics.median(st.time_to_first_token for st in stats) * 1000, 1))
@@ -197,7 +208,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     s = _session(model, dtype)
     tok, hf = s.tokenizer, s.model
     cuda = s.device.type == "cuda"
-    never = int(hf.config.get_text_config().vocab_size)  # an id no logit row has: EOS never fires
+    never = int(hf.config.get_text_config().vocab_size)  # an id no logit row has: EOS never fires (batch paths)
     one, many = _prompts(tok, prompt_len, n_prompts, seed)
     rows = []
 
@@ -217,17 +228,21 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     def single(path, warm_tokens, **kw):
         # The warm-up asks for as many tokens as the timed run where the cache size is compiled in.
         warm_t = time.perf_counter()
-        s.generate(one, max_new_tokens=warm_tokens, eos_token_id=never, **kw)
+        s.generate(one, max_new_tokens=warm_tokens, min_new_tokens=warm_tokens, **kw)
         warm_s = time.perf_counter() - warm_t
 
         def timed():
             _peak_reset()
-            s.generate(one, max_new_tokens=new_tokens, eos_token_id=never, **kw)
+            s.generate(one, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
             return s.last_stats, _peak()
         st, peak = timed()
-        # decode rate as the stats give it: (tokens - 1) / (total - time to first token)
-        row("batch 1", path, st.new_tokens, st.seconds, st.time_to_first_token, peak, warm_s,
-            f"ran {st.path}; prompt {st.prompt_tokens} tokens", rate=st.tokens_per_second)
+        note = f"ran {st.path if st.path == 'fast' else st.how}; prompt {st.prompt_tokens} tokens"
+        note += _short(st.new_tokens, new_tokens)
+        if st.decode_tokens_per_second is None:
+            note += "; no token after the first to time"
+        # the decode rate: (tokens - 1) / (total - time to first token)
+        row("batch 1", path, st.new_tokens, st.seconds, st.time_to_first_token, peak, warm_s, note,
+            rate=st.decode_tokens_per_second or 0.0)
         timed_runs.append(dict(row=rows[-1], timed=timed, runs=[(st, peak)], failed=False))
 
     kept = {}  # fast path -> its decoder, kept captured for the later rounds (repeats > 1)
@@ -308,16 +323,17 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                 finally:
                     tok.padding_side = old
                 with torch.inference_mode():
-                    hf.generate(**enc, max_new_tokens=n, do_sample=False, eos_token_id=never,
-                                pad_token_id=tok.pad_token_id)
+                    out = hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                      pad_token_id=tok.pad_token_id)
+                return out.shape[0] * (out.shape[1] - enc["input_ids"].shape[1])  # every row decodes n steps
             t = time.perf_counter()
             padded(4)
             warm_s = time.perf_counter() - t
             _peak_reset()
             t = time.perf_counter()
-            padded(batch_new_tokens)
-            row(group2, "padded generate", n_prompts * batch_new_tokens, time.perf_counter() - t, None, _peak(), warm_s,
-                "time includes the prefill")
+            got = padded(batch_new_tokens)
+            row(group2, "padded generate", got, time.perf_counter() - t, None, _peak(), warm_s,
+                "time includes the prefill" + _short(got, n_prompts * batch_new_tokens))
         except Exception as e:  # noqa: BLE001
             skip(group2, "padded generate", f"{type(e).__name__}: {e}")
     if "generate_batch" in paths:
@@ -345,7 +361,8 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                 secs = time.perf_counter() - t
                 got = sum(len(o.generated_tokens) for o in out.values())
                 row(group2, "generate_batch", got, secs, None, _peak(), warm_s,
-                    "ContinuousBatchingConfig(use_cuda_graph=True); time includes warm-up capture")
+                    "ContinuousBatchingConfig(use_cuda_graph=True); time includes warm-up capture"
+                    + _short(got, n_prompts * batch_new_tokens))
             except Exception as e:  # noqa: BLE001
                 skip(group2, "generate_batch", f"{type(e).__name__}: {e}")
     if "nvkit batch" in paths:
@@ -357,7 +374,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
             s.generate(many, max_new_tokens=batch_new_tokens, eos_token_id=never)
             st = s.last_stats
             row(group2, "nvkit batch", st.new_tokens, st.seconds, st.time_to_first_token, _peak(), warm_s,
-                f"ran {st.path}")
+                f"ran {st.how}" + _short(st.new_tokens, n_prompts * batch_new_tokens))
         except Exception as e:  # noqa: BLE001
             skip(group2, "nvkit batch", f"{type(e).__name__}: {e}")
 
@@ -383,7 +400,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
 
 
 def main(argv=None) -> int:
-    """``python -m nvkit.bench_decode [--model M] [--new-tokens N] ...``"""
+    """``python -m nvkit.benchmarks.decode [--model M] [--new-tokens N] ...``"""
     import argparse
     p = argparse.ArgumentParser(prog="nvkit bench --decode", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen3-0.6b")

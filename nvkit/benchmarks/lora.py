@@ -1,7 +1,8 @@
 """LoRA training speed and memory: plain PEFT vs nvkit's path, in one process (``nvkit bench --lora``).
 
 Every variant trains the same random-weight model of a real shape (``nvkit.demo.shaped``), the
-same LoRA (r, all-linear), batch and sequence length, AdamW, on the same random tokens, through
+same LoRA (r, all-linear), batch and sequence length, AdamW, on the same text (the corpus nvkit
+ships, tokenized with the model's tokenizer and cut into rows of ``seq_len`` tokens), through
 ``Trainer``; only what nvkit changes differs:
 
 - ``plain``: PEFT + Trainer as documented (model's own loss over full logits, ``adamw_torch``);
@@ -12,6 +13,10 @@ same LoRA (r, all-linear), batch and sequence length, AdamW, on the same random 
 
 Tokens/s is measured over ``steps`` steps after ``warmup`` steps (compilation happens there); peak
 memory is PyTorch's allocator peak over the whole run (CUDA), or RSS growth on CPU.
+
+A speed is only worth something if the run trained: each row has the loss of its first and last
+step and the last gradient norm, and ``error`` says what went wrong when a loss or gradient norm was
+not finite or the loss did not fall (random ids could not be learned, which is why the rows are text).
 """
 
 from __future__ import annotations
@@ -37,7 +42,48 @@ def _available(variant: str, device_type: str) -> tuple[bool, str]:
     return True, ""
 
 
-def _one(path: str, variant: str, *, batch_size, seq_len, steps, warmup, r, device_type, dtype, seed=0) -> dict:
+def text_rows(path: str, seq_len: int, n_rows: int) -> list:
+    """``n_rows`` training rows of exactly ``seq_len`` tokens: nvkit's demo corpus tokenized with the
+    tokenizer saved with ``path`` (paragraphs joined by its EOS), cut in order and cycled if short."""
+    from transformers import AutoTokenizer
+
+    from ..demo import CORPUS
+    from ..train import data as _data
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise NvkitError(f"bench_lora trains on text and needs the model's tokenizer; {path} has none that loads "
+                         f"({str(e).splitlines()[0]}).") from e
+    with open(CORPUS, encoding="utf-8") as f:
+        paragraphs = [p.strip() for p in f.read().split("\n\n") if p.strip()]
+    eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+    ids: list[int] = []
+    for p in paragraphs:
+        ids += tok(p, add_special_tokens=False)["input_ids"] + eos
+    require(len(ids) >= seq_len, f"The corpus gives {len(ids)} tokens, fewer than seq_len={seq_len}.")
+    blocks = [ids[i:i + seq_len] for i in range(0, len(ids) - seq_len + 1, seq_len)]
+    return [_data.Example(list(b), list(b)) for b in (blocks[i % len(blocks)] for i in range(n_rows))]
+
+
+def health(losses: list, grad_norms: list) -> str:
+    """Why a training run did not train ("" when it did): a loss or gradient norm that is not finite,
+    or a loss that did not fall. Each step sees other rows, so one step's loss is noisy: the mean of
+    the last quarter of the steps must be below the mean of the first quarter."""
+    for name, values in (("loss", losses), ("grad_norm", grad_norms)):
+        bad = [i for i, v in enumerate(values, 1) if v is None or not math.isfinite(v)]
+        if bad:
+            return f"{name} {values[bad[0] - 1]} at step {bad[0]}"
+    if not losses:
+        return "no loss was logged"
+    k = max(1, len(losses) // 4)
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    if len(losses) > 1 and not last < first:
+        return f"the loss did not fall (mean of the first {k} steps {first:.4f}, of the last {k} {last:.4f})"
+    return ""
+
+
+def _one(path: str, variant: str, *, rows, batch_size, seq_len, steps, warmup, r, learning_rate, device_type, dtype,
+         seed=0) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, TrainerCallback
 
@@ -79,10 +125,9 @@ def _one(path: str, variant: str, *, batch_size, seq_len, steps, warmup, r, devi
         notes.append("compiled layers, activation budget")
     if gc_on:
         notes.append("grad checkpointing")
-    g = torch.Generator().manual_seed(seed)
     total_steps = warmup + steps
-    ids = torch.randint(0, vocab, (total_steps * batch_size, seq_len), generator=g)
-    rows = [_data.Example(row.tolist(), row.tolist()) for row in ids]
+    top = max(max(e.input_ids) for e in rows)
+    require(top < vocab, f"bench_lora: token id {top} of the text is past the model's vocabulary ({vocab}).")
 
     times: list[float] = []
 
@@ -99,16 +144,20 @@ def _one(path: str, variant: str, *, batch_size, seq_len, steps, warmup, r, devi
 
     NvkitTrainer, _ = _trainer_classes()
     losses: list[float] = []
+    grad_norms: list[float | None] = []
 
     class Loss(TrainerCallback):
         def on_log(self, args, state, control, logs=None, **kw):
             if logs and "loss" in logs:
                 losses.append(float(logs["loss"]))
+                g = logs.get("grad_norm")
+                grad_norms.append(float(g) if g is not None else None)
 
     with tempfile.TemporaryDirectory(prefix="nvkit-bench-lora-") as out:
-        args = training_arguments(out, prec, device_type, max_steps=total_steps, epochs=None, learning_rate=2e-4,
+        args = training_arguments(out, prec, device_type, max_steps=total_steps, epochs=None, learning_rate=learning_rate,
                                   batch_size=batch_size, grad_accum=1, log_every=1, seed=seed,
                                   gradient_checkpointing=gc_on, fused_adamw=nvkit_path and device_type == "cuda")
+        args.logging_nan_inf_filter = False  # log each step's own loss: a NaN must show, not be averaged away
         trainer = NvkitTrainer(model=model, args=args, train_dataset=_data.ListDataset(rows),
                                data_collator=_data.Collator(0, pad_to=64 if compile_on else 8),
                                callbacks=[Timer(), Loss()], fused_loss=fused, counter={"tokens": 0})
@@ -135,23 +184,30 @@ def _one(path: str, variant: str, *, batch_size, seq_len, steps, warmup, r, devi
     release()
     return {"variant": variant, "tokens_per_s": len(measured) * batch_size * seq_len / secs if secs else 0.0,
             "step_ms": 1000 * secs / max(len(measured), 1), "peak_memory_gib": peak / 2**30,
-            "warmup_s": sum(times[:warmup]), "wall_s": wall, "final_loss": losses[-1] if losses else math.nan,
-            "what": ", ".join(notes) or "PEFT + Trainer defaults"}
+            "warmup_s": sum(times[:warmup]), "wall_s": wall, "first_loss": losses[0] if losses else math.nan,
+            "final_loss": losses[-1] if losses else math.nan,
+            "grad_norm": grad_norms[-1] if grad_norms and grad_norms[-1] is not None else math.nan,
+            "error": health(losses, grad_norms), "what": ", ".join(notes) or "PEFT + Trainer defaults"}
 
 
 def run(model: str = "qwen3-0.6b", batch_size: int = 8, seq_len: int = 512, steps: int = 30, r: int = 16,
-        warmup: int = 5, variants=None, device: str | None = None):
+        warmup: int = 5, variants=None, device: str | None = None, learning_rate: float = 1e-3):
     """Train each variant for ``warmup + steps`` steps and return a DataFrame: tokens/s, peak memory,
     and both as ratios to ``plain`` (speed_vs_plain > 1 and memory_vs_plain < 1 are better).
 
-    ``model``: a shape name of ``nvkit.demo.shaped`` (random weights, no download) or a local
-    checkpoint directory."""
+    ``model``: a shape name of ``nvkit.demo.shaped`` (random weights, no download), "demo", or a
+    local checkpoint directory (with its tokenizer). ``first_loss``, ``final_loss``, ``grad_norm``
+    and ``error`` say whether each variant trained (``health``). ``learning_rate``: high enough that
+    a few dozen steps of a random-weight model visibly learn the text (the rate changes nothing in
+    the timing)."""
     import pandas as pd
     import torch
 
     for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("steps", steps), ("r", r)):
         require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{name} must be a whole number ≥ 1, not {v!r}.")
     require(isinstance(warmup, int) and warmup >= 0, f"warmup must be a whole number ≥ 0, not {warmup!r}.")
+    require(isinstance(learning_rate, (int, float)) and not isinstance(learning_rate, bool) and 0 < learning_rate < 1,
+            f"learning_rate must be a number between 0 and 1, not {learning_rate!r}.")
     device_type = device or ("cuda" if torch.cuda.is_available() else "cpu")
     require(device_type in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
     if device_type == "cuda" and not torch.cuda.is_available():
@@ -163,9 +219,13 @@ def run(model: str = "qwen3-0.6b", batch_size: int = 8, seq_len: int = 512, step
         chosen.remove("plain")
     chosen.insert(0, "plain")
 
-    require(isinstance(model, str) and model.strip(), f"model must be a shape name or a local directory, not {model!r}.")
+    require(isinstance(model, str) and model.strip(), f"model must be a shape name, 'demo' or a local directory, "
+                                                      f"not {model!r}.")
     if os.path.isdir(os.path.expanduser(model)):
         path = os.path.expanduser(model)
+    elif model.strip().lower() == "demo":
+        from ..demo import path as demo_path
+        path = demo_path()
     else:
         from ..demo import shaped
         path = shaped(model)
@@ -175,22 +235,23 @@ def run(model: str = "qwen3-0.6b", batch_size: int = 8, seq_len: int = 512, step
     else:
         dtype = torch.float32
 
+    data = text_rows(path, seq_len, (warmup + steps) * batch_size)
     rows = []
     for v in chosen:
         ok, why = _available(v, device_type)
         if not ok:
-            rows.append({"variant": v, "what": f"skipped: {why}"})
+            rows.append({"variant": v, "error": "", "what": f"skipped: {why}"})
             continue
-        rows.append(_one(path, v, batch_size=batch_size, seq_len=seq_len, steps=steps, warmup=warmup, r=r,
-                         device_type=device_type, dtype=dtype))
+        rows.append(_one(path, v, rows=data, batch_size=batch_size, seq_len=seq_len, steps=steps, warmup=warmup, r=r,
+                         learning_rate=float(learning_rate), device_type=device_type, dtype=dtype))
     df = pd.DataFrame(rows).set_index("variant")
     base = df.loc["plain"]
     df["speed_vs_plain"] = df["tokens_per_s"] / base["tokens_per_s"]
     df["memory_vs_plain"] = df["peak_memory_gib"] / base["peak_memory_gib"]
-    df.attrs.update(model=model, batch_size=batch_size, seq_len=seq_len, steps=steps, r=r, device=device_type,
-                    gpu=torch.cuda.get_device_name() if device_type == "cuda" else "cpu")
+    df.attrs.update(model=model, batch_size=batch_size, seq_len=seq_len, steps=steps, r=r, learning_rate=learning_rate,
+                    device=device_type, gpu=torch.cuda.get_device_name() if device_type == "cuda" else "cpu")
     cols = ["tokens_per_s", "speed_vs_plain", "peak_memory_gib", "memory_vs_plain", "step_ms", "warmup_s",
-            "final_loss", "what"]
+            "first_loss", "final_loss", "grad_norm", "error", "what"]
     return df[[c for c in cols if c in df.columns]]
 
 
@@ -308,3 +369,52 @@ def _plain_wall(session, rows, steps: int, batch_size: int, lora: dict, device_t
     session.model = model.unload()
     session.model.eval()
     return wall
+
+
+def untrained(df) -> dict:
+    """{variant: why} for the variants of a ``run`` table that did not train (see ``health``)."""
+    if "error" not in df.columns:
+        return {}
+    return {v: e for v, e in df["error"].items() if isinstance(e, str) and e}
+
+
+def main(argv=None) -> int:
+    """``python -m nvkit.benchmarks.lora [--model qwen3-0.6b] [--batch-size 8] ...``: the table, and exit
+    status 1 when a variant did not train."""
+    import argparse
+
+    import pandas as pd
+    p = argparse.ArgumentParser(prog="python -m nvkit.benchmarks.lora", description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="qwen3-0.6b", help="a shape name (nvkit.demo.SHAPES), 'demo' or a local directory")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--seq-len", type=int, default=512)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--r", type=int, default=16)
+    p.add_argument("--learning-rate", type=float, default=1e-3)
+    p.add_argument("--variants", default=None, help="comma-separated subset of " + ",".join(VARIANTS))
+    p.add_argument("--device", default=None, help="cuda or cpu (default: cuda when there is one)")
+    p.add_argument("--csv", default=None, help="also write the table here")
+    a = p.parse_args(argv)
+    try:
+        df = run(model=a.model, batch_size=a.batch_size, seq_len=a.seq_len, steps=a.steps, warmup=a.warmup, r=a.r,
+                 learning_rate=a.learning_rate, device=a.device,
+                 variants=[v.strip() for v in a.variants.split(",") if v.strip()] if a.variants else None)
+    except NvkitError as e:
+        print(f"NvkitError: {e}")
+        return 2
+    at = df.attrs
+    print(f"LoRA bench · {at['model']} · r={at['r']} all-linear · batch {at['batch_size']} × {at['seq_len']} · "
+          f"{at['steps']} timed steps · lr {at['learning_rate']} · {at['gpu']}")
+    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 60):
+        print(df.round(3).to_string())
+    if a.csv:
+        df.to_csv(a.csv)
+    bad = untrained(df)
+    for v, why in bad.items():
+        print(f"{v} did not train: {why}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

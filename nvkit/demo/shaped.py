@@ -3,7 +3,9 @@
 Benchmarks and memory measurements need a model of real size, and the machines here never reach
 the Hub. A model's shape is fully given by its config, so we keep the published configs of a few
 models here, build each one once with random bf16 weights and cache it on disk. The tokenizer is the
-demo one: its ids are all far below the real vocabulary size, which is all a benchmark needs.
+demo one: its ids are all far below the real vocabulary size, which is all a benchmark needs. The
+ids past it share one small embedding row (``fill_unspellable``), so greedy text stays readable and
+training stays finite whatever ids it is given.
 """
 
 from __future__ import annotations
@@ -81,7 +83,7 @@ SHAPES: dict[str, dict] = {
 }
 
 _MARKER = "nvkit_shaped.json"
-_BUILD = 2  # 2: LM-head rows past the demo tokenizer are zero (see _build)
+_BUILD = 3  # 3: rows past the demo tokenizer share one small row (2: they were zero; see fill_unspellable)
 
 
 def _spec(name: str) -> dict:
@@ -170,6 +172,31 @@ def shaped(name: str, cache_dir: str | os.PathLike | None = None) -> str:
     return str(target)
 
 
+def fill_unspellable(model, n_tok: int, seed: int = 1) -> None:
+    """Make the LM-head rows of the ids ``n_tok`` and up (ids the demo tokenizer cannot spell) one
+    shared random row at half the init scale, in place.
+
+    Why: with random rows everywhere, greedy decoding nearly always picks an id the tokenizer cannot
+    spell (about 150 k of them against 2 k it can) and the text comes out empty. A single shared row
+    gives all of them one logit, h·row, with half the spread of any one real id's logit, so the best
+    of the 2 k real ids beats it and the noise is readable text. Why not zero rows: Qwen3 and Llama tie
+    the head to the input embedding, so a zero row is also a zero input. A sequence that starts with
+    such ids keeps an exactly zero hidden state through every layer (attention over zero values
+    gives zero), where RMSNorm's gradient is 1/sqrt(eps) instead of about 1/rms; the backward
+    multiplies by that at every layer and overflows to inf, then NaN (inf × the zero input) in
+    every LoRA gradient below, through 28 layers. The head is read in full on every step either
+    way, so speed and memory are unchanged."""
+    import torch
+    head = model.get_output_embeddings().weight
+    if n_tok >= head.shape[0]:
+        return
+    std = float(getattr(model.config.get_text_config(), "initializer_range", 0.02) or 0.02)
+    g = torch.Generator().manual_seed(seed)
+    row = torch.randn(head.shape[1], generator=g) * (std / 2)
+    with torch.no_grad():
+        head[n_tok:] = row.to(head.dtype)
+
+
 def _build(name: str, out: Path, fingerprint: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -179,13 +206,7 @@ def _build(name: str, out: Path, fingerprint: str) -> None:
     config = shaped_config(name)
     torch.manual_seed(0)  # the same random weights on every machine that builds them
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    # The demo tokenizer knows ~2 k of the ~150 k ids. With random rows everywhere, greedy decoding
-    # nearly always picks an id it cannot spell and the text comes out empty. Zero LM-head rows give
-    # those ids a logit of 0, below the best of the real ids, so the noise is at least readable
-    # text. The head is read in full on every step either way, so speed and memory are unchanged.
-    n_tok = len(AutoTokenizer.from_pretrained(demo_path()))
-    with torch.no_grad():
-        model.get_output_embeddings().weight[n_tok:] = 0
+    fill_unspellable(model, len(AutoTokenizer.from_pretrained(demo_path())))
     model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
                                                pad_token_id=config.bos_token_id, do_sample=False)
     model.save_pretrained(out, safe_serialization=True)
@@ -196,5 +217,6 @@ def _build(name: str, out: Path, fingerprint: str) -> None:
         "name": name, "fingerprint": fingerprint, "parameters": n_params,
         "what": "random bf16 weights with the exact shape of the real model; for memory and speed "
                 "measurements only (the text it writes is noise). Tokenizer: the nvkit demo tokenizer; "
-                "LM-head rows past its ids are zero, so greedy decoding picks ids it can spell.",
+                "the LM-head rows past its ids are one shared small row, so greedy decoding picks ids it "
+                "can spell.",
     }, indent=2) + "\n", encoding="utf-8")

@@ -135,7 +135,8 @@ def run_plain(session, req: Request) -> list[str]:
     out = model.generate(**enc, **gen, **extra, streamer=streamer, stopping_criteria=_stopping(req.job))
     new = out[:, enc["input_ids"].shape[1]:]
     # count what was really produced (streamer counted steps; pads after EOS are not tokens)
-    eos = set(_as_list(getattr(model.generation_config, "eos_token_id", None)))
+    # up to the request's EOS where it names one (eos_token_id=None: none), else the model's
+    eos = set(_as_list(gen["eos_token_id"] if "eos_token_id" in gen else getattr(model.generation_config, "eos_token_id", None)))
     pad = gen.get("pad_token_id")
     produced = 0
     for row in new.tolist():
@@ -213,6 +214,8 @@ def run(session, req: Request) -> list[str]:
             why = fast_sampling.unsupported_reason(session, texts[:1], gen)  # same limits: one GPU, no quantization
             if why is None and getattr(session.model, "peft_config", None):
                 why = "a LoRA adapter is attached"
+            if why is None:
+                why = batch_path.unsupported_reason(gen)
             if why is None:
                 return batch_path.run(session, req)
             events.record("batch", f"continuous batching off: {why}; padded generate instead")

@@ -6,7 +6,7 @@
 - Qwen3-0.6B shape (random bf16 weights: near-tied logits make paths drift apart after a few
   tokens): the logits of the first steps agree within bf16 tolerance while the tokens agree;
 - a list of prompts goes through continuous batching and comes back in input order;
-- ``nvkit.bench_decode.run`` prints the table (run with ``-s`` to see it).
+- ``nvkit.benchmarks.decode.run`` prints the table (run with ``-s`` to see it).
 """
 
 import os
