@@ -43,23 +43,23 @@ from __future__ import annotations
 
 import collections
 import copy
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ... import events
+from ...checks import env_choice, env_flag, env_int
 from ...errors import NvkitError, error_summary
 from ...memory.estimate import attention_dims
 
 #: steps per graph replay; 8 keeps streaming smooth (a chunk every few ms) and the host idle.
-DEFAULT_K = int(os.environ.get("NVKIT_FAST_K", "8"))
+DEFAULT_K = env_int("NVKIT_FAST_K", 8, 1, 64)
 # fast=None (the default) on a length/sampling mode not captured yet: only requests of at least this
 # many new tokens pay the one-time capture (measured 20-75 s on the H200 for the Qwen3-0.6B shape)
 # themselves; shorter ones run plain generate at once (a 24-token first reply in tutorial 00 had
 # waited 75 s). Once captured, every request of that length and mode takes the fast path.
-AUTO_MIN_TOKENS = int(os.environ.get("NVKIT_FAST_MIN_TOKENS", "128"))
+AUTO_MIN_TOKENS = env_int("NVKIT_FAST_MIN_TOKENS", 128, 1)
 MIN_BUCKET = 256
 MAX_BUCKETS = 3  # captured buckets kept per model (each holds a KV cache of its length)
 
@@ -450,7 +450,7 @@ class FastDecoder:
         self.k = k_steps
         self.compile = compile
         self.graphs = graphs
-        self.tune = (os.environ.get("NVKIT_FAST_TUNE", "1") != "0") if tune is None else tune
+        self.tune = env_flag("NVKIT_FAST_TUNE", True) if tune is None else tune
         self.device = model.get_input_embeddings().weight.device
         self.max_positions = int(getattr(model.config.get_text_config(), "max_position_embeddings", 0) or 1 << 20)
         self._buckets: "collections.OrderedDict[int, _Bucket]" = collections.OrderedDict()
@@ -463,14 +463,14 @@ class FastDecoder:
         # fused=None: nvkit's own step where the architecture allows (NVKIT_FAST_FUSED=0 turns it off)
         why = _fusable(model)
         if fused is None:
-            fused = why is None and os.environ.get("NVKIT_FAST_FUSED", "1") != "0"
+            fused = why is None and env_flag("NVKIT_FAST_FUSED", True)
         elif fused and why:
             raise NvkitError(f"The fused decode step does not fit this model: {why}. Use fused=None or False.")
         self.fused_why = why
         self.attention_why: str | None = None  # why attention="auto" settled on matmul
         self._fused = _Fused(model) if fused else None
         # head: "compiled" (inside the inductor step) or "cublas" (eager, fused step only)
-        head = head or os.environ.get("NVKIT_FAST_HEAD", "compiled")
+        head = head or env_choice("NVKIT_FAST_HEAD", "compiled", ("compiled", "cublas"))
         if head not in ("compiled", "cublas"):
             raise NvkitError(f"head must be 'compiled' or 'cublas', not {head!r}.")
         self.head = head
@@ -478,7 +478,7 @@ class FastDecoder:
         # (nvkit.decode_attention's kernels) or "triton-fused" (the same kernels also doing the q/k
         # norms, RoPE and the cache writes); all but "matmul" in the fused step only
         # "auto": triton-fused where it fits this model and machine, else matmul (see DEFAULT_ATTENTION)
-        attention = attention or os.environ.get("NVKIT_FAST_ATTENTION", DEFAULT_ATTENTION)
+        attention = attention or env_choice("NVKIT_FAST_ATTENTION", DEFAULT_ATTENTION, ATTENTION_KINDS + ("auto",))
         if attention not in ATTENTION_KINDS + ("auto",):
             raise NvkitError(f"attention must be one of {', '.join(map(repr, ATTENTION_KINDS + ('auto',)))}, "
                              f"not {attention!r}.")
@@ -503,7 +503,7 @@ class FastDecoder:
         import torch._inductor.config as inductor_config
         can_pdl = hasattr(inductor_config.triton, "enable_pdl")
         if pdl is None:
-            pdl = can_pdl and os.environ.get("NVKIT_FAST_PDL", "1") != "0"
+            pdl = can_pdl and env_flag("NVKIT_FAST_PDL", True)
         elif pdl and not can_pdl:
             import torch
             raise NvkitError(f"pdl=True needs a torch whose inductor can emit Programmatic Dependent Launch "
@@ -883,7 +883,7 @@ def decoder(session, k_steps: int | None = None, compile: bool | None = None, he
                                                    pdl=pdl, inductor=inductor).items() if value is not None}
     if d is not None and all(d.settings[name] == value for name, value in asked.items()):
         return d
-    settings = d.settings if d is not None else {"compile": os.environ.get("NVKIT_FAST_COMPILE", "1") != "0"}
+    settings = d.settings if d is not None else {"compile": env_flag("NVKIT_FAST_COMPILE", True)}
     if d is not None:
         d.release()  # its graphs and caches go before the new one captures
     d = FastDecoder(model, **{**settings, **asked})
