@@ -17,6 +17,7 @@ import statistics
 import sys
 import time
 
+from ..checks import positive_int, whole_number
 from ..errors import NvkitError, require
 from ..memory.usage import release, rss_bytes
 from ..model import precision, session as model_session
@@ -24,10 +25,6 @@ from ..units import fmt_bytes
 
 COLUMNS = ["row", "backend", "quantization", "ttft_ms", "prefill_tok_s", "decode_tok_s", "peak_memory_bytes",
            "peak_memory", "match_rate", "error"]
-
-
-def _posint(name, v):
-    require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{name} must be a whole number ≥ 1, not {v!r}.")
 
 
 def _names(name, values, allow_none=False) -> list:
@@ -101,6 +98,7 @@ def bench(model: str = "demo", backends=("sdpa",), quantizations=(None,), prompt
     row with ``error`` set instead of stopping the run."""
     require(isinstance(decode, bool) and isinstance(lora, bool), "decode and lora must be True or False.")
     require(not (decode and lora), "Choose one: decode=True or lora=True.")
+    whole_number("seed", seed, 0, 2**64 - 1)
     common = dict(model=model, prompt_len=prompt_len, new_tokens=new_tokens, batch_size=batch_size,
                   repeats=repeats, device_map=device_map)
     if decode:
@@ -113,8 +111,7 @@ def bench(model: str = "demo", backends=("sdpa",), quantizations=(None,), prompt
     backends = _names("backends", backends)
     quantizations = _names("quantizations", quantizations, allow_none=True)
     for name, v in (("prompt_len", prompt_len), ("new_tokens", new_tokens), ("batch_size", batch_size), ("repeats", repeats)):
-        _posint(name, v)
-    require(isinstance(seed, int), f"seed must be a whole number, not {seed!r}.")
+        positive_int(name, v)
 
     import pandas as pd
     import torch
@@ -124,7 +121,11 @@ def bench(model: str = "demo", backends=("sdpa",), quantizations=(None,), prompt
     dm, device_type = _session.resolve_device_map(device_map)
     capability = torch.cuda.get_device_capability(0) if device_type == "cuda" else None
     torch_dtype = precision.resolve_dtype(dtype, device_type, capability)
-    config = AutoConfig.from_pretrained(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise NvkitError(f"nvkit.bench could not read the config of {model!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}. "
+                         "Give 'demo', a local checkpoint directory, or a shape from nvkit.demo.shaped(...).") from e
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     require(vocab > 0, f"{path}: its config has no vocab_size, so nvkit can't make prompts for it.")
     pad = getattr(config, "pad_token_id", None)
