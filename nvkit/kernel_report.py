@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from . import events
+from .checks import env_set
 from .errors import NvkitError
 from .hardware.inventory import fake_gpus_of
 from .state import STATE
@@ -120,7 +121,7 @@ def _cuda_devices() -> list[dict]:
 def _fake_devices() -> list[dict]:
     """Under NVKIT_FAKE_GPUS there is no CUDA: the fake inventory says which GPUs this process is
     on. No figures from torch, as there is no allocator on a fake GPU."""
-    if not os.environ.get("NVKIT_FAKE_GPUS", "").strip():
+    if not env_set("NVKIT_FAKE_GPUS"):
         return []
     try:
         found = fake_gpus_of()

@@ -178,7 +178,10 @@ def _cmd_backends(args, cell):
 @arg("--batch", action="store_true", help="with %%nvkit generate: one prompt per line")
 @command("generate", "generate text from a prompt (loads the demo model if none is loaded)")
 def _cmd_generate(args, cell):
-    if cell is not None and cell.strip():
+    if cell is not None:
+        if not cell.strip():
+            raise NvkitError("%%nvkit generate takes its prompt from the cell body, and the body is empty: write the "
+                             "prompt under the %%nvkit line (one prompt per line with --batch).")
         body = cell.strip("\n")
         prompts = [p for p in body.splitlines() if p.strip()] if args.batch else body
     else:
@@ -283,7 +286,7 @@ def _cmd_finetune(args, cell):
     return None
 
 
-@arg("--unit", default="auto", help="auto (human sizes), bytes, MiB or GiB")
+@arg("--unit", default="auto", choices=("auto", "bytes", "MiB", "GiB"), help="auto (human sizes), bytes, MiB or GiB")
 @arg("--reset", action="store_true", help="start a new peak window after printing")
 @command("memory", "GPU memory per device: NVML used vs torch allocated/reserved, the rest, peaks, prediction")
 def _cmd_memory(args, cell):

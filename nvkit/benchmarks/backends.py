@@ -20,6 +20,7 @@ import statistics
 import sys
 import time
 
+from ..checks import positive_int, whole_number
 from ..errors import NvkitError, require
 from ..memory.usage import release, rss_bytes
 from ..model import precision, session as model_session
@@ -27,10 +28,6 @@ from ..units import fmt_bytes
 
 COLUMNS = ["row", "backend", "quantization", "tokens", "ttft_ms", "prefill_tok_s", "decode_tok_s",
            "peak_memory_bytes", "peak_memory", "match_rate", "error", "note"]
-
-
-def _posint(name, v):
-    require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{name} must be a whole number ≥ 1, not {v!r}.")
 
 
 def _names(name, values, allow_none=False) -> list:
@@ -171,6 +168,7 @@ def bench(model: str = "demo", backends=None, quantizations=None, prompt_len: in
     ``error`` set instead of stopping the run."""
     require(isinstance(decode, bool) and isinstance(lora, bool), "decode and lora must be True or False.")
     require(not (decode and lora), "Choose one: decode=True or lora=True.")
+    whole_number("seed", seed, 0, 2**64 - 1, allow_none=True)
     mode = "decode" if decode else "lora" if lora else "compare"
     given = {k: v for k, v in dict(backends=backends, quantizations=quantizations, prompt_len=prompt_len,
                                    new_tokens=new_tokens, batch_size=batch_size, repeats=repeats,
@@ -187,8 +185,7 @@ def bench(model: str = "demo", backends=None, quantizations=None, prompt_len: in
     prompt_len, new_tokens = given.get("prompt_len", 128), given.get("new_tokens", 64)
     batch_size, repeats, seed, dtype = given.get("batch_size", 1), given.get("repeats", 3), given.get("seed", 0), dtype or "auto"
     for name, v in (("prompt_len", prompt_len), ("new_tokens", new_tokens), ("batch_size", batch_size), ("repeats", repeats)):
-        _posint(name, v)
-    require(isinstance(seed, int), f"seed must be a whole number, not {seed!r}.")
+        positive_int(name, v)
 
     import pandas as pd
     import torch
@@ -198,7 +195,11 @@ def bench(model: str = "demo", backends=None, quantizations=None, prompt_len: in
     dm, device_type = _session.resolve_device_map(device_map)
     capability = torch.cuda.get_device_capability(0) if device_type == "cuda" else None
     torch_dtype = precision.resolve_dtype(dtype, device_type, capability)
-    config = AutoConfig.from_pretrained(path)
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise NvkitError(f"nvkit.bench could not read the config of {model!r}: {str(e).splitlines()[0] if str(e) else type(e).__name__}. "
+                         "Give 'demo', a local checkpoint directory, or a shape from nvkit.demo.shaped(...).") from e
     vocab = int(getattr(config, "vocab_size", 0) or 0)
     require(vocab > 0, f"{path}: its config has no vocab_size, so nvkit can't make prompts for it.")
     pad = getattr(config, "pad_token_id", None)

@@ -30,6 +30,7 @@ import random
 import sys
 import time
 
+from ..checks import whole_number
 from ..errors import NvkitError, error_summary, require
 
 SINGLE_PATHS = ("generate", "static+compile", "fast")
@@ -192,12 +193,16 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
 
     for name, v, lo in (("new_tokens", new_tokens, 2), ("prompt_len", prompt_len, 1), ("n_prompts", n_prompts, 1),
                         ("batch_new_tokens", batch_new_tokens, 1), ("repeats", repeats, 1)):
-        require(isinstance(v, int) and not isinstance(v, bool) and v >= lo, f"{name} must be a whole number ≥ {lo}, not {v!r}.")
+        whole_number(name, v, lo)
+    whole_number("k_steps", k_steps, 1, 64, allow_none=True)
+    whole_number("seed", seed, 0, 2**64 - 1)
     known = SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS + ADAPTER_PATHS
     if paths is None:
         paths = SINGLE_PATHS + BATCH_PATHS
     if isinstance(paths, str):
         paths = [paths]
+    require(isinstance(paths, (list, tuple)) and paths and all(isinstance(p, str) for p in paths),
+            f"paths must be a non-empty list of benchmark path names, not {paths!r}.")
     bad = [p for p in paths if p not in known and fast_options(p) is None]
     require(not bad, f"Unknown benchmark path(s) {bad}: choose from {list(known)}.")
     unused.pop("decode", None)

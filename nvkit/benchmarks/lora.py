@@ -26,6 +26,7 @@ import os
 import tempfile
 import time
 
+from ..checks import positive_int, whole_number
 from ..errors import NvkitError, require
 
 VARIANTS = ("plain", "nvkit", "nvkit+liger", "nvkit+gc")
@@ -204,14 +205,16 @@ def run(model: str = "qwen3-0.6b", batch_size: int = 8, seq_len: int = 512, step
     import torch
 
     for name, v in (("batch_size", batch_size), ("seq_len", seq_len), ("steps", steps), ("r", r)):
-        require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{name} must be a whole number ≥ 1, not {v!r}.")
-    require(isinstance(warmup, int) and warmup >= 0, f"warmup must be a whole number ≥ 0, not {warmup!r}.")
+        positive_int(name, v)
+    whole_number("warmup", warmup, 0)
     require(isinstance(learning_rate, (int, float)) and not isinstance(learning_rate, bool) and 0 < learning_rate < 1,
             f"learning_rate must be a number between 0 and 1, not {learning_rate!r}.")
     device_type = device or ("cuda" if torch.cuda.is_available() else "cpu")
     require(device_type in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
     if device_type == "cuda" and not torch.cuda.is_available():
         raise NvkitError("bench_lora: device='cuda' but no CUDA GPU is visible here.")
+    require(variants is None or (isinstance(variants, (list, tuple)) and all(isinstance(v, str) for v in variants)),
+            f"variants must be a list of variant names ({', '.join(VARIANTS)}) or None, not {variants!r}.")
     chosen = list(variants) if variants is not None else list(VARIANTS)
     bad = [v for v in chosen if v not in VARIANTS]
     require(not bad, f"Unknown variant(s) {bad}; choose from {', '.join(VARIANTS)}.")

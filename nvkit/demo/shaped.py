@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .. import cache
 from ..errors import NvkitError
 
 _QWEN3_COMMON = dict(
@@ -106,9 +107,7 @@ def shaped_config(name: str):
 def _cache_root(cache_dir: str | os.PathLike | None) -> Path:
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
-    base = os.environ.get("NVKIT_CACHE")
-    base = Path(base).expanduser() if base else Path.home() / ".cache" / "nvkit"
-    return base / "shaped"
+    return cache.root() / "shaped"
 
 
 def _fingerprint(name: str) -> str:
@@ -142,7 +141,10 @@ def shaped(name: str, cache_dir: str | os.PathLike | None = None) -> str:
         return str(target)
 
     try:
-        root.mkdir(parents=True, exist_ok=True)
+        if cache_dir is None:
+            cache.own_dir("shaped")  # nvkit's own folder: private (see nvkit.cache)
+        else:
+            root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=root))
     except OSError as e:
         raise NvkitError(f"Cannot create the shaped-model cache in {root}: {e}. "

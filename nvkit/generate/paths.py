@@ -132,7 +132,14 @@ def run_plain(session, req: Request) -> list[str]:
 
     streamer = CallbackStreamer(tok, req.stream, on_token)
     extra = {"tokenizer": tok} if gen.get("stop_strings") else {}  # transformers needs it to match the strings
-    out = model.generate(**enc, **gen, **extra, streamer=streamer, stopping_criteria=_stopping(req.job))
+    try:
+        out = model.generate(**enc, **gen, **extra, streamer=streamer, stopping_criteria=_stopping(req.job))
+    except ValueError as e:
+        # transformers checks combinations of settings only once generate runs (nvkit.generate.options
+        # checks the single values up front); its ValueError is about the arguments, so say which
+        settings = ", ".join(f"{k}={v!r}" for k, v in gen.items() if k != "pad_token_id")
+        raise NvkitError(f"transformers refused the generation settings ({settings}): "
+                         f"{str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__}") from e
     new = out[:, enc["input_ids"].shape[1]:]
     # count what was really produced (streamer counted steps; pads after EOS are not tokens)
     # up to the request's EOS where it names one (eos_token_id=None: none), else the model's

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .. import events
+from .. import cache, events
 from ..errors import NvkitError
 from ..state import STATE
 from .inventory import GPU, gpus as _list_gpus, nvml_status
@@ -277,6 +277,9 @@ def _resolve(choice, gs: list[GPU], allowed: list[int] | None) -> tuple[int, ...
         if s in ("cpu", "", "-1"):
             return ()
         items: Iterable = [t for t in re.split(r"[,\s]+", choice.strip()) if t]
+        if not items:
+            raise NvkitError(f"select_gpus: {choice!r} names no GPU. Pass indices like '2,0', 'cpu' (or []) for CPU "
+                             "only, or 'all' (or None) for all. " + (_describe_valid(gs, allowed) if gs else ""))
     elif isinstance(choice, (int, GPU)) and not isinstance(choice, bool):
         items = [choice]
     elif isinstance(choice, (list, tuple)):
@@ -376,9 +379,7 @@ def _bus_key(bus: str) -> tuple[int, ...]:
 
 
 def _saved_dir() -> Path:
-    base = os.environ.get("NVKIT_CACHE")
-    root = Path(base).expanduser() if base else Path.home() / ".cache" / "nvkit"
-    return root / "selections"
+    return cache.root() / "selections"
 
 
 def _saved_path(kid: str) -> Path:
@@ -386,24 +387,37 @@ def _saved_path(kid: str) -> Path:
 
 
 def _save(kid: str, choice: tuple[int, ...] | None, gs: list[GPU]) -> Path:
-    d = _saved_dir()
-    d.mkdir(parents=True, exist_ok=True)
+    d = cache.own_dir("selections")
     now = time.time()
-    for old in d.glob("kernel-*.json"):
-        try:
-            if now - old.stat().st_mtime > _KEEP_SAVED_S:
-                old.unlink()
-        except OSError:
-            pass
+    for pattern in ("kernel-*.json", ".kernel-*.tmp"):   # a .tmp is left only by a write that died midway
+        for old in d.glob(pattern):
+            try:
+                if now - old.lstat().st_mtime > _KEEP_SAVED_S:
+                    old.unlink()
+            except OSError:
+                pass
     by_index = {g.index: g for g in gs}
     data = {"kernel_id": kid, "pid": os.getpid(), "process": _process_tag(), "saved_at": now,
             "choice": None if choice is None else list(choice),
             "uuids": None if choice is None else [by_index[i].uuid for i in choice]}
-    path = _saved_path(kid)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
-    return path
+    return cache.write_private(_saved_path(kid), json.dumps(data))
+
+
+def _read_saved(path: Path) -> dict:
+    """The saved choice in ``path`` (FileNotFoundError when there is none; ValueError or OSError
+    when the file is not one nvkit wrote: a link, JSON of another shape, wrong types)."""
+    data = json.loads(cache.read_private(path, limit=64 * 1024))
+    if not isinstance(data, dict):
+        raise ValueError(f"it holds a JSON {type(data).__name__}, not a saved choice")
+    choice, uuids = data.get("choice"), data.get("uuids")
+    if choice is not None and not (isinstance(choice, list)
+                                   and all(isinstance(i, int) and not isinstance(i, bool) for i in choice)):
+        raise ValueError(f"its choice {choice!r} is not a list of GPU indices")
+    if uuids is not None and not (isinstance(uuids, list) and all(isinstance(u, str) for u in uuids)):
+        raise ValueError(f"its uuids {uuids!r} are not a list of GPU UUIDs")
+    if not isinstance(data.get("pid", 0), int) or not isinstance(data.get("process", ""), str):
+        raise ValueError("its pid or process tag has the wrong type")
+    return data
 
 
 def _process_tag() -> str:
@@ -543,7 +557,7 @@ def apply_saved() -> Selection | None:
         return None
     path = _saved_path(kid)
     try:
-        data = json.loads(path.read_text())
+        data = _read_saved(path)
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:

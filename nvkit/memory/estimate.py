@@ -20,6 +20,7 @@ import threading
 from dataclasses import dataclass, field
 
 from ..demo import SHAPES, path as demo_path, shaped_config
+from ..checks import flag, whole_number
 from ..errors import NvkitError, require
 from ..units import fmt_bytes
 
@@ -232,12 +233,6 @@ def for_session(session, **kw) -> "Estimate":
                     device="cuda" if session.device.type == "cuda" else "cpu", **kw)
 
 
-def _check_int(name: str, value, lo: int = 1) -> int:
-    require(isinstance(value, int) and not isinstance(value, bool) and value >= lo,
-            f"{name} must be a whole number ≥ {lo}, not {value!r}.")
-    return value
-
-
 def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference", batch_size=1, seq_len=1024,
              lora_r=16, gradient_checkpointing=False, *, prompt_len=None, device="cuda", path="nvkit",
              compiled=None) -> Estimate:
@@ -257,17 +252,17 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
     qname = quantization.lower() if isinstance(quantization, str) else quantization
     require(qname in _QUANT, f"quantization must be None, 'nf4', 'fp4' or 'int8', not {quantization!r}.")
     require(mode in _MODES, f"mode must be 'inference' or 'lora', not {mode!r}.")
-    _check_int("batch_size", batch_size)
-    _check_int("seq_len", seq_len)
-    require(isinstance(gradient_checkpointing, bool), "gradient_checkpointing must be True or False.")
+    whole_number("batch_size", batch_size)
+    whole_number("seq_len", seq_len)
+    flag("gradient_checkpointing", gradient_checkpointing)
     require(device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
     require(path in ("plain", "nvkit"), f"path must be 'plain' or 'nvkit', not {path!r}.")
     require(compiled is None or isinstance(compiled, bool), f"compiled must be True, False or None, not {compiled!r}.")
     if mode == "lora":
-        _check_int("lora_r", lora_r)
+        whole_number("lora_r", lora_r)
     if prompt_len is None:
         prompt_len = seq_len
-    _check_int("prompt_len", prompt_len)
+    whole_number("prompt_len", prompt_len)
     require(prompt_len <= seq_len, f"prompt_len ({prompt_len}) cannot exceed seq_len ({seq_len}), the whole context.")
 
     cfg, name = _config_of(model)

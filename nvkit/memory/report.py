@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import os
 
-from ..errors import require
+from ..checks import one_of
 from ..units import fmt_bytes
 from .peaks import expectation, last_comparison, main_device
 from .sampling import sampler
-from .usage import cuda_in_use, nvml_used, rss_bytes, torch_module, torch_stats
+from .usage import cuda_in_use, nvml_used, pick_devices, rss_bytes, torch_module, torch_stats
 
 
 REPORT_COLUMNS = ["source", "used", "torch_allocated", "torch_reserved", "rest", "peak_used",
@@ -26,16 +26,9 @@ def memory_report(devices=None, unit: str = "bytes"):
     (NVML − reserved: CUDA context, cuBLAS workspaces, NCCL, other processes), peaks since the last
     ``reset_peak`` and the prediction in force. ``unit``: "bytes", "MiB" or "GiB"."""
     import pandas as pd
-    require(unit in _UNITS, f"unit must be one of {', '.join(_UNITS)}, not {unit!r}.")
+    one_of("unit", unit, tuple(_UNITS))
     s = sampler(start=False)
-    devs = s.devices
-    if devices is not None:
-        require(isinstance(devices, (list, tuple)) and all(isinstance(d, int) and not isinstance(d, bool) for d in devices),
-                f"devices must be a list of cuda indices such as [0], or None, not {devices!r}.")
-        known = {d.cuda_index for d in devs}
-        bad = [d for d in devices if d not in known]
-        require(not bad, f"No cuda:{bad[0] if bad else ''} here; this process sees {sorted(known) or 'no GPU'}.")
-        devs = [d for d in devs if d.cuda_index in devices]
+    devs = pick_devices(s.devices, devices, "report")
     est = expectation()
     main_label, main_ci = main_device()
     torch = torch_module()

@@ -12,7 +12,8 @@ import time
 import numpy as np
 
 from .. import events
-from ..errors import NvkitError, require
+from ..checks import number
+from ..errors import NvkitError
 from ..state import STATE
 from .usage import Device, fast_rss, nvml_used, pick_devices, torch_stats, visible_gpus
 
@@ -61,16 +62,24 @@ class RingBuffer:
 SERIES = ("nvml_used", "torch_allocated", "torch_reserved")
 
 
+def check_rate(rate_hz) -> float:
+    """``rate_hz`` as a float when it is a sampling rate nvkit runs (0 < rate ≤ MAX_RATE_HZ)."""
+    return number("rate_hz", rate_hz, 0, MAX_RATE_HZ, lo_open=True)
+
+
+def check_window(window_s) -> float:
+    """``window_s`` as a float when it is a history length a sampler keeps (1 s to one day)."""
+    return number("window_s", window_s, 1, 86400)
+
+
 class Sampler:
     """Samples, ``rate_hz`` times a second in a daemon thread, per GPU: NVML used (whole device),
     torch allocated and reserved (this process); and the process RSS. Each series is a bounded
     ring buffer holding ``window_s`` seconds. Times are seconds since ``nvkit.events.T0``."""
 
     def __init__(self, devices=None, rate_hz: float = DEFAULT_RATE_HZ, window_s: float = 300.0):
-        require(isinstance(rate_hz, (int, float)) and not isinstance(rate_hz, bool) and 0 < rate_hz <= MAX_RATE_HZ,
-                f"rate_hz must be a number in (0, {MAX_RATE_HZ:g}], not {rate_hz!r}.")
-        require(isinstance(window_s, (int, float)) and not isinstance(window_s, bool) and 1 <= window_s <= 86400,
-                f"window_s must be between 1 and 86400 seconds, not {window_s!r}.")
+        check_rate(rate_hz)
+        check_window(window_s)
         chosen = pick_devices(visible_gpus(), devices)
         self.devices: list[Device] = chosen
         self.rate_hz = float(rate_hz)
@@ -109,9 +118,7 @@ class Sampler:
         self._thread = None
 
     def set_rate(self, rate_hz: float) -> None:
-        require(isinstance(rate_hz, (int, float)) and not isinstance(rate_hz, bool) and 0 < rate_hz <= MAX_RATE_HZ,
-                f"rate_hz must be a number in (0, {MAX_RATE_HZ:g}], not {rate_hz!r}.")
-        self.rate_hz = float(rate_hz)
+        self.rate_hz = check_rate(rate_hz)
 
     def _loop(self) -> None:
         next_t = time.monotonic()
@@ -197,6 +204,10 @@ def sampler(rate_hz: float | None = None, window_s: float | None = None, start: 
     """The shared sampler (all GPUs this process sees), started on first use; ``rate_hz`` changes
     its rate, a ``window_s`` longer than it keeps replaces it with a longer one. Charts and
     ``memory_report`` read it, so there is one sampling thread however many charts."""
+    if rate_hz is not None:
+        check_rate(rate_hz)
+    if window_s is not None:
+        check_window(window_s)
     with STATE.lock:
         old = None
         cur = STATE.sampler

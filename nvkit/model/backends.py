@@ -227,6 +227,8 @@ def device_spec(device) -> tuple[str, int]:
     if isinstance(device, bool):
         raise NvkitError(f"device must be 'cpu', 'cuda', 'cuda:N' or a GPU number, not {device!r}.")
     if isinstance(device, int):
+        if device < 0:
+            raise NvkitError(f"device must be 'cpu', 'cuda', 'cuda:N' or a GPU number ≥ 0, not {device!r}.")
         return "cuda", device
     text = str(device).strip().lower()
     if text == "cpu":
@@ -236,6 +238,17 @@ def device_spec(device) -> tuple[str, int]:
     if text.startswith("cuda:") and text[5:].isdigit():
         return "cuda", int(text[5:])
     raise NvkitError(f"device must be 'cpu', 'cuda', 'cuda:N' or a GPU number, not {device!r}.")
+
+
+def existing_device(device) -> tuple[str, int]:
+    """``device_spec(device)``, and for a CUDA device the check that it exists in this process."""
+    device_type, index = device_spec(device)
+    if device_type == "cuda":
+        n = _visible_gpu_count()
+        if index >= n:
+            raise NvkitError(f"cuda:{index} does not exist here: {n} CUDA device(s) visible"
+                             + (f" (cuda:0..cuda:{n - 1})." if n else ". Use device='cpu'."))
+    return device_type, index
 
 
 def _torch_cuda_up() -> bool:
@@ -323,13 +336,9 @@ def _flex_choice(device_type: str) -> Choice:
 def attention_backends(device=None) -> ChoiceList:
     """Every attention backend transformers knows, for ``device`` (None: cuda:0 when a GPU is
     visible, else the CPU): ``.name``, ``.available``, ``.reason`` (why not), ``.source``."""
-    device_type, index = device_spec(device)
+    device_type, index = existing_device(device)
     capability, gpu_name = (None, "")
     if device_type == "cuda":
-        n = _visible_gpu_count()
-        if index >= n:
-            raise NvkitError(f"cuda:{index} does not exist here: {n} CUDA device(s) visible"
-                             + (f" (cuda:0..cuda:{n - 1})." if n else ". Use device='cpu'."))
         capability, gpu_name = device_capability(index)
     out = ChoiceList([
         Choice("eager", True, "plain PyTorch matmuls; slowest, but every model supports it", "built-in"),

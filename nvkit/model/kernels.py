@@ -17,6 +17,10 @@ The plan is applied after the weights are loaded with transformers' own machiner
 (``model.kernel_config`` + ``model.set_use_kernels(True)``), so ``model.train()`` /
 ``model.eval()`` switch kernels between ``Mode.TRAINING`` and ``Mode.INFERENCE`` as usual.
 
+A kernel reference names a local directory only when it is path-like (``/``, ``./``, ``../``,
+``~``) or the ``KernelConfig`` says ``use_local_kernel=True``; ``org/repo:Layer`` always goes to the
+Hub repo through the kernels library (``LOCAL_KERNELS`` can still map it to a folder explicitly).
+
 A kernel directory is in the Hub kernel layout: ``<dir>/build/<variant>/`` holding
 ``metadata.json`` and the Python package whose ``layers`` module defines the layer classes
 (``torch-universal`` for pure PyTorch/Triton code). ``tests/data/kernels/nvkit-rmsnorm`` is one.
@@ -108,7 +112,10 @@ def _split_ref(ref: str, layer: str) -> tuple[str, str]:
 
 
 def _is_local(where: str) -> bool:
-    return where.startswith(("/", "./", "../", "~")) or os.path.isdir(os.path.expanduser(where))
+    # Only a path-like reference is a folder. "org/repo" always means the Hub repo (through the
+    # kernels library and its publisher-trust check), even when a folder of that name happens to
+    # exist under the working directory: such a folder is anyone's, and its code would run.
+    return where.startswith(("/", "./", "../", "~"))
 
 
 def _repo_for(layer: str, ref, local_flag: bool):
@@ -129,7 +136,13 @@ def _repo_for(layer: str, ref, local_flag: bool):
     version, revision = meta.get("version"), meta.get("revision")
     if version is None and revision is None:
         version = 1
-    return _hub_repo(layer, where, name, version, revision, bool(meta.get("trust_remote_code", False)))
+    try:
+        return _hub_repo(layer, where, name, version, revision, bool(meta.get("trust_remote_code", False)))
+    except NvkitError as e:
+        if not os.path.isdir(where):
+            raise
+        raise NvkitError(f"{e} A folder {where!r} exists in the working directory, but a Hub-style name never "
+                         f"means a local folder; to run that folder's code, name it as a path: './{where}:{name}'.") from e
 
 
 def _hub_repo(layer, repo_id, name, version, revision, trust, func=False):

@@ -8,7 +8,7 @@ here); a ready ``TorchAoConfig`` / ``QuantoConfig`` can still be passed through 
 
 from __future__ import annotations
 
-from .backends import Choice, ChoiceList, device_spec, package_version, version_tuple
+from .backends import Choice, ChoiceList, existing_device, package_version, version_tuple
 from ..errors import NvkitError
 from .precision import resolve_dtype
 
@@ -20,7 +20,7 @@ OPTIONS_4BIT = ("double_quant", "compute_dtype", "quant_storage")
 def quantization_methods(device=None) -> ChoiceList:
     """nf4 / fp4 / int8 (bitsandbytes) and the methods nvkit knows but does not ship, each with
     ``.name``, ``.available``, ``.reason``, ``.source`` (same shape as ``attention_backends``)."""
-    device_type, _ = device_spec(device)
+    device_type, _ = existing_device(device)
     out = ChoiceList()
     bnb = package_version("bitsandbytes")
     notes = {"nf4": "4-bit NormalFloat (QLoRA's choice), double quant on by default",

@@ -9,14 +9,16 @@ kernel keeps serving widget clicks.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import events
+from ..checks import byte_size, flag, positive_int, whole_number
 from ..errors import NvkitError, require
-from ..generate import paths
+from ..generate import options as generation_options, paths
 from ..generate.fast.attached import forget as forget_fast_decoder
 from ..generate.stats import GenerationStats
 from ..memory import peaks
@@ -34,6 +36,7 @@ from .precision import resolve_dtype
 from .quant import quantization_config
 
 _DEVICE_MAPS = ("cuda", "auto", "cpu", "balanced", "balanced_low_0", "sequential")
+_ROLES = ("system", "user", "assistant", "tool")
 
 
 def session(required: bool = True) -> "Session | None":
@@ -68,6 +71,30 @@ def resolve_model(model: str) -> tuple[str, bool]:
 
 
 
+def _placement(what: str, v, torch) -> str:
+    """The device kind ("cuda", "cpu", "disk") of one placement: a GPU number, "cuda", "cuda:N",
+    "cpu", "disk" or a torch.device; NvkitError for anything else or a GPU that is not there."""
+    if isinstance(v, torch.device):
+        v = str(v)
+    if isinstance(v, int) and not isinstance(v, bool):
+        idx = v
+    elif isinstance(v, str) and v.strip() in ("cpu", "disk", "cuda"):
+        idx = None
+        v = v.strip()
+    elif isinstance(v, str) and re.fullmatch(r"cuda:\d+", v.strip()):
+        idx = int(v.strip()[5:])
+    else:
+        raise NvkitError(f"{what}: {v!r} is not a device; use 'cuda', 'cuda:0' (or the GPU number 0), 'cpu' or 'disk'.")
+    if v in ("cpu", "disk"):
+        return v
+    if not torch.cuda.is_available():
+        raise NvkitError(f"{what} places modules on {v!r} but no CUDA GPU is visible here. Use device_map='cpu'.")
+    n = torch.cuda.device_count()
+    if idx is not None and not 0 <= idx < n:
+        raise NvkitError(f"{what}: cuda:{idx} does not exist; {n} CUDA device(s) are visible (cuda:0..cuda:{n - 1}).")
+    return "cuda"
+
+
 def resolve_device_map(device_map):
     """(device_map for from_pretrained, main device type)."""
     import torch
@@ -76,19 +103,17 @@ def resolve_device_map(device_map):
         return ("cuda" if has_cuda else "cpu"), ("cuda" if has_cuda else "cpu")
     if isinstance(device_map, dict):
         require(len(device_map) > 0, "device_map dict is empty: map module names to devices, e.g. {'': 'cuda:0'}.")
-        kinds = {str(v).split(":")[0] if not isinstance(v, int) else "cuda" for v in device_map.values()}
-        if "cuda" in kinds and not has_cuda:
-            raise NvkitError("device_map places modules on CUDA but no CUDA GPU is visible here. Use device_map='cpu'.")
+        kinds = set()
+        for module, where in device_map.items():
+            require(isinstance(module, str), f"device_map keys are module names such as '' (the whole model) or "
+                                             f"'model.layers.0', not {module!r}.")
+            kinds.add(_placement(f"device_map[{module!r}]", where, torch))
         return device_map, "cuda" if "cuda" in kinds else "cpu"
     require(isinstance(device_map, str), f"device_map must be 'cuda', 'auto', 'cpu' or a dict, not {device_map!r}.")
     dm = device_map.strip()
     if dm.startswith("cuda:"):
-        idx = dm.split(":", 1)[1]
-        require(idx.isdigit(), f"Bad device {device_map!r}: use 'cuda', 'cuda:0', 'auto' or 'cpu'.")
-        if not has_cuda:
-            raise NvkitError(f"device_map={device_map!r} but no CUDA GPU is visible here. Use device_map='cpu'.")
-        n = torch.cuda.device_count()
-        require(int(idx) < n, f"device_map={device_map!r} but only {n} CUDA device(s) are visible (cuda:0..cuda:{n - 1}).")
+        require(dm[5:].isdigit(), f"Bad device {device_map!r}: use 'cuda', 'cuda:0', 'auto' or 'cpu'.")
+        _placement("device_map", dm, torch)
         return dm, "cuda"
     require(dm in _DEVICE_MAPS, f"Unknown device_map {device_map!r}: use 'cuda', 'auto', 'cpu' or a dict.")
     if dm == "cpu":
@@ -101,7 +126,27 @@ def resolve_device_map(device_map):
     return dm, "cuda"
 
 
-
+def check_max_memory(max_memory, device_type: str):
+    """``max_memory`` for from_pretrained, checked: a dict from GPU numbers (and "cpu", "disk",
+    "mps") to sizes such as "20GiB" or bytes. A GPU number is checked to exist when the model goes
+    to CUDA (on the CPU accelerate ignores the GPU entries)."""
+    if max_memory is None:
+        return None
+    require(isinstance(max_memory, dict) and max_memory,
+            f"max_memory must be a dict such as {{0: '20GiB', 1: '20GiB', 'cpu': '64GiB'}}, not {max_memory!r}.")
+    n = None
+    for key, size in max_memory.items():
+        if isinstance(key, int) and not isinstance(key, bool):
+            require(key >= 0, f"max_memory: GPU {key} does not exist; keys are GPU numbers 0, 1, ... or 'cpu', 'disk'.")
+            if device_type == "cuda":
+                import torch
+                n = torch.cuda.device_count() if n is None else n
+                require(key < n, f"max_memory names GPU {key}, but {n} CUDA device(s) are visible (0..{n - 1}).")
+        elif key not in ("cpu", "disk", "mps"):
+            hint = f" (write the GPU number: {key[5:]})" if isinstance(key, str) and key.startswith("cuda:") else ""
+            raise NvkitError(f"max_memory: {key!r} is not a device key{hint}; use GPU numbers 0, 1, ... and 'cpu', 'disk'.")
+        byte_size(f"max_memory[{key!r}]", size)
+    return max_memory
 
 
 # --- the session -------------------------------------------------------------------------------
@@ -201,30 +246,37 @@ class Session:
             raise NvkitError(f"{self.model_id}'s tokenizer has no chat template: generate without chat=True.")
         messages = ([{"role": "system", "content": system}] if system else []) + list(history or [])
         messages.append({"role": "user", "content": prompt})
-        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        try:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except Exception as e:  # noqa: BLE001 - a template (Jinja) error is about the messages given
+            raise NvkitError(f"{self.model_id}'s chat template could not format these messages: "
+                             f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+
+    @staticmethod
+    def _check_chat(chat, system, history) -> None:
+        flag("chat", chat)
+        if not chat:
+            require(system is None and history is None,
+                    "system= and history= only apply to chat: pass chat=True with them (or leave them out).")
+            return
+        require(system is None or isinstance(system, str),
+                f"system must be a string (the system prompt) or None, not {type(system).__name__}.")
+        if history is None:
+            return
+        require(isinstance(history, (list, tuple)),
+                "history must be a list of messages such as [{'role': 'user', 'content': 'Hi'}, "
+                f"{{'role': 'assistant', 'content': 'Hello!'}}], not {type(history).__name__}.")
+        for i, m in enumerate(history):
+            ok = isinstance(m, dict) and m.get("role") in _ROLES and isinstance(m.get("content"), str)
+            require(ok, f"history[{i}] must be a message {{'role': one of {', '.join(_ROLES)}, 'content': a string}}, "
+                        f"not {m!r}.")
 
     def _generation_kwargs(self, max_new_tokens, do_sample, kw: dict) -> dict:
-        require(isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens > 0,
-                f"max_new_tokens must be a whole number ≥ 1, not {max_new_tokens!r}.")
-        require(isinstance(do_sample, bool), f"do_sample must be True or False, not {do_sample!r}.")
+        positive_int("max_new_tokens", max_new_tokens)
+        flag("do_sample", do_sample)
         g = dict(max_new_tokens=max_new_tokens, do_sample=do_sample)
-        if "temperature" in kw:
-            t = kw.pop("temperature")
-            require(isinstance(t, (int, float)) and t > 0, f"temperature must be > 0, not {t!r}.")
-            g["temperature"] = float(t)
-        if "top_p" in kw:
-            p = kw.pop("top_p")
-            require(isinstance(p, (int, float)) and 0 < p <= 1, f"top_p must be in (0, 1], not {p!r}.")
-            g["top_p"] = float(p)
-        if "top_k" in kw:
-            k = kw.pop("top_k")
-            require(isinstance(k, int) and k >= 0, f"top_k must be a whole number ≥ 0, not {k!r}.")
-            g["top_k"] = k
-        if "repetition_penalty" in kw:
-            r = kw.pop("repetition_penalty")
-            require(isinstance(r, (int, float)) and r > 0, f"repetition_penalty must be > 0, not {r!r}.")
-            g["repetition_penalty"] = float(r)
-        g.update(kw)  # anything else goes to transformers' generate as is
+        # unknown names are refused with the accepted ones; the values are range-checked
+        g.update(generation_options.check(self.model, kw, base=g))
         if self.tokenizer.pad_token_id is not None:
             g.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         return g
@@ -236,11 +288,15 @@ class Session:
         if not single:
             require(isinstance(prompt, (list, tuple)), f"prompt must be a string or a list of strings, not {type(prompt).__name__}.")
             require(len(prompt) > 0, "The prompt list is empty: pass at least one prompt.")
+        self._check_chat(chat, system, history)
         prompts = [prompt] if single else list(prompt)
         texts = [self._prompt_text(p, chat, system, history) for p in prompts]
         gen = self._generation_kwargs(max_new_tokens, do_sample, dict(generation_kwargs))
         require(stream is None or callable(stream), "stream must be a function that takes a text piece, or None.")
-        require(seed is None or (isinstance(seed, int) and not isinstance(seed, bool)), f"seed must be a whole number, not {seed!r}.")
+        require(on_progress is None or callable(on_progress),
+                "on_progress must be a function that takes the generation stats, or None.")
+        flag("fast", fast, allow_none=True)
+        whole_number("seed", seed, 0, 2**64 - 1, allow_none=True)
         if stream is not None and not single:
             raise NvkitError("Streaming works with one prompt at a time; pass a string, or drop stream= for a list.")
         if fast and self.device.type != "cuda":
@@ -396,9 +452,9 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     capability = torch.cuda.get_device_capability(0) if device_type == "cuda" else None
     torch_dtype = resolve_dtype(dtype, device_type, capability)
     qconfig = quantization_config(quantization, torch_dtype, device_type)
-    require(isinstance(trust_remote_code, bool), "trust_remote_code must be True or False.")
-    require(max_memory is None or isinstance(max_memory, dict),
-            "max_memory must be a dict such as {0: '20GiB', 1: '20GiB', 'cpu': '64GiB'}.")
+    flag("trust_remote_code", trust_remote_code)
+    check_max_memory(max_memory, device_type)
+    config_overrides = _split_from_pretrained_kwargs(from_pretrained_kwargs)
 
     kwargs = dict(dtype=torch_dtype, device_map=dm, trust_remote_code=trust_remote_code, **from_pretrained_kwargs)
     if max_memory is not None:
@@ -412,10 +468,13 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     # Config and tokenizer first: they are small and fail fast (offline Hub, wrong path), so a bad
     # request leaves the current session loaded and usable.
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config, unused = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, return_unused_kwargs=True,
+                                                    **config_overrides)
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, ImportError) as e:
         raise _load_error(model, path, is_local, e) from e
+    if unused:
+        raise _unknown_load_keyword(sorted(unused)[0])
     kwargs["attn_implementation"] = resolve_attention(attn_implementation, device_type,
                                                       model_class=model_class_for(config))
     kernel_plan = plan_kernels(path, device_type, use_kernels, kernel_config, trust_remote_code)
@@ -459,6 +518,47 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
         STATE.session = s
     events.record("load", s.summary(), subject=s)
     return s
+
+
+# from_pretrained's loading options that nvkit passes on as given (transformers 5.20-5.22: those it
+# takes from **kwargs; its named parameters are read from its signature).
+_LOADING_OPTIONS = ("adapter_kwargs", "adapter_name", "device_mesh", "distributed_config", "experts_implementation",
+                    "generation_config", "gguf_file", "key_mapping", "offload_buffers", "offload_folder", "proxies",
+                    "state_dict", "subfolder", "tp_plan", "tp_size", "tqdm_class", "variant")
+# transformers' names for what load() takes under its own name, or what would break the session
+_NOT_THROUGH_KWARGS = {
+    "torch_dtype": "use dtype=", "quantization_config": "use quantization= (it takes a transformers config too)",
+    "output_loading_info": "nvkit.load returns a Session; call AutoModelForCausalLM.from_pretrained yourself for it",
+}
+
+
+def _loading_options() -> tuple[str, ...]:
+    import inspect
+    from transformers import PreTrainedModel
+    named = [n for n, p in inspect.signature(PreTrainedModel.from_pretrained).parameters.items()
+             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != "pretrained_model_name_or_path"]
+    return tuple(sorted(set(named) | set(_LOADING_OPTIONS)))
+
+
+def _split_from_pretrained_kwargs(kw: dict) -> dict:
+    """The extra keywords of ``load`` that are not loading options: overrides of config fields,
+    which the config read must consume (what it does not is refused before anything is unloaded)."""
+    for name in kw:
+        if name in _NOT_THROUGH_KWARGS:
+            raise NvkitError(f"load() does not take {name!r}: {_NOT_THROUGH_KWARGS[name]}.")
+    options = set(_loading_options())
+    return {k: v for k, v in kw.items() if k not in options}
+
+
+def _unknown_load_keyword(name: str) -> NvkitError:
+    import difflib
+    accepted = ["model", "dtype", "device_map", "attn_implementation", "use_kernels", "kernel_config", "quantization",
+                "max_memory", "trust_remote_code", *_loading_options()]
+    close = difflib.get_close_matches(name, accepted, n=3)
+    hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+    return NvkitError(f"load() does not take {name!r}: it is neither one of load's arguments, a from_pretrained "
+                      f"loading option nor a field of this model's config.{hint} load takes: {', '.join(accepted)} "
+                      "(and config fields to override, e.g. use_cache=False).")
 
 
 def _load_error(model, path, is_local, e: Exception) -> NvkitError:

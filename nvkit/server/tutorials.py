@@ -8,9 +8,10 @@ checkout or an editable install has them in ``notebooks/`` next to the package.
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
+
+from ..checks import env_path
 
 _PKG = Path(__file__).resolve().parents[1]
 # A tutorial name is a plain file name: no separators, no leading dot, nothing a path could use.
@@ -20,7 +21,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*\.ipynb$")
 def tutorials_dir() -> Path | None:
     """The folder holding the tutorials: ``$NVKIT_TUTORIALS_DIR``, the wheel's ``nvkit/tutorials``,
     or the checkout's ``notebooks/``; None when there is none."""
-    env = os.environ.get("NVKIT_TUTORIALS_DIR")
+    env = env_path("NVKIT_TUTORIALS_DIR")
     candidates = [Path(env)] if env else []
     candidates += [_PKG / "tutorials", _PKG.parent / "notebooks"]
     for c in candidates:

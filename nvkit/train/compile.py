@@ -17,6 +17,7 @@ import logging
 import os
 import tempfile
 
+from .. import cache
 from .loss import causal_lm
 
 _log = logging.getLogger("nvkit.compile")
@@ -100,9 +101,7 @@ def compile_decision(compile, device_type: str, total_steps: int, cache_warm: bo
 # --- the compile cache -----------------------------------------------------------------------------
 
 def _cache_root() -> str:
-    base = os.environ.get("NVKIT_CACHE")
-    base = os.path.expanduser(base) if base else os.path.join(os.path.expanduser("~"), ".cache", "nvkit")
-    return os.path.join(base, "compile")
+    return str(cache.root() / "compile")
 
 
 class CompileCache:

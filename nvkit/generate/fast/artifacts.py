@@ -20,14 +20,15 @@ import os
 import tempfile
 from pathlib import Path
 
+from ... import cache
+
 log = logging.getLogger(__name__)
 
 _NAMES = ("_name_or_path", "name_or_path", "_commit_hash", "transformers_version", "torch_dtype", "dtype")
 
 
 def folder() -> Path:
-    base = os.environ.get("NVKIT_CACHE")
-    return (Path(base).expanduser() if base else Path.home() / ".cache" / "nvkit") / "fast-decode"
+    return cache.root() / "fast-decode"
 
 
 def _versions() -> dict:

@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ...checks import env_flag, env_int, env_set
 from ...errors import NvkitError
 
 #: the fused step's attention kinds ("auto": triton-fused where it fits, see ``FastDecoder``)
@@ -21,7 +22,6 @@ DEFAULT_ATTENTION = "auto"
 #: the smallest KV-cache size class, in tokens: one capture serves every request that fits in it
 DEFAULT_CACHE_TOKENS = 4096
 
-_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 
 @dataclass(frozen=True)
@@ -92,54 +92,44 @@ class FastOptions:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "FastOptions":
-        """The options the ``NVKIT_FAST_*`` variables of ``environ`` (default: this process's) ask for."""
-        env = os.environ if environ is None else environ
-        kw: dict[str, Any] = {}
-        for var, (name, parse) in _VARIABLES.items():
-            raw = env.get(var)
-            if raw is None or raw.strip() == "":
-                continue
-            try:
-                kw[name] = parse(raw.strip())
-            except ValueError as e:
-                raise NvkitError(f"{var}={raw!r} is not understood: {e}. Unset it or fix it, then restart the kernel.") from None
+        """The options the ``NVKIT_FAST_*`` variables of ``environ`` (default: this process's) ask for;
+        a value nvkit cannot read is an NvkitError naming its variable."""
+        kw: dict[str, Any] = {var_name: parse(var, environ) for var, (var_name, parse) in _VARIABLES.items()
+                              if env_set(var, environ)}
         try:
             return cls(**kw)
         except NvkitError as e:
             names = {name: var for var, (name, _) in _VARIABLES.items()}
             bad = next((names[k] for k in kw if str(e).startswith(k)), "an NVKIT_FAST_* variable")
-            raise NvkitError(f"{bad}: {e}") from None
+            raise NvkitError(f"{bad}: {e} Unset it or fix it, then restart the kernel.") from None
 
 
-def _whole(raw: str) -> int:
-    if not raw.lstrip("-").isdigit():
-        raise ValueError("expected a whole number")
-    return int(raw)
+def _whole(lo: int, hi: int | None = None):
+    return lambda var, environ: env_int(var, lo, lo, hi, environ=environ)
 
 
-def _flag(raw: str) -> bool:
-    low = raw.lower()
-    if low in _TRUE:
-        return True
-    if low in _FALSE:
-        return False
-    raise ValueError("expected 1 or 0")
+def _flag(var: str, environ) -> bool:
+    return env_flag(var, True, environ=environ)
 
 
-def _flag_or_auto(raw: str) -> bool | None:
+def _flag_or_auto(var: str, environ) -> bool | None:
     # "1" keeps the default (on where it fits); only "0" forces it off
-    return None if _flag(raw) else False
+    return None if _flag(var, environ) else False
+
+
+def _text(var: str, environ) -> str:
+    return (os.environ if environ is None else environ)[var].strip()
 
 
 _VARIABLES = {
-    "NVKIT_FAST_K": ("k_steps", _whole),
+    "NVKIT_FAST_K": ("k_steps", _whole(1, 64)),
     "NVKIT_FAST_COMPILE": ("compile", _flag),
     "NVKIT_FAST_TUNE": ("tune", _flag),
     "NVKIT_FAST_FUSED": ("fused", _flag_or_auto),
-    "NVKIT_FAST_ATTENTION": ("attention", str),
+    "NVKIT_FAST_ATTENTION": ("attention", _text),
     "NVKIT_FAST_PDL": ("pdl", _flag_or_auto),
-    "NVKIT_FAST_MIN_TOKENS": ("min_tokens", _whole),
-    "NVKIT_FAST_CACHE_TOKENS": ("cache_tokens", _whole),
+    "NVKIT_FAST_MIN_TOKENS": ("min_tokens", _whole(0)),
+    "NVKIT_FAST_CACHE_TOKENS": ("cache_tokens", _whole(1)),
     "NVKIT_FAST_DISK_CACHE": ("disk_cache", _flag),
 }
 ENVIRONMENT_VARIABLES = tuple(_VARIABLES)
