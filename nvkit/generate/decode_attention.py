@@ -422,12 +422,6 @@ def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page, scale, eps):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1] - 2 * k.shape[1], qkv.shape[2]))
 
 
-def paged_positions(table, page: int, length: int):
-    """(rows, length) pool indices of each row's positions 0..length-1 through its page table."""
-    offsets = torch.arange(length, device=table.device)
-    return table.long().gather(1, (offsets // page).expand(table.shape[0], -1)) * page + offsets % page
-
-
 def paged_attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int, scale: float,
                                 eps: float):
     """``paged_decode_attention`` in plain torch, row by row (writes into ``k``/``v`` the same way)."""
@@ -437,7 +431,7 @@ def paged_attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, ta
     outs = []
     for b in range(rows):
         p = int(pos[b])
-        where = paged_positions(table[b:b + 1], page, p + 1)[0]
+        where = torch.tensor([int(table[b, t // page]) * page + t % page for t in range(p + 1)])
         qb = rope_reference(qkv[b, :nh], q_weight, cos[p], sin[p], eps)
         k[where[-1]] = rope_reference(qkv[b, nh:nh + nkv], k_weight, cos[p], sin[p], eps).to(k.dtype)
         v[where[-1]] = qkv[b, nh + nkv:]

@@ -41,7 +41,7 @@ from ...memory.estimate import attention_dims, kv_bytes_per_token
 from . import artifacts
 from .capture import FastDecoder, inductor_options
 from .fused import qk_norm_why
-from .fused_rows import decode_rows_step, prefill_rows_step
+from .fused_rows import decode_rows_step, mark_dynamic, paged_positions, prefill_rows_step
 from .replay import ticking
 from .sampling import RowParams, Sampling, StopStrings, choose_rows
 from .schedule import SCRATCH, Scheduler, Sequence, pages_for
@@ -335,10 +335,7 @@ class BatchedDecoder:
         def body():
             tok, pos, table = a.tok[:batch], a.pos[:batch], a.table[:batch]
             if dynamic:
-                mark = torch._dynamo.maybe_mark_dynamic
-                for t in (tok, pos, table, a.cos, a.sin, *a.keys, *a.values):
-                    mark(t, 0)
-                mark(table, 1)
+                mark_dynamic(tok, pos, table, a.cos, a.sin, a.keys, a.values)
             p = RowParams(temperature=a.temperature[:batch], top_p=a.top_p[:batch], penalty=a.penalty[:batch],
                           seed=a.seed[:batch], counter=None, min_pos=a.min_pos[:batch], eos_mask=a.eos_mask,
                           seen=a.seen[:batch] if a.seen is not None else None)
@@ -483,9 +480,12 @@ class BatchedDecoder:
             length = _round_up(max(len(s.prompt) for s in group), 16)
             ids = _to(dev, [s.prompt + [0] * (length - len(s.prompt)) for s in group], torch.long)
             last = _to(dev, [len(s.prompt) - 1 for s in group], torch.long)
-            where = _to(dev, [_positions(s, length) for s in group], torch.long)
-            logits = prefill(ids, last, where, a.cos, a.sin, a.keys, a.values)
             grows = _to(dev, [s.row for s in group], torch.long)
+            # Each row's positions 0..length-1 through its page table: a shorter prompt's padding
+            # lands in its own later positions (rewritten by the decode steps before they are read)
+            # or, past its pages, in the scratch page.
+            where = paged_positions(a.table.index_select(0, grows), PAGE, length)
+            logits = prefill(ids, last, where, a.cos, a.sin, a.keys, a.values)
             counter = _to(dev, [len(s.prompt) for s in group], torch.long)
             p = RowParams(temperature=a.temperature.index_select(0, grows), top_p=a.top_p.index_select(0, grows),
                           penalty=a.penalty.index_select(0, grows), seed=a.seed.index_select(0, grows),
@@ -563,7 +563,9 @@ class BatchedDecoder:
         """The host loop: refill, queue a replay (two at most in flight), read the oldest back."""
         import torch
         key = sampling.key
-        smallest = 1 if a.rows == 1 else 2  # a batch of one is compiled apart: a lone row runs in class 2
+        # a batch of one is compiled apart (torch specialises a size of 1): only a request of one
+        # prompt runs in class 1; the last row of a larger request runs in class 2
+        smallest = 1 if len(sched.seqs) == 1 else 2
         pending: collections.deque = collections.deque()
         self.last_batches = collections.Counter()
         stopped = False
@@ -627,13 +629,6 @@ def _groups(seqs: list[Sequence], budget: int) -> list[list[Sequence]]:
     if cur:
         out.append(cur)
     return out
-
-
-def _positions(s: Sequence, length: int) -> list[int]:
-    """Pool indices of a prompt's positions 0..length-1 (past the prompt: the scratch page)."""
-    n = len(s.prompt)
-    return ([s.pages[t // PAGE] * PAGE + t % PAGE for t in range(n)]
-            + [SCRATCH * PAGE + t % PAGE for t in range(n, length)])
 
 
 def unsupported_reason(session, gen: dict) -> str | None:

@@ -20,6 +20,13 @@ from typing import Callable
 from .fused import FusedWeights, linear, rope, rms_norm
 
 
+def paged_positions(table, page: int, length: int):
+    """(rows, length) pool indices of each row's positions 0..length-1 through its page table."""
+    import torch
+    offsets = torch.arange(length, device=table.device)
+    return table.long().gather(1, (offsets // page).expand(table.shape[0], -1)) * page + offsets % page
+
+
 def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None) -> Callable:
     """``step(tok, pos, table, cos, sin, keys, values)`` -> (rows, vocab) float logits: one decode
     step of every row (``tok``, ``pos``: (rows,) int64; ``table``: (rows, blocks) int32 page ids;
@@ -32,8 +39,6 @@ def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None) -> 
     neg = torch.finfo(torch.float32).min
     if attention == "triton":
         from ..decode_attention import paged_decode_attention
-    else:
-        from ..decode_attention import paged_positions
 
     def step(tok, pos, table, cos, sin, keys, values):
         h = F.embedding(tok, fw.embed)                                 # (rows, hidden)
@@ -69,6 +74,16 @@ def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None) -> 
         return F.linear(rms_norm(h, fw.norm, fw.norm_eps), fw.lm_head).float()
 
     return step
+
+
+def mark_dynamic(tok, pos, table, cos, sin, keys, values) -> None:
+    """Mark the sizes that change between batch classes and pools as dynamic for ``torch.compile``,
+    so the compile of the first class serves every other (a size of 1 is still specialised)."""
+    import torch._dynamo
+    mark = torch._dynamo.maybe_mark_dynamic
+    for t in (tok, pos, table, cos, sin, *keys, *values):
+        mark(t, 0)
+    mark(table, 1)
 
 
 def prefill_rows_step(fw: FusedWeights, lora=None) -> Callable:
