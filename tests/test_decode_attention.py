@@ -295,3 +295,49 @@ def test_batched_decoder_with_the_paged_kernel_decodes_like_matmul():
         print("ok")
     """)
     assert out.strip().endswith("ok")
+
+
+def test_paged_op_compiles_in_place_on_the_pool_with_dynamic_rows():
+    """Under torch.compile with the rows, pool and table sizes dynamic (as the batched step is
+    compiled), the op that writes the pool is called on the pool itself: no pool-sized copy."""
+    out = _interpret("""
+        import re
+        import torch
+        from torch._inductor.utils import run_and_get_code
+        from nvkit.generate import decode_attention as da
+        torch.manual_seed(0)
+        nh, nkv, hd, page, pages = 16, 8, 128, 32, 12
+        pool_k, pool_v = torch.zeros(pages * page, nkv, hd), torch.zeros(pages * page, nkv, hd)
+        w = torch.randn((nh + 2 * nkv) * hd, 64) * 0.1
+        qw, kw = torch.rand(hd) + 0.5, torch.rand(hd) + 0.5
+        ang = torch.randn(4 * page, hd // 2).repeat(1, 2)
+        cos, sin = ang.cos(), ang.sin()
+
+        def step(x, pos, table, cos, sin, keys, values):
+            qkv = (x @ w.T).view(-1, nh + 2 * nkv, hd)
+            o = da.paged_decode_attention(qkv, qw, kw, cos, sin, keys[0], values[0], pos, table, page, 0.1, 1e-6)
+            return o.sum(1) * 2
+
+        def args(rows, keys, values):
+            x = torch.randn(rows, 64)
+            pos = torch.arange(rows) * 3
+            table = (torch.arange(rows * 4).view(rows, 4) % (pages - 1) + 1).to(torch.int32)
+            for t in (x, pos, table, cos, sin, keys, values):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
+            torch._dynamo.maybe_mark_dynamic(table, 1)
+            return x, pos, table, cos, sin, [keys], [values]
+
+        f = torch.compile(step, fullgraph=True)
+        a = args(3, pool_k, pool_v)
+        got, codes = run_and_get_code(f, *a)
+        code = "\\n".join(codes)
+        assert "paged_decode_attention" in code
+        assert not re.search(r"clone|copy_|empty_strided_\\w+\\(\\(s\\d+, {nkv}, {hd}\\)".format(nkv=nkv, hd=hd), code), code
+        k2, v2 = torch.zeros_like(pool_k), torch.zeros_like(pool_v)
+        want = step(*a[:5], [k2], [v2])
+        assert torch.allclose(got, want, atol=1e-4) and torch.allclose(pool_k, k2, atol=1e-5)
+        assert (pool_k != 0).any()  # the op wrote the new keys into the pool itself
+        f(*args(5, pool_k, pool_v))  # another row count: the same compiled code
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")

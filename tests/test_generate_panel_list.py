@@ -41,6 +41,7 @@ def test_list_mode_shows_its_widgets_loads_files_and_shows_code():
     assert "nvkit-generate-list" in p.list_mode._dom_classes and "nvkit-generate-results" in p.results._dom_classes
     _upload(p, "prompts.jsonl", b'{"prompt": "NVIDIA GPUs are"}\n"Hello <there>"\n')
     assert p.listing and p.prompt_file.layout.display == "" and p.results.layout.display == ""
+    assert p.output.layout.display == "none"
     assert p.prompts() == ["NVIDIA GPUs are", "Hello <there>"] and "Loaded 2 prompts from prompts.jsonl" in p.status.value
     _upload(p, "bad.jsonl", b'"ok"\n{broken\n')
     assert "bad.jsonl line 2 is not JSON" in p.status.value and p.prompts() == ["NVIDIA GPUs are", "Hello <there>"]
@@ -53,7 +54,8 @@ def test_list_mode_shows_its_widgets_loads_files_and_shows_code():
     p.prompt.value = "\n \n"
     assert p.start() is None and "prompt list is empty" in p.status.value
     p.list_mode.value = False
-    assert p.results.layout.display == "none" and "s.generate(prompts" not in p.code()
+    assert p.results.layout.display == "none" and p.output.layout.display == ""
+    assert "s.generate(prompts" not in p.code()
     p.close()
 
 

@@ -219,7 +219,8 @@ def run_batched(session, req: Request) -> list[str]:
         if stats.time_to_first_token is None:
             stats.time_to_first_token = now - t0
             stats.detail = ""
-        stats.new_tokens, stats.prompts_done = produced, done
+        # seconds so far: the stats' tok/s is live for progress displays (the session sets the total at the end)
+        stats.new_tokens, stats.prompts_done, stats.seconds = produced, done, now - t0
         if req.on_progress and (now - last[0] >= 0.2 or done == len(ids)):
             last[0] = now
             req.on_progress(stats)

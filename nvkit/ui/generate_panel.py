@@ -430,6 +430,7 @@ class GeneratePanel(w.VBox):
         on = self.list_mode.value
         self.prompt_file.layout.display = "" if on else "none"
         self.results.layout.display = "" if on else "none"
+        self.output.layout.display = "none" if on else ""  # answers go to the table, nothing streams
         self.prompt.rows = 8 if on else 3
         self.prompt.placeholder = "One prompt per line" if on else "Prompt, e.g. NVIDIA GPUs are"
 

@@ -250,14 +250,16 @@ def test_a_list_on_a_gpu_runs_batched_with_progress_and_input_order(s):
         progress = []
         gen = dict(max_new_tokens=40, do_sample=False, eos_token_id=NEVER, pad_token_id=s.tokenizer.pad_token_id)
         req = paths.Request(_Job(), list(PROMPTS[:4]), gen,
-                            on_progress=lambda st: progress.append((st.prompts_done, st.new_tokens)))
+                            on_progress=lambda st: progress.append((st.prompts_done, st.new_tokens,
+                                                                    st.tokens_per_second)))
         with torch.inference_mode():
             outs = paths.run(_on_gpu(s), req)
         st = req.stats
         assert st.path == "fast batch" and st.detail.startswith("fused step over rows"), st.how
         assert outs == [s.tokenizer.decode(_plain(s, p, max_new_tokens=40, eos_token_id=NEVER), skip_special_tokens=True)
                         for p in PROMPTS[:4]]
-        assert st.new_tokens == 160 and st.prompts_done == 4 and progress[-1] == (4, 160)
+        assert st.new_tokens == 160 and st.prompts_done == 4 and progress[-1][:2] == (4, 160)
+        assert progress[-1][2] > 0  # a live rate while it runs
         assert st.time_to_first_token is not None and st.prompt_tokens == sum(len(i) for i in _ids(s, PROMPTS[:4]))
         # Stop before it starts: nothing finishes, every output is "" and the session goes on
         req = paths.Request(_Job(), list(PROMPTS[:3]), gen)

@@ -49,7 +49,7 @@ from .schedule import SCRATCH, Scheduler, Sequence, pages_for
 PAGE = 32                     # positions per KV page (one block of the attention kernel's loop)
 CLASSES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MAX_ROWS = CLASSES[-1]
-PREFILL_TOKENS = 8192         # padded prompt tokens per prefill forward (bounds its activations)
+PREFILL_TOKENS = 4096         # padded prompt tokens per prefill forward (bounds its activations)
 MEMORY_SHARE = 0.85           # of free GPU memory the pool may take
 
 
