@@ -13,6 +13,8 @@
 #                                                                 on the same warm machine)
 #   session  generation as a notebook user meets it, cold and warm processes; the batch table
 #                                                                (carry .whl-core)
+#   batched  many prompts on the batched fast path (identity, targets), GPU memory by kernel, the
+#            stats line's reasons                                (carry .whl-core)
 #   x2       two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch  (nvidia-h200-x2, carry .whl-core)
 # Install once per call: two pip installs at once corrupted the site folder.
 set -uo pipefail
@@ -40,6 +42,9 @@ case "$phase" in
     T=240 bench shape:qwen3-0.6b --lora --steps 15 --warmup 5 ;;
   session)
     T=560 bench shape:qwen3-0.6b --session --csv "$out/session.csv" ;;
+  batched)
+    T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py tests/gpu/test_exact_tokens_gpu.py
+    T=420 t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order ;;
   x2)
     n=$(nvidia-smi -L | wc -l); [ "$n" -ge 2 ] || { echo "x2 needs 2 GPUs, this machine has $n"; exit 2; }
     T=560 t tests/gpu/test_finetune_gpu.py tests/gpu/test_parallel_gpu.py -k "ddp or parallel" ;;

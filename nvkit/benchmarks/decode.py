@@ -22,6 +22,12 @@ table says how long that warm-up took).
 A, ...; the fast-path variants keep their captures side by side), and reports the median rate with
 the spread between rounds. Why: on the H200 one configuration measured 820 tok/s when it ran
 first in a process and 886 when it ran third, so a single pass confuses "which path" with "when".
+
+"nvkit batched" in ``paths`` adds a grid of cells (``GRID``: 8, 64 and 256 prompts of 16–512
+tokens × 128 and × 512 new tokens), each a group of its own: nvkit's batched fast path
+(``Session.generate(list)``, every prompt decoding exactly its new tokens through
+``min_new_tokens``) beside left-padded ``generate`` and continuous batching where ``paths``
+names them, with all new tokens over the whole call and the timed call's peak memory.
 """
 
 from __future__ import annotations
@@ -48,6 +54,13 @@ OPTIONAL_PATHS = ("fast eager", "fast without pdl")
 # weights): what a session decodes at after a fine-tune, beside the plain "fast" row.
 ADAPTER_PATHS = ("fast lora",)
 _ALIASES = {"fast eager": "fast+eager", "fast without pdl": "fast+nopdl"}
+# Many prompts of mixed length (16–512 tokens) at several sizes: nvkit's batched fast path beside
+# left-padded generate and transformers' continuous batching, each cell a group of its own
+# (``grid``: (prompts, new tokens) pairs). Asked for by naming "nvkit batched" in ``paths``.
+BATCHED_PATHS = ("nvkit batched",)
+GRID_PATHS = ("padded generate", "generate_batch", "nvkit batched")
+GRID = ((8, 128), (8, 512), (64, 128), (64, 512), (256, 128), (256, 512))
+MIXED_TOKENS = (16, 512)
 
 
 # option -> (FastOptions field, value)
@@ -179,7 +192,7 @@ def _summarise_rounds(r: dict, stats: list, peaks: list) -> None:
 
 def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_prompts: int = 64,
         batch_new_tokens: int = 128, paths=None, dtype: str = "auto", k_steps: int | None = None,
-        seed: int = 0, show: bool = True, repeats: int = 1, **unused):
+        seed: int = 0, show: bool = True, repeats: int = 1, grid=None, **unused):
     """Run the decode benchmark and return a pandas DataFrame (printed when ``show``).
 
     ``model``: "qwen3-0.6b" (or another ``nvkit.demo.SHAPES`` name: random weights, real shape),
@@ -187,7 +200,9 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     ``SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS`` (default: the first two groups).
     ``k_steps``: decode steps per graph replay for the fast path (default ``FastOptions.k_steps``, from ``NVKIT_FAST_K``).
     ``repeats``: timed rounds of each batch-1 path, in alternation (the median is reported).
-    Keywords meant for other benchmarks (``decode=True`` ...) are ignored."""
+    ``grid``: (prompts, new tokens) cells of mixed-length prompts for the "nvkit batched" rows
+    (default ``GRID``; "nvkit batched" in ``paths``, or a ``grid``, runs them with ``GRID_PATHS``
+    beside it). Keywords meant for other benchmarks (``decode=True`` ...) are ignored."""
     import pandas as pd
     import torch
 
@@ -196,7 +211,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
         whole_number(name, v, lo)
     whole_number("k_steps", k_steps, 1, 64, allow_none=True)
     whole_number("seed", seed, 0, 2**64 - 1)
-    known = SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS + ADAPTER_PATHS
+    known = SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS + ADAPTER_PATHS + BATCHED_PATHS
     if paths is None:
         paths = SINGLE_PATHS + BATCH_PATHS
     if isinstance(paths, str):
@@ -205,6 +220,9 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
             f"paths must be a non-empty list of benchmark path names, not {paths!r}.")
     bad = [p for p in paths if p not in known and fast_options(p) is None]
     require(not bad, f"Unknown benchmark path(s) {bad}: choose from {list(known)}.")
+    cells = _grid_cells(grid)
+    if grid is not None and not any(p in BATCHED_PATHS for p in paths):
+        paths = list(paths) + list(BATCHED_PATHS)
     unused.pop("decode", None)
     if unused:
         print(f"(decode benchmark: ignoring {sorted(unused)})")
@@ -373,7 +391,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     if "nvkit batch" in paths:
         try:
             t = time.perf_counter()
-            s.generate(many[:4], max_new_tokens=4, eos_token_id=never)
+            s.generate(many, max_new_tokens=batch_new_tokens, eos_token_id=never)  # the batched path compiles here
             warm_s = time.perf_counter() - t
             _peak_reset()
             s.generate(many, max_new_tokens=batch_new_tokens, eos_token_id=never)
@@ -383,17 +401,23 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
         except Exception as e:  # noqa: BLE001
             skip(group2, "nvkit batch", f"{type(e).__name__}: {e}")
 
+    if any(p in BATCHED_PATHS for p in paths):
+        for n, n_new in cells:
+            _grid_rows(s, row, skip, n, n_new, [p for p in GRID_PATHS if p in paths or p in BATCHED_PATHS],
+                       never, seed, cuda)
+
     columns = ["group", "path", "tokens", "seconds", "tokens_per_s", "ttft_ms", "peak_mem_gib", "warmup_s", "note"]
     if repeats > 1:
         columns[5:5] = ["rounds", "spread_pct"]
     df = pd.DataFrame(rows, columns=columns)
-    base = {}
-    for g, first in (("batch 1", "generate"), ("prompts", "padded generate")):
-        sel = df[df["group"].str.contains(g, regex=False) & (df["path"] == first)]
+    base = {}  # each group against its plain path: generate at batch 1, padded generate for many prompts
+    for g in df["group"].unique():
+        first = "generate" if "batch 1" in g else "padded generate"
+        sel = df[(df["group"] == g) & (df["path"] == first)]
         if len(sel) and sel["tokens_per_s"].notna().any():
             base[g] = float(sel["tokens_per_s"].iloc[0])
-    df["vs_plain"] = [round(r.tokens_per_s / base[g], 2) if r.tokens_per_s and g in base else None
-                      for r, g in ((r, "batch 1" if "batch 1" in r.group else "prompts") for r in df.itertuples())]
+    df["vs_plain"] = [round(r.tokens_per_s / base[r.group], 2) if r.tokens_per_s and r.group in base else None
+                      for r in df.itertuples()]
     df.attrs.update(model=s.model_id, device=str(s.device), dtype=str(s.dtype).replace("torch.", ""),
                     gpu=torch.cuda.get_device_name(s.device) if cuda else "cpu")
     if show:
@@ -402,6 +426,111 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
             print(f"decode benchmark · {s.model_id} · {df.attrs['dtype']} · {df.attrs['gpu']}")
             print(df.to_string(index=False))
     return df
+
+
+def _grid_cells(grid) -> list[tuple[int, int]]:
+    """The (prompts, new tokens) cells asked for: pairs, or "8x128,64x512" (None: ``GRID``)."""
+    if grid is None:
+        return list(GRID)
+    if isinstance(grid, str):
+        try:
+            grid = [tuple(int(x) for x in cell.lower().split("x")) for cell in grid.split(",") if cell.strip()]
+        except ValueError:
+            grid = None
+    ok = isinstance(grid, (list, tuple)) and grid and all(
+        isinstance(c, tuple) and len(c) == 2 and all(isinstance(x, int) and not isinstance(x, bool) and x >= 1 for x in c)
+        for c in grid)
+    require(ok, "grid must be (prompts, new tokens) pairs such as [(64, 128), (256, 512)], or '64x128,256x512'.")
+    return list(grid)
+
+
+def mixed_prompts(tok, n: int, seed: int, lo: int = MIXED_TOKENS[0], hi: int = MIXED_TOKENS[1]) -> list[str]:
+    """``n`` prompts of ``lo``–``hi`` tokens (uniform), from the demo corpus."""
+    from .. import demo
+    with open(demo.CORPUS, encoding="utf-8") as f:
+        words = f.read().split()
+    rng = random.Random(f"mixed:{seed}:{n}")
+    out = []
+    for _ in range(n):
+        size = rng.randint(lo, hi)
+        start = rng.randrange(max(1, len(words) - 4 * size))
+        ids = tok(" ".join(words[start:start + 2 * size]))["input_ids"][:size]
+        out.append(tok.decode(ids, skip_special_tokens=True))
+    return out
+
+
+def _grid_rows(s, row, skip, n: int, n_new: int, which: list, never: int, seed: int, cuda: bool) -> None:
+    """One grid cell: ``n`` mixed-length prompts × ``n_new`` new tokens on each path of ``which``.
+    Each path runs once untimed first (compile, capture, the pool sized to the cell), then timed:
+    all new tokens over the whole call (prefill included), peak PyTorch memory of the timed call."""
+    import torch
+    tok, hf = s.tokenizer, s.model
+    prompts = mixed_prompts(tok, n, seed)
+    lengths = [len(tok(p)["input_ids"]) for p in prompts]
+    group = f"{n} prompts of {min(lengths)}–{max(lengths)} tokens · {n_new} new tokens"
+    asked = n * n_new
+    for path in which:
+        try:
+            if path == "padded generate":
+                def padded(k):
+                    old = tok.padding_side
+                    tok.padding_side = "left"
+                    try:
+                        enc = tok(prompts, return_tensors="pt", padding=True).to(s.device)
+                    finally:
+                        tok.padding_side = old
+                    with torch.inference_mode():
+                        out = hf.generate(**enc, max_new_tokens=k, min_new_tokens=k, do_sample=False,
+                                          pad_token_id=tok.pad_token_id)
+                    return out.shape[0] * (out.shape[1] - enc["input_ids"].shape[1])
+                t = time.perf_counter()
+                padded(4)
+                warm_s = time.perf_counter() - t
+                _peak_reset()
+                t = time.perf_counter()
+                got = padded(n_new)
+                row(group, path, got, time.perf_counter() - t, None, _peak(), warm_s,
+                    "left-padded to the longest prompt; time includes the prefill" + _short(got, asked))
+            elif path == "generate_batch":
+                if not cuda:
+                    skip(group, path, "continuous batching is benchmarked on CUDA only")
+                    continue
+                import copy
+                from transformers import ContinuousBatchingConfig
+                ids = [tok(p)["input_ids"] for p in prompts]
+                cfg = copy.deepcopy(hf.generation_config)
+                cfg.update(do_sample=False, eos_token_id=never, pad_token_id=tok.pad_token_id, max_new_tokens=n_new)
+
+                def cb(k, inputs):
+                    with torch.no_grad():  # not inference_mode: the manager's thread updates buffers made here
+                        return hf.generate_batch(inputs=inputs, generation_config=cfg, max_new_tokens=k,
+                                                 continuous_batching_config=ContinuousBatchingConfig(
+                                                     use_cuda_graph=True, auto_switch_to_flash=False))
+                t = time.perf_counter()
+                cb(4, ids[:4])
+                warm_s = time.perf_counter() - t
+                _peak_reset()
+                t = time.perf_counter()
+                out = cb(n_new, ids)
+                secs = time.perf_counter() - t
+                got = sum(len(o.generated_tokens) for o in out.values())
+                row(group, path, got, secs, None, _peak(), warm_s,
+                    "ContinuousBatchingConfig(use_cuda_graph=True), cache sized from free memory; time includes "
+                    "warm-up capture" + _short(got, asked))
+            else:  # nvkit batched: Session.generate(list), as a user calls it
+                if not cuda:
+                    skip(group, path, "the batched fast path needs CUDA")
+                    continue
+                t = time.perf_counter()
+                s.generate(prompts, max_new_tokens=n_new, min_new_tokens=n_new, fast=True)
+                warm_s = time.perf_counter() - t
+                _peak_reset()
+                s.generate(prompts, max_new_tokens=n_new, min_new_tokens=n_new, fast=True)
+                st = s.last_stats
+                row(group, path, st.new_tokens, st.seconds, st.time_to_first_token, _peak(), warm_s,
+                    f"ran {st.how}" + _short(st.new_tokens, asked))
+        except Exception as e:  # noqa: BLE001 - one broken path must not hide the others' figures
+            skip(group, path, error_summary(e))
 
 
 def main(argv=None) -> int:
@@ -415,14 +544,16 @@ def main(argv=None) -> int:
     p.add_argument("--batch-new-tokens", type=int, default=128)
     p.add_argument("--k-steps", type=int, default=None)
     p.add_argument("--repeats", type=int, default=3, help="timed rounds per batch-1 path, in alternation (median)")
-    p.add_argument("--paths", default=None, help="comma-separated subset of: " + ", ".join(SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS)
+    p.add_argument("--paths", default=None, help="comma-separated subset of: " + ", ".join(SINGLE_PATHS + BATCH_PATHS + OPTIONAL_PATHS + BATCHED_PATHS)
                    + f"; or fast+OPT+... with OPT in {', '.join(_FAST_OPTIONS)}, kN")
+    p.add_argument("--grid", default=None, help="with 'nvkit batched' in --paths: (prompts)x(new tokens) cells of "
+                   "mixed-length prompts, e.g. 64x128,256x512 (default: " + ",".join(f"{a}x{b}" for a, b in GRID) + ")")
     p.add_argument("--csv", default=None, help="also write the table here")
     a = p.parse_args(argv)
     try:
         df = run(model=a.model, new_tokens=a.new_tokens, prompt_len=a.prompt_len, n_prompts=a.n_prompts,
                  batch_new_tokens=a.batch_new_tokens, k_steps=a.k_steps, repeats=a.repeats,
-                 paths=a.paths.split(",") if a.paths else None)
+                 paths=[x.strip() for x in a.paths.split(",") if x.strip()] if a.paths else None, grid=a.grid)
     except NvkitError as e:
         print(f"NvkitError: {e}")
         return 2

@@ -263,3 +263,178 @@ def attend_reference(q, k, v, pos, scale: float):
     scores = torch.matmul(q.view(nkv, groups, hd).float(), k.float().transpose(1, 2)) * scale
     scores = scores.masked_fill(torch.arange(length, device=k.device) > pos, float("-inf"))
     return torch.matmul(scores.softmax(-1), v.float()).reshape(nh, hd).to(q.dtype)
+
+
+# --- many sequences over a paged cache (the batched fast path) --------------------------------
+#
+# The batched decode step runs B sequences at once, each at its own position, over one pool of
+# KV pages: every layer's keys (and values) are one (pages × PAGE, KV heads, head_dim) tensor, and
+# row b's position p lives in page TABLE[b, p // PAGE] at offset p % PAGE. A page is one block of
+# the kernel's loop, so following the table costs one scalar load per block. One program per
+# (row, KV head, slice); a slice is every N-th block of the row, as above. Where the rows alone
+# fill the GPU, one slice per row: the program then writes the normalised output itself and the
+# merge kernel is skipped.
+
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 64  # Triton's interpreter: any figure; the result does not depend on it
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SM_COUNT[key]
+
+
+def paged_splits(rows: int, nkv: int, blocks: int, sms: int) -> int:
+    """Slices per (row, KV head): enough programs for about two per SM, never more slices than
+    the table has blocks, a power of two up to ``MAX_SPLITS``."""
+    want = -(-2 * sms // max(1, rows * nkv))
+    return max(1, min(MAX_SPLITS, _next_pow2(max(1, min(want, blocks)))))
+
+
+@triton.jit
+def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, OUT, scale, eps,
+                             stride_qb, stride_tb, stride_kt, stride_kh, stride_vt, stride_vh,
+                             NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
+                             HD: tl.constexpr, N_SPLITS: tl.constexpr, PAGE: tl.constexpr,
+                             HAS_NORM: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    pos = tl.load(POS + b).to(tl.int32)
+    g = tl.arange(0, GROUPS_P2)
+    d = tl.arange(0, HD)
+    rd = (d + HD // 2) % HD
+    sign = tl.where(d < HD // 2, -1.0, 1.0)
+    cos = tl.load(COS + pos.to(tl.int64) * HD + d).to(tl.float32)
+    sin = tl.load(SIN + pos.to(tl.int64) * HD + d).to(tl.float32)
+    heads = kvh * GROUPS + g
+    live = g < GROUPS
+    qp = QKV + b.to(tl.int64) * stride_qb + heads[:, None] * HD
+    q = _norm_rope(tl.load(qp + d[None, :], mask=live[:, None], other=0.0).to(tl.float32),
+                   tl.load(qp + rd[None, :], mask=live[:, None], other=0.0).to(tl.float32),
+                   QW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
+    row_table = TABLE + b.to(tl.int64) * stride_tb
+    if (pos // PAGE) % N_SPLITS == split:  # the one program whose slice holds the new position
+        t = tl.load(row_table + pos // PAGE).to(tl.int64) * PAGE + pos % PAGE
+        kp = QKV + b.to(tl.int64) * stride_qb + (NH + kvh) * HD
+        k = _norm_rope(tl.load(kp + d).to(tl.float32)[None, :], tl.load(kp + rd).to(tl.float32)[None, :],
+                       KW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
+        tl.store(K + t * stride_kt + kvh * stride_kh + d[None, :], k.to(K.dtype.element_ty))
+        vp = QKV + b.to(tl.int64) * stride_qb + (NH + NKV + kvh) * HD
+        tl.store(V + t * stride_vt + kvh * stride_vh + d, tl.load(vp + d))
+    tl.debug_barrier()  # the new key and value are read back below by other threads of this program
+    m = tl.full((GROUPS_P2,), float("-inf"), tl.float32)
+    s_sum = tl.zeros((GROUPS_P2,), tl.float32)
+    acc = tl.zeros((GROUPS_P2, HD), tl.float32)
+    cols = tl.arange(0, PAGE)
+    for blk in range(split, pos // PAGE + 1, N_SPLITS):  # no step at all when the slice's first block lies past pos
+        t = tl.load(row_table + blk).to(tl.int64) * PAGE + cols
+        ok = blk * PAGE + cols <= pos
+        k = tl.load(K + t[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(V + t[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=ok[:, None], other=0.0)
+        s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the first column of every step is valid
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        s_sum = s_sum * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        m = m_new
+    out_rows = b.to(tl.int64) * NH + heads
+    if N_SPLITS == 1:  # the whole row in this program: the output itself, no merge
+        out = acc / s_sum[:, None]
+        tl.store(OUT + out_rows[:, None] * HD + d[None, :], out.to(OUT.dtype.element_ty), mask=live[:, None])
+    else:
+        row = out_rows * N_SPLITS + split
+        tl.store(M + row, m, mask=live)
+        tl.store(L + row, s_sum, mask=live)
+        tl.store(O + row[:, None] * HD + d[None, :], acc, mask=live[:, None])
+
+
+def check_paged(qkv, k, v, pos, table, cos, sin, page: int) -> str | None:
+    """Why these tensors do not fit the paged kernel (None when they do)."""
+    if qkv.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        return "expects qkv (rows, heads + 2 x kv_heads, head_dim) and k, v (pages x page, kv_heads, head_dim)"
+    rows, width, hd = qkv.shape
+    tokens, nkv, khd = k.shape
+    nh = width - 2 * nkv
+    if khd != hd or nh <= 0 or nh % nkv:
+        return f"{width} q/k/v heads of {hd} cannot attend over {nkv} KV heads of {khd}"
+    if hd & (hd - 1) or page & (page - 1) or page < 1 or tokens % page:
+        return f"head_dim ({hd}) and the page ({page}) must be powers of two, the pool ({tokens}) whole pages"
+    if pos.shape != (rows,) or table.dim() != 2 or table.shape[0] != rows:
+        return f"expects pos ({rows},) and table ({rows}, blocks), not {tuple(pos.shape)} and {tuple(table.shape)}"
+    if cos.dim() != 2 or cos.shape[1] != hd or sin.shape != cos.shape:
+        return f"expects cos and sin tables (positions, {hd})"
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(1) != hd or v.stride(1) != hd:
+        return "each position's heads must be contiguous in the pool"
+    return None
+
+
+@torch.library.custom_op("nvkit::paged_decode_attention", mutates_args=("k", "v"))
+def paged_decode_attention(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
+                           cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           pos: torch.Tensor, table: torch.Tensor, page: int, scale: float,
+                           eps: float) -> torch.Tensor:
+    """``decode_attention_rope`` for many rows over a paged pool: per row b, the q/k norms and RoPE
+    at position ``pos[b]`` (``cos``/``sin``: (positions, head_dim) tables), its new key and value
+    written at that position through its page table ``table[b]``, attention over its positions
+    0..pos[b]. ``qkv`` (rows, query heads + 2 × KV heads, head_dim); returns (rows, query heads,
+    head_dim)."""
+    why = check_paged(qkv, k, v, pos, table, cos, sin, page)
+    if not why and (q_weight is None) != (k_weight is None):
+        why = "takes both norm weights or neither"
+    if why:
+        raise ValueError(f"nvkit::paged_decode_attention {why}")
+    rows, width, hd = qkv.shape
+    nkv = k.shape[1]
+    nh = width - 2 * nkv
+    qkv = qkv.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty((rows, nh, hd), dtype=qkv.dtype, device=qkv.device)
+    if rows == 0:
+        return out
+    n_splits = paged_splits(rows, nkv, table.shape[1], _sm_count(qkv.device))
+    f32 = dict(dtype=torch.float32, device=qkv.device)
+    if n_splits == 1:  # unused by the kernel: no merge
+        m = s_sum = o = out
+    else:
+        m, s_sum = torch.empty((rows * nh, n_splits), **f32), torch.empty((rows * nh, n_splits), **f32)
+        o = torch.empty((rows * nh, n_splits, hd), **f32)
+    has_norm = q_weight is not None
+    groups = nh // nkv
+    _paged_rope_split_kernel[(rows, nkv, n_splits)](
+        qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos, sin, k, v, pos, table,
+        m, s_sum, o, out, scale, eps,
+        qkv.stride(0), table.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        NH=nh, NKV=nkv, GROUPS=groups, GROUPS_P2=_next_pow2(groups), HD=hd, N_SPLITS=n_splits, PAGE=page,
+        HAS_NORM=has_norm)
+    if n_splits > 1:
+        _combine_kernel[(rows * nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
+    return out
+
+
+@paged_decode_attention.register_fake
+def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page, scale, eps):
+    return qkv.new_empty((qkv.shape[0], qkv.shape[1] - 2 * k.shape[1], qkv.shape[2]))
+
+
+def paged_attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int, scale: float,
+                                eps: float):
+    """``paged_decode_attention`` in plain torch, row by row (writes into ``k``/``v`` the same way)."""
+    rows, width, hd = qkv.shape
+    nkv = k.shape[1]
+    nh = width - 2 * nkv
+    outs = []
+    for b in range(rows):
+        p = int(pos[b])
+        where = torch.tensor([int(table[b, t // page]) * page + t % page for t in range(p + 1)])
+        qb = rope_reference(qkv[b, :nh], q_weight, cos[p], sin[p], eps)
+        k[where[-1]] = rope_reference(qkv[b, nh:nh + nkv], k_weight, cos[p], sin[p], eps).to(k.dtype)
+        v[where[-1]] = qkv[b, nh + nkv:]
+        kb, vb = k[where].transpose(0, 1), v[where].transpose(0, 1)  # (kv heads, p + 1, head_dim)
+        outs.append(attend_reference(qb, kb, vb, torch.tensor(p), scale).to(qkv.dtype))
+    return torch.stack(outs) if outs else qkv.new_empty((0, nh, hd))

@@ -2,8 +2,9 @@
 
 One prompt: on CUDA nvkit's fast path (``nvkit.generate.fast``: static cache, K decode steps per
 CUDA-graph replay), else transformers' ``generate`` with a stop criterion and an incremental
-streamer. Several prompts: continuous batching on CUDA (``nvkit.generate.batch``), one
-left-padded batch on the CPU. Every face gets these through ``Session.generate``;
+streamer. Several prompts: on CUDA nvkit's batched fast path (``fast.batched``: the fused step over
+many rows, a paged cache, continuous refill), else transformers' continuous batching
+(``nvkit.generate.batch``); one left-padded batch on the CPU. Every face gets these through ``Session.generate``;
 ``request.stats.path`` records which one ran.
 
 The session is used through what any loaded session has (``model``, ``tokenizer``, ``device``,
@@ -21,7 +22,7 @@ from .. import events
 from ..errors import NvkitError, error_summary
 from ..threads import Job
 from . import batch as batch_path
-from .fast import attached as fast_attached, sampling as fast_sampling
+from .fast import attached as fast_attached, batched as fast_batched, sampling as fast_sampling
 from .stats import GenerationStats
 
 
@@ -202,6 +203,91 @@ def run_fast(session, req: Request) -> list[str]:
     return [tok.decode(produced, skip_special_tokens=True)]
 
 
+def run_batched(session, req: Request) -> list[str]:
+    """Several prompts through the batched fast path (``fast.batched``): outputs in input order,
+    "" for a prompt not finished when Stop came; ``on_progress`` hears prompts done and tokens so
+    far after each replay (a few times a second at most), and "preparing…" while it compiles."""
+    import torch
+    texts, gen, stats, t0 = req.texts, req.gen, req.stats, req.t0
+    sampling, why = fast_sampling.resolve(fast_attached.base_model(session.model), gen)
+    if sampling is None:
+        raise NvkitError(f"The batched fast path cannot run this request: {why}.")
+    tok = session.tokenizer
+    ids = [tok(t)["input_ids"] for t in texts]
+    stats.prompt_tokens = sum(len(i) for i in ids)
+    stats.path = "fast batch"
+    # one draw from torch's generator: seed= (torch.manual_seed) makes the whole batch repeatable,
+    # and each prompt's own seed depends on it and the prompt's place only
+    base = int(torch.randint(0, 2 ** 62, (1,)).item())
+    seeds = fast_sampling.request_seeds(base, len(ids))
+    last = [0.0]
+
+    def on_tokens(done: int, produced: int):
+        now = time.perf_counter()
+        if stats.time_to_first_token is None:
+            stats.time_to_first_token = now - t0
+            stats.detail = ""
+        # seconds so far: the stats' tok/s is live for progress displays (the session sets the total at the end)
+        stats.new_tokens, stats.prompts_done, stats.seconds = produced, done, now - t0
+        if req.on_progress and (now - last[0] >= 0.2 or done == len(ids)):
+            last[0] = now
+            req.on_progress(stats)
+
+    def preparing(seconds: float):
+        stats.detail = f"preparing batched decode… {seconds:.0f} s"
+        if req.on_progress:
+            req.on_progress(stats)
+
+    bd = fast_attached.batched_decoder(session)
+    outs = bd.generate(ids, sampling, seeds, stop_event=req.job.stop_event, tokenizer=tok, on_progress=preparing,
+                       on_tokens=on_tokens)
+    stats.detail = bd.describe()
+    return [tok.decode(o, skip_special_tokens=True) if o is not None else "" for o in outs]
+
+
+def _run_list(session, req: Request) -> list[str]:
+    """Several prompts: the batched fast path on CUDA unless ``fast=False``, or where it cannot run
+    them (then continuous batching, else padded ``generate``; ``stats.detail`` says why)."""
+    texts, gen, stats, fast = req.texts, req.gen, req.stats, req.fast
+    cuda = session.device.type == "cuda"
+    off = []
+    if cuda and fast is not False and not req.stream:
+        why = fast_batched.unsupported_reason(session, gen)
+        if why is None and fast is None:
+            why = fast_attached.worth_batching(session, len(texts), gen)
+        if why is None:
+            try:
+                return run_batched(session, req)
+            except NvkitError:
+                raise
+            except Exception as e:  # noqa: BLE001 - an unexpected failure of the fast path is not the user's problem
+                if fast or stats.new_tokens:
+                    raise NvkitError(f"The batched fast path failed: {type(e).__name__}: {e}. "
+                                     "Generate with fast=False to use padded transformers generate.") from e
+                why = f"it failed ({error_summary(e)})"
+                stats.time_to_first_token, stats.detail = None, ""
+        if fast:
+            raise NvkitError(f"fast=True, but the batched fast path cannot run these prompts: {why}. "
+                             "Drop fast=True (continuous batching or padded generate is used then) or change the request.")
+        events.record("fast-off", f"batched fast path off: {why}")
+        off.append(f"batched fast path off: {why}")
+        cb_why = fast_sampling.unsupported_reason(session, texts[:1], gen)  # same limits: one GPU, no quantization
+        if cb_why is None and getattr(session.model, "peft_config", None):
+            cb_why = "a LoRA adapter is attached"
+        if cb_why is None:
+            cb_why = batch_path.unsupported_reason(gen)
+        if cb_why is None:
+            stats.detail = "; ".join(off)
+            return batch_path.run(session, req)
+        events.record("batch", f"continuous batching off: {cb_why}; padded generate instead")
+        off.append(f"continuous batching off: {cb_why}")
+    stats.detail = "; ".join(off)
+    stats.path = "generate"
+    outs = run_plain(session, req)
+    stats.prompts_done = len(texts)
+    return outs
+
+
 def run(session, req: Request) -> list[str]:
     """Pick the path for this request and run it; ``req.stats.path`` says which one ran.
 
@@ -209,28 +295,16 @@ def run(session, req: Request) -> list[str]:
     request needs something it does not implement (then plain ``generate``; ``fast=True`` makes
     that an error). With ``fast=None`` a short request whose length and sampling mode are not
     captured yet runs plain ``generate`` instead of waiting for the capture
-    (``fast.worth_capturing``). Several prompts on CUDA: continuous batching. On the CPU:
-    plain ``generate`` (a left-padded batch for a list). When plain ``generate`` runs on a GPU
-    although the fast path was not turned off, ``stats.detail`` says why ("fast path off: ...")."""
+    (``fast.worth_capturing``). Several prompts on CUDA: the batched fast path
+    (``fast.batched``), else continuous batching (``_run_list`` says when). On the CPU: plain
+    ``generate`` (a left-padded batch for a list). When another path runs on a GPU although the
+    fast path was not turned off, ``stats.detail`` says why ("fast path off: ...")."""
     texts, gen, stats, fast = req.texts, req.gen, req.stats, req.fast
     cuda = session.device.type == "cuda"
     if fast and not cuda:
         raise NvkitError("fast=True needs a CUDA GPU.")
     if len(texts) > 1:
-        if cuda and fast is not False and not req.stream:
-            why = fast_sampling.unsupported_reason(session, texts[:1], gen)  # same limits: one GPU, no quantization
-            if why is None and getattr(session.model, "peft_config", None):
-                why = "a LoRA adapter is attached"
-            if why is None:
-                why = batch_path.unsupported_reason(gen)
-            if why is None:
-                return batch_path.run(session, req)
-            events.record("batch", f"continuous batching off: {why}; padded generate instead")
-            stats.detail = f"continuous batching off: {why}"
-        stats.path = "generate"
-        outs = run_plain(session, req)
-        stats.prompts_done = len(texts)
-        return outs
+        return _run_list(session, req)
     if cuda and fast is not False:
         why = fast_sampling.unsupported_reason(session, texts, gen)
         if why is None and fast is None:

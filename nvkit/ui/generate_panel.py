@@ -25,10 +25,64 @@ MAX_SHOWN_CHARS = 20_000   # the output widget keeps the tail; the full text is 
 REFRESH_S = 0.25           # at most ~4 output updates per second
 DEFAULT_PROMPT = "NVIDIA GPUs are"
 _WIDE = {"description_width": "initial"}
+LIST_SHOWN_ROWS = 500      # the results table shows this many prompts; .outputs holds them all
+LIST_CELL_CHARS = 2_000    # characters of one output shown in its cell
+_LIST_CSS = """
+.nvkit-panel-root .nvkit-results { border-collapse: collapse; width: 100%; table-layout: fixed; }
+.nvkit-panel-root .nvkit-results th, .nvkit-panel-root .nvkit-results td { border-bottom: 1px solid var(--jp-border-color2);
+  padding: 2px 6px; text-align: left; vertical-align: top; white-space: pre-wrap; overflow-wrap: break-word;
+  color: var(--jp-content-font-color1); font-family: var(--jp-code-font-family); font-size: var(--jp-code-font-size); }
+.nvkit-panel-root .nvkit-results th:first-child, .nvkit-panel-root .nvkit-results td:first-child { width: 3em; }
+"""
 
 
 def _pre(text: str) -> str:
     return f"<div class='nvkit-text'>{html.escape(text)}</div>"
+
+
+def prompt_lines(text: str, name: str = "") -> tuple[list[str], int]:
+    """The prompts of a list: one per non-empty line of ``text``, or, for a ``.jsonl`` file
+    (``name``), one per line as a JSON string or an object with a "prompt" (or "text") field.
+    Returns (prompts, how many had line breaks that were joined with spaces)."""
+    import json
+    prompts, joined = [], 0
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        if name.lower().endswith(".jsonl"):
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise NvkitError(f"{name} line {i} is not JSON ({e.msg}): give one prompt per line.") from None
+            item = item.get("prompt", item.get("text")) if isinstance(item, dict) else item
+            if not isinstance(item, str):
+                raise NvkitError(f"{name} line {i}: expected a string or an object with a \"prompt\" field.")
+            if "\n" in item or "\r" in item:
+                joined += 1
+                item = " ".join(item.split())
+            line = item
+        if line.strip():
+            prompts.append(line.rstrip())
+    return prompts, joined
+
+
+def _results_html(prompts: list[str], outputs: list[str] | None, stopped: bool = False) -> str:
+    """The list's prompts and answers as a table, escaped; at most ``LIST_SHOWN_ROWS`` rows."""
+    rows = []
+    for i, prompt in enumerate(prompts[:LIST_SHOWN_ROWS]):
+        out = outputs[i] if outputs is not None else None
+        if out is None:
+            cell = "<span class='nvkit-muted'>…</span>"
+        elif out == "" and stopped:
+            cell = "<span class='nvkit-muted'>(stopped before it finished)</span>"
+        else:
+            cell = html.escape(out[:LIST_CELL_CHARS] + ("…" if len(out) > LIST_CELL_CHARS else ""))
+        short = prompt if len(prompt) <= 300 else prompt[:300] + "…"
+        rows.append(f"<tr><td>{i + 1}</td><td>{html.escape(short)}</td><td>{cell}</td></tr>")
+    more = len(prompts) - LIST_SHOWN_ROWS
+    tail = f"<div class='nvkit-muted'>{more} more prompts: all answers are in panel.outputs</div>" if more > 0 else ""
+    return ("<table class='nvkit-results'><tr><th>#</th><th>prompt</th><th>answer</th></tr>"
+            + "".join(rows) + "</table>" + tail)
 
 
 def _transcript_html(turns: list[dict], tail_chars: int = MAX_SHOWN_CHARS) -> str:
@@ -124,6 +178,7 @@ class GeneratePanel(w.VBox):
         root(self)
         self._show_model()
         on_events(self._on_event)
+        self._build_list_mode()
 
     # --- state ---------------------------------------------------------------------------------
     def _sync_enabled(self):
@@ -169,6 +224,8 @@ class GeneratePanel(w.VBox):
 
     def code(self) -> str:
         """The Python that does what Generate does with the current settings."""
+        if self.listing:
+            return self._list_code()
         prompt = self.prompt.value
         kw = self.generation_kwargs()
         args = ", ".join([repr(prompt)] + [f"{k}={v!r}" for k, v in kw.items()])
@@ -209,6 +266,8 @@ class GeneratePanel(w.VBox):
     def start(self) -> Job | None:
         """Generate click: check the inputs, start the worker, return at once (the Job, or None
         when the inputs are wrong; the status says why)."""
+        if self.listing:
+            return self._start_list()
         if self.busy:
             self.status.value = "<span class='nvkit-warn'>Already generating: Stop it first.</span>"
             return None
@@ -331,3 +390,170 @@ class GeneratePanel(w.VBox):
     def close(self):
         self.stop()
         super().close()
+
+    # --- list mode: many prompts at once, answers in a table ---------------------------------------
+    def _build_list_mode(self) -> None:
+        """The list switch and file loader under the prompt, the results table under the output.
+
+        With "Prompt list" on, every line of the prompt box (or of a loaded .txt / .jsonl file) is a
+        prompt; Generate runs them all at once (``Session.generate(list)``: nvkit's batched fast path
+        on a GPU), the status line counts prompts done and tok/s, Stop keeps the answers that
+        finished, and the answers fill a table in the prompts' order."""
+        self.outputs: list[str] = []     # the last list's answers, in the prompts' order ("" : stopped first)
+        self.list_prompts: list[str] = []
+        self.list_mode = w.Checkbox(value=False, description="Prompt list (one prompt per line)", indent=False,
+                                    layout=w.Layout(width="auto"))
+        self.list_mode.add_class("nvkit-generate-list")
+        self.prompt_file = w.FileUpload(accept=".txt,.jsonl", multiple=False, description="Load prompts",
+                                        layout=w.Layout(width="auto", display="none"))
+        self.prompt_file.add_class("nvkit-generate-file")
+        self.results = w.HTML(value="", layout=w.Layout(max_height="420px", overflow_y="auto", width="auto",
+                                                         display="none"))
+        self.results.add_class("nvkit-generate-results")
+        self.list_mode.observe(lambda _ch: self._sync_list_mode(), "value")
+        self.prompt_file.observe(self._on_prompt_file, "value")
+        self.list_mode.observe(lambda _ch: self.code_view.refresh(), "value")
+        kids = list(self.children)
+        at = kids.index(self.prompt) + 1
+        kids[at:at] = [wrap_row([self.list_mode, self.prompt_file])]
+        at = kids.index(self.output) + 1
+        kids[at:at] = [w.HTML(f"<style>{_LIST_CSS}</style>"), self.results]
+        self.children = tuple(kids)
+
+    @property
+    def listing(self) -> bool:
+        """True when Generate runs the prompt box as a list (one prompt per line)."""
+        lm = getattr(self, "list_mode", None)
+        return bool(lm is not None and lm.value)
+
+    def _sync_list_mode(self) -> None:
+        on = self.list_mode.value
+        self.prompt_file.layout.display = "" if on else "none"
+        self.results.layout.display = "" if on else "none"
+        self.output.layout.display = "none" if on else ""  # answers go to the table, nothing streams
+        self.prompt.rows = 8 if on else 3
+        self.prompt.placeholder = "One prompt per line" if on else "Prompt, e.g. NVIDIA GPUs are"
+
+    def _on_prompt_file(self, change) -> None:
+        files = change["new"]
+        if not files:
+            return
+        f = files[0] if isinstance(files, (list, tuple)) else next(iter(files.values()))  # ipywidgets 8, 7
+        if isinstance(f, dict):
+            name, content = f.get("name") or f.get("metadata", {}).get("name", ""), f["content"]
+        else:
+            name, content = getattr(f, "name", ""), f.content
+        try:
+            text = bytes(content).decode("utf-8")
+            prompts, joined = prompt_lines(text, name)
+            if not prompts:
+                raise NvkitError(f"{name or 'The file'} holds no prompts: one prompt per line.")
+        except UnicodeDecodeError:
+            self._error(NvkitError(f"{name} is not UTF-8 text: save it as UTF-8, one prompt per line."))
+            return
+        except NvkitError as e:
+            self._error(e)
+            return
+        self.list_mode.value = True
+        self.prompt.value = "\n".join(prompts)
+        self.prompt_file.value = ()  # the same file can be loaded again after an edit
+        note = f"; {joined} had line breaks, joined with spaces" if joined else ""
+        self.status.value = html.escape(f"Loaded {len(prompts)} prompts from {name}{note}.")
+
+    def prompts(self) -> list[str]:
+        """The prompts Generate runs in list mode: the prompt box's non-empty lines."""
+        return prompt_lines(self.prompt.value)[0]
+
+    def _list_kwargs(self) -> dict:
+        kw = self.generation_kwargs()
+        kw.pop("history", None)  # each prompt of a list is a conversation of its own
+        return kw
+
+    def _list_code(self) -> str:
+        prompts = self.prompts()
+        args = ", ".join(["prompts"] + [f"{k}={v!r}" for k, v in self._list_kwargs().items()])
+        return ("import nvkit\n"
+                "s = nvkit.session(required=False) or nvkit.load('demo')\n"
+                f"prompts = {prompts!r}\n"
+                f"outs = s.generate({args},\n"
+                "                  on_progress=lambda st: print(f'\\r{st.prompts_done}/{len(prompts)} prompts', end=''))\n"
+                "print()\n"
+                "for prompt, out in zip(prompts, outs):\n"
+                "    print(repr(prompt), '->', repr(out))\n"
+                "print(s.last_stats)\n")
+
+    def _start_list(self) -> Job | None:
+        """Generate in list mode: every line a prompt, all at once (``Session.generate(list)``)."""
+        if self.busy:
+            self.status.value = "<span class='nvkit-warn'>Already generating: Stop it first.</span>"
+            return None
+        try:
+            prompts = self.prompts()
+            if not prompts:
+                raise NvkitError("The prompt list is empty: type one prompt per line, or load a file.")
+            kw = self._list_kwargs()
+        except NvkitError as e:
+            self._error(e)
+            return None
+        self.last_error = None
+        self.list_prompts, self.outputs = prompts, []
+        self.stats.value = ""
+        self.output.value = ""
+        self.results.value = _results_html(prompts, None)
+        self.generate_button.disabled = True
+        self.stop_button.disabled = False
+        self.job = run_in_worker(lambda job: self._work_list(job, prompts, kw), name="nvkit-generate-panel")
+        self.job.add_done_callback(lambda _j: self._list_finished())
+        return self.job
+
+    def _work_list(self, job: Job, prompts: list[str], kw: dict):
+        s = self._current_session()
+        if s is None:
+            self.status.value = "No model was loaded: loading nvkit's demo model (nvkit.load('demo'))…"
+            from .. import load
+            s = load("demo")
+        self._session = s
+        if job.stop_event.is_set():
+            return None
+        n = len(prompts)
+        self.status.value = html.escape(f"Generating {n} prompts with {s.model_id}…")
+        t0 = time.perf_counter()
+        last = [0.0]
+
+        def on_progress(st):
+            if job.stop_event.is_set():  # Stop clicked just before the session's job existed
+                s.stop()
+            now = time.perf_counter()
+            if now - last[0] < REFRESH_S:
+                return
+            last[0] = now
+            if st.detail.startswith("preparing"):
+                self.status.value = html.escape(st.detail)
+                return
+            rate = st.new_tokens / (now - t0) if now > t0 else 0.0
+            self.status.value = html.escape(f"{st.prompts_done}/{n} prompts · {st.new_tokens} tokens · {rate:,.0f} tok/s")
+
+        outs = s.generate(prompts, on_progress=on_progress, **kw)
+        self.outputs = list(outs)
+        self.text = outs[-1] if outs else ""
+        return outs
+
+    def _list_finished(self) -> None:
+        job = self.job
+        self.generate_button.disabled = False
+        self.stop_button.disabled = True
+        if job is not None and job.error is not None:
+            self._error(job.error)
+            return
+        s = self._session
+        st = getattr(s, "last_stats", None) if s is not None else None
+        stopped = bool(st is not None and st.stopped)
+        self.results.value = _results_html(self.list_prompts, self.outputs or [""] * len(self.list_prompts), stopped)
+        if st is not None:
+            done = st.prompts_done if stopped else len(self.list_prompts)
+            rate = st.new_tokens / st.seconds if st.seconds else 0.0
+            self.stats.value = html.escape(f"{done}/{len(self.list_prompts)} prompts · {st.new_tokens} tokens in "
+                                           f"{st.seconds:.2f} s · {rate:,.1f} tok/s · path {st.how}"
+                                           f"{' · stopped' if stopped else ''}")
+            self.status.value = "Stopped: the finished answers are shown." if stopped else "Done."
+        self.code_view.refresh()

@@ -5,7 +5,8 @@
   plain's text, the others fall back and the stats line says why;
 - Qwen3-0.6B shape (random bf16 weights: near-tied logits make paths drift apart after a few
   tokens): the logits of the first steps agree within bf16 tolerance while the tokens agree;
-- a list of prompts goes through continuous batching and comes back in input order;
+- a list of prompts goes through continuous batching where the batched fast path cannot run, and
+  comes back in input order;
 - ``nvkit.benchmarks.decode.run`` prints the table (run with ``-s`` to see it).
 """
 
@@ -137,14 +138,19 @@ def test_auto_attention_survives_a_failing_triton_kernel(demo_cuda, monkeypatch)
     d.release()
 
 
-def test_batch_path_keeps_input_order(demo_cuda):
+def test_batch_path_keeps_input_order(demo_cuda, monkeypatch):
+    """Continuous batching, where the batched fast path does not run (injected here; its own
+    tests are tests/gpu/test_batched_gpu.py): input order, progress, the reason in the stats."""
+    from nvkit.generate.fast import batched
     s = demo_cuda
+    monkeypatch.setattr(batched, "unsupported_reason", lambda session, gen: "injected for this test")
     singles = [s.generate(p, max_new_tokens=12, fast=False) for p in PROMPTS]
     t = time.perf_counter()
     done = []
     outs = s.generate(PROMPTS, max_new_tokens=12, on_progress=lambda st: done.append(st.prompts_done))
     print(f"\nbatch of {len(PROMPTS)}: {s.last_stats} ({time.perf_counter() - t:.1f} s)")
     assert s.last_stats.path == "generate_batch"
+    assert s.last_stats.detail == "batched fast path off: injected for this test"
     assert len(outs) == len(PROMPTS) and done and done[-1] == len(PROMPTS)
     for single, batched in zip(singles, outs):
         # same greedy choices; a different attention kernel may flip a late near-tie, so the start must agree

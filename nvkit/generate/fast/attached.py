@@ -1,17 +1,20 @@
-"""The fast decoder a session uses: built on first use and kept on the model (``decoder``), warmed
-up on purpose (``prepare``), freed with the model (``forget``), and the ``fast=None`` rule for a
-request when nothing is compiled yet (``worth_capturing``)."""
+"""The fast decoders a session uses: built on first use and kept on the model (``decoder``; for
+lists ``batched_decoder``), warmed up on purpose (``prepare``), freed with the model (``forget``),
+and the ``fast=None`` rules for a request when nothing is compiled yet (``worth_capturing``,
+``worth_batching``)."""
 
 from __future__ import annotations
 
 from typing import Callable
 
 from ...errors import NvkitError, require
+from .batched import BatchedDecoder
 from .capture import FastDecoder
 from .options import default_options
 from .sampling import resolve, unsupported_reason
 
 _ATTR = "_nvkit_fast_decoder"
+_BATCHED = "_nvkit_batched_decoder"
 
 
 def base_model(model):
@@ -54,6 +57,21 @@ def decoder(session, **overrides) -> FastDecoder:
     return d
 
 
+def batched_decoder(session) -> BatchedDecoder:
+    """The session's batched decoder (created on first use, kept on the model beside the batch-1
+    decoder whose weights it shares; a new batch-1 decoder gets a new one)."""
+    d = decoder(session)
+    base = base_model(session.model)
+    bd = getattr(base, _BATCHED, None)
+    if bd is not None and bd.single is d:
+        return bd
+    if bd is not None:
+        bd.release()
+    bd = BatchedDecoder(d)
+    object.__setattr__(base, _BATCHED, bd)
+    return bd
+
+
 def prepare(session, max_new_tokens: int = 256, prompt_tokens: int = 64, do_sample: bool = False,
             on_progress: Callable[[float], None] | None = None, **generation_kwargs) -> float:
     """Compile and capture the session's fast path now (a tutorial's warm-up cell), so that the
@@ -77,12 +95,17 @@ def prepare(session, max_new_tokens: int = 256, prompt_tokens: int = 64, do_samp
 
 
 def forget(model) -> None:
-    """Release the decoder kept on ``model`` (``Session.unload`` calls this before dropping it)."""
+    """Release the decoders kept on ``model`` (``Session.unload`` calls this before dropping it)."""
     d = current(model)
-    if d is None:
+    bd = getattr(base_model(model), _BATCHED, None) if model is not None else None
+    if bd is not None:
+        bd.release()
+        object.__delattr__(base_model(model), _BATCHED)
+    if d is None and bd is None:
         return
-    compiled = d.compiled
-    d.release()
+    compiled = (d is not None and d.compiled) or (bd is not None and bd.compiled)
+    if d is not None:
+        d.release()
     if compiled:
         # Resetting only the step's code entries can leave the weights referenced by dynamo and
         # inductor state; the model is going away, so clear all of it.
@@ -109,3 +132,18 @@ def worth_capturing(session, text: str, gen: dict) -> str | None:
         return None
     return (f"not compiled yet, and {gen['max_new_tokens']} new tokens (< {min_tokens}) would not pay for it; "
             f"nvkit.generate.fast.prepare(s), fast=True or a request of ≥ {min_tokens} tokens compiles it once")
+
+
+def worth_batching(session, n_prompts: int, gen: dict) -> str | None:
+    """For ``fast=None`` on a list: None when the batched fast path should run it now, else why
+    continuous batching is the quicker answer (nothing compiled yet, and too few tokens in all
+    to pay for that)."""
+    min_tokens = default_options().min_tokens
+    bd = getattr(base_model(session.model), _BATCHED, None)
+    if bd is not None and bd.single is current(session.model) and bd.counts:
+        return None
+    total = n_prompts * int(gen["max_new_tokens"])
+    if total >= min_tokens:
+        return None
+    return (f"not compiled yet, and {total} new tokens in all (< {min_tokens}) would not pay for it; "
+            f"fast=True or a request of ≥ {min_tokens} tokens in all compiles it once")

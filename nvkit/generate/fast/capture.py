@@ -345,16 +345,7 @@ class FastDecoder:
         c.graphs.clear()
 
     def _inductor_options(self, compiling: bool):
-        """inductor settings around the capture: coordinate-descent tuning, PDL, ``options.inductor``."""
-        opts = self.options
-        if not compiling or not (opts.tune or self.pdl or opts.inductor):
-            return contextlib.nullcontext()
-        import torch._inductor.config as inductor_config
-        patch = {"coordinate_descent_tuning": True} if opts.tune else {}
-        if self.pdl:
-            patch["triton.enable_pdl"] = True
-        patch.update(dict(opts.inductor))
-        return inductor_config.patch(patch)
+        return inductor_options(self.options, self.pdl, compiling)
 
     def _capture_with(self, c: Cache, body, compiling: bool, warmups: int = 3, pool=None):
         import torch
@@ -479,11 +470,32 @@ class FastDecoder:
             self.last_logits = kept[:len(tokens)]
             return tokens
 
+    def weights(self):
+        """(fused weights, adapter buffers or None) as the model has them now, for a decoder that
+        shares them (``batched.BatchedDecoder``): one fused copy of the weights per model, and
+        the adapters loaded once. (None, None) where the fused step does not run."""
+        with self._lock:
+            lora_on = self._sync()
+            return self._fw, (self._lora if lora_on else None)
+
     def release(self) -> None:
         """Drop every captured graph and cache, and the compiled steps (memory back to the allocator)."""
         with self._lock:
             self._drop_cache()
             self._lora = None
+
+
+def inductor_options(options: FastOptions, pdl: bool, compiling: bool):
+    """inductor settings around a capture that compiles: coordinate-descent tuning, PDL,
+    ``options.inductor`` (a context manager; nothing when not ``compiling``)."""
+    if not compiling or not (options.tune or pdl or options.inductor):
+        return contextlib.nullcontext()
+    import torch._inductor.config as inductor_config
+    patch = {"coordinate_descent_tuning": True} if options.tune else {}
+    if pdl:
+        patch["triton.enable_pdl"] = True
+    patch.update(dict(options.inductor))
+    return inductor_config.patch(patch)
 
 
 def _has_inductor_option(config, dotted: str) -> bool:

@@ -250,7 +250,7 @@ def rms_norm(x, weight, eps: float):
     return weight * h.to(dtype)
 
 
-def _rope(x, cos, sin):
+def rope(x, cos, sin):
     import torch
     half = x.shape[-1] // 2
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
@@ -304,7 +304,7 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None) -
                 q, k, v = qkv.split((nh, nkv, nkv))
                 if w.q_norm is not None:
                     q, k = rms_norm(q, w.q_norm, w.qk_eps), rms_norm(k, w.k_norm, w.qk_eps)
-                q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+                q, k = rope(q, cos, sin), rope(k, cos, sin)
                 keys.index_copy_(1, where, k.view(nkv, 1, hd))
                 values.index_copy_(1, where, v.view(nkv, 1, hd))
                 if attention == "triton":
@@ -346,7 +346,7 @@ def prefill_step(fw: FusedWeights, cache, lora=None) -> Callable:
             q, k, v = qkv.split((nh, nkv, nkv), dim=1)
             if w.q_norm is not None:
                 q, k = rms_norm(q, w.q_norm, w.qk_eps), rms_norm(k, w.k_norm, w.qk_eps)
-            q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
             k, v = k.transpose(0, 1), v.transpose(0, 1)                # (nkv, L, hd)
             cache.keys[i][:, :length].copy_(k)
             cache.values[i][:, :length].copy_(v)

@@ -198,3 +198,88 @@ class StopStrings:
                 if cur.find(s, max(0, len(prev) - len(s) + 1)) != -1:
                     return i - len(self.prompt) + 1
         return None
+
+
+# --- many rows at once (the batched fast path) ---------------------------------------------------
+
+_M32 = 0xFFFFFFFF
+
+
+def _mix32(x):
+    """A 32-bit integer hash (xor-shift-multiply rounds) on int64 tensors holding values below
+    2**32: the multiplier is below 2**27, so no product overflows."""
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & _M32
+    x = x ^ (x >> 16)
+    x = (x * 0x45D9F3B) & _M32
+    return x ^ (x >> 16)
+
+
+def counter_uniform(seed, counter):
+    """One uniform number in (0, 1) per row (float32) from the row's ``seed`` and ``counter``
+    (int64 tensors of whole numbers ≥ 0). A hash, not a generator stream: a row's draw depends on
+    its seed and counter only — not on the rows beside it, the batch size, or what ran before —
+    and it is the same on every device (integer arithmetic)."""
+    a = _mix32(seed & _M32)
+    b = _mix32(((seed >> 32) & _M32) ^ a)
+    c = _mix32((counter & _M32) ^ b)
+    c = _mix32(((counter >> 32) & _M32) ^ c ^ 0x2545F491)
+    return ((c >> 9).float() + 0.5) * (1.0 / (1 << 23))  # 23 bits: exact in float32, never 0 or 1
+
+
+def request_seeds(base: int, n: int) -> list[int]:
+    """Seeds for prompts 0..n-1 of a batched request from one ``base`` seed: prompt i's seed
+    depends on ``base`` and i only."""
+    import hashlib
+    return [int.from_bytes(hashlib.blake2b(f"{base}:{i}".encode(), digest_size=8).digest(), "little") >> 1
+            for i in range(n)]
+
+
+@dataclass
+class RowParams:
+    """The per-row tensors ``choose_rows`` reads ((rows,) unless said otherwise)."""
+    temperature: object
+    top_p: object
+    penalty: object
+    seed: object       # int64
+    counter: object    # int64: the position the picked token takes (the noise's counter)
+    min_pos: object    # int64: the first position an EOS may take
+    eos_mask: object   # (1, vocab) bool
+    seen: object = None  # (rows, vocab) bool when the repetition penalty runs: ids in the prompt and text so far
+
+
+def choose_rows(logits, key: tuple, p: RowParams):
+    """The next token of each row from (rows, vocab) float logits, as (rows,) int64; device ops
+    only, no host sync. The same choices as ``choose`` (repetition penalty, minimum length,
+    greedy, temperature, top-k, top-p), except the draw: sampling inverts each row's cumulative
+    distribution at ``counter_uniform(seed, counter)``, so a request's text depends on its seed,
+    never on which prompts share its batch."""
+    import torch
+    mode, top_k, use_top_p, processors = key
+    if processors:
+        if p.seen is not None:  # the repetition penalty (only the minimum length runs without it)
+            pen = p.penalty.unsqueeze(1)
+            penalized = torch.where(logits < 0, logits * pen, logits / pen)
+            logits = torch.where(p.seen, penalized, logits)
+        logits = logits.masked_fill(p.eos_mask & (p.counter < p.min_pos).unsqueeze(1), float("-inf"))
+    if mode == "greedy":
+        tok = logits.argmax(-1)
+    else:
+        logits = logits / p.temperature.unsqueeze(1)
+        if top_k:
+            vals, idx = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1)  # sorted, largest first
+        elif use_top_p:
+            vals, idx = torch.sort(logits, dim=-1, descending=True)
+        else:
+            vals, idx = logits, None
+        probs = vals.softmax(-1)
+        if use_top_p:
+            before = probs.cumsum(-1) - probs  # mass strictly above each token; the top token always stays
+            probs = probs.masked_fill(before > p.top_p.unsqueeze(1), 0.0)
+        cdf = probs.cumsum(-1)
+        target = counter_uniform(p.seed, p.counter) * cdf[:, -1]
+        j = torch.searchsorted(cdf, target.unsqueeze(1)).clamp_(max=cdf.shape[-1] - 1)
+        tok = (idx.gather(1, j) if idx is not None else j).squeeze(1)
+    if processors and p.seen is not None:
+        p.seen.scatter_(1, tok.unsqueeze(1), True)
+    return tok

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from pytest_jupyter.jupyter_server import *  # noqa: F401,F403  (the server fixtures, this module only)
+
 
 from tests.server.kernel_sessions import gpus, notebooks, open_unload_comm, wait_for  # noqa: F401
 

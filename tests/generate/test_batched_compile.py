@@ -1,0 +1,55 @@
+"""The fused step over rows under ``torch.compile(fullgraph=True)`` (inductor on the CPU here, as
+on a GPU before each capture): one compile serves every batch-size class, table width and pool
+(their sizes are dynamic), a batch of one is compiled apart, and the compiled step computes what
+the eager one does."""
+
+import torch
+from transformers import AutoModelForCausalLM
+
+import nvkit
+from nvkit.generate.fast import FastDecoder
+from nvkit.generate.fast.fused_rows import decode_rows_step, mark_dynamic
+
+PAGE = 16
+
+
+def _args(fw, rows, width, pages, seed):
+    g = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(pages * PAGE, fw.nkv, fw.hd, generator=g) * 0.3 for _ in fw.layers]
+    values = [torch.randn(pages * PAGE, fw.nkv, fw.hd, generator=g) * 0.3 for _ in fw.layers]
+    cos, sin = fw.rotary(width * PAGE)
+    table = torch.randint(1, pages, (rows, width), generator=g, dtype=torch.int32)
+    pos = torch.randint(0, width * PAGE, (rows,), generator=g)
+    tok = torch.randint(0, fw.embed.shape[0], (rows,), generator=g)
+    return tok, pos, table, cos, sin, keys, values
+
+
+def test_one_compile_serves_every_class_and_pool():
+    from torch._inductor.compile_fx import compile_fx
+    m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
+    fw = FastDecoder(m, graphs=False)._fw
+    step = decode_rows_step(fw, "matmul", PAGE)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return compile_fx(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend=backend)
+    with torch.inference_mode():
+        for rows, width, pages, seed in ((4, 3, 20, 0), (2, 3, 20, 1), (8, 5, 40, 2), (3, 4, 24, 3)):
+            args = _args(fw, rows, width, pages, seed)
+            mark_dynamic(*args)
+            want_keys = [k.clone() for k in args[5]]
+            got = compiled(*args)
+            want = step(*args[:5], want_keys, [v.clone() for v in args[6]])
+            assert got.shape == (rows, m.config.vocab_size)
+            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (rows, (got - want).abs().max())
+            assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(args[5], want_keys))  # the same cache writes
+        assert len(graphs) == 1, f"{len(graphs)} compiles for 4 batch sizes and pools"
+        args = _args(fw, 1, 3, 20, 4)
+        mark_dynamic(*args)
+        compiled(*args)
+    assert len(graphs) == 2  # a batch of one: its own compile
+    torch._dynamo.reset()

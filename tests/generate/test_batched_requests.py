@@ -1,0 +1,306 @@
+"""The batched fast path on the CPU (the same step and host code as on a GPU, run without CUDA
+graphs or compile): each prompt of a mixed batch decodes exactly as it does alone with plain
+greedy ``generate`` on the demo model in fp32 — with fewer rows than prompts (refill, rows packed
+into a smaller class), EOS, the processors, stop strings and LoRA; sampling depends on a request's
+seed and not on its neighbours; Stop returns what finished, in input order; and the session-facing
+path fills the stats and progress and says why it does not run."""
+
+import threading
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import nvkit
+import nvkit.generate.fast as fast
+from nvkit.errors import NvkitError
+from nvkit.generate import paths
+from nvkit.generate.fast import attached, batched
+from nvkit.generate.fast.batched import BatchedDecoder
+from nvkit.generate.fast.sampling import RowParams, choose_rows, counter_uniform, request_seeds
+from tests.gen_fixtures import model_dir
+
+NEVER = 10 ** 7
+# very different lengths: one token, a few, a sentence, a paragraph (≈ 300 tokens)
+PROMPTS = ["A", "NVIDIA GPUs are", "Hello there", "The memory of a GPU holds the weights, the KV cache and " * 20,
+           "Training a model on many prompts at once", "CUDA graphs replay", "Tokens per second"]
+
+
+@pytest.fixture(scope="module")
+def s():
+    sess = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    yield sess
+    sess.unload()
+
+
+def _ids(s, prompts):
+    return [s.tokenizer(p)["input_ids"] for p in prompts]
+
+
+def _plain(s, prompt, **kw):
+    ids = s.tokenizer(prompt, return_tensors="pt")["input_ids"]
+    if "stop_strings" in kw:
+        kw["tokenizer"] = s.tokenizer
+    with torch.inference_mode():
+        out = s.model.generate(ids, do_sample=False, pad_token_id=s.tokenizer.pad_token_id, **kw)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def _cut_at_eos(tokens, eos):
+    return tokens[:next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))]
+
+
+def _decoder(model, max_rows=256, **kw):
+    return BatchedDecoder(fast.FastDecoder(model, k_steps=4, graphs=False, **kw), max_rows=max_rows)
+
+
+def _batched(s, bd, prompts, seeds=None, **gen):
+    sampling, why = fast.resolve(s.model, dict(gen, do_sample=gen.get("do_sample", False)))
+    assert why is None, why
+    with torch.inference_mode():
+        return bd.generate(_ids(s, prompts), sampling, seeds, tokenizer=s.tokenizer)
+
+
+@pytest.mark.parametrize("max_rows", [2, 8])
+def test_each_prompt_decodes_as_it_does_alone(s, max_rows):
+    """All at once (8 rows) and through 2 rows (refills as prompts finish; the last one alone in a
+    class of 2): plain greedy's tokens for every prompt, whatever its length and neighbours."""
+    bd = _decoder(s.model, max_rows=max_rows)
+    got = _batched(s, bd, PROMPTS, max_new_tokens=21, eos_token_id=NEVER)
+    for prompt, tokens in zip(PROMPTS, got):
+        assert tokens == _plain(s, prompt, max_new_tokens=21, eos_token_id=NEVER), prompt
+    assert sorted(bd.last_batches) == ([2] if max_rows == 2 else [8])  # 7 rows end together: no packing
+    assert bd.counts["compiles"] == 1 and bd.describe().startswith("fused step over rows, eager, no CUDA graphs")
+
+
+def test_eos_ends_each_prompt_where_plain_generate_does(s):
+    """Real EOS ids (two ids greedy picks early for some prompts): each prompt ends at its own
+    step, its row goes to the next prompt, and the text is plain greedy's."""
+    free = {p: _plain(s, p, max_new_tokens=16, eos_token_id=NEVER) for p in PROMPTS}
+    eos = [free[PROMPTS[1]][3], free[PROMPTS[2]][5]]
+    bd = _decoder(s.model, max_rows=2)
+    got = _batched(s, bd, PROMPTS, max_new_tokens=16, eos_token_id=eos)
+    lengths = set()
+    for prompt, tokens in zip(PROMPTS, got):
+        ref = _cut_at_eos(_plain(s, prompt, max_new_tokens=16, eos_token_id=eos), set(eos))
+        assert tokens == ref, prompt
+        lengths.add(len(tokens))
+    assert len(lengths) > 1  # prompts did end at different steps
+
+
+def test_rows_pack_into_a_smaller_class_as_prompts_end(s):
+    """Most prompts end early (EOS); with nothing waiting, the rest are packed into a class of 2."""
+    free = {p: _plain(s, p, max_new_tokens=16, eos_token_id=NEVER) for p in PROMPTS}
+    eos = [free[p][1] for p in PROMPTS[:5]]
+    bd = _decoder(s.model, max_rows=8)
+    got = _batched(s, bd, PROMPTS, max_new_tokens=16, eos_token_id=eos)
+    for prompt, tokens in zip(PROMPTS, got):
+        assert tokens == _cut_at_eos(_plain(s, prompt, max_new_tokens=16, eos_token_id=eos), set(eos)), prompt
+    assert max(bd.last_batches) == 8 and min(bd.last_batches) <= 4, bd.last_batches
+
+
+@pytest.mark.parametrize("kw", [
+    dict(repetition_penalty=1.3, eos_token_id=NEVER),
+    dict(stop_strings=["GPU"], eos_token_id=NEVER),
+])
+def test_processors_and_stop_strings_match_plain_generate(s, kw):
+    bd = _decoder(s.model, max_rows=4)
+    got = _batched(s, bd, PROMPTS, max_new_tokens=18, **kw)
+    for prompt, tokens in zip(PROMPTS, got):
+        assert tokens == _plain(s, prompt, max_new_tokens=18, **kw), (prompt, kw)
+
+
+def test_minimum_lengths_hold_eos_back_per_prompt(s):
+    free = _plain(s, PROMPTS[1], max_new_tokens=16, eos_token_id=NEVER)
+    early = [free[2]]
+    bd = _decoder(s.model, max_rows=4)
+    got = _batched(s, bd, PROMPTS[:4], max_new_tokens=16, eos_token_id=early, min_new_tokens=6)
+    for prompt, tokens in zip(PROMPTS[:4], got):
+        ref = _plain(s, prompt, max_new_tokens=16, eos_token_id=early, min_new_tokens=6)
+        assert tokens == _cut_at_eos(ref, set(early)), prompt
+    assert len(got[1]) > 3  # the minimum held this prompt's early EOS back
+
+
+def test_trained_adapter_decodes_as_peft_does(s):
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    base = AutoModelForCausalLM.from_pretrained(model_dir(), dtype=torch.float32).eval()
+    torch.manual_seed(0)
+    pm = get_peft_model(base, LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)).eval()
+    bd = _decoder(base, max_rows=2)
+    sampling, _ = fast.resolve(base, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
+    with torch.inference_mode():
+        got = bd.generate(_ids(s, PROMPTS[:3]), sampling)
+    for prompt, tokens in zip(PROMPTS[:3], got):
+        ids = s.tokenizer(prompt, return_tensors="pt")["input_ids"]
+        with torch.inference_mode():
+            ref = pm.generate(input_ids=ids, max_new_tokens=12, do_sample=False, eos_token_id=NEVER,
+                              pad_token_id=s.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
+        assert tokens == ref, prompt
+    assert "LoRA unmerged" in bd.describe()
+    with pm.disable_adapter(), torch.inference_mode():
+        off = bd.generate(_ids(s, PROMPTS[:1]), sampling)[0]
+    assert off == _plain(s, PROMPTS[0], max_new_tokens=12, eos_token_id=NEVER) != got[0]
+
+
+def test_sampling_depends_on_the_seed_not_on_the_neighbours(s):
+    """A request's sampled text is a function of its seed: the same in another batch, at another
+    place, through another number of rows; another seed gives another text."""
+    gen = dict(do_sample=True, temperature=1.0, top_k=0, max_new_tokens=20, eos_token_id=NEVER)
+    a = _batched(s, _decoder(s.model), PROMPTS[:3], seeds=[11, 12, 13], **gen)
+    b = _batched(s, _decoder(s.model, max_rows=2), [PROMPTS[4], PROMPTS[1], PROMPTS[0], PROMPTS[2]],
+                 seeds=[99, 12, 11, 13], **gen)
+    assert [b[2], b[1], b[3]] == a
+    c = _batched(s, _decoder(s.model), PROMPTS[:3], seeds=[21, 22, 23], **gen)
+    assert all(x != y for x, y in zip(a, c))
+    topk = _batched(s, _decoder(s.model), PROMPTS[:3], seeds=[11, 12, 13], **dict(gen, top_k=5, top_p=0.8))
+    assert topk != a and all(len(t) == 20 for t in topk)
+
+
+def test_row_sampling_follows_the_distribution_and_its_filters():
+    torch.manual_seed(0)
+    vocab, rows = 12, 4000
+    logits = torch.randn(1, vocab).expand(rows, vocab).contiguous()
+    ones = torch.ones(rows)
+
+    def draw(key, top_p=1.0):
+        p = RowParams(temperature=ones, top_p=ones * top_p, penalty=ones, seed=torch.arange(rows),
+                      counter=torch.full((rows,), 7), min_pos=torch.zeros(rows, dtype=torch.long),
+                      eos_mask=torch.zeros(1, vocab, dtype=torch.bool))
+        return choose_rows(logits, key, p)
+
+    probs = logits[0].softmax(-1)
+    freq = torch.bincount(draw(("sample", 0, False, False)), minlength=vocab).float() / rows
+    assert (freq - probs).abs().max() < 0.03, (freq, probs)  # 4000 draws: a few standard errors
+    top = int(probs.argmax())
+    top3 = set(logits[0].topk(3).indices.tolist())
+    drawn = set(draw(("sample", 3, False, False)).tolist())
+    assert drawn <= top3 and top in drawn and len(drawn) > 1
+    order = probs.argsort(descending=True)
+    nucleus = set(order[:int((probs[order].cumsum(0) - probs[order] <= 0.5).sum())].tolist())
+    drawn = set(draw(("sample", 0, True, False), top_p=0.5).tolist())
+    assert drawn <= nucleus and top in drawn and len(nucleus) < vocab
+    assert torch.equal(draw(("greedy", 0, False, False)), logits.argmax(-1))
+
+
+def test_counter_noise_is_uniform_and_a_pure_function_of_seed_and_counter():
+    n = 200_000
+    u = counter_uniform(torch.full((n,), 12345), torch.arange(n))
+    assert u.dtype == torch.float32 and 0 < u.min() and u.max() < 1
+    assert abs(u.mean().item() - 0.5) < 0.005 and abs(u.var().item() - 1 / 12) < 0.002
+    again = counter_uniform(torch.tensor([12345, 7, 12345]), torch.tensor([5, 5, 5]))
+    assert again[0] == u[5] == again[2] != again[1]
+    seeds = request_seeds(42, 5)
+    assert seeds == request_seeds(42, 5) and len(set(seeds)) == 5 and all(0 <= x < 2 ** 63 for x in seeds)
+    assert request_seeds(43, 2) != seeds[:2] and request_seeds(42, 2) == seeds[:2]
+
+
+def test_stop_returns_what_finished_in_input_order(s):
+    """Stop set once the first prompt is done: the replays in flight end, the finished prompts come
+    back as plain greedy decodes them, the others as None; nothing more is queued."""
+    bd = _decoder(s.model, max_rows=2)
+    stop = threading.Event()
+    seen = []
+
+    def on_tokens(done, produced):
+        seen.append((done, produced))
+        if done:
+            stop.set()
+
+    eos = [_plain(s, PROMPTS[2], max_new_tokens=6, eos_token_id=NEVER)[2]]  # ends prompt 2 early
+    sampling, _ = fast.resolve(s.model, dict(max_new_tokens=40, do_sample=False, eos_token_id=eos))
+    with torch.inference_mode():
+        got = bd.generate(_ids(s, PROMPTS[1:]), sampling, stop_event=stop, on_tokens=on_tokens)
+    finished = [i for i, t in enumerate(got) if t is not None]
+    assert finished and len(finished) < len(got) and seen[-1][0] == len(finished)
+    for i in finished:
+        assert got[i] == _cut_at_eos(_plain(s, PROMPTS[1 + i], max_new_tokens=40, eos_token_id=eos), set(eos))
+    assert sum(bd.last_batches.values()) <= len(seen)  # every replay queued was read; none after the stop's
+
+
+def test_pool_plan_fits_rows_to_memory(s):
+    bd = _decoder(s.model, max_rows=8)
+    bd._adopt()
+    page = bd._page_bytes()
+    rows, pages = bd.plan([10, 100, 40], max_new=20)
+    assert rows == 3 and pages == 1 + sum(-(-(n + 20) // batched.PAGE) for n in (10, 100, 40))
+    rows, pages = bd.plan([10] * 20, max_new=20)
+    assert rows == 8 and pages == 1 + 8  # more prompts than rows: the pool holds the rows at once
+    small = int(6 * page / batched.MEMORY_SHARE)
+    rows, pages = bd.plan([10] * 20, max_new=20, free_bytes=small)
+    assert rows < 8 and pages * page <= batched.MEMORY_SHARE * small
+    with pytest.raises(NvkitError, match="does not fit"):
+        bd.plan([900], max_new=100, free_bytes=page)
+
+
+class _Job:
+    def __init__(self):
+        self.stop_event = threading.Event()
+
+
+def _on_gpu(s, **changes):
+    """The session as paths sees it on a GPU (the work itself runs on the CPU without graphs)."""
+    return SimpleNamespace(**{**dict(model=s.model, tokenizer=s.tokenizer, device=SimpleNamespace(type="cuda"),
+                                     quantization=None), **changes})
+
+
+def test_a_list_on_a_gpu_runs_batched_with_progress_and_input_order(s):
+    attached.keep(s.model, fast.FastDecoder(s.model, k_steps=4, graphs=False))
+    try:
+        progress = []
+        gen = dict(max_new_tokens=40, do_sample=False, eos_token_id=NEVER, pad_token_id=s.tokenizer.pad_token_id)
+        req = paths.Request(_Job(), list(PROMPTS[:4]), gen,
+                            on_progress=lambda st: progress.append((st.prompts_done, st.new_tokens,
+                                                                    st.tokens_per_second)))
+        with torch.inference_mode():
+            outs = paths.run(_on_gpu(s), req)
+        st = req.stats
+        assert st.path == "fast batch" and st.detail.startswith("fused step over rows"), st.how
+        assert outs == [s.tokenizer.decode(_plain(s, p, max_new_tokens=40, eos_token_id=NEVER), skip_special_tokens=True)
+                        for p in PROMPTS[:4]]
+        assert st.new_tokens == 160 and st.prompts_done == 4 and progress[-1][:2] == (4, 160)
+        assert progress[-1][2] > 0  # a live rate while it runs
+        assert st.time_to_first_token is not None and st.prompt_tokens == sum(len(i) for i in _ids(s, PROMPTS[:4]))
+        # Stop before it starts: nothing finishes, every output is "" and the session goes on
+        req = paths.Request(_Job(), list(PROMPTS[:3]), gen)
+        req.job.stop_event.set()
+        with torch.inference_mode():
+            assert paths.run(_on_gpu(s), req) == ["", "", ""]
+        # short and nothing compiled: continuous batching would answer sooner (fast=None only)
+        fresh = SimpleNamespace(**vars(_on_gpu(s)))
+        assert "not compiled yet" in fast.worth_batching(_on_gpu(s, model=torch.nn.Linear(1, 1)), 2,
+                                                         dict(max_new_tokens=8))
+        assert fast.worth_batching(fresh, 2, dict(max_new_tokens=8)) is None  # this session's decoder ran
+    finally:
+        fast.forget(s.model)
+
+
+def test_what_the_batched_path_refuses_says_why_and_the_list_still_runs(s, monkeypatch):
+    ok = dict(max_new_tokens=8, do_sample=False)
+    gpu = _on_gpu(s)
+    assert batched.unsupported_reason(gpu, ok) is None
+    assert batched.unsupported_reason(gpu, dict(ok, repetition_penalty=1.2, stop_strings=["x"], top_p=0.9)) is None
+    assert "quantized (nf4)" in batched.unsupported_reason(_on_gpu(s, quantization="nf4"), ok)
+    assert "num_beams=2" in batched.unsupported_reason(gpu, dict(ok, num_beams=2))
+    assert "cpu" in batched.unsupported_reason(s, ok)
+    assert batched.unsupported_reason(_on_gpu(s, model=_Spread(s.model)), ok).startswith("the model is spread")
+    # quantized on a "GPU": neither the batched path nor continuous batching; padded generate runs it
+    ran = []
+    monkeypatch.setattr(paths, "run_plain", lambda session, req: ran.append(len(req.texts)) or ["x"] * len(req.texts))
+    req = paths.Request(_Job(), list(PROMPTS[:2]), dict(ok))
+    assert paths.run(_on_gpu(s, quantization="nf4"), req) == ["x", "x"] and ran == [2]
+    assert req.stats.path == "generate" and req.stats.prompts_done == 2
+    assert req.stats.detail.startswith("batched fast path off: the model is quantized (nf4)")
+    assert "; continuous batching off: the model is quantized" in req.stats.detail
+    with pytest.raises(NvkitError, match="batched fast path cannot run these prompts: the model is quantized"):
+        paths.run(_on_gpu(s, quantization="nf4"), paths.Request(_Job(), list(PROMPTS[:2]), dict(ok), fast=True))
+    req = paths.Request(_Job(), list(PROMPTS[:2]), dict(ok), fast=False)  # off on purpose: no reason given
+    assert paths.run(_on_gpu(s), req) == ["x", "x"] and req.stats.detail == ""
+
+
+class _Spread:
+    """A model whose device map spans two GPUs (only what the check reads)."""
+
+    def __init__(self, model):
+        self.hf_device_map = {"model.layers.0": 0, "model.layers.1": 1}
+        self.config = model.config

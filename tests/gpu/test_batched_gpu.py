@@ -1,0 +1,154 @@
+"""The batched fast path on a real GPU (issue 20). Run with -s to see the figures.
+
+- demo model (trained, bf16): every prompt of a batch of very different lengths (1 to ~300
+  tokens) decodes exactly as it does alone with plain greedy ``generate`` — all at once through
+  ``Session.generate(list)``, and through 4 rows with refills and packing; Stop returns what
+  finished in input order; sampling with ``seed=`` repeats;
+- Qwen3-0.6B shape (random bf16 weights), the issue's targets: 64 mixed prompts (16–512 tokens)
+  × 128 new tokens ≥ 20,000 tok/s and 256 × 512 ≥ 40,000 tok/s (the whole call, prefill
+  included), peak memory ≤ weights + the KV the requests need + 25 %, and one prompt through the
+  batched decoder no slower than the batch-1 fast path.
+"""
+
+import statistics
+import time
+
+import pytest
+import torch
+
+import nvkit
+import nvkit.generate.fast as fast
+from nvkit.benchmarks.decode import mixed_prompts
+from nvkit.generate.fast.batched import BatchedDecoder
+from nvkit.memory.estimate import kv_bytes_per_token
+from tests.gen_fixtures import model_dir, shaped_dir
+
+NEVER = 10 ** 7
+PROMPTS = ["A", "NVIDIA GPUs are", "Hello there", "The memory of a GPU holds the weights, the KV cache and " * 20,
+           "Training a model on many prompts at once", "CUDA graphs replay", "Tokens per second", "The memory of a GPU"]
+
+
+@pytest.fixture(scope="module")
+def demo_cuda():
+    from tests.gen_fixtures import demo_ready
+    s = nvkit.load(model_dir(), device_map="cuda", dtype="auto" if demo_ready() else "float32")
+    yield s
+    s.unload()
+
+
+def _plain_ids(s, prompt, **kw):
+    ids = s.tokenizer(prompt, return_tensors="pt").to("cuda")["input_ids"]
+    with torch.inference_mode():
+        out = s.model.generate(ids, do_sample=False, pad_token_id=s.tokenizer.pad_token_id, **kw)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def _cut_at_eos(tokens, eos):
+    return tokens[:next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))]
+
+
+def test_each_prompt_decodes_as_it_does_alone(demo_cuda):
+    s = demo_cuda
+    t = time.perf_counter()
+    outs = s.generate(PROMPTS, max_new_tokens=48)  # the default for a list on CUDA
+    first = time.perf_counter() - t
+    st = s.last_stats
+    print(f"\nfirst batched call (compile and capture included): {first:.1f} s; {st}")
+    assert st.path == "fast batch" and st.detail.startswith("fused step over rows, compiled, paged triton attention"), \
+        st.how
+    for prompt, out in zip(PROMPTS, outs):
+        assert out == s.generate(prompt, max_new_tokens=48, fast=False), prompt
+    again = s.generate(PROMPTS, max_new_tokens=48)
+    assert again == outs and s.last_stats.path == "fast batch"
+    print(f"again: {s.last_stats}")
+    # through 4 rows: prompts wait for a row, finished rows refill, the last ones are packed
+    eos = list({_plain_ids(s, p, max_new_tokens=8, eos_token_id=NEVER)[i] for p, i in zip(PROMPTS[:3], (2, 4, 6))})
+    bd = BatchedDecoder(fast.decoder(s), max_rows=4)
+    sampling, why = fast.resolve(s.model, dict(max_new_tokens=40, do_sample=False, eos_token_id=eos))
+    assert why is None
+    with torch.inference_mode():
+        got = bd.generate([s.tokenizer(p)["input_ids"] for p in PROMPTS], sampling)
+    for prompt, tokens in zip(PROMPTS, got):
+        assert tokens == _cut_at_eos(_plain_ids(s, prompt, max_new_tokens=40, eos_token_id=eos), set(eos)), prompt
+    print(f"4 rows: replays per batch class {dict(bd.last_batches)}; {bd.describe()}")
+    assert bd.compiled and bd.counts["compiles"] == 1, (bd.counts, bd.compile_detail)
+    bd.release()
+
+
+def test_stop_returns_what_finished_and_sampling_repeats(demo_cuda):
+    s = demo_cuda
+    eos = [_plain_ids(s, PROMPTS[1], max_new_tokens=4, eos_token_id=NEVER)[2]]  # prompt 1 ends within 3 tokens
+    ref = s.generate(PROMPTS[1], max_new_tokens=600, eos_token_id=eos, fast=False)
+
+    def stop_once_one_is_done(st):
+        if st.prompts_done >= 1:
+            s.stop()  # from the worker thread: the replays in flight end, nothing more is queued
+
+    outs = s.generate(PROMPTS, max_new_tokens=600, eos_token_id=eos, on_progress=stop_once_one_is_done)
+    st = s.last_stats
+    print(f"\nstopped: {st}")
+    assert st.stopped and st.path == "fast batch" and len(outs) == len(PROMPTS)
+    assert outs[1] == ref and "" in outs, outs  # the 600-token answers were cut off
+    gen = dict(max_new_tokens=32, do_sample=True, temperature=0.9, top_p=0.95)
+    a = s.generate(PROMPTS, seed=7, **gen)
+    assert s.last_stats.path == "fast batch"
+    assert a == s.generate(PROMPTS, seed=7, **gen) and a != s.generate(PROMPTS, seed=8, **gen)
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    s = nvkit.load(shaped_dir("qwen3-0.6b"), device_map="cuda", dtype="bfloat16")
+    yield s
+    s.unload()
+
+
+@pytest.mark.parametrize("n, new, target", [(64, 128, 20_000), (256, 512, 40_000)])
+def test_targets_on_the_qwen3_shape(qwen, n, new, target):
+    s = qwen
+    prompts = mixed_prompts(s.tokenizer, n, seed=0)
+    lengths = [len(s.tokenizer(p)["input_ids"]) for p in prompts]
+    t = time.perf_counter()
+    s.generate(prompts, max_new_tokens=new, min_new_tokens=new)  # compiles (first cell), sizes the pool
+    warm = time.perf_counter() - t
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    s.generate(prompts, max_new_tokens=new, min_new_tokens=new)
+    st = s.last_stats
+    peak = torch.cuda.max_memory_allocated()
+    weights = sum(p.numel() * p.element_size() for p in s.model.parameters())
+    needed = sum(n_i + new for n_i in lengths) * kv_bytes_per_token(s.model.config, 2)
+    rate = st.new_tokens / st.seconds
+    print(f"\n{n} prompts of {min(lengths)}–{max(lengths)} tokens × {new}: {rate:,.0f} tok/s (whole call, "
+          f"target ≥ {target:,}); {st}; warm-up {warm:.1f} s; peak {peak / 2**30:.2f} GiB vs weights "
+          f"{weights / 2**30:.2f} + needed KV {needed / 2**30:.2f} GiB (+25 % = {1.25 * (weights + needed) / 2**30:.2f})")
+    assert st.path == "fast batch" and st.new_tokens == n * new, st
+    assert peak <= 1.25 * (weights + needed)
+    assert rate >= target
+
+
+def test_a_batch_of_one_is_no_slower_than_the_batch1_fast_path(qwen):
+    s = qwen
+    ids = s.tokenizer(mixed_prompts(s.tokenizer, 1, seed=1, lo=64, hi=64)[0], return_tensors="pt").to("cuda")["input_ids"]
+    sampling, _ = fast.resolve(s.model, dict(max_new_tokens=256, min_new_tokens=256, do_sample=False))
+    single, batched = fast.decoder(s), fast.batched_decoder(s)
+
+    def rate(run):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        with torch.inference_mode():
+            out = run()
+        torch.cuda.synchronize()
+        return len(out) / (time.perf_counter() - t)
+
+    runs = {"batch-1 fast path": lambda: single.generate(ids, sampling),
+            "batched, one prompt": lambda: batched.generate([ids[0].tolist()], sampling)[0]}
+    for run in runs.values():
+        rate(run)  # compile / capture
+    rates = {k: [] for k in runs}
+    for i in range(5):
+        for name in (list(runs) if i % 2 == 0 else list(runs)[::-1]):
+            rates[name].append(rate(runs[name]))
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    print("\none prompt × 256 tokens (median of 5, whole call): " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in med.items())
+          + f"; batched: {batched.describe()}")
+    assert med["batched, one prompt"] >= 0.95 * med["batch-1 fast path"], med  # no slower, within the rounds' noise
