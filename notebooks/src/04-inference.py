@@ -93,9 +93,12 @@ assert isinstance(reply, str) and isinstance(follow_up, str)
 # %% [markdown]
 # ## Batches
 #
-# A list of prompts gives a list of answers in the same order. On a GPU nvkit runs them through
-# transformers' continuous batching (requests join and leave the running batch, CUDA graphs where
-# they help); on the CPU as one padded batch.
+# A list of prompts gives a list of answers in the same order. On a GPU nvkit runs them all at once
+# on its batched fast path: one decode step for many prompts, each at its own position, a KV cache
+# sized to the prompts, and a finished prompt's place taken by the next one, so short answers do not
+# wait for long ones (`s.last_stats` says how it ran; where it cannot run, transformers' continuous
+# batching does). `seed=` makes a sampled list repeatable, each prompt drawing from its own seed.
+# On the CPU the list runs as one padded batch.
 
 # %%
 prompts = ["NVIDIA GPUs are", "Attention kernels", "Quantization saves"]

@@ -98,9 +98,10 @@ if DEVICE == "cuda":  # the estimate holds within a factor of two on a GPU
     assert 0.5 < last["predicted"] / last["measured"] < 2, last
 
 # %% [markdown]
-# A batch is a different story on a GPU: transformers' continuous batching reserves a share of the
-# free memory for its paged KV cache up front (`max_memory_percent` of its config), so NVML shows
-# far more than the batch itself needs. The memory is held, not used: the next batches reuse it.
+# A batch is a different story on a GPU: nvkit's batched fast path holds a paged KV cache sized to
+# the batch (every prompt and its new tokens) and keeps it for the next list of about that size, so
+# the memory stays held after the answers come back; transformers' continuous batching, where it
+# runs instead, reserves a share of the free memory for its cache up front.
 
 # %%
 nvkit.mark(f"batch of {BATCH}")
