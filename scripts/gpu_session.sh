@@ -43,8 +43,8 @@ case "$phase" in
   session)
     T=560 bench shape:qwen3-0.6b --session --csv "$out/session.csv" ;;
   batched)
-    T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py tests/gpu/test_exact_tokens_gpu.py
-    T=420 t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order ;;
+    T=${TB:-300} t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order
+    T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py tests/gpu/test_exact_tokens_gpu.py ;;
   x2)
     n=$(nvidia-smi -L | wc -l); [ "$n" -ge 2 ] || { echo "x2 needs 2 GPUs, this machine has $n"; exit 2; }
     T=560 t tests/gpu/test_finetune_gpu.py tests/gpu/test_parallel_gpu.py -k "ddp or parallel" ;;
