@@ -248,22 +248,30 @@ class _Run:
     def __init__(self):
         self.t0 = events.now()
         self.history = []
+        self.eval_history = []
         self.info = {"device": "cpu"}
 
 
 def test_fine_tune_mode_puts_steps_on_x(no_gpus):
     chart = MemoryChart(x="step", start=False)
     assert chart.figure.layout.xaxis.title.text == "training step"
-    assert [t.name for t in chart.figure.data] == ["process memory (RSS)", "predicted peak", "loss", "events"]
+    assert [t.name for t in chart.figure.data] == ["process memory (RSS)", "predicted peak", "loss", "eval loss",
+                                                   "events"]
     run = _Run()
     chart.follow(run)
     chart.stop()
     s = chart.sampler
+    run.eval_history.append({"step": 0, "eval_loss": 4.0, "eval_perplexity": 54.6, "t": events.now()})
     for step in range(1, 6):
         s.sample()
         s.sample()
         run.history.append({"step": step, "loss": 3.0 / step, "t": events.now()})
+        if step % 2 == 0:
+            run.eval_history.append({"step": step, "eval_loss": 4.0 / step, "eval_perplexity": 1.0, "t": events.now()})
     chart.refresh()
+    # the held-out loss on the loss plot, at the steps it was measured (0: before the first step)
+    ev = _trace(chart, ("eval", None))
+    assert list(ev.x) == [0, 2, 4] and list(ev.y) == [4.0, 2.0, 1.0] and ev.yaxis == "y2"
     loss = _trace(chart, ("loss", None))
     assert list(loss.x) == [1, 2, 3, 4, 5] and np.asarray(loss.y)[0] == pytest.approx(3.0)
     mem = _trace(chart, ("rss", None))
