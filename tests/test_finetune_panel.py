@@ -196,9 +196,10 @@ def test_eval_settings_reach_finetune_and_the_chart_draws_the_eval_curve(path, t
     run = p.start()
     assert run is not None and run.info["eval"]["from"] == "eval_split=0.25" and run.info["eval"]["examples"] == 4
     # the status line: compile on or off in a word, the reason behind "why"
-    assert "compile off <u>why</u>" in p.status.value
+    assert "Liger off · compile off <u>why</u>" in p.status.value
     assert html.escape(run.info["compile_reason"], quote=True) in p.status.value
     _finished(p)
+    assert p.status.value.startswith("Done. · ") and "Liger off · compile off <u>why</u>" in p.status.value  # it stays
     steps = [e["step"] for e in run.eval_history]
     assert steps == [0, 2, 4, 6]
     chart = p.chart

@@ -25,7 +25,8 @@ from ..threads import run_in_worker
 from ..train.data import parse_examples
 from ..units import fmt_bytes
 from . import live
-from .common import CodeToggle, current_session, observe_values, on_events, root, style, why_html, wrap_row
+from .common import (CodeToggle, current_session, first_sentence, observe_values, on_events, root, style, why_html,
+                     wrap_row)
 
 _REFRESH_S = 0.25
 _EXAMPLES = "\n".join([
@@ -42,8 +43,8 @@ _CSS = """
 .nvkit-ft-preview .nvkit-preview pre { margin: 2px 0 8px 0; padding: 4px; overflow-wrap: anywhere;
   font-family: var(--jp-code-font-family); font-size: var(--jp-code-font-size);
   background: var(--jp-layout-color2); color: var(--jp-content-font-color1); }
-.nvkit-ft-preview .nvkit-preview mark { background: var(--jp-brand-color3, #bbdefb);
-  color: var(--jp-content-font-color0, inherit); }
+.nvkit-ft-preview .nvkit-preview mark { color: inherit;
+  background: color-mix(in srgb, var(--jp-brand-color1, #1976d2) 30%, transparent); }
 """
 
 
@@ -124,7 +125,7 @@ class FinetunePanel(w.VBox):
         ])
         super().__init__(children=[
             style(), w.HTML(f"<style>{_CSS}</style>", layout=w.Layout(height="0px", margin="0")),
-            wrap_row([self.source, self.preview_btn]), self.examples, self.path, self.preview_box, settings,
+            self._data_row(), self.examples, self.path, self.preview_box, settings,
             self.eval_row, self.estimate,
             wrap_row([self.start_btn, self.stop_btn, self.resume_btn, self.progress, self.progress_label]),
             self.status, self.chart_box, self.summary, self.export_row, self.export_status, self.code_view,
@@ -172,6 +173,11 @@ class FinetunePanel(w.VBox):
         self.eval_row.add_class("nvkit-ft-eval")
         self.eval_source.observe(lambda _ch: self._sync_eval(), "value")
         self._sync_eval()
+
+    def _data_row(self) -> w.HBox:
+        row = wrap_row([self.source, self.preview_btn])
+        row.layout.align_items = "flex-end"  # Preview beside the buttons, not their label above them
+        return row
 
     def _sync_eval(self) -> None:
         src = self.eval_source.value
@@ -348,16 +354,25 @@ class FinetunePanel(w.VBox):
         live.every(_REFRESH_S, lambda: self._tick(run), owner=self)
         return run
 
-    @staticmethod
-    def _status_line(run) -> str:
+    @classmethod
+    def _status_line(cls, run) -> str:
         i = run.info
         head = html.escape(f"Training {run.total_steps} steps · {i['precision']} · "
                            f"loss: {i.get('loss', 'model loss')}")
         if i.get("resumed_from"):
             head = html.escape(f"Resuming at step {run.first_step} from {i['resumed_from']} · ") + head
-        # Liger and compile on or off in a word each, the reasons behind "why"
-        return (f"{head} · {why_html(i.get('liger') or 'off', prefix='Liger ')} · "
-                f"{why_html(i.get('compile_reason') or 'off', prefix='compile ')}")
+        return f"{head} · {cls._decisions(run)}"
+
+    @staticmethod
+    def _decisions(run) -> str:
+        """Liger and compile on or off in a word each, both reasons behind one "why" (one
+        fold-out: two on a line would not stay on it)."""
+        i = run.info
+        liger, comp = str(i.get("liger") or "off"), str(i.get("compile_reason") or "off")
+        short = f"Liger {first_sentence(liger, 30)} · compile {first_sentence(comp, 30)}"
+        full = f"Liger {' '.join(liger.split())}. Compile {' '.join(comp.split())}"
+        return (f"<details class='nvkit-why' title='{html.escape(full, quote=True)}'><summary>{html.escape(short)} "
+                f"<u>why</u></summary>{html.escape(full)}</details>")
 
     def resume(self):
         """What the Resume button does: the form's run again with ``resume=True`` in the last run's
@@ -405,7 +420,7 @@ class FinetunePanel(w.VBox):
             return
         sm = run.summary()
         self.progress.value = 1.0 if not run.stopped else self.progress.value
-        self.status.value = "Stopped by the user." if run.stopped else "Done."
+        self.status.value = ("Stopped by the user." if run.stopped else "Done.") + " · " + self._decisions(run)
         rows = [("time", f"{sm['seconds']:.1f} s"), ("steps", str(sm["steps"])),
                 ("tokens/s", f"{sm['tokens_per_s']:.0f}"), ("peak memory", fmt_bytes(sm["peak_memory"])),
                 ("final loss", f"{sm['final_loss']:.4f}" if sm["final_loss"] is not None else "n/a"),
