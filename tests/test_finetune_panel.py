@@ -155,9 +155,9 @@ def test_preview_shows_the_rows_as_the_model_sees_them(path):
     assert "No preview: Load a model first" in p.preview_html.value and p.preview_box.layout.display is None
     s = nvkit.load(path)
     try:
-        p.preview_btn.click()
-        pv = p.last_preview
-        assert pv is not None and p.preview_box.layout.display is None
+        p.preview_btn.click()   # tokenizing every row runs in a worker: the kernel stays free
+        pv = p.preview_job.result(timeout=60)
+        assert p.last_preview is pv and p.preview_box.layout.display is None and not p.preview_btn.disabled
         shown = p.preview_html.value
         assert shown == pv._repr_html_()
         assert "&lt;b&gt;this&lt;/b&gt;" in shown and "<b>this</b>" not in shown and "<mark>" in shown
@@ -166,13 +166,23 @@ def test_preview_shows_the_rows_as_the_model_sees_them(path):
         # other data or settings: the preview goes rather than mislead
         p.seq_len.value = 16
         assert p.preview_box.layout.display == "none" and p.last_preview is None
-        p.preview()
+        p.preview().result(timeout=60)
         assert "over seq_len=16" in p.preview_html.value  # rows finetune would refuse are flagged
         p.examples.value = '{"question": "a", "answer": "b"}'
-        assert p.preview() is None
+        with pytest.raises(NvkitError):
+            p.preview().result(timeout=60)
+        assert p.last_preview is None
         v = p.preview_html.value
         assert v.startswith("<details class='nvkit-why'") and "No preview:" in v and "keys" in v
         assert "display(nvkit.data.preview(data, s, seq_len=16, n=5, batch_size=8, grad_accum=1))" in p.code()
+        # a preview still running when the data changes is not shown when it ends
+        p.examples.value = "\n".join(json.dumps(r) for r in QA)
+        job = p.preview()
+        p.batch.value = 4
+        job.result(timeout=60)
+        assert p.preview_box.layout.display == "none" and p.last_preview is None
+        p.examples.value = '{"prompt": '
+        assert p.preview() is None and "No preview:" in p.preview_html.value   # the form itself is wrong
     finally:
         p.close()
         s.unload()

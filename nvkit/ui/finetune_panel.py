@@ -151,6 +151,8 @@ class FinetunePanel(w.VBox):
         self.preview_html.add_class("nvkit-ft-preview")
         self.preview_box = w.VBox([self.preview_html], layout=w.Layout(display="none", width="100%"))
         self.last_preview = None
+        self.preview_job = None
+        self._preview_seq = 0   # a preview made for data or settings changed since is not shown
 
     def _build_eval(self) -> None:
         style_ = {"description_width": "110px"}
@@ -327,6 +329,9 @@ class FinetunePanel(w.VBox):
         if self.run is not None and not self.run.done:
             self.status.value = "<span class='nvkit-error'>A run is in progress: Stop it first.</span>"
             return None
+        if self.preview_job is not None:
+            # one user of the tokenizer at a time: a preview clicked just before ends first
+            self.preview_job.wait_done(60)
         s = self._current_session()
         try:
             if s is None:
@@ -449,30 +454,57 @@ class FinetunePanel(w.VBox):
     # --- preview and export ----------------------------------------------------------------------
     def preview(self):
         """What the Preview button does: ``nvkit.data.preview`` of the form's data with the loaded
-        model's tokenizer, shown in the panel (escaped: the rows are the user's text). Returns the
-        Preview, or None when it could not be made (the reason is shown)."""
+        model's tokenizer, shown in the panel (escaped: the rows are the user's text). It reads
+        and tokenizes every row (for the totals), so it runs in a worker thread: returns the Job
+        (``await panel.preview()``; its result is the Preview), or None when it cannot start (the
+        reason is shown)."""
+        if self.preview_job is not None and not self.preview_job.done:
+            return self.preview_job
+        self._preview_seq += 1
+        seq = self._preview_seq
         s = self._current_session()
         try:
             if s is None:
                 raise NvkitError("Load a model first: the preview uses its tokenizer and chat template.")
-            from ..train.data import preview
-            pv = preview(self.data(), s, seq_len=int(self.seq_len.value), n=PREVIEW_ROWS,
-                         batch_size=int(self.batch.value), grad_accum=int(self.accum.value))
+            data = self.data()
         except NvkitError as e:
-            self.last_preview = None
-            self.preview_html.value = why_html(str(e), prefix="No preview: ")
-            self.preview_box.layout.display = None
+            self._show_preview(why_html(str(e), prefix="No preview: "))
             return None
+        kw = dict(seq_len=int(self.seq_len.value), n=PREVIEW_ROWS, batch_size=int(self.batch.value),
+                  grad_accum=int(self.accum.value))
+        self.preview_btn.disabled = True
+        self._show_preview("<span class='nvkit-muted'>Reading and tokenizing the data…</span>")
+
+        def work(job):
+            # the worker sets the widgets before it ends, so whoever waits on the job sees them
+            from ..train.data import preview
+            try:
+                pv = preview(data, s, **kw)
+            except BaseException as e:
+                if seq == self._preview_seq:
+                    msg = str(e) if isinstance(e, NvkitError) else f"{type(e).__name__}: {e}"
+                    self._show_preview(why_html(msg, prefix="No preview: "))
+                raise
+            finally:
+                self.preview_btn.disabled = False
+            if seq == self._preview_seq:
+                self._show_preview(pv._repr_html_(), pv)
+            return pv
+
+        self.preview_job = run_in_worker(work, name="nvkit-preview")
+        return self.preview_job
+
+    def _show_preview(self, value: str, pv=None) -> None:
         self.last_preview = pv
-        self.preview_html.value = pv._repr_html_()
+        self.preview_html.value = value
         self.preview_box.layout.display = None
-        return pv
 
     def _clear_preview(self) -> None:
+        self._preview_seq += 1
         if self.preview_box.layout.display != "none":
             self.preview_box.layout.display = "none"
             self.preview_html.value = ""
-            self.last_preview = None
+        self.last_preview = None
 
     def export(self):
         """What the Export button does: ``s.export(folder, merge=...)`` in a worker thread; returns
