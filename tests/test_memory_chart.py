@@ -117,7 +117,9 @@ def test_predicted_peak_beside_the_measurement_in_plain_words(no_gpus):
         chart.refresh(force=True)
         ys = np.asarray(pred.y, dtype=float)
         unit = 2**30 if "GiB" in chart.figure.layout.yaxis.title.text else 2**20
-        assert np.nanmax(ys) == pytest.approx(est.total / unit, rel=1e-3)
+        # the chart sends 4 decimals of its unit (GiB once this process's RSS nears 1 GiB, as
+        # late in a whole-suite run): within half of the last one
+        assert np.nanmax(ys) == pytest.approx(est.total / unit, rel=1e-3, abs=0.51e-4)
         text = chart.status.value
         assert "measured" in text and "prediction" in text and "%" not in text.split("prediction")[0]
     finally:
