@@ -137,7 +137,7 @@ def _current_or_demo():
 @arg("model", nargs="?", default="demo", help="'demo', a Hub id or a local directory")
 @arg("--dtype", default="auto", help="auto, bfloat16, float16, float32")
 @arg("--device-map", default=None, help="cuda, auto, cpu (default: cuda when available)")
-@arg("--attn", default="sdpa", help="attention backend or auto (see %%nvkit backends)")
+@arg("--attn", default="auto", help="attention backend, or auto: the best one the model supports here (see %%nvkit backends)")
 @arg("--quant", default=None, help="nf4, fp4, int8")
 @arg("--kernels", action="store_true", help="use Hub kernels (use_kernels=True)")
 @arg("--trust-remote-code", action="store_true", help="run code shipped with the model (off by default)")
@@ -205,13 +205,48 @@ def _cmd_generate(args, cell):
         for p, out in zip(prompts, s.generate(prompts, **kwargs)):
             print(f"--- {p}\n{out}")
         return None
+    line = ProgressLine(prompts)
     if args.stream:
-        print(prompts, end="", flush=True)
-        s.generate(prompts, stream=lambda piece: print(piece, end="", flush=True), **kwargs)
+        s.generate(prompts, stream=line.piece, on_progress=line.progress, **kwargs)
+        line.piece("")  # the prompt, if no piece came
         print()
     else:
-        print(prompts + s.generate(prompts, **kwargs))
+        out = s.generate(prompts, on_progress=line.progress, **kwargs)
+        line.clear()
+        print(prompts + out)
     return None
+
+
+class ProgressLine:
+    """``%nvkit generate``'s output: while the fast path compiles, "(preparing fast decode… 12 s)"
+    on one line that updates in place; the prompt is echoed when the first piece of text arrives
+    (the progress line is cleared first), then the pieces as they come."""
+
+    def __init__(self, prompt: str):
+        self.prompt = prompt
+        self.shown = 0        # length of the progress text on the line now (0: none)
+        self.started = False
+
+    def progress(self, st) -> None:
+        detail = str(getattr(st, "detail", "") or "")
+        if not self.started and detail.startswith("preparing"):
+            text = f"({detail})"
+            # \r returns to the line's start; spaces cover a longer text written before
+            print("\r" + text + " " * max(0, self.shown - len(text)), end="", flush=True)
+            self.shown = len(text)
+
+    def clear(self) -> None:
+        if self.shown:
+            print("\r" + " " * self.shown + "\r", end="", flush=True)
+            self.shown = 0
+
+    def piece(self, text: str) -> None:
+        if not self.started:
+            self.started = True
+            self.clear()
+            print(self.prompt, end="", flush=True)
+        if text:
+            print(text, end="", flush=True)
 
 
 @command("unload", "unload the model and report the memory freed")
@@ -250,6 +285,13 @@ def _cmd_stop(args, cell):
 @arg("--grad-accum", type=int, default=1)
 @arg("--gradient-checkpointing", action="store_true")
 @arg("--output-dir", default=None)
+@arg("--save-every", type=int, default=None, help="write a resumable checkpoint every N steps (Stop writes one too)")
+@arg("--eval-split", type=float, default=None, help="hold this share of the data out for evaluation, e.g. 0.1")
+@arg("--eval-data", default=None, help="a local file of held-out examples to evaluate on instead")
+@arg("--eval-every", type=int, default=None, help="evaluate every N steps (and always before the first and at the end)")
+@arg("--resume", action="store_true",
+     help="continue the latest checkpoint of --output-dir (or of this session's last run); same data and settings")
+@arg("--resume-from", default=None, metavar="CHECKPOINT", help="continue this checkpoint-N folder")
 @arg("--background", action="store_true", help="return the run at once instead of waiting (see _.history)")
 def _cmd_finetune(args, cell):
     from .train.data import parse_examples
@@ -265,25 +307,47 @@ def _cmd_finetune(args, cell):
     run = finetune(s, data, lora=dict(r=args.r, alpha=args.alpha if args.alpha is not None else 2 * args.r),
                    max_steps=args.steps, epochs=args.epochs, learning_rate=args.lr, batch_size=args.batch_size,
                    seq_len=args.seq_len, grad_accum=args.grad_accum,
-                   gradient_checkpointing=args.gradient_checkpointing, output_dir=args.output_dir)
+                   gradient_checkpointing=args.gradient_checkpointing, output_dir=args.output_dir,
+                   save_every=args.save_every, eval_split=args.eval_split, eval_data=args.eval_data,
+                   eval_every=args.eval_every,
+                   resume=args.resume_from or args.resume)
+    resumed = f", resuming at step {run.first_step} from {run.info['resumed_from']}" if run.info.get("resumed_from") else ""
     print(f"Fine-tuning {s.model_id}: {run.total_steps} steps, {run.info['precision']}, "
-          f"LoRA r={args.r} → {run.adapter_dir}")
+          f"LoRA r={args.r}{resumed} → {run.adapter_dir}")
     if args.background:
         return run
     # printed from this (the main) thread, so the lines land in this cell
     every = max(1, run.total_steps // 10)
+    evals = 0
     try:
         for rec in run.follow():
             if rec["step"] % every == 0 or rec["step"] == run.total_steps:
                 print(f"step {rec['step']}/{run.total_steps} · loss {rec['loss']:.4f} · "
                       f"{rec['tokens_per_s']:.0f} tok/s")
+            evals = _print_evals(run, evals)
     except KeyboardInterrupt:
         print("Interrupted: stopped after the current step.")
     run.result()
+    _print_evals(run, evals)
     sm = run.summary()
     print(f"{'Stopped' if run.stopped else 'Done'}: {sm['steps']} steps in {sm['seconds']:.1f} s · "
           f"{sm['tokens_per_s']:.0f} tok/s · adapter {sm['adapter_dir']}")
+    if sm["eval_loss_before"] is not None:
+        print(f"eval loss {sm['eval_loss_before']:.4f} → {sm['eval_loss_after']:.4f} · perplexity "
+              f"{sm['eval_perplexity_before']:.2f} → {sm['eval_perplexity_after']:.2f}")
+    if sm["stop_reason"]:
+        print(f"ended early: {sm['stop_reason']}")
+    if sm["checkpoint"]:
+        print(f"checkpoint {sm['checkpoint']} (%nvkit finetune ... --resume continues from it)")
     return None
+
+
+def _print_evals(run, shown: int) -> int:
+    """Print the run's evaluations after the first ``shown``; returns how many there are now."""
+    new = list(run.eval_history)[shown:]
+    for e in new:
+        print(f"eval at step {e['step']} · loss {e['eval_loss']:.4f} · perplexity {e['eval_perplexity']:.2f}")
+    return shown + len(new)
 
 
 @arg("--unit", default="auto", choices=("auto", "bytes", "MiB", "GiB"), help="auto (human sizes), bytes, MiB or GiB")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import time
 
@@ -77,7 +79,8 @@ def test_panel_start_chart_stop_summary(path, tmp_path):
     p.seq_len.value = 64
     p.output_dir.value = str(tmp_path / "run")
     code = p.code()
-    assert "nvkit.finetune(nvkit.session(), data," in code and "max_steps=300" in code
+    assert "s = nvkit.session()\nrun = nvkit.finetune(s, data," not in code  # the preview comes first
+    assert "run = nvkit.finetune(s, data," in code and "max_steps=300" in code
     compile(code.replace("await run", "run.result()"), "<panel code>", "exec")
     run = p.start()
     assert run is not None and p.run is run
@@ -118,5 +121,161 @@ def test_panel_bad_data_shows_error(path):
     assert p.start() is None and "not found" in p.status.value
     assert "data = '/no/such/file.jsonl'" in p.code()
     assert s.generate("The H200", max_new_tokens=3)
+    p.close()
+    s.unload()
+
+
+# --- the fine-tune loop: preview, evaluation, resume, export ------------------------------------------
+
+QA = [{"prompt": f"Which GPU holds shard {i}?", "response": f"GPU {i % 4} holds shard {i}."} for i in range(16)]
+
+
+def _qa_panel(tmp_path, steps=6):
+    p = FinetunePanel()
+    p.examples.value = "\n".join(json.dumps(r) for r in QA)
+    p.steps.value = steps
+    p.batch.value = 4
+    p.seq_len.value = 64
+    p.output_dir.value = str(tmp_path / "run")
+    return p
+
+
+def _finished(p):
+    _wait(lambda: not p.start_btn.disabled and p.run is not None and p.run.done)
+
+
+def test_preview_shows_the_rows_as_the_model_sees_them(path):
+    s = nvkit.session(required=False)
+    if s is not None:
+        s.unload()
+    p = FinetunePanel()
+    p.examples.value = ('{"prompt": "Is <b>this</b> escaped?", "response": "Yes & it is."}\n'
+                        '{"prompt": "Which GPU?", "response": "The H200, with 141 GB of fast memory."}')
+    assert p.preview() is None   # no model: no tokenizer to preview with
+    assert "No preview: Load a model first" in p.preview_html.value and p.preview_box.layout.display is None
+    s = nvkit.load(path)
+    try:
+        p.preview_btn.click()   # tokenizing every row runs in a worker: the kernel stays free
+        pv = p.preview_job.result(timeout=60)
+        assert p.last_preview is pv and p.preview_box.layout.display is None and not p.preview_btn.disabled
+        shown = p.preview_html.value
+        assert shown == pv._repr_html_()
+        assert "&lt;b&gt;this&lt;/b&gt;" in shown and "<b>this</b>" not in shown and "<mark>" in shown
+        assert f"{pv.totals['rows']} " in shown and "steps per epoch" in shown
+        assert pv.totals["seq_len"] == 512 and pv.totals["batch_size"] == p.batch.value
+        # other data or settings: the preview goes rather than mislead
+        p.seq_len.value = 16
+        assert p.preview_box.layout.display == "none" and p.last_preview is None
+        p.preview().result(timeout=60)
+        assert "over seq_len=16" in p.preview_html.value  # rows finetune would refuse are flagged
+        p.examples.value = '{"question": "a", "answer": "b"}'
+        with pytest.raises(NvkitError):
+            p.preview().result(timeout=60)
+        assert p.last_preview is None
+        v = p.preview_html.value
+        assert v.startswith("<details class='nvkit-why'") and "No preview:" in v and "keys" in v
+        assert "display(nvkit.data.preview(data, s, seq_len=16, n=5, batch_size=8, grad_accum=1))" in p.code()
+        # a preview still running when the data changes is not shown when it ends
+        p.examples.value = "\n".join(json.dumps(r) for r in QA)
+        job = p.preview()
+        p.batch.value = 4
+        job.result(timeout=60)
+        assert p.preview_box.layout.display == "none" and p.last_preview is None
+        p.examples.value = '{"prompt": '
+        assert p.preview() is None and "No preview:" in p.preview_html.value   # the form itself is wrong
+    finally:
+        p.close()
+        s.unload()
+
+
+def test_eval_settings_reach_finetune_and_the_chart_draws_the_eval_curve(path, tmp_path):
+    s = nvkit.load(path)
+    p = _qa_panel(tmp_path)
+    assert p.eval_settings() == {} and "eval_split=" not in p.code() and "eval_every=" not in p.code()  # off, as in finetune
+    assert p.eval_split.layout.display == "none" and p.eval_every.layout.display == "none"
+    p.eval_source.value = "file"
+    assert p.eval_file.layout.display is None and p.eval_split.layout.display == "none"
+    assert p.start() is None and "Choose an eval file" in p.status.value
+    p.eval_file.value = "/data/held_out.jsonl"
+    assert p.eval_settings() == {"eval_data": "/data/held_out.jsonl", "eval_every": 5}
+    p.eval_source.value = "split"
+    p.eval_split.value = 0.25
+    p.eval_every.value = 2
+    assert p.eval_settings() == {"eval_split": 0.25, "eval_every": 2}
+    assert "eval_split=0.25, eval_every=2" in p.code()
+    run = p.start()
+    assert run is not None and run.info["eval"]["from"] == "eval_split=0.25" and run.info["eval"]["examples"] == 4
+    # the status line: compile on or off in a word, the reason behind "why"
+    assert "Liger off · compile off <u>why</u>" in p.status.value
+    assert html.escape(run.info["compile_reason"], quote=True) in p.status.value
+    _finished(p)
+    assert p.status.value.startswith("Done. · ") and "Liger off · compile off <u>why</u>" in p.status.value  # it stays
+    steps = [e["step"] for e in run.eval_history]
+    assert steps == [0, 2, 4, 6]
+    chart = p.chart
+    ev = chart.figure.data[chart.trace_index[("eval", None)]]
+    _wait(lambda: ev.x is not None and len(ev.x) == 4)
+    assert list(ev.x) == steps and ev.yaxis == "y2" and ev.name == "eval loss"
+    assert list(ev.y) == pytest.approx([e["eval_loss"] for e in run.eval_history], abs=1e-4)
+    sm = run.summary()
+    assert (f"{sm['eval_loss_before']:.4f} before → {sm['eval_loss_after']:.4f} after" in p.summary.value
+            and "perplexity" in p.summary.value)
+    p.close()
+    s.unload()
+
+
+def test_resume_continues_a_stopped_run(path, tmp_path):
+    s = nvkit.load(path)
+    p = _qa_panel(tmp_path)
+    assert p.resume_btn.disabled and p.resume() is None and "Nothing to resume" in p.status.value
+    run = p.start()
+    run.subscribe(lambda rec: rec["step"] >= 2 and run.stop())
+    _finished(p)
+    assert run.stopped and run.checkpoint and not p.resume_btn.disabled
+    assert "checkpoint" in p.summary.value and html.escape(run.checkpoint) in p.summary.value
+    assert "ended early" in p.summary.value and "stopped by the user" in p.summary.value
+    p.resume_btn.click()
+    more = p.run
+    assert more is not run and more.info["resumed_from"] == run.checkpoint
+    assert p.status.value.startswith(f"Resuming at step {run.step} from ")
+    _finished(p)
+    assert [r["step"] for r in more.history] == list(range(run.step + 1, 7)) and more.error is None
+    assert p.resume_btn.disabled   # it ran to the end: no checkpoint left to continue from
+    assert "resume=True" in p.code()
+    p.close()
+    s.unload()
+
+
+def test_export_writes_a_checkpoint_and_refusals_say_why(path, tmp_path):
+    s = nvkit.load(path)
+    p = _qa_panel(tmp_path, steps=2)
+    assert p.export() is None and p.export_status.value.startswith("<details class='nvkit-why'")
+    assert "Not exported: Choose a folder" in p.export_status.value
+    p.start()
+    _finished(p)
+    assert p.export_dir.value == str(tmp_path / "run" / "export")   # suggested once a run has ended
+    assert f"s.export({str(tmp_path / 'run' / 'export')!r}, merge=True)" in p.code()
+    p.export_btn.click()
+    out = p.export_job.result(timeout=300)
+    assert out == str(tmp_path / "run" / "export") and not p.export_btn.disabled
+    assert {"config.json", "model.safetensors", "README.md", "tokenizer.json"} <= set(os.listdir(out))
+    assert "Exported the merged model" in p.export_status.value
+    # the adapter alone, into a new folder
+    p.export_merge.value = False
+    p.export_dir.value = str(tmp_path / "adapter-export")
+    p.export().result(timeout=300)
+    assert "adapter_config.json" in os.listdir(tmp_path / "adapter-export") and "Exported the adapter" in p.export_status.value
+    # a folder holding the user's files is refused, in one line, and nothing of theirs is touched
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    p.export_dir.value = str(mine)
+    job = p.export()
+    with pytest.raises(NvkitError):
+        job.result(timeout=300)
+    v = p.export_status.value
+    assert v.startswith("<details class='nvkit-why'") and "Not exported:" in v and "nvkit did not write" in v
+    assert os.listdir(mine) == ["notes.txt"] and (mine / "notes.txt").read_text() == "keep me"
+    assert not p.export_btn.disabled
     p.close()
     s.unload()

@@ -75,3 +75,26 @@ def test_bad_options_say_why_and_session_stays_usable(nb):
     assert "NvkitError" in _text(nb.cells[11]) and "temperature" in _text(nb.cells[11])
     assert "NvkitError" in _text(nb.cells[12]) and "%%nvkit generate --batch" in _text(nb.cells[12])
     assert _text(nb.cells[13]).startswith("still usable")
+
+
+def test_compile_progress_updates_one_line_then_the_prompt_and_text(capsys):
+    # what %nvkit generate prints while the fast path compiles, then as the text comes
+    from nvkit.generate.stats import GenerationStats
+    from nvkit.magics import ProgressLine
+    line = ProgressLine("NVIDIA GPUs are")
+    line.progress(GenerationStats(detail="preparing fast decode… 9 s"))
+    line.progress(GenerationStats(detail="preparing fast decode… 10 s"))
+    line.progress(GenerationStats(detail="fast path off: ..."))   # not compile progress: nothing printed
+    assert capsys.readouterr().out == "\r(preparing fast decode… 9 s)\r(preparing fast decode… 10 s)"
+    line.piece(" fast")
+    line.piece("")
+    line.piece(" and")
+    n = len("(preparing fast decode… 10 s)")
+    # the progress line is blanked, then the prompt is echoed once, before the first piece
+    assert capsys.readouterr().out == "\r" + " " * n + "\r" + "NVIDIA GPUs are fast and"
+    line.progress(GenerationStats(detail="preparing fast decode… 11 s"))  # once text flows, no more progress
+    assert capsys.readouterr().out == ""
+    quiet = ProgressLine("Hello")
+    quiet.piece("")          # a request that produced no text still shows its prompt
+    quiet.clear()
+    assert capsys.readouterr().out == "Hello"

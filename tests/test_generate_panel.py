@@ -143,6 +143,119 @@ def test_chat_output_is_a_transcript(s):
     p.close()
 
 
+# --- stats, compile progress, compare with base ------------------------------------------------------
+
+def test_stats_line_gives_the_whole_request_rate_and_the_decode_rate():
+    from dataclasses import dataclass
+
+    from nvkit.generate.stats import GenerationStats
+    from nvkit.ui.generate_panel import stats_text
+
+    # 11 tokens in 2 s, the first after 1 s: 5.5 tok/s over the request, 10 tok/s decoding after it
+    st = GenerationStats(new_tokens=11, seconds=2.0, time_to_first_token=1.0, path="fast", detail="fused step")
+    line = stats_text(st)
+    assert line.startswith("11 tokens in 2.00 s · 5.5 tok/s overall · decode 10.0 tok/s · first token 1000 ms")
+    assert line.endswith("path fast (fused step)")
+
+    @dataclass
+    class SplitStats(GenerationStats):  # stats whose tokens_per_second is the whole request's rate
+        @property
+        def tokens_per_second(self) -> float:
+            return self.new_tokens / self.seconds
+
+        @property
+        def decode_tokens_per_second(self) -> float:
+            return (self.new_tokens - 1) / (self.seconds - self.time_to_first_token)
+
+    st2 = SplitStats(new_tokens=11, seconds=2.0, time_to_first_token=1.0, stopped=True)
+    assert stats_text(st2).startswith("11 tokens in 2.00 s · 5.5 tok/s overall · decode 10.0 tok/s")
+    assert stats_text(st2).endswith("path generate · stopped")
+
+
+def test_a_real_request_shows_both_rates(s):
+    p = GeneratePanel(session=s)
+    p.max_new_tokens.value = 6
+    p.start()
+    p.wait(timeout=60)
+    time.sleep(0.1)
+    assert "tok/s overall · decode " in p.stats.value and "first token" in p.stats.value
+    p.close()
+
+
+def test_status_shows_fast_decode_preparation_and_tokens_so_far(s):
+    from nvkit.generate.stats import GenerationStats
+    p = GeneratePanel(session=s)
+    # what the fast path reports about once a second while it compiles
+    p._on_progress(GenerationStats(detail="preparing fast decode… 12 s"))
+    assert p.status.value == "preparing fast decode… 12 s"
+    p._on_progress(GenerationStats(detail="preparing fast decode… 13 s"))  # not held back by the rate limit
+    assert p.status.value == "preparing fast decode… 13 s"
+    # a real request passes on_progress: the status counts the tokens while it runs
+    eos = s.model.generation_config.eos_token_id
+    s.model.generation_config.eos_token_id = None
+    try:
+        p.prompt.value = "Hello there"
+        p.max_new_tokens.value = 5000
+        p.start()
+        deadline = time.monotonic() + 30
+        while "tokens" not in p.status.value and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert p.status.value.startswith("Generating with ") and p.status.value.endswith(" tokens")
+        p.stop()
+        p.wait(timeout=30)
+    finally:
+        s.model.generation_config.eos_token_id = eos
+    p.close()
+
+
+def test_compare_with_base_appears_with_an_adapter_and_shows_both_sides(s, tmp_path):
+    p = GeneratePanel(session=s)
+    assert p.compare.layout.display == "none" and not p.comparing   # no adapter: no switch
+    p.compare.value = True
+    assert not p.comparing and "s.generate(" in p.code()
+    qa = [{"prompt": f"Which GPU holds shard {i}?", "response": f"GPU {i % 4} holds shard {i}."} for i in range(8)]
+    run = nvkit.finetune(s, qa, max_steps=2, batch_size=4, seq_len=64, output_dir=str(tmp_path / "run"))
+    run.result(timeout=600)
+    try:
+        assert p.compare.layout.display is None and p.comparing          # the fine-tune's adapter: it is there
+        p.prompt.value = "<b>Which GPU</b> holds shard 3?"
+        p.max_new_tokens.value = 6
+        code = p.code()
+        assert "s.compare(['<b>Which GPU</b> holds shard 3?'], max_new_tokens=6, do_sample=False, seed=0)" in code
+        compile(code, "<panel>", "exec")
+        job = p.start()
+        assert job is not None and p.stop_button.disabled is False
+        p.wait(timeout=120)
+        time.sleep(0.1)
+        cmp = p.comparison
+        want = s.compare([p.prompt.value], max_new_tokens=6)   # the same question asked directly
+        assert [(r.base, r.tuned) for r in cmp] == [(r.base, r.tuned) for r in want]
+        out = p.output.value
+        assert "nvkit-compare-base" in out and "nvkit-compare-tuned" in out and "<b>Which" not in out
+        assert "&lt;b&gt;Which GPU&lt;/b&gt;" in out and "base (adapter off)" in out
+        assert f"{cmp[0].base_tokens_per_s:.1f} tok/s" in out and f"{cmp[0].tuned_tokens_per_s:.1f} tok/s" in out
+        assert p.stats.value.startswith("base ") and " tok/s · tuned " in p.stats.value
+        assert p.text == cmp[0].tuned and not p.generate_button.disabled
+        # Stop ends a long comparison: no result, the session free again
+        eos = s.model.generation_config.eos_token_id
+        s.model.generation_config.eos_token_id = None
+        try:
+            p.max_new_tokens.value = 5000
+            p.start()
+            time.sleep(0.5)
+            p.stop_button.click()
+            p.wait(timeout=60)
+        finally:
+            s.model.generation_config.eos_token_id = eos
+        time.sleep(0.1)
+        assert p.comparison is None and "Stopped" in p.status.value and not s.busy
+    finally:
+        s.unload_adapter()
+    assert p.compare.layout.display == "none" and not p.comparing
+    p.close()
+
+
+# last: it unloads the module's session
 def test_model_line_follows_loads_anywhere():
     p = GeneratePanel()
     cur = nvkit.session(required=False)

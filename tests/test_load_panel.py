@@ -1,6 +1,8 @@
-"""The Model tab: unavailable choices disabled with a one-line reason (the whole reason behind
-"why"), every dropdown with a value, a valid estimate in the default state, .code() follows the
-controls, Load/Unload work from a worker thread, and a model loaded elsewhere shows up."""
+"""The Model tab: attention "auto" offered first and chosen by default (nvkit.load's default), the
+backend it picked shown after a load; unavailable choices disabled with a one-line reason (the
+whole reason behind "why"), every dropdown with a value, a valid estimate in the default state,
+.code() follows the controls, Load/Unload work from a worker thread, and a model loaded elsewhere
+shows up."""
 
 import pytest
 
@@ -15,9 +17,25 @@ def panel():
     return LoadPanel(model=model_path(), device="cpu")
 
 
+def test_auto_is_offered_first_and_chosen_by_default(panel):
+    b = panel.attn_buttons
+    assert list(b)[0] == "auto" and b["auto"].value and panel.attention == "auto"
+    assert not b["sdpa"].disabled and not b["sdpa"].value
+    # "auto" is nvkit.load's own default: the call leaves it out; sdpa chosen by hand is written out
+    assert "attn_implementation" not in panel.code() and "attn_implementation" not in panel.kwargs()
+    panel.select_attention("sdpa")
+    assert panel.attention == "sdpa" and not b["auto"].value
+    assert panel.kwargs()["attn_implementation"] == "sdpa"
+    panel.select_attention("auto")
+    assert panel.attention == "auto" and not b["sdpa"].value
+    # one line saying what auto does, the rest behind "why"
+    note = panel.attn_box.children[0].children[1].value
+    assert "nvkit.load&#x27;s default <u>why</u>" in note and "model&#x27;s class supports" in note
+
+
 def test_unavailable_backends_are_disabled_with_reason(panel):
     b = panel.attn_buttons
-    assert not b["sdpa"].disabled and b["sdpa"].value and panel.attention == "sdpa"
+    assert not b["sdpa"].disabled
     for fa in ("flash_attention_2", "flash_attention_3", "flash_attention_4"):
         assert b[fa].disabled and "needs a CUDA GPU" in b[fa].tooltip
     with pytest.raises(NvkitError, match="can't be used here"):
@@ -82,9 +100,13 @@ def test_load_and_unload_from_the_panel(panel):
     panel.quant.value = "int8"
     job = panel.load()
     s = job.result(timeout=300)
-    assert panel.progress.bar_style == "success" and panel.status.value == "loaded"
+    assert panel.progress.bar_style == "success"
+    # loaded with "auto": the status and the summary name the backend it picked for this model
+    chosen = s.info["attention"]
+    assert chosen in ("sdpa", "eager") and s.load_kwargs["attn_implementation"] == chosen
+    assert panel.status.value == f"loaded · attention auto picked <b>{chosen}</b> for this model"
     summary = panel.summary.value
-    assert "attention <b>sdpa</b>" in summary and "weights <b>" in summary
+    assert f"attention <b>{chosen}</b>" in summary and "weights <b>" in summary
     assert "the load grew this process's memory (RSS) by" in summary   # measured, and said what it is
     assert session() is s and s.info["quantization"] == "int8"
     panel.unload()

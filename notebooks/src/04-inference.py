@@ -146,10 +146,15 @@ assert gen.text and gen.last_error is None
 # For one prompt on a CUDA GPU nvkit decodes with a static KV cache and replays a CUDA graph that
 # holds several decode steps, so the GPU is not kept waiting by Python between tokens. It is used
 # automatically when it applies (`fast=None`); `fast=True` insists and says why when it can't.
-# Capturing costs tens of seconds once per session, length bucket and sampling mode, so by default
-# a short request (under 128 new tokens) that would have to wait for it runs plain `generate`
-# instead, and the status says so; `fast=True` or a longer request captures it, and from then on
-# every request of that size takes the fast path.
+# Compiling the decode step costs tens of seconds once per session (less when nvkit's on-disk
+# compile cache already holds it, e.g. after a kernel restart). One KV cache of 4096
+# tokens (doubled only when a request needs more) then serves every request that fits it: any
+# prompt length, any number of new tokens; another sampling mode adds a quick graph capture, not
+# another compile. Until that compile has happened, a short request (under 128 new tokens) runs
+# plain `generate` rather than wait for it, and the stats line says so; `fast=True`, a longer
+# request or `nvkit.generate.fast.prepare(s)` (a warm-up cell, as below) compiles it, and from
+# then on every request takes the fast path. While it compiles, `on_progress` (the Generate
+# panel's status line, `%nvkit generate`) shows "preparing fast decode… N s".
 
 # %%
 if not HAS_CUDA:
@@ -157,8 +162,9 @@ if not HAS_CUDA:
 else:
     slow = s.generate(prompt, max_new_tokens=64, fast=False)
     slow_stats = s.last_stats
-    fast = s.generate(prompt, max_new_tokens=64, fast=True)  # the first call captures the graphs
-    fast = s.generate(prompt, max_new_tokens=64, fast=True)
+    from nvkit.generate.fast import prepare
+    print(f"fast path ready in {prepare(s):.1f} s")  # compiles once for the session
+    fast = s.generate(prompt, max_new_tokens=64)  # short, and on the fast path: it is compiled now
     print("plain:", slow_stats)
     print("fast: ", s.last_stats)
     assert s.last_stats.path != slow_stats.path and fast

@@ -1,27 +1,32 @@
-"""``nvkit.FinetunePanel()``: the Fine-tune tab — data, LoRA and training settings, the memory
-estimate, Start/Stop, progress with ETA, loss and memory per step, a summary; a view over
-``nvkit.finetune``.
+"""``nvkit.FinetunePanel()``: the Fine-tune tab — data (with a Preview of what the model will see),
+LoRA, training and evaluation settings, the memory estimate, Start/Stop/Resume, progress with ETA,
+training and eval loss and memory per step, a summary, Export; a view over ``nvkit.finetune``,
+``nvkit.data.preview`` and ``Session.export``.
 
 Widgets are created here in the main thread. Start calls ``nvkit.finetune`` (which returns at once;
 training runs in its worker). The chart is nvkit's one live chart (``MemoryChart(x="step")``,
 created at the first Start) reading the shared memory sampler; the progress line is refreshed a
 few times a second by the same shared thread that redraws charts (nvkit/ui/live.py), and the
 summary appears when the run's job ends. Stop only sets the run's stop event. The estimate
-follows the loaded model (nvkit's load/unload events), wherever it was loaded.
+follows the loaded model (nvkit's load/unload events), wherever it was loaded. Preview tokenizes
+in the main thread (a tokenizer call, no model); Export writes in a worker thread (a merge reads
+the base weights again).
 """
 
 from __future__ import annotations
 
 import html
-import json
+import os
 
 import ipywidgets as w
 
 from ..errors import NvkitError
+from ..threads import run_in_worker
 from ..train.data import parse_examples
 from ..units import fmt_bytes
 from . import live
-from .common import CodeToggle, current_session, observe_values, on_events, root, style, wrap_row
+from .common import (CodeToggle, current_session, first_sentence, observe_values, on_events, root, style, why_html,
+                     wrap_row)
 
 _REFRESH_S = 0.25
 _EXAMPLES = "\n".join([
@@ -29,8 +34,18 @@ _EXAMPLES = "\n".join([
     '{"prompt": "Which precision on Ampere?", "response": "bfloat16, because the GPU supports it natively."}',
     '{"prompt": "How do I stop a run?", "response": "Press Stop: it ends after the current step and saves the adapter."}',
 ])
-
-
+PREVIEW_ROWS = 5
+# the preview's rows are the user's text: wrapped anywhere rather than widening the panel, and the
+# loss-carrying tokens marked in the theme's colours
+_CSS = """
+.nvkit-ft-preview { max-height: 320px; overflow-y: auto; overflow-x: hidden; }
+.nvkit-ft-preview .nvkit-preview p { margin: 2px 0; }
+.nvkit-ft-preview .nvkit-preview pre { margin: 2px 0 8px 0; padding: 4px; overflow-wrap: anywhere;
+  font-family: var(--jp-code-font-family); font-size: var(--jp-code-font-size);
+  background: var(--jp-layout-color2); color: var(--jp-content-font-color1); }
+.nvkit-ft-preview .nvkit-preview mark { color: inherit;
+  background: color-mix(in srgb, var(--jp-brand-color1, #1976d2) 30%, transparent); }
+"""
 
 
 class FinetunePanel(w.VBox):
@@ -52,6 +67,8 @@ class FinetunePanel(w.VBox):
                            description="file", layout=w.Layout(width="auto", display="none"))
         self.path.add_class("nvkit-ft-file")
         self.source.observe(self._on_source, "value")
+        self._build_preview()
+        self._build_eval()
         # LoRA and training
         style_ = {"description_width": "110px"}
         lay = w.Layout(width="220px")
@@ -79,6 +96,7 @@ class FinetunePanel(w.VBox):
         self.stop_btn = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
         self.stop_btn.add_class("nvkit-ft-stop")
         self.stop_btn.on_click(lambda _b: self.stop())
+        self._build_resume_export()
         self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="240px"))
         self.progress.add_class("nvkit-ft-progress")
         self.progress_label = w.HTML("")
@@ -93,7 +111,12 @@ class FinetunePanel(w.VBox):
         self.code_view = CodeToggle(self.code)
         observe_values((self.source, self.examples, self.path, self.r, self.alpha, self.dropout, self.targets,
                         self.steps, self.lr, self.batch, self.seq_len, self.accum, self.checkpointing,
-                        self.output_dir), self.code_view.refresh)
+                        self.output_dir, self.eval_source, self.eval_split, self.eval_file, self.eval_every,
+                        self.export_dir, self.export_merge), self.code_view.refresh)
+        # a preview of other data or settings would mislead: it goes when they change
+        observe_values((self.source, self.examples, self.path, self.seq_len, self.batch, self.accum),
+                       self._clear_preview)
+        observe_values((self.steps,), self._refresh_estimate)
 
         settings = w.VBox([
             wrap_row([self.r, self.alpha, self.dropout]), self.targets,
@@ -101,9 +124,11 @@ class FinetunePanel(w.VBox):
             self.output_dir,
         ])
         super().__init__(children=[
-            style(), self.source, self.examples, self.path, settings, self.estimate,
-            wrap_row([self.start_btn, self.stop_btn, self.progress, self.progress_label]),
-            self.status, self.chart_box, self.summary, self.code_view,
+            style(), w.HTML(f"<style>{_CSS}</style>", layout=w.Layout(height="0px", margin="0")),
+            self._data_row(), self.examples, self.path, self.preview_box, settings,
+            self.eval_row, self.estimate,
+            wrap_row([self.start_btn, self.stop_btn, self.resume_btn, self.progress, self.progress_label]),
+            self.status, self.chart_box, self.summary, self.export_row, self.export_status, self.code_view,
         ], **kwargs)
         self.add_class("nvkit-finetune-panel")
         root(self)
@@ -114,6 +139,76 @@ class FinetunePanel(w.VBox):
     def figure(self):
         """The chart's plotly FigureWidget (None before the first Start)."""
         return None if self.chart is None else self.chart.figure
+
+    # --- the parts of the form, built apart ------------------------------------------------------
+    def _build_preview(self) -> None:
+        self.preview_btn = w.Button(description="Preview", icon="eye",
+                                    tooltip="the first rows as the model will see them (template, tokens, "
+                                            "what carries the loss) and the totals, before paying for a run")
+        self.preview_btn.add_class("nvkit-ft-preview-btn")
+        self.preview_btn.on_click(lambda _b: self.preview())
+        self.preview_html = w.HTML("")
+        self.preview_html.add_class("nvkit-ft-preview")
+        self.preview_box = w.VBox([self.preview_html], layout=w.Layout(display="none", width="100%"))
+        self.last_preview = None
+        self.preview_job = None
+        self._preview_seq = 0   # a preview made for data or settings changed since is not shown
+
+    def _build_eval(self) -> None:
+        style_ = {"description_width": "110px"}
+        self.eval_source = w.Dropdown(options=[("off", "none"), ("hold out a share", "split"), ("a file", "file")],
+                                      value="none", description="evaluate", style=style_,
+                                      layout=w.Layout(width="290px"))
+        self.eval_source.add_class("nvkit-ft-eval-source")
+        self.eval_split = w.BoundedFloatText(value=0.1, min=0.01, max=0.5, step=0.01, description="held-out share",
+                                             style=style_, layout=w.Layout(width="220px"))
+        self.eval_split.add_class("nvkit-ft-eval-split")
+        self.eval_file = w.Text(value="", placeholder="/path/to/eval.jsonl (same forms as the data)",
+                                description="eval file", style=style_, layout=w.Layout(width="440px", max_width="100%"))
+        self.eval_file.add_class("nvkit-ft-eval-file")
+        self.eval_every = w.BoundedIntText(value=5, min=0, max=1_000_000, description="eval every", style=style_,
+                                           layout=w.Layout(width="220px"),
+                                           tooltip="steps between evaluations; 0: only before the first step "
+                                                   "and at the end")
+        self.eval_every.add_class("nvkit-ft-eval-every")
+        self.eval_row = wrap_row([self.eval_source, self.eval_split, self.eval_file, self.eval_every])
+        self.eval_row.add_class("nvkit-ft-eval")
+        self.eval_source.observe(lambda _ch: self._sync_eval(), "value")
+        self._sync_eval()
+
+    def _data_row(self) -> w.HBox:
+        row = wrap_row([self.source, self.preview_btn])
+        row.layout.align_items = "flex-end"  # Preview beside the buttons, not their label above them
+        return row
+
+    def _sync_eval(self) -> None:
+        src = self.eval_source.value
+        self.eval_split.layout.display = None if src == "split" else "none"
+        self.eval_file.layout.display = None if src == "file" else "none"
+        self.eval_every.layout.display = "none" if src == "none" else None
+
+    def _build_resume_export(self) -> None:
+        self.resume_btn = w.Button(description="Resume", icon="forward", disabled=True,
+                                   tooltip="continue the last run from its latest checkpoint: same data and "
+                                           "settings, 'steps' is the total")
+        self.resume_btn.add_class("nvkit-ft-resume")
+        self.resume_btn.on_click(lambda _b: self.resume())
+        self.export_dir = w.Text(value="", placeholder="a new or empty folder", description="export to",
+                                 style={"description_width": "110px"}, layout=w.Layout(width="440px", max_width="100%"))
+        self.export_dir.add_class("nvkit-ft-export-dir")
+        self.export_merge = w.Checkbox(value=True, description="merge the adapter into the weights", indent=False,
+                                       layout=w.Layout(width="auto"))
+        self.export_merge.add_class("nvkit-ft-export-merge")
+        self.export_btn = w.Button(description="Export", icon="upload",
+                                   tooltip="a standalone checkpoint (merged) or the adapter, with the tokenizer, "
+                                           "generation config and a model card")
+        self.export_btn.add_class("nvkit-ft-export")
+        self.export_btn.on_click(lambda _b: self.export())
+        self.export_status = w.HTML("")
+        self.export_status.add_class("nvkit-ft-export-status")
+        self.export_row = wrap_row([self.export_dir, self.export_merge, self.export_btn])
+        self.export_row.add_class("nvkit-ft-export-row")
+        self.export_job = None
 
     def _on_source(self, change):
         inline = change["new"] == "inline"
@@ -139,6 +234,23 @@ class FinetunePanel(w.VBox):
                   gradient_checkpointing=self.checkpointing.value)
         if self.output_dir.value.strip():
             kw["output_dir"] = self.output_dir.value.strip()
+        kw.update(self.eval_settings())
+        return kw
+
+    def eval_settings(self) -> dict:
+        """The evaluation keywords of ``nvkit.finetune`` the form asks for (empty when off)."""
+        src = self.eval_source.value
+        if src == "none":
+            return {}
+        if src == "split":
+            kw = {"eval_split": round(float(self.eval_split.value), 4)}
+        else:
+            p = self.eval_file.value.strip()
+            if not p:
+                raise NvkitError("Choose an eval file (.jsonl, .json, .csv or .txt), or hold out a share of the data.")
+            kw = {"eval_data": p}
+        if self.eval_every.value:
+            kw["eval_every"] = int(self.eval_every.value)
         return kw
 
     def data(self):
@@ -160,10 +272,25 @@ class FinetunePanel(w.VBox):
                 rows = []
             data_src = "data = [\n" + "".join(f"    {r!r},\n" for r in rows) + "]\n"
         args = ", ".join(f"{k}={v!r}" for k, v in kw.items())
-        return ("import nvkit\n" + data_src +
-                f"run = nvkit.finetune(nvkit.session(), data, {args})\n"
-                "await run  # or run.result(); run.stop() ends it after the current step\n"
-                "run.history[-1], run.adapter_dir\n")
+        return ("import nvkit\n" + data_src + "s = nvkit.session()\n" + self._preview_code() +
+                f"run = nvkit.finetune(s, data, {args})\n"
+                "await run  # or run.result(); run.stop() ends it after the current step, with a checkpoint\n"
+                "print(run.summary())  # eval loss before and after, why it stopped, checkpoint, adapter\n"
+                + self._resume_export_code())
+
+    def _preview_code(self) -> str:
+        return (f"display(nvkit.data.preview(data, s, seq_len={self.seq_len.value}, n={PREVIEW_ROWS}, "
+                f"batch_size={self.batch.value}, grad_accum={self.accum.value}))  # what the model will see\n")
+
+    def _resume_export_code(self) -> str:
+        lines = ["# Resume: the same call with resume=True, output_dir=run.info['output_dir'] continues from "
+                 "the latest checkpoint"]
+        folder = self.export_dir.value.strip()
+        if folder:
+            lines.append(f"s.export({folder!r}, merge={bool(self.export_merge.value)})")
+        else:
+            lines.append("# s.export('folder', merge=True)  # a standalone checkpoint; merge=False: the adapter")
+        return "\n".join(lines) + "\n"
 
     # --- the estimate follows the loaded model --------------------------------------------------
     def _on_event(self, ev) -> None:
@@ -178,9 +305,14 @@ class FinetunePanel(w.VBox):
                                    "the memory estimate.</span>")
             return
         from ..memory.estimate import for_session
+        from ..train.compile import compile_decision
         try:  # what nvkit.finetune will predict for these settings (memory.expect_finetune)
+            # compiled or not as finetune(compile="auto") will decide (a warm compile cache can
+            # only turn a short run's compile on, which needs less activation memory)
+            compiled = compile_decision("auto", s.device.type, int(self.steps.value), False)[0]
             est = for_session(s, mode="lora", batch_size=self.batch.value, seq_len=self.seq_len.value,
-                              lora_r=self.r.value, gradient_checkpointing=self.checkpointing.value, path="nvkit")
+                              lora_r=self.r.value, gradient_checkpointing=self.checkpointing.value, path="nvkit",
+                              compiled=compiled)
             self.estimate.value = (f"Estimated peak for this run on {html.escape(s.model_id)}: "
                                    f"<b>{html.escape(fmt_bytes(est.total))}</b> "
                                    "<span class='nvkit-muted'>(the measured peak appears in the summary)</span>")
@@ -191,9 +323,15 @@ class FinetunePanel(w.VBox):
     # --- actions (main thread; they only start or signal work) ---------------------------------
     def start(self):
         """What the Start button does: ``nvkit.finetune`` with the form's settings."""
+        return self._begin({})
+
+    def _begin(self, extra: dict):
         if self.run is not None and not self.run.done:
             self.status.value = "<span class='nvkit-error'>A run is in progress: Stop it first.</span>"
             return None
+        if self.preview_job is not None:
+            # one user of the tokenizer at a time: a preview clicked just before ends first
+            self.preview_job.wait_done(60)
         s = self._current_session()
         try:
             if s is None:
@@ -202,15 +340,15 @@ class FinetunePanel(w.VBox):
             # the trainer's thread imports pandas, and the chart made below checks values
             # against it: whole before the thread starts (live.plotly_ready says why)
             live.plotly_ready()
-            run = finetune(s, self.data(), **self.settings())
+            run = finetune(s, self.data(), **{**self.settings(), **extra})
         except NvkitError as e:
             self.status.value = f"<span class='nvkit-error'>{html.escape(str(e))}</span>"
             return None
         self.run = run
         self.summary.value = ""
-        self.status.value = html.escape(f"Training {run.total_steps} steps · {run.info['precision']} · "
-                                        f"loss: {run.info.get('loss', 'model loss')} · Liger {run.info['liger']}")
+        self.status.value = self._status_line(run)
         self.start_btn.disabled = True
+        self.resume_btn.disabled = True
         self.stop_btn.disabled = False
         self.progress.value = 0.0
         if self.chart is None:  # widgets are made here, in the main thread, once
@@ -220,6 +358,38 @@ class FinetunePanel(w.VBox):
         self.chart.follow(run)
         live.every(_REFRESH_S, lambda: self._tick(run), owner=self)
         return run
+
+    @classmethod
+    def _status_line(cls, run) -> str:
+        i = run.info
+        head = html.escape(f"Training {run.total_steps} steps · {i['precision']} · "
+                           f"loss: {i.get('loss', 'model loss')}")
+        if i.get("resumed_from"):
+            head = html.escape(f"Resuming at step {run.first_step} from {i['resumed_from']} · ") + head
+        return f"{head} · {cls._decisions(run)}"
+
+    @staticmethod
+    def _decisions(run) -> str:
+        """Liger and compile on or off in a word each, both reasons behind one "why" (one
+        fold-out: two on a line would not stay on it)."""
+        i = run.info
+        liger, comp = str(i.get("liger") or "off"), str(i.get("compile_reason") or "off")
+        short = f"Liger {first_sentence(liger, 30)} · compile {first_sentence(comp, 30)}"
+        full = f"Liger {' '.join(liger.split())}. Compile {' '.join(comp.split())}"
+        return (f"<details class='nvkit-why' title='{html.escape(full, quote=True)}'><summary>{html.escape(short)} "
+                f"<u>why</u></summary>{html.escape(full)}</details>")
+
+    def resume(self):
+        """What the Resume button does: the form's run again with ``resume=True`` in the last run's
+        folder, so it continues from that run's latest checkpoint (optimizer, schedule, data order
+        and step count); ``steps`` is the total."""
+        last = self.run
+        if last is None or not last.done:
+            why = ("Nothing to resume: start a run first; Stop (or save_every) leaves a checkpoint to continue from."
+                   if last is None else "A run is in progress: Stop it first.")
+            self.status.value = why_html(why)
+            return None
+        return self._begin({"resume": True, "output_dir": last.info["output_dir"]})
 
     def stop(self):
         if self.run is not None:
@@ -249,19 +419,133 @@ class FinetunePanel(w.VBox):
     def _finish(self, run):
         self.start_btn.disabled = False
         self.stop_btn.disabled = True
+        self.resume_btn.disabled = not run.checkpoints
         if run.error is not None:
             self.status.value = f"<span class='nvkit-error'>{html.escape(str(run.error))}</span>"
             return
         sm = run.summary()
         self.progress.value = 1.0 if not run.stopped else self.progress.value
-        self.status.value = "Stopped by the user." if run.stopped else "Done."
+        self.status.value = ("Stopped by the user." if run.stopped else "Done.") + " · " + self._decisions(run)
         rows = [("time", f"{sm['seconds']:.1f} s"), ("steps", str(sm["steps"])),
                 ("tokens/s", f"{sm['tokens_per_s']:.0f}"), ("peak memory", fmt_bytes(sm["peak_memory"])),
                 ("final loss", f"{sm['final_loss']:.4f}" if sm["final_loss"] is not None else "n/a"),
-                ("adapter", sm["adapter_dir"] or "not saved")]
+                *self._eval_rows(sm), ("adapter", sm["adapter_dir"] or "not saved")]
+        if not self.export_dir.value.strip() and run.info.get("output_dir"):
+            self.export_dir.value = os.path.join(run.info["output_dir"], "export")
         self.summary.value = "<table class='nvkit-table'>" + "".join(
             f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>" for k, v in rows) + "</table>"
         self.code_view.refresh()
+
+    @staticmethod
+    def _eval_rows(sm: dict) -> list:
+        """Summary rows for the evaluation, why the run ended early and where it can resume."""
+        rows = []
+        if sm.get("eval_loss_before") is not None:
+            after = sm.get("eval_loss_after")
+            rows.append(("eval loss", f"{sm['eval_loss_before']:.4f} before → {after:.4f} after "
+                                      f"(perplexity {sm['eval_perplexity_before']:.2f} → "
+                                      f"{sm['eval_perplexity_after']:.2f})"))
+        if sm.get("stop_reason"):
+            rows.append(("ended early", sm["stop_reason"]))
+        if sm.get("checkpoint"):
+            rows.append(("checkpoint", f"{sm['checkpoint']} (Resume continues from it)"))
+        return rows
+
+    # --- preview and export ----------------------------------------------------------------------
+    def preview(self):
+        """What the Preview button does: ``nvkit.data.preview`` of the form's data with the loaded
+        model's tokenizer, shown in the panel (escaped: the rows are the user's text). It reads
+        and tokenizes every row (for the totals), so it runs in a worker thread: returns the Job
+        (``await panel.preview()``; its result is the Preview), or None when it cannot start (the
+        reason is shown)."""
+        if self.preview_job is not None and not self.preview_job.done:
+            return self.preview_job
+        self._preview_seq += 1
+        seq = self._preview_seq
+        s = self._current_session()
+        try:
+            if s is None:
+                raise NvkitError("Load a model first: the preview uses its tokenizer and chat template.")
+            data = self.data()
+        except NvkitError as e:
+            self._show_preview(why_html(str(e), prefix="No preview: "))
+            return None
+        kw = dict(seq_len=int(self.seq_len.value), n=PREVIEW_ROWS, batch_size=int(self.batch.value),
+                  grad_accum=int(self.accum.value))
+        self.preview_btn.disabled = True
+        self._show_preview("<span class='nvkit-muted'>Reading and tokenizing the data…</span>")
+
+        def work(job):
+            # the worker sets the widgets before it ends, so whoever waits on the job sees them
+            from ..train.data import preview
+            try:
+                pv = preview(data, s, **kw)
+            except BaseException as e:
+                if seq == self._preview_seq:
+                    msg = str(e) if isinstance(e, NvkitError) else f"{type(e).__name__}: {e}"
+                    self._show_preview(why_html(msg, prefix="No preview: "))
+                raise
+            finally:
+                self.preview_btn.disabled = False
+            if seq == self._preview_seq:
+                self._show_preview(pv._repr_html_(), pv)
+            return pv
+
+        self.preview_job = run_in_worker(work, name="nvkit-preview")
+        return self.preview_job
+
+    def _show_preview(self, value: str, pv=None) -> None:
+        self.last_preview = pv
+        self.preview_html.value = value
+        self.preview_box.layout.display = None
+
+    def _clear_preview(self) -> None:
+        self._preview_seq += 1
+        if self.preview_box.layout.display != "none":
+            self.preview_box.layout.display = "none"
+            self.preview_html.value = ""
+        self.last_preview = None
+
+    def export(self):
+        """What the Export button does: ``s.export(folder, merge=...)`` in a worker thread; returns
+        the Job (None when refused: the reason is shown on one line)."""
+        if self.export_job is not None and not self.export_job.done:
+            return self.export_job
+        s = self._current_session()
+        folder, merge = self.export_dir.value.strip(), bool(self.export_merge.value)
+        try:
+            if s is None:
+                raise NvkitError("No model is loaded: load one (and fine-tune it) first.")
+            if not folder:
+                raise NvkitError("Choose a folder to export into: a new or empty one (nvkit never writes into a "
+                                 "folder it did not make).")
+            if self.run is not None and not self.run.done:
+                raise NvkitError("A run is in progress: wait for it or Stop it first.")
+        except NvkitError as e:
+            self.export_status.value = why_html(str(e), prefix="Not exported: ")
+            return None
+        what = "the merged model" if merge else "the adapter"
+        self.export_btn.disabled = True
+        self.export_status.value = f"Exporting {what} to {html.escape(folder)}…"
+
+        def work(job):
+            # the worker sets the widgets before it ends, so whoever waits on the job sees them
+            try:
+                out = s.export(folder, merge=merge)
+            except BaseException as e:
+                msg = str(e) if isinstance(e, NvkitError) else f"{type(e).__name__}: {e}"
+                self.export_status.value = why_html(msg, prefix="Not exported: ")
+                raise
+            finally:
+                self.export_btn.disabled = False
+            parts = "weights" if merge else "adapter"
+            self.export_status.value = (f"Exported {what} to <b>{html.escape(str(out))}</b> "
+                                        f"<span class='nvkit-muted'>({parts}, tokenizer, generation config, "
+                                        "README model card)</span>")
+            return out
+
+        self.export_job = run_in_worker(work, name="nvkit-export")
+        return self.export_job
 
     def close(self):
         live.stop_every(self)

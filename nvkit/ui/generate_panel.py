@@ -1,15 +1,19 @@
 """``nvkit.GeneratePanel()``: prompt, chat, parameters, streamed output, Stop, stats; a view over
-``Session.generate``.
+``Session.generate`` (and, with "Compare with base" on a model with an adapter, over
+``nvkit.model.compare.acompare``: base and tuned side by side).
 
 Generate starts the work in a worker thread and returns at once, so the kernel keeps serving
 clicks (Stop) whether or not a cell is awaiting. Streamed text goes into one bounded HTML widget,
 HTML-escaped, wrapped at word boundaries, refreshed a few times a second; in chat mode it is a
 transcript (one block per turn). If no model is loaded, Generate loads nvkit's demo model first
 and says so; a model loaded anywhere else shows up in the model line (nvkit's load events).
+While the fast path compiles (once per session) the status line counts the seconds
+(``on_progress``); the stats line gives the rate over the whole request and the decode rate.
 """
 
 from __future__ import annotations
 
+import asyncio
 import html
 import threading
 import time
@@ -33,6 +37,16 @@ _LIST_CSS = """
   padding: 2px 6px; text-align: left; vertical-align: top; white-space: pre-wrap; overflow-wrap: break-word;
   color: var(--jp-content-font-color1); font-family: var(--jp-code-font-family); font-size: var(--jp-code-font-size); }
 .nvkit-panel-root .nvkit-results th:first-child, .nvkit-panel-root .nvkit-results td:first-child { width: 3em; }
+"""
+# base and tuned side by side, each wrapping by word; one above the other when the panel is narrow
+_COMPARE_CSS = """
+.nvkit-panel-root .nvkit-compare { display: flex; flex-wrap: wrap; gap: 8px; }
+.nvkit-panel-root .nvkit-compare-side { flex: 1 1 260px; min-width: 0; padding: 4px 8px; border-radius: 4px;
+  border: 1px solid var(--jp-border-color2); white-space: pre-wrap; word-break: normal; overflow-wrap: break-word;
+  color: var(--jp-content-font-color1); font-family: var(--jp-code-font-family); font-size: var(--jp-code-font-size); }
+.nvkit-panel-root .nvkit-compare-tuned { background: var(--jp-layout-color2); }
+.nvkit-panel-root .nvkit-compare-prompt { color: var(--jp-ui-font-color2); margin-bottom: 4px; white-space: pre-wrap;
+  overflow-wrap: break-word; }
 """
 
 
@@ -85,6 +99,37 @@ def _results_html(prompts: list[str], outputs: list[str] | None, stopped: bool =
             + "".join(rows) + "</table>" + tail)
 
 
+def stats_text(st) -> str:
+    """The stats line of one request: tokens, the rate over the whole request, the decode rate
+    after the first token, time to first token, the path. Reads GenerationStats' fields, so it
+    holds whether or not the stats carry ``decode_tokens_per_second`` (where they don't,
+    ``tokens_per_second`` is the decode rate)."""
+    overall = st.new_tokens / st.seconds if st.seconds and st.seconds > 0 else 0.0
+    decode = getattr(st, "decode_tokens_per_second", None)
+    if callable(decode):
+        decode = decode()
+    if decode is None:
+        decode = st.tokens_per_second
+    ttft = f"{st.time_to_first_token * 1000:.0f} ms" if st.time_to_first_token is not None else "n/a"
+    return (f"{st.new_tokens} tokens in {st.seconds:.2f} s · {overall:.1f} tok/s overall · decode "
+            f"{float(decode):.1f} tok/s · first token {ttft} · path {st.how}{' · stopped' if st.stopped else ''}")
+
+
+def _compare_html(cmp, prompt: str) -> str:
+    """A ``Comparison`` of one prompt: base and tuned side by side, each with its tok/s, escaped."""
+    r = cmp.rows[0]
+    adapter = html.escape(str(cmp.adapter))
+
+    def side(cls: str, title: str, text: str, rate: float) -> str:
+        return (f"<div class='nvkit-compare-side nvkit-compare-{cls}'><span class='nvkit-role'>{title} · "
+                f"{rate:.1f} tok/s</span>{html.escape(text)}</div>")
+
+    same = " <i>(same answer)</i>" if r.same else ""
+    return (f"<div class='nvkit-compare-prompt'>{html.escape(prompt[-MAX_SHOWN_CHARS:])}{same}</div>"
+            f"<div class='nvkit-compare'>{side('base', 'base (adapter off)', r.base, r.base_tokens_per_s)}"
+            f"{side('tuned', f'tuned (adapter {adapter})', r.tuned, r.tuned_tokens_per_s)}</div>")
+
+
 def _transcript_html(turns: list[dict], tail_chars: int = MAX_SHOWN_CHARS) -> str:
     """Chat turns as blocks, newest last, keeping at most ``tail_chars`` characters of text."""
     out, used = [], 0
@@ -110,7 +155,9 @@ class GeneratePanel(w.VBox):
         self.history: list[dict] = []   # chat turns so far: {"role": "user"|"assistant", "content": ...}
         self.text = ""                  # the last generation's full text
         self.last_error: str | None = None
+        self.comparison = None          # the last "Compare with base" result (nvkit.model.compare.Comparison)
         self._lock = threading.Lock()
+        self._progress_t = 0.0
 
         self.model_line = w.HTML("")
         self.model_line.add_class("nvkit-generate-model")
@@ -120,6 +167,7 @@ class GeneratePanel(w.VBox):
         self.chat = w.Checkbox(value=False, description="Chat (uses the tokenizer's chat template)", indent=False,
                                layout=w.Layout(width="auto"))
         self.chat.add_class("nvkit-generate-chat")
+        self._build_compare()
         self.system = w.Text(placeholder="System prompt (chat mode, optional)", layout=w.Layout(width="auto"))
         self.system.add_class("nvkit-generate-system")
         self.max_new_tokens = w.BoundedIntText(value=64, min=1, max=32768, description="max new tokens",
@@ -165,18 +213,21 @@ class GeneratePanel(w.VBox):
         self.sampling.observe(lambda _ch: self._sync_enabled(), "value")
         self.chat.observe(lambda _ch: self._sync_enabled(), "value")
         observe_values([self.prompt, self.max_new_tokens, self.temperature, self.top_p, self.top_k,
-                        self.repetition_penalty, self.seed, self.fast, self.system], self.code_view.refresh)
+                        self.repetition_penalty, self.seed, self.fast, self.system, self.compare],
+                       self.code_view.refresh)
         self._sync_enabled()
 
         params = wrap_row([self.max_new_tokens, self.sampling, self.fast])
         sample_params = wrap_row([self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.seed])
         buttons = wrap_row([self.generate_button, self.stop_button, self.clear_button])
-        super().__init__(children=[style(), self.model_line, self.prompt, self.chat, self.system, params,
+        super().__init__(children=[style(), self.compare_style, self.model_line, self.prompt,
+                                   wrap_row([self.chat, self.compare]), self.system, params,
                                    sample_params, buttons, self.status, self.output, self.stats, self.code_view],
                          **kwargs)
         self.add_class("nvkit-generate-panel")
         root(self)
         self._show_model()
+        self._sync_compare()
         on_events(self._on_event)
         self._build_list_mode()
 
@@ -228,6 +279,8 @@ class GeneratePanel(w.VBox):
             return self._list_code()
         prompt = self.prompt.value
         kw = self.generation_kwargs()
+        if self.comparing:
+            return self._compare_code(prompt, kw)
         args = ", ".join([repr(prompt)] + [f"{k}={v!r}" for k, v in kw.items()])
         return ("import nvkit\n"
                 "s = nvkit.session(required=False) or nvkit.load('demo')\n"
@@ -238,8 +291,9 @@ class GeneratePanel(w.VBox):
 
     # --- following the session -----------------------------------------------------------------
     def _on_event(self, ev) -> None:
-        if ev.kind in ("load", "unload", "attention", "adapter"):
+        if ev.kind in ("load", "unload", "attention", "adapter", "train-end"):
             self._show_model()
+            self._sync_compare()
 
     def _show_model(self) -> None:
         s = self._current_session()
@@ -279,7 +333,10 @@ class GeneratePanel(w.VBox):
         except NvkitError as e:
             self._error(e)
             return None
+        if self.comparing:
+            return self._start_compare(prompt, kw)
         self.last_error = None
+        self.comparison = None
         self.text = ""
         self.stats.value = ""
         self.generate_button.disabled = True
@@ -331,7 +388,7 @@ class GeneratePanel(w.VBox):
 
         events.subscribe(on_event)
         try:
-            out = s.generate(prompt, stream=on_piece, **kw)
+            out = s.generate(prompt, stream=on_piece, on_progress=self._on_progress, **kw)
         finally:
             events.unsubscribe(on_event)
             flush(force=True)
@@ -348,18 +405,139 @@ class GeneratePanel(w.VBox):
         if job is not None and job.error is not None:
             self._error(job.error)
             return
+        if self.comparison is not None or getattr(job, "compare", False):
+            self._compare_finished()
+            self.code_view.refresh()
+            return
         s = self._session
         st = getattr(s, "last_stats", None) if s is not None else None
         if st is not None:
-            self.stats.value = (f"{st.new_tokens} tokens · {st.tokens_per_second:.1f} tok/s · first token "
-                                f"{(st.time_to_first_token or 0) * 1000:.0f} ms · {st.seconds:.2f} s · path "
-                                f"{html.escape(st.how)}{' · stopped' if st.stopped else ''}")
+            self.stats.value = html.escape(stats_text(st))
             self.status.value = "Stopped." if st.stopped else "Done."
         self.code_view.refresh()
 
     def _error(self, e: BaseException):
         self.last_error = f"{type(e).__name__}: {e}"
         self.status.value = f"<span class='nvkit-error'>{html.escape(self.last_error)}</span>"
+
+    def _on_progress(self, st) -> None:
+        """``on_progress`` of the panel's requests (the worker thread, per token or chunk, and about
+        once a second while the fast path compiles): the status line says what is happening."""
+        detail = str(getattr(st, "detail", "") or "")
+        preparing = detail.startswith("preparing fast decode")
+        now = time.perf_counter()
+        if not preparing and now - self._progress_t < REFRESH_S:
+            return
+        self._progress_t = now
+        s = self._session
+        name = f" with {s.model_id}" if s is not None else ""
+        text = html.escape(detail) if preparing else html.escape(f"Generating{name}… {st.new_tokens} tokens")
+        if self.status.value != text:
+            self.status.value = text
+
+    # --- compare with base -------------------------------------------------------------------------
+    def _build_compare(self) -> None:
+        self.compare = w.Checkbox(value=False, description="Compare with base (adapter off vs on)", indent=False,
+                                  layout=w.Layout(width="auto", display="none"),
+                                  tooltip="each answer twice, same seed and settings: with the adapter off (the "
+                                          "base model) and on (the tuned model), side by side")
+        self.compare.add_class("nvkit-generate-compare")
+        self.compare_style = w.HTML(f"<style>{_COMPARE_CSS}</style>", layout=w.Layout(height="0px", margin="0"))
+
+    def _adapter_attached(self) -> bool:
+        s = self._current_session()
+        return s is not None and bool(getattr(s.model, "peft_config", None))
+
+    def _sync_compare(self) -> None:
+        """The switch is there while the model carries an adapter (after a fine-tune, load_adapter)."""
+        display = None if self._adapter_attached() else "none"
+        if self.compare.layout.display != display:
+            self.compare.layout.display = display
+
+    @property
+    def comparing(self) -> bool:
+        """Whether Generate compares base and tuned (the switch is on and an adapter is attached)."""
+        return bool(self.compare.value) and self._adapter_attached()
+
+    @staticmethod
+    def _compare_args(kw: dict) -> tuple[dict, dict]:
+        """(acompare's own arguments, the generation keywords both sides share): no streaming, no
+        fast-path choice and no chat history, which compare runs the same on both sides."""
+        kw = {k: v for k, v in kw.items() if k not in ("fast", "history")}
+        own = {"max_new_tokens": kw.pop("max_new_tokens"), "do_sample": kw.pop("do_sample"), "seed": kw.pop("seed", 0)}
+        return own, kw
+
+    def _compare_code(self, prompt: str, kw: dict) -> str:
+        own, rest = self._compare_args(kw)
+        args = ", ".join([repr([prompt])] + [f"{k}={v!r}" for k, v in {**own, **rest}.items()])
+        return ("import nvkit\n"
+                "s = nvkit.session()  # a model with an adapter (after nvkit.finetune or s.load_adapter)\n"
+                f"cmp = s.compare({args})  # adapter off (base) and on (tuned), same seed\n"
+                "cmp  # side by side, tok/s per side; print(cmp) as text\n")
+
+    def _start_compare(self, prompt: str, kw: dict) -> Job:
+        own, rest = self._compare_args(kw)
+        self.last_error = None
+        self.comparison = None
+        self.text = ""
+        self.stats.value = ""
+        self.output.value = ""
+        self.generate_button.disabled = True
+        self.stop_button.disabled = False
+        self.job = run_in_worker(lambda job: self._compare_work(job, prompt, own, rest), name="nvkit-generate-compare")
+        self.job.compare = True  # type: ignore[attr-defined]
+        self.job.add_done_callback(lambda _j: self._finished())
+        return self.job
+
+    def _compare_work(self, job: Job, prompt: str, own: dict, rest: dict):
+        s = self._current_session()
+        if s is None:
+            raise NvkitError("No model is loaded: load one with an adapter (fine-tune it, or s.load_adapter(dir)).")
+        self._session = s
+        self.status.value = html.escape(f"Comparing with {s.model_id}: the base model (adapter off), then the "
+                                        "tuned one (adapter on)…")
+        from ..model.compare import acompare
+
+        async def both():
+            # awaited in this worker's own event loop, so the kernel's stays free for clicks
+            task = asyncio.ensure_future(acompare(s, [prompt], **own, **rest))
+            while not task.done():
+                if job.stop_event.is_set():
+                    task.cancel()
+                    s.stop()
+                    break
+                await asyncio.sleep(0.05)
+            try:
+                return await task
+            except asyncio.CancelledError:
+                for _ in range(600):  # the side that ran ends within a token or two of s.stop()
+                    if not s.busy:
+                        break
+                    await asyncio.sleep(0.05)
+                return None
+
+        cmp = asyncio.run(both())
+        if cmp is None:
+            return None
+        self.comparison = cmp
+        self.text = cmp.rows[0].tuned
+        self.output.value = _compare_html(cmp, prompt)
+        return self.text
+
+    def _compare_finished(self) -> None:
+        job = self.job
+        if job is not None and job.error is not None:
+            self._error(job.error)
+            return
+        cmp = self.comparison
+        if cmp is None:
+            self.status.value = "Stopped: no comparison."
+            return
+        r = cmp.rows[0]
+        self.stats.value = html.escape(f"base {r.base_tokens_per_s:.1f} tok/s · tuned {r.tuned_tokens_per_s:.1f} tok/s · "
+                                       f"{'same answer' if r.same else 'the adapter changed the answer'} · "
+                                       f"seed {cmp.settings.get('seed')}")
+        self.status.value = "Done: base and tuned, same seed and settings."
 
     def stop(self):
         """Stop click: ends the generation within a few tokens."""

@@ -3,7 +3,10 @@ loading, Load/Unload with progress, and what was actually loaded.
 
 A thin view over ``nvkit.load`` / ``attention_backends`` / ``quantization_methods``: unavailable
 backends and quantizations are shown disabled with a one-line reason (the whole reason folds out
-behind "why"); ``.code()`` is the call the panel makes. Loading runs in a worker thread;
+behind "why"); attention "auto" (``nvkit.load``'s default: the best backend that works here and
+that the model class supports) comes first and is chosen until another is, and after a load the
+summary says which backend it picked. ``.code()`` is the call the panel makes. Loading runs in a
+worker thread;
 callbacks only start jobs and the worker sets values. A model loaded anywhere else (a cell, the
 magic, another panel) shows up here too: the panel follows nvkit's load/unload events.
 """
@@ -24,6 +27,8 @@ DTYPES = ("auto", "bfloat16", "float16", "float32")
 DEVICE_MAPS = (("default (cuda if present)", "default"), ("cuda", "cuda"), ("auto (split over GPUs)", "auto"),
                ("cpu", "cpu"))
 _WIDE = {"description_width": "initial"}
+AUTO_WHY = ("nvkit.load's default: the best backend that works here and that the model's class supports "
+            "(sdpa, or what the class supports instead); the summary says which after loading")
 
 
 def auto_target(device_map: str, dtype: str) -> tuple[str, str, str]:
@@ -72,11 +77,11 @@ class LoadPanel(w.VBox):
         # with its reason on one line.
         self.attn_buttons = {}
         rows = []
-        choices = [("auto", True, "the fastest available here", "")] + \
+        choices = [("auto", True, AUTO_WHY, "")] + \
                   [(c.name, c.available, c.reason, f" ({c.source})" if c.available and c.source != "-" else "")
                    for c in self.backends]
         for name, ok, why, source in choices:
-            b = w.ToggleButton(description=name, value=(name == "sdpa"), disabled=not ok, tooltip=why + source,
+            b = w.ToggleButton(description=name, value=(name == "auto"), disabled=not ok, tooltip=why + source,
                                layout=w.Layout(width="auto", min_width="150px"))
             b.add_class("nvkit-attn-" + name.replace("_", "-"))
             b.observe(self._on_attn, "value")
@@ -142,7 +147,7 @@ class LoadPanel(w.VBox):
         for name, b in self.attn_buttons.items():
             if b.value:
                 return name
-        return "sdpa"
+        return "auto"
 
     def _on_attn(self, change):
         if change["new"]:
@@ -180,7 +185,7 @@ class LoadPanel(w.VBox):
             kw["dtype"] = self.dtype.value
         if self.device_map.value != "default":
             kw["device_map"] = self.device_map.value
-        if self.attention != "sdpa":
+        if self.attention != "auto":  # nvkit.load's default
             kw["attn_implementation"] = self.attention
         if self.kernels.value:
             kw["use_kernels"] = True
@@ -272,12 +277,23 @@ class LoadPanel(w.VBox):
                 raise
             self.summary.value = self.describe(s)
             self.progress.value, self.progress.bar_style = 1, "success"
-            self.status.value = "loaded"
+            self.status.value = self.loaded_text(s, kw.get("attn_implementation", "auto"))
             self.load_button.disabled = False
             return s
 
         self.job = run_in_worker(work, name="nvkit-load")
         return self.job
+
+    @staticmethod
+    def loaded_text(s, asked: str) -> str:
+        """The status after a load: with attention "auto", the backend it picked for this model."""
+        try:
+            chosen = str(s.info["attention"])
+        except Exception:  # unloaded meanwhile
+            return "loaded"
+        if asked == "auto":
+            return f"loaded · attention auto picked <b>{html.escape(chosen)}</b> for this model"
+        return f"loaded · attention <b>{html.escape(chosen)}</b>"
 
     @staticmethod
     def describe(s) -> str:

@@ -43,6 +43,7 @@ _COLORS = ["#76b900", "#1f77b4", "#ff7f0e", "#9467bd", "#17becf", "#8c564b", "#e
 _RSS_COLOR = "#e377c2"
 _PRED_COLOR = "#d62728"
 _LOSS_COLOR = "#ff7f0e"
+_EVAL_COLOR = "#17becf"
 _DASH = {"nvml_used": "solid", "torch_reserved": "dash", "torch_allocated": "dot"}
 _SERIES_NAME = {"nvml_used": "used (NVML)", "torch_reserved": "reserved (torch)",
                 "torch_allocated": "allocated (torch)"}
@@ -110,8 +111,8 @@ class MemoryChart(LiveChart):
     """The live memory chart; ``.figure`` is the plotly FigureWidget, ``.stop()`` ends its updates.
 
     ``x="time"`` (``nvkit.monitor()``): the last ``window_s`` seconds of the shared sampler.
-    ``x="step"``: the steps of a fine-tune (``.follow(run)``), loss above and the peak memory of
-    each step below."""
+    ``x="step"``: the steps of a fine-tune (``.follow(run)``), the training loss and the held-out
+    (eval) loss above, on the same step axis, and the peak memory of each step below."""
 
     def __init__(self, devices=None, rate_hz: float = memory.DEFAULT_RATE_HZ, window_s: float = DEFAULT_WINDOW_S,
                  start: bool = True, x: str = "time"):
@@ -157,6 +158,9 @@ class MemoryChart(LiveChart):
         if x == "step":
             add(("loss", None), mode="lines+markers", name="loss", yaxis="y2",
                 line=dict(color=_LOSS_COLOR, width=2), marker=dict(size=4))
+            # the run's evaluations (before the first step, every eval_every steps, at the end)
+            add(("eval", None), mode="lines+markers", name="eval loss", yaxis="y2",
+                line=dict(color=_EVAL_COLOR, width=2, dash="dash"), marker=dict(size=7, symbol="diamond"))
         add(("events", None), mode="markers", name="events", showlegend=False,
             marker=dict(size=9, color="#888", symbol="diamond"), hovertext=[], hoverinfo="text+x")
 
@@ -196,6 +200,8 @@ class MemoryChart(LiveChart):
         self._step_mem: dict = {}
         self._seen_steps = 0
         self._t_prev = None
+        self._eval_steps: list = []
+        self._eval_loss: list = []
         on_events(self._on_event)
         self.refresh(force=True)
         if start:
@@ -223,6 +229,7 @@ class MemoryChart(LiveChart):
             self._steps, self._loss, self._step_mem = [], [], {}
             self._seen_steps = 0
             self._t_prev = getattr(run, "t0", None)
+            self._eval_steps, self._eval_loss = [], []
             self._dirty = True
         self.start()
         ticker.wake()
@@ -260,10 +267,11 @@ class MemoryChart(LiveChart):
         run = self.run
         if run is None:
             return False
+        evals = self._collect_evals(run)
         hist = run.history
         n = len(hist)
         if n <= self._seen_steps:
-            return False
+            return evals
         new = hist[self._seen_steps:n]
         self._seen_steps = n
         s = self._sampler()
@@ -295,6 +303,17 @@ class MemoryChart(LiveChart):
             self._steps = [self._steps[i] for i in keep]
             self._loss = [self._loss[i] for i in keep]
             self._step_mem = {k: [v[i] for i in keep] for k, v in self._step_mem.items()}
+        return True
+
+    def _collect_evals(self, run) -> bool:
+        """The run's evaluations (``run.eval_history``: step, eval_loss, ...) not drawn yet."""
+        hist = getattr(run, "eval_history", None) or []
+        if len(hist) <= len(self._eval_steps):
+            return False
+        for rec in hist[len(self._eval_steps):]:
+            loss = rec.get("eval_loss")
+            self._eval_steps.append(int(rec.get("step", 0)))
+            self._eval_loss.append(float(loss) if loss is not None else float("nan"))
         return True
 
     # --- drawing ---------------------------------------------------------------------------------
@@ -345,7 +364,7 @@ class MemoryChart(LiveChart):
         # y axis: scaled to what is drawn, the device total shown when it is near
         peak = 0.0
         for key, (_, y) in data.items():
-            if key[0] in ("events", "loss", "key") or visible.get(key) is not True or not len(y):
+            if key[0] in ("events", "loss", "eval", "key") or visible.get(key) is not True or not len(y):
                 continue
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", RuntimeWarning)
@@ -367,6 +386,8 @@ class MemoryChart(LiveChart):
                     self._sent[("visible", key)] = v
             if self.x == "step":
                 data[("loss", None)] = (np.asarray(self._steps, dtype=np.float64), np.asarray(self._loss))
+                data[("eval", None)] = (np.asarray(self._eval_steps, dtype=np.float64),
+                                        np.asarray(self._eval_loss, dtype=np.float64))
             for key, (x, y) in data.items():
                 i = self.trace_index.get(key)
                 if i is None:
@@ -376,8 +397,8 @@ class MemoryChart(LiveChart):
                     continue  # sent when it is shown again (a legendonly line keeps its data, so
                     #           that its legend entry exists and a click shows it at once)
                 xs = _rounded(x, 2)
-                ys = _rounded(np.asarray(y) / (unit if key[0] not in ("events", "loss") else 1.0),
-                              5 if key[0] == "loss" else 4)
+                per_unit = key[0] not in ("events", "loss", "eval")
+                ys = _rounded(np.asarray(y) / (unit if per_unit else 1.0), 4 if per_unit else 5)
                 old = self._sent.get(("data", key))
                 if old is None or not (np.array_equal(old[0], xs, equal_nan=True)
                                        and np.array_equal(old[1], ys, equal_nan=True)):

@@ -69,7 +69,8 @@ def test_displayed_charts_cost_nothing_while_generating_and_fine_tuning(page, la
         "run = ft.start()\nawait run\n"
         "while ft.start_btn.disabled:  # the panel's own end: last redraw, summary\n"
         "    await asyncio.sleep(0.1)\n"
-        "print(json.dumps({'steps': run.step, 'chart_steps': len(ft.chart.figure.data[-2].x),"
+        "print(json.dumps({'steps': run.step,"
+        " 'chart_steps': len(ft.chart.figure.data[ft.chart.trace_index[('loss', None)]].x),"
         " 'errors': [chart.last_error, ft.chart.last_error]}))",
     ])
     open_notebook(page, lab, "chart_cost.ipynb")

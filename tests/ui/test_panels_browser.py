@@ -71,10 +71,13 @@ def test_tabs_follow_the_session_and_look_finished(page, lab):
         "import nvkit\np = nvkit.panel()\np",
         # another cell, as a user would: the tabs must notice
         "s = nvkit.load('demo', device_map='cpu')\nprint(s.generate('NVIDIA GPUs are', max_new_tokens=12))",
+        # every control of the fine-tune loop shown: the preview, held-out evaluation (its curve),
+        # afterwards the summary, Resume/Export and the Generate tab's compare switch
         "ft = p.parts['Fine-tune']\nft.steps.value = 3\nft.batch.value = 2\nft.seq_len.value = 64\n"
+        "ft.eval_source.value = 'split'\nft.eval_split.value = 0.34\nft.eval_every.value = 1\nawait ft.preview()\n"
         f"ft.output_dir.value = {str(lab.root_dir / 'panel-run')!r}\nrun = ft.start()\nawait run",
     ])
-    page.set_viewport_size({"width": 1400, "height": 1500})  # tall enough for the tallest tab's screenshot
+    page.set_viewport_size({"width": 1400, "height": 2300})  # tall enough for the tallest tab's screenshot
     open_notebook(page, lab, "panel_tabs.ipynb")
     notebook_width(page, 1000)
     run_cell(page, 0)
