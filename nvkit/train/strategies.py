@@ -86,7 +86,11 @@ def strategy_info(name: str) -> Strategy:
 
 def deepspeed_problem() -> str | None:
     """Why DeepSpeed cannot be used here, or None."""
-    if importlib.util.find_spec("deepspeed") is None:
+    try:
+        found = importlib.util.find_spec("deepspeed") is not None
+    except (ImportError, ValueError):  # a module entry without a spec: blocked or half-imported
+        found = False
+    if not found:
         return f"DeepSpeed is not installed: {DEEPSPEED_INSTALL}"
     return None
 
@@ -229,7 +233,7 @@ def accelerate_config(nproc: int, device: str, precision: str, port: int | None 
         "# The strategy (DDP, FSDP2, DeepSpeed ZeRO, tensor parallel) is in config.json: nvkit's worker",
         "# sets it up through Trainer's arguments, the same under torchrun and accelerate.",
         "compute_environment: LOCAL_MACHINE",
-        f"distributed_type: {dist}",
+        f"distributed_type: '{dist}'",  # quoted: YAML reads a bare NO as false
         f"num_processes: {nproc}",
         "num_machines: 1",
         "machine_rank: 0",

@@ -316,6 +316,20 @@ def generate(run_dir: str) -> None:
         dist.destroy_process_group()
 
 
+def _one_process_group() -> None:
+    """A launcher that starts a single process without torchrun's variables (``accelerate launch``
+    with one process) leaves this rank outside any process group, while Trainer (asked for the
+    gloo/nccl backend) and DeepSpeed expect one: give it a group of one, as torchrun would."""
+    if "WORLD_SIZE" in os.environ:
+        return
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+
+
 def main(argv=None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 1 or args[0].startswith("-"):
@@ -325,6 +339,7 @@ def main(argv=None) -> None:
     if not os.path.isfile(os.path.join(run_dir, "config.json")):
         print(f"nvkit.train.worker: {run_dir} holds no config.json (nvkit.launch writes it). {USAGE}", file=sys.stderr)
         sys.exit(2)
+    _one_process_group()
     if read_config(run_dir).get("mode", "train") == "generate":
         generate(run_dir)
     else:
