@@ -312,10 +312,18 @@ class LaunchRun:
     def __await__(self):
         return self.wait().__await__()
 
-    def _check(self) -> None:
+    @property
+    def error(self) -> NvkitError | None:
+        """Why the run failed (its last lines and where the per-rank logs are), or None."""
         if self.returncode not in (0, None) and not self.stopped and not self.ended_after_done:
-            raise NvkitError(f"The launched run failed (exit {self.returncode}). Last lines:\n{self.text(30)}\n"
-                             f"Per-rank logs: {os.path.join(self.run_dir, 'logs')}")
+            return NvkitError(f"The launched run failed (exit {self.returncode}). Last lines:\n{self.text(30)}\n"
+                              f"Per-rank logs: {os.path.join(self.run_dir, 'logs')}")
+        return None
+
+    def _check(self) -> None:
+        err = self.error
+        if err is not None:
+            raise err
 
 
 def session_settings(s) -> dict:
@@ -523,6 +531,28 @@ def _launcher_options(launcher: str, run_dir: str, device: str, nnodes, node_ran
     return opts
 
 
+def _command(nproc_per_node, gpus, launcher: str, run_dir: str, device: str, nnodes=None, node_rank=None,
+             rdzv_endpoint=None):
+    """(LaunchCommand, the variables on the line, the shell line) for a run in ``run_dir``."""
+    kw = {} if gpus is ... else {"gpus": gpus}
+    opts = _launcher_options(launcher, run_dir, device, nnodes, node_rank, rdzv_endpoint)
+    cmd = launch_command(WORKER, nproc_per_node=nproc_per_node, launcher=launcher, args=[run_dir], **kw, **opts)
+    env_vars = {**cmd.env, "NCCL_NVLS_ENABLE": "0"}  # NVLink multicast off on these machines
+    line = " ".join([f"{k}={shlex.quote(str(v))}" for k, v in env_vars.items()] + [shlex.quote(a) for a in cmd.argv])
+    return cmd, env_vars, line
+
+
+def launch_line(nproc_per_node: int | None = None, *, gpus=..., launcher: str = "torchrun",
+                run_dir: str = "RUN_DIR") -> str:
+    """The shell line ``nvkit.launch`` runs for these processes, GPUs and launcher, with ``run_dir``
+    standing for the run folder (made when the run starts): what the Launch panel shows."""
+    require(launcher in strat.LAUNCHERS, f"launcher must be 'torchrun' or 'accelerate', not {launcher!r}.")
+    _whole("nproc_per_node", nproc_per_node)
+    import torch
+    device = "cuda" if gpus != [] and torch.cuda.is_available() else "cpu"
+    return _command(nproc_per_node, gpus, launcher, run_dir, device)[2]
+
+
 def _nproc_of(argv: list) -> int:
     for a in argv:
         for key in ("--nproc_per_node=", "--num_processes="):
@@ -581,10 +611,7 @@ def _prepare(cfg: dict, strategy: str, nproc_per_node, *, gpus, launcher: str, o
         plan_kernels(cfg["model"], device, bool(kernels.get("use_kernels")) or kernels.get("kernel_config") is not None,
                      kernels.get("kernel_config"))
     run_dir = _run_dir(run_dir)
-    opts = _launcher_options(launcher, run_dir, device, nnodes, node_rank, rdzv_endpoint)
-    cmd = launch_command(WORKER, nproc_per_node=nproc_per_node, launcher=launcher, args=[run_dir], **kw, **opts)
-    env_vars = {**cmd.env, "NCCL_NVLS_ENABLE": "0"}  # NVLink multicast off on these machines
-    line = " ".join([f"{k}={shlex.quote(str(v))}" for k, v in env_vars.items()] + [shlex.quote(a) for a in cmd.argv])
+    cmd, env_vars, line = _command(nproc_per_node, gpus, launcher, run_dir, device, nnodes, node_rank, rdzv_endpoint)
     yaml = None
     if launcher == "accelerate":
         yaml = strat.accelerate_config(n * (nnodes or 1), device, cfg.get("precision") or "auto")

@@ -371,13 +371,14 @@ def _fmt(n: int) -> str:
 def compare(model="demo", nproc: int = 2, gpu_memory: int | None = None, *, device: str = "cuda", **kw) -> list[dict]:
     """Every strategy side by side for one model: its per-GPU estimate (``estimate``), whether it
     fits ``gpu_memory`` bytes (``fits``; None when unknown), what is missing to run it here
-    (``missing``: DeepSpeed not installed) or why this model cannot use it (``why_not``)."""
+    (``missing``: DeepSpeed not installed) or why it cannot run this model on ``device``
+    (``why_not``)."""
     config = _config(model)
     rows = []
     for name, s in STRATEGIES.items():
         row = {"strategy": name, "title": s.title, "estimate": None, "fits": None, "missing": None, "why_not": None}
         try:
-            check(name, device="cuda", nproc=nproc, quantization=kw.get("quantization"), config=config)
+            check(name, device=device, nproc=nproc, quantization=kw.get("quantization"), config=config)
         except NvkitError as e:
             missing = deepspeed_problem() if name in ("zero2", "zero3") else None
             if missing and "DeepSpeed is not installed" in str(e):

@@ -33,6 +33,18 @@ _EXAMPLES = "\n".join([
 
 
 
+def _run_on_options() -> list:
+    """"this kernel" and, for 2 up to the number of GPUs chosen (2 on the CPU), N processes."""
+    try:
+        from .launch_panel import chosen_gpus
+        n = len(chosen_gpus()[0])
+    except Exception:  # noqa: BLE001 - no NVML: the CPU choice is still offered
+        n = 0
+    top = n if n >= 2 else 2
+    where = "GPUs" if n >= 2 else "CPU processes"
+    return [("this kernel", 1)] + [(f"{k} {where} (nvkit.launch)", k) for k in range(2, top + 1)]
+
+
 class FinetunePanel(w.VBox):
     """Fine-tune the current session's model with LoRA from a form; ``.run`` is the FinetuneRun."""
 
@@ -69,6 +81,13 @@ class FinetunePanel(w.VBox):
                                         layout=w.Layout(width="auto"))
         self.output_dir = w.Text(value="", placeholder="(default: ./nvkit-runs/<model>-lora-<time>)",
                                  description="output dir", style=style_, layout=w.Layout(width="440px", max_width="100%"))
+        self.precision = w.Dropdown(options=[("automatic", None), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")],
+                                    value=None, description="precision", style=style_, layout=lay)
+        # "run on N GPUs": more than one hands the form to a Launch panel (nvkit.launch) shown below
+        self.run_on = w.Dropdown(options=_run_on_options(), value=1, description="run on", style=style_,
+                                 layout=w.Layout(width="330px"))
+        self.run_on.add_class("nvkit-ft-run-on")
+        self.launch_view = None
         observe_values((self.r, self.batch, self.seq_len, self.checkpointing), self._refresh_estimate)
         # estimate, controls, progress
         self.estimate = w.HTML("")
@@ -93,12 +112,12 @@ class FinetunePanel(w.VBox):
         self.code_view = CodeToggle(self.code)
         observe_values((self.source, self.examples, self.path, self.r, self.alpha, self.dropout, self.targets,
                         self.steps, self.lr, self.batch, self.seq_len, self.accum, self.checkpointing,
-                        self.output_dir), self.code_view.refresh)
+                        self.output_dir, self.precision, self.run_on), self.code_view.refresh)
 
         settings = w.VBox([
             wrap_row([self.r, self.alpha, self.dropout]), self.targets,
             wrap_row([self.steps, self.lr, self.accum]), wrap_row([self.batch, self.seq_len, self.checkpointing]),
-            self.output_dir,
+            self.output_dir, wrap_row([self.precision, self.run_on]),
         ])
         super().__init__(children=[
             style(), self.source, self.examples, self.path, settings, self.estimate,
@@ -139,6 +158,8 @@ class FinetunePanel(w.VBox):
                   gradient_checkpointing=self.checkpointing.value)
         if self.output_dir.value.strip():
             kw["output_dir"] = self.output_dir.value.strip()
+        if self.precision.value is not None:
+            kw["precision"] = self.precision.value
         return kw
 
     def data(self):
@@ -150,6 +171,8 @@ class FinetunePanel(w.VBox):
         return parse_examples(self.examples.value)
 
     def code(self) -> str:
+        if self.run_on.value > 1 and self.launch_view is not None:
+            return self.launch_view.code()
         kw = self.settings()
         if self.source.value == "file":
             data_src = f"data = {self.path.value.strip()!r}\n"
@@ -190,7 +213,15 @@ class FinetunePanel(w.VBox):
 
     # --- actions (main thread; they only start or signal work) ---------------------------------
     def start(self):
-        """What the Start button does: ``nvkit.finetune`` with the form's settings."""
+        """What the Start button does: ``nvkit.finetune`` with the form's settings, or ``nvkit.launch``
+        over N processes when "run on" says N > 1 (through a Launch panel shown below the form)."""
+        if self.run_on.value > 1:
+            if self.launch_view is None:
+                from .launch_panel import LaunchPanel
+                self.launch_view = LaunchPanel(session=self._session, source=self)
+                self.chart_box.children = [self.launch_view]
+            self.launch_view.nproc.value = self.run_on.value
+            return self.launch_view.start()
         if self.run is not None and not self.run.done:
             self.status.value = "<span class='nvkit-error'>A run is in progress: Stop it first.</span>"
             return None
@@ -222,6 +253,8 @@ class FinetunePanel(w.VBox):
         return run
 
     def stop(self):
+        if self.launch_view is not None:
+            self.launch_view.stop()
         if self.run is not None:
             self.run.stop()
             self.status.value = "Stopping after the current step; the adapter will be saved."
@@ -265,6 +298,8 @@ class FinetunePanel(w.VBox):
 
     def close(self):
         live.stop_every(self)
+        if self.launch_view is not None:
+            self.launch_view.close()
         if self.chart is not None:
             self.chart.close()
         super().close()
