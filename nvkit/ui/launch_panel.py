@@ -329,7 +329,9 @@ class LaunchPanel(w.VBox):
             self.line.value = value
         self.code_view.refresh()
 
-    def _gpu_memory(self) -> int | None:
+    @property
+    def gpu_memory(self) -> int | None:
+        """Bytes of the smallest chosen GPU (None on the CPU): what a strategy's estimate must fit."""
         return min(g.memory_total for g in self.gpus) if self.gpus else None
 
     def _refresh_estimates(self) -> None:
@@ -348,7 +350,7 @@ class LaunchPanel(w.VBox):
                       lora_r=int((settings.get("lora") or {}).get("r", 16)),
                       gradient_checkpointing=bool(settings.get("gradient_checkpointing", False)),
                       device="cuda" if self.gpus else "cpu")
-            mem = self._gpu_memory()
+            mem = self.gpu_memory
             self.rows = strat.compare(s.model.config, self.nproc.value, mem, **kw)
             if self.offload.value is not None and self.strategy.value in ("zero2", "zero3"):
                 for row in self.rows:
@@ -364,7 +366,7 @@ class LaunchPanel(w.VBox):
             return
         head = (f"<b>Per-GPU memory</b> for {html.escape(s.model_id)} on {self.nproc.value} "
                 f"process{'es' if self.nproc.value != 1 else ''}"
-                + (f" (each GPU: {html.escape(fmt_bytes(self._gpu_memory()))})" if self._gpu_memory() else "") + ":")
+                + (f" (each GPU: {html.escape(fmt_bytes(self.gpu_memory))})" if self.gpu_memory else "") + ":")
         cells = []
         for r in self.rows:
             mark = "▶ " if r["strategy"] == self.strategy.value else ""
@@ -378,7 +380,7 @@ class LaunchPanel(w.VBox):
                 if r["missing"]:
                     verdict += " " + why_html(r["missing"], 50, prefix="")
             cells.append(f"<tr><td>{mark}<b>{html.escape(r['title'])}</b></td><td>{size}</td><td>{verdict}</td></tr>")
-        advice = html.escape(strat.advice(self.rows, self._gpu_memory()))
+        advice = html.escape(strat.advice(self.rows, self.gpu_memory))
         self.estimates.value = (f"{head}<table class='nvkit-table'>{''.join(cells)}</table>"
                                 f"<span class='nvkit-muted'>{advice}</span>")
 
