@@ -133,8 +133,9 @@ else:
         await run
         sm = run.summary()
         table.append({"strategy": row["title"], "steps/s": round(sm["steps_per_s"] or 0.0, 2),
-                      "peak memory per GPU (max)": fmt_bytes(max(sm["peak_memory"].values())),
-                      "estimate": fmt_bytes(row["estimate"].total),
+                      "PyTorch peak per GPU (max)": fmt_bytes(max(sm["peak_memory"].values())),
+                      "estimate (without the CUDA context)":
+                          fmt_bytes(row["estimate"].total - row["estimate"].parts.get("CUDA context", 0)),
                       "final loss": round(sm["final_loss"], 4), "adapter": bool(sm["adapter_dir"])})
         assert run.returncode == 0 and sm["steps"] == panel.steps.value
     print(pd.DataFrame(table).to_string(index=False))

@@ -132,7 +132,8 @@ def load_model(cfg: dict, strategy: str, dtype, device_type: str, local_rank: in
     if strategy == "tp":
         from transformers.distributed import DistributedConfig
         kw["distributed_config"] = DistributedConfig(tp_size=world)
-    elif device_type == "cuda" and (strategy == "ddp" or quant):
+    elif device_type == "cuda" and (strategy == "ddp" or (quant and strategy != "zero3")):
+        # ZeRO-3 refuses a device_map; bitsandbytes then quantizes onto the current device
         kw["device_map"] = {"": local_rank}
     with routed():
         model = AutoModelForCausalLM.from_pretrained(cfg["model"], **kw)
@@ -159,6 +160,15 @@ def fix_tp_lora(model) -> int:
                 a.in_features = width
                 fixed += 1
     return fixed
+
+
+def tp_optimizer(model, learning_rate: float):
+    """AdamW for a tensor-parallel LoRA model. Its adapters are a mix of sharded (DTensor) and whole
+    (plain) tensors, and torch's multi-tensor ("foreach") AdamW, its default on CUDA, refuses such a
+    mix in one call; the per-tensor loop takes each as it is."""
+    import torch
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=learning_rate, foreach=False)
 
 
 def _strategy_arguments(cfg: dict, model_layer: str | None, cuda: bool) -> dict:
@@ -242,9 +252,10 @@ def train(run_dir: str) -> None:
     pad = cfg.get("pad_token_id")
     counter = {"tokens": 0}
     stream = _stream_callback(emit, cuda, counter, os.path.join(run_dir, "STOP"), stop_flag)
+    extra = {"optimizers": (tp_optimizer(model, cfg["learning_rate"]), None)} if strategy == "tp" else {}
     trainer = NvkitTrainer(model=model, args=args, train_dataset=ListDataset(read_rows(run_dir)),
                            data_collator=Collator(0 if pad is None else pad, pad_to=8), callbacks=[stream],
-                           fused_loss=fused, counter=counter)
+                           fused_loss=fused, counter=counter, **extra)
     quiet_trainer(trainer)
     if cuda:
         torch.cuda.reset_peak_memory_stats()

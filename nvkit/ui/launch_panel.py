@@ -417,7 +417,8 @@ class LaunchPanel(w.VBox):
                 self.chart.close()
             self.chart = RankChart(self.nproc.value)
             self.chart_box.children = [self.chart]
-        self.chart.follow(run, est.total if est is not None and self.gpus else None)
+        # the ranks report PyTorch's peak: the line is the estimate without the CUDA context
+        self.chart.follow(run, est.total - est.parts.get("CUDA context", 0) if est is not None and self.gpus else None)
         live.every(_REFRESH_S, lambda: self._tick(run), owner=self)
         return run
 
@@ -469,8 +470,12 @@ class LaunchPanel(w.VBox):
                 ("steps/s", f"{sm['steps_per_s']:.2f}" if sm["steps_per_s"] else "n/a"),
                 ("final loss", f"{sm['final_loss']:.4f}" if isinstance(sm["final_loss"], float) else "n/a")]
         for rank, peak in sm["peak_memory"].items():
-            beside = f" · estimate {fmt_bytes(est.total)}" if est is not None and self.gpus else ""
-            rows.append((f"rank {rank} peak memory", f"{fmt_bytes(peak)}{beside}"))
+            beside = ""
+            if est is not None and self.gpus:
+                ctx = est.parts.get("CUDA context", 0)
+                beside = f" · estimate {fmt_bytes(est.total - ctx)} (+ {fmt_bytes(ctx)} CUDA context outside PyTorch)"
+            what = "PyTorch peak" if self.gpus else "process memory"
+            rows.append((f"rank {rank} peak memory", f"{fmt_bytes(peak)} ({what}){beside}"))
         rows.append(("adapter", sm["adapter_dir"] or "not saved"))
         self.summary.value = "<table class='nvkit-table'>" + "".join(
             f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>" for k, v in rows) + "</table>"

@@ -13,7 +13,7 @@ import sys
 import torch
 
 from nvkit.train.lora import DEFAULT_LORA, prepare_lora_model
-from nvkit.train.worker import fix_tp_lora, load_model
+from nvkit.train.worker import fix_tp_lora, load_model, tp_optimizer
 
 
 def main(model_path: str, out: str) -> None:
@@ -26,18 +26,23 @@ def main(model_path: str, out: str) -> None:
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_path)
     ids = torch.tensor([tok("NVIDIA GPUs are fast at matrix multiplication, which is most of the work.")["input_ids"]] * 4)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-3)
+    opt = tp_optimizer(model, 5e-3)  # what the worker hands Trainer under TP
     losses = []
     model.train()
+    from accelerate import Accelerator
     for _ in range(6):
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
+        # Trainer clips through accelerate, which takes sharded and whole gradients together
+        clip = getattr(Accelerator, "_clip_grad_norm_dtensor_aware", None)
+        if clip is not None:
+            clip(None, [p for p in model.parameters() if p.requires_grad], 1.0)
         opt.step()
         opt.zero_grad()
         losses.append(float(loss))
     model.save_pretrained(os.path.join(out, f"adapter-{rank}"))  # gathers the slices: every rank takes part
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
-        json.dump({"losses": losses, "fixed": fixed,
+        json.dump({"losses": losses, "fixed": fixed, "foreach": opt.defaults["foreach"],
                    "sharded": type(model.get_base_model().model.layers[0].self_attn.o_proj.base_layer.weight).__name__},
                   f)
     torch.distributed.barrier()
