@@ -1,14 +1,18 @@
-"""Multi-GPU fine-tunes: ``nvkit.launch(config)`` writes a run folder and runs nvkit's training
-program (``nvkit.train.worker``) on it with torchrun, one process per selected GPU, and streams
-every rank's metrics back.
+"""Multi-GPU fine-tunes and tensor-parallel generation: ``nvkit.launch(config)`` writes a run folder
+and runs nvkit's training program (``nvkit.train.worker``) on it with torchrun or ``accelerate
+launch``, one process per selected GPU, and streams every rank's metrics back;
+``nvkit.launch_generate(prompts)`` runs the same program in generation mode and returns the texts.
 
-A notebook kernel is one process, so DDP/FSDP over several GPUs has to run outside it. The run
-folder holds ``config.json`` (the settings), ``data.jsonl`` (the examples, already tokenized and
-checked in the notebook by ``nvkit.train.data``, so a bad example fails here in a second instead
-of on every rank after the model loaded) and ``launch.sh`` (the shell line). Nothing the user
-typed is pasted into Python source: the run folder reaches the worker as a command-line argument.
-The same line starts the run on any machine where nvkit is installed:
-``python -m torch.distributed.run [options] -m nvkit.train.worker RUN_DIR``.
+A notebook kernel is one process, so DDP, FSDP2, DeepSpeed ZeRO and tensor parallelism over several
+GPUs have to run outside it (``nvkit.train.strategies`` says what each does, needs and costs per
+GPU, and refuses a combination that cannot run before anything starts). The run folder holds
+``config.json`` (the settings, including the session's attention backend, dtype, quantization and
+kernels), ``data.jsonl`` (the examples, already tokenized and checked in the notebook by
+``nvkit.train.data``, so a bad example fails here in a second instead of on every rank after the
+model loaded), ``launch.sh`` (the shell line), ``accelerate.yaml`` for ``launcher="accelerate"``,
+and ``logs/``. Nothing the user typed is pasted into Python source: the run folder reaches the
+worker as a command-line argument. The same line starts the run on any machine where nvkit is
+installed: ``python -m torch.distributed.run [options] -m nvkit.train.worker RUN_DIR``.
 
 Each rank prints JSON lines (``{"nvkit": 1, "rank": r, ...}``); torchrun's ``--tee`` prefixes them
 with the rank and also writes per-rank log files under ``logs/``. ``LaunchRun.stop()`` writes a

@@ -5,8 +5,13 @@ It reads ``RUN_DIR/config.json`` (the settings) and ``RUN_DIR/data.jsonl`` (the 
 tokenized and checked in the notebook) and trains LoRA adapters with the pieces ``nvkit.finetune``
 uses in the kernel: the precision choice (``nvkit.model.precision``), the LoRA/QLoRA preparation
 (``nvkit.train.lora``), the collator (``nvkit.train.data``), the trainer with the fused loss
-(``nvkit.train.trainer``) and the atomic adapter save (``nvkit.model.saving``). Nothing of the
-user's is pasted into Python source: the run folder is a command-line argument.
+(``nvkit.train.trainer``) and the atomic adapter save (``nvkit.model.saving``). The strategy in
+the config (``nvkit.train.strategies``) decides how the model loads (whole per GPU, on the CPU for
+FSDP2/DeepSpeed to shard, partitioned while it loads under ZeRO-3, or this rank's slice for tensor
+parallelism) and what Trainer is told (FSDP2 settings, a DeepSpeed config); ``accelerate launch``
+starts the same program. With ``"mode": "generate"`` it generates instead, tensor parallel, and
+rank 0 prints each text. Nothing of the user's is pasted into Python source: the run folder is a
+command-line argument.
 
 Each rank prints JSON lines (``{"nvkit": 1, "rank": r, "event": ...}``) that ``LaunchRun`` reads.
 A ``STOP`` file in the run folder (or SIGTERM) ends the run after the current step: every rank
