@@ -67,7 +67,7 @@ class Panel(w.VBox):
         self._build(TABS[0][0])
         self.tabs.observe(self._on_tab, "selected_index")
         header = w.HTML("<b>nvkit</b> · Transformers on NVIDIA GPUs — choose GPUs, load a model, generate, "
-                        "fine-tune and watch memory. Each tab's <i>Show code</i> is the Python it runs.")
+                        "fine-tune (here or over several GPUs) and watch memory. Each tab's <i>Show code</i> is the Python it runs.")
         super().__init__(children=[style(), header, self.tabs], **kwargs)
         self.add_class("nvkit-panel")
         root(self)
