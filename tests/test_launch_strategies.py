@@ -98,7 +98,7 @@ def test_strategy_checks_on_gpus():
     assert any("same batches" in n for n in st.check("tp", device="cuda", nproc=2, config=demo))
     st.check("tp", device="cpu", nproc=2, mode="generate", config=demo)  # generation runs on the CPU
     cases = [
-        (dict(strategy="tp", device="cuda", nproc=3, config=demo), "divide both"),
+        (dict(strategy="tp", device="cuda", nproc=3, config=demo), "do not divide"),
         (dict(strategy="tp", device="cuda", nproc=2, quantization="nf4", config=demo), "cannot be cut"),
         (dict(strategy="tp", device="cpu", nproc=2, config=demo), "needs CUDA"),
         (dict(strategy="ddp", device="cuda", nproc=2, mode="generate"), "tensor parallel"),
@@ -204,7 +204,7 @@ def test_launch_generate_bad_input(path, tmp_path):
     for kw, match in ((dict(prompts=[]), "prompts"), (dict(prompts=[""]), "prompts"), (dict(prompts=5), "prompts"),
                       (dict(max_new_tokens=0), "max_new_tokens"), (dict(do_sample="no"), "do_sample"),
                       (dict(seed=-1), "seed"), (dict(temperature=0.5), "Unknown launch_generate"),
-                      (dict(launcher="mpirun"), "launcher"), (dict(nproc_per_node=3), "divide both")):
+                      (dict(launcher="mpirun"), "launcher"), (dict(nproc_per_node=3), "do not divide")):
         args = dict(prompts=["NVIDIA GPUs are"], model=path, nproc_per_node=2, gpus=[], run_dir=str(tmp_path / "x"),
                     start=False)
         args.update(kw)

@@ -107,8 +107,8 @@ def tp_problem(config, nproc: int, mode: str = "train") -> str | None:
     heads = int(getattr(text, "num_attention_heads", 0) or 0)
     kv = int(getattr(text, "num_key_value_heads", None) or heads)
     if nproc > 1 and (heads % nproc or kv % nproc):
-        return (f"{arch} has {heads} attention heads and {kv} KV heads; tensor parallelism over {nproc} GPUs cuts "
-                f"them evenly, so the GPU count must divide both")
+        return (f"{nproc} GPUs do not divide the {heads} attention heads and {kv} KV heads of {arch} evenly; tensor "
+                "parallelism gives every GPU the same number of each")
     try:
         from transformers.distributed import DistributedConfig  # noqa: F401
     except ImportError:
@@ -159,7 +159,7 @@ def check(strategy: str, *, device: str, nproc: int, mode: str = "train", quanti
         if config is not None:
             why = tp_problem(config, nproc, mode)
             if why:
-                raise NvkitError(f"strategy='tp' cannot run here: {why}.")
+                raise NvkitError(f"{why[0].upper()}{why[1:]} (strategy='tp').")
         if mode == "train":
             notes.append("tensor parallel: every GPU trains on the same batches (one data-parallel group), the model's "
                          "own loss (nvkit's fused loss reads the whole LM head)")

@@ -81,8 +81,9 @@ class FinetunePanel(w.VBox):
                                         layout=w.Layout(width="auto"))
         self.output_dir = w.Text(value="", placeholder="(default: ./nvkit-runs/<model>-lora-<time>)",
                                  description="output dir", style=style_, layout=w.Layout(width="440px", max_width="100%"))
-        self.precision = w.Dropdown(options=[("automatic", None), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")],
-                                    value=None, description="precision", style=style_, layout=lay)
+        # "auto", not None: a Dropdown whose value is None shows no selection in the browser
+        self.precision = w.Dropdown(options=[("automatic", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")],
+                                    value="auto", description="precision", style=style_, layout=lay)
         # "run on N GPUs": more than one hands the form to a Launch panel (nvkit.launch) shown below
         self.run_on = w.Dropdown(options=_run_on_options(), value=1, description="run on", style=style_,
                                  layout=w.Layout(width="330px"))
@@ -158,7 +159,7 @@ class FinetunePanel(w.VBox):
                   gradient_checkpointing=self.checkpointing.value)
         if self.output_dir.value.strip():
             kw["output_dir"] = self.output_dir.value.strip()
-        if self.precision.value is not None:
+        if self.precision.value != "auto":
             kw["precision"] = self.precision.value
         return kw
 

@@ -173,15 +173,16 @@ class LaunchPanel(w.VBox):
         self.strategy.add_class("nvkit-launch-strategy")
         self.about = w.HTML("")
         self.about.add_class("nvkit-launch-about")
-        self.offload = w.Dropdown(options=[("none", None), ("optimizer state", "optimizer"),
+        # "none"/"auto", not None: a Dropdown whose value is None shows no selection in the browser
+        self.offload = w.Dropdown(options=[("none", "none"), ("optimizer state", "optimizer"),
                                            ("optimizer state and parameters", "all")],
-                                  value=None, description="CPU offload", style=style_,
+                                  value="none", description="CPU offload", style=style_,
                                   layout=w.Layout(width="330px", display="none"))
         self.launcher = w.ToggleButtons(options=[("torchrun", "torchrun"), ("accelerate launch", "accelerate")],
                                         value="torchrun", description="launcher", style={"button_width": "auto"})
         self.launcher.add_class("nvkit-launch-launcher")
-        self.precision = w.Dropdown(options=[("automatic", None), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")],
-                                    value=None, description="precision", style=style_, layout=lay)
+        self.precision = w.Dropdown(options=[("automatic", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")],
+                                    value="auto", description="precision", style=style_, layout=lay)
         # data and training settings (hidden when a Fine-tune panel is the source)
         self.examples = w.Textarea(value=_EXAMPLES, placeholder="one example per line: text, or a JSON object",
                                    layout=w.Layout(width="auto", height="90px"))
@@ -192,7 +193,8 @@ class LaunchPanel(w.VBox):
         self.lr = w.BoundedFloatText(value=2e-4, min=1e-7, max=0.5, step=1e-5, description="learning rate",
                                      style=style_, layout=lay)
         self.r = w.BoundedIntText(value=16, min=1, max=1024, description="LoRA r", style=style_, layout=lay)
-        own = w.VBox([self.examples, wrap_row([self.steps, self.batch, self.seq_len]), wrap_row([self.lr, self.r])])
+        own = w.VBox([self.examples, wrap_row([self.steps, self.batch, self.seq_len]),
+                      wrap_row([self.lr, self.r, self.precision])])
         if source is not None:
             own.layout.display = "none"
         self.own_settings = own
@@ -229,7 +231,7 @@ class LaunchPanel(w.VBox):
         observe_values((self.launcher, self.examples, self.steps, self.lr), self._refresh_line)
         super().__init__(children=[
             style(), self.gpus_line, wrap_row([self.nproc, self.strategy, self.offload]), self.about,
-            wrap_row([self.launcher, self.precision]), own, self.estimates, self.line,
+            wrap_row([self.launcher]), own, self.estimates, self.line,
             wrap_row([self.start_btn, self.stop_btn, self.progress, self.progress_label]),
             self.status, self.chart_box, self.summary, self.load_btn, self.code_view,
         ], **kwargs)
@@ -268,13 +270,13 @@ class LaunchPanel(w.VBox):
             kw = dict(lora=dict(r=self.r.value, alpha=2 * self.r.value, dropout=0.05, target_modules="all-linear"),
                       max_steps=self.steps.value, learning_rate=self.lr.value, batch_size=self.batch.value,
                       seq_len=self.seq_len.value)
-        if self.precision.value is not None:
+        if self._source is None and self.precision.value != "auto":
             kw["precision"] = self.precision.value
         return kw
 
     def launch_kwargs(self) -> dict:
         kw = dict(nproc_per_node=self.nproc.value, strategy=self.strategy.value, launcher=self.launcher.value)
-        if self.offload.value is not None:
+        if self.offload.value != "none" and self.strategy.value in ("zero2", "zero3"):
             kw["offload"] = self.offload.value
         if not self.gpus:
             kw["gpus"] = []
@@ -310,8 +312,8 @@ class LaunchPanel(w.VBox):
         self.offload.layout.display = None if s.name in ("zero2", "zero3") else "none"
         if s.name == "zero2" and self.offload.value == "all":
             self.offload.value = "optimizer"
-        self.about.value = (why_html(s.what, 90, prefix="What it does: ") + "<br>" +
-                            why_html(s.needs, 90, prefix="Needs: ") + "<br>" + why_html(s.when, 90, prefix="When: "))
+        self.about.value = "".join(f"<div>{why_html(text, 90, prefix=label)}</div>" for label, text in
+                                   (("What it does: ", s.what), ("Needs: ", s.needs), ("When: ", s.when)))
         self._refresh_estimates()
         self._refresh_line()
 
@@ -352,7 +354,7 @@ class LaunchPanel(w.VBox):
                       device="cuda" if self.gpus else "cpu")
             mem = self.gpu_memory
             self.rows = strat.compare(s.model.config, self.nproc.value, mem, **kw)
-            if self.offload.value is not None and self.strategy.value in ("zero2", "zero3"):
+            if self.offload.value != "none" and self.strategy.value in ("zero2", "zero3"):
                 for row in self.rows:
                     if row["strategy"] == self.strategy.value and row["estimate"] is not None:
                         row["estimate"] = strat.per_gpu_estimate(s.model.config, row["strategy"], self.nproc.value,
