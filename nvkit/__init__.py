@@ -29,11 +29,12 @@ _LAZY = {
     "monitor": "ui.memory_chart", "MemoryChart": "ui.memory_chart",
     # fine-tune
     "finetune": "train.finetune", "FinetuneRun": "train.finetune", "launch": "train.launch",
+    "launch_generate": "train.launch", "LaunchRun": "train.launch",
     # bench
     "bench": "benchmarks.backends",
     # panels
     "panel": "ui.app", "GPUSelector": "ui.gpu_selector", "LoadPanel": "ui.load_panel",
-    "GeneratePanel": "ui.generate_panel", "FinetunePanel": "ui.finetune_panel",
+    "GeneratePanel": "ui.generate_panel", "FinetunePanel": "ui.finetune_panel", "LaunchPanel": "ui.launch_panel",
     # modules users reach into (nvkit.data.preview, nvkit.memory.comparisons, nvkit.demo.shaped)
     "demo": None, "memory": None, "data": None,
 }

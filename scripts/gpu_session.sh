@@ -15,7 +15,7 @@
 #                                                                (carry .whl-core)
 #   batched  many prompts on the batched fast path (identity, targets), GPU memory by kernel, the
 #            stats line's reasons                                (carry .whl-core)
-#   x2       two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch  (nvidia-h200-x2, carry .whl-core)
+#   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 # Install once per call: two pip installs at once corrupted the site folder.
 set -uo pipefail
 phase=${1:?phase}
@@ -45,8 +45,14 @@ case "$phase" in
   batched)
     T=${TB:-300} t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order
     T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py tests/gpu/test_exact_tokens_gpu.py ;;
-  x2)
-    n=$(nvidia-smi -L | wc -l); [ "$n" -ge 2 ] || { echo "x2 needs 2 GPUs, this machine has $n"; exit 2; }
-    T=560 t tests/gpu/test_finetune_gpu.py tests/gpu/test_parallel_gpu.py -k "ddp or parallel" ;;
+  x2a|x2b)
+    # two GPUs (nvidia-h200-x2, issue 22): every strategy of nvkit.launch. ZeRO needs DeepSpeed in the
+    # site folder (pip download deepspeed==0.19.8 into the carried wheels); without it those tests skip.
+    # x2a: DDP/FSDP2/ZeRO-2/ZeRO-3/TP on the Qwen3-0.6B shape and their table; x2b: accelerate, QLoRA
+    # under FSDP2/ZeRO-3, TP generation against one GPU, the Launch panel, DDP of finetune.
+    n=$(nvidia-smi -L | wc -l); [ "$n" -ge 2 ] || { echo "$phase needs 2 GPUs, this machine has $n"; exit 2; }
+    python3 -c 'import importlib.metadata as m; print("deepspeed", m.version("deepspeed"))' || echo "deepspeed missing: the ZeRO tests skip"
+    if [ "$phase" = x2a ]; then T=540 t tests/gpu/test_parallel_gpu.py -k "strategy_trains or comparison"
+    else T=540 t tests/gpu/test_parallel_gpu.py tests/gpu/test_finetune_gpu.py -k "ddp or (parallel and not strategy_trains and not comparison)"; fi ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

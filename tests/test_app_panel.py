@@ -51,7 +51,7 @@ def test_tabs_are_built_when_opened(monkeypatch):
 def test_each_tab_has_show_code():
     p = nvkit.panel()
     try:
-        for title in ("GPUs", "Model", "Generate", "Fine-tune", "Memory"):
+        for title in ("GPUs", "Model", "Generate", "Fine-tune", "Launch", "Memory"):
             part = p.parts[title]
             part.code_view.toggle.value = True
             assert "import nvkit" in part.code_view.html.value, title

@@ -52,7 +52,7 @@ def test_multinode_command(path, tmp_path):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(strategy="zero3"), "strategy"),
+    (dict(strategy="zero4"), "strategy"),
     (dict(nproc_per_node=0), "nproc_per_node"),
     (dict(nnodes=2), "rdzv_endpoint"),
     (dict(nnodes=2, rdzv_endpoint="h:1"), "node_rank"),

@@ -66,9 +66,36 @@ class KernelPlan:
     sources: dict = field(default_factory=dict)     # layer -> where its kernel comes from
     skipped: dict = field(default_factory=dict)     # layer -> why it keeps its own forward
     model_layers: tuple = ()                        # kernel layer names the model declares
+    # what was asked for, as plain data ({"use_kernels": True, "kernel_config": {...} or None}), so a
+    # launched run can ask for the same kernels; None when the request held objects (a KernelConfig
+    # with repository objects) that cannot be written down
+    request: dict | None = None
 
     def describe(self) -> dict:
-        return {"device": self.device_type, "layers": dict(self.sources), "unchanged": dict(self.skipped)}
+        return {"device": self.device_type, "layers": dict(self.sources), "unchanged": dict(self.skipped),
+                "request": self.request}
+
+
+def _plain_request(use_kernels: bool, kernel_config) -> dict | None:
+    """The kernels request as JSON-able data, or None when it holds objects."""
+    if kernel_config is None:
+        return {"use_kernels": bool(use_kernels), "kernel_config": None}
+    mapping = kernel_config if isinstance(kernel_config, dict) else getattr(kernel_config, "kernel_mapping", None)
+    if not isinstance(mapping, dict):
+        return None
+
+    def plain(v):
+        if isinstance(v, str):
+            return v
+        if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+            out = {k: plain(x) for k, x in v.items()}
+            return None if any(x is None for x in out.values()) else out
+        return None
+
+    out = {k: plain(v) for k, v in mapping.items() if isinstance(k, str)}
+    if len(out) != len(mapping) or any(v is None for v in out.values()):
+        return None
+    return {"use_kernels": True, "kernel_config": out}
 
 
 # --- the model's kernel layers -----------------------------------------------------------------
@@ -207,7 +234,7 @@ def plan_kernels(model_or_path, device_type: str, use_kernels: bool = False, ker
         raise NvkitError(f"Hub kernels were asked for, but {problem}.")
     _quiet_kernels_logger()
     layers = model_kernel_layers(model_or_path, trust_remote_code)
-    plan = KernelPlan(device_type=device_type, model_layers=layers)
+    plan = KernelPlan(device_type=device_type, model_layers=layers, request=_plain_request(use_kernels, kernel_config))
     inference, training = _modes()
     if kernel_config is not None:
         user, local_flag = _user_mapping(kernel_config)

@@ -3,7 +3,7 @@ for ``nvkit.load``, ``nvkit.finetune`` and the processes ``nvkit.launch`` starts
 
 from __future__ import annotations
 
-from ..errors import require
+from ..errors import NvkitError, require
 
 _DTYPES = {
     "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -27,10 +27,25 @@ def resolve_dtype(dtype, device_type: str, capability: tuple[int, int] | None = 
     return getattr(torch, _DTYPES[key])
 
 
-def precision(device_type: str, capability: tuple[int, int] | None) -> str:
-    """'bf16' on CUDA with compute capability ≥ 8.0 (Ampere+), 'fp16' on older CUDA GPUs, 'fp32' on
-    CPU. ``torch.cuda.is_bf16_supported()`` says True on some pre-Ampere GPUs (emulated, slow), and
-    ``TrainingArguments(bf16=True)`` raises on CPU, so the decision is made here."""
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+
+def precision(device_type: str, capability: tuple[int, int] | None, requested=None) -> str:
+    """The precision a run trains in: ``requested`` ("bf16", "fp16", "fp32") when this device can
+    train in it, else NvkitError; None (or "auto"): 'bf16' on CUDA with compute capability ≥ 8.0
+    (Ampere+), 'fp16' on older CUDA GPUs, 'fp32' on CPU. ``torch.cuda.is_bf16_supported()`` says
+    True on some pre-Ampere GPUs (emulated, slow), and ``TrainingArguments(bf16=True)`` raises on
+    CPU, so the decision is made here."""
+    if requested is not None and requested != "auto":
+        require(requested in PRECISIONS, f"precision must be 'bf16', 'fp16', 'fp32' or None (automatic), not {requested!r}.")
+        if requested != "fp32" and device_type != "cuda":
+            raise NvkitError(f"precision={requested!r} is mixed precision on a CUDA GPU; this run is on the CPU, which "
+                             "trains in fp32 here. Use precision='fp32' or None.")
+        if requested == "bf16" and not (capability is not None and tuple(capability) >= (8, 0)):
+            cc = f"{capability[0]}.{capability[1]}" if capability else "unknown"
+            raise NvkitError(f"precision='bf16' needs an Ampere or newer GPU (compute capability ≥ 8.0); this one is "
+                             f"{cc}. Use precision='fp16' (with loss scaling) or 'fp32'.")
+        return requested
     if device_type != "cuda":
         return "fp32"
     return "bf16" if capability is not None and tuple(capability) >= (8, 0) else "fp16"

@@ -39,7 +39,7 @@ from ..errors import NvkitError, require
 from ..memory import peaks
 from ..memory.oom import oom_error
 from ..memory.usage import memory_now
-from ..model.precision import precision
+from ..model.precision import precision as choose_precision
 from ..model.saving import check_target, make_folder, save_atomic
 from ..model.session import Session, session as current_session
 from ..quiet import routed
@@ -165,7 +165,7 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
              output_dir: str | None = None, liger="auto", log_every: int = 1, save_every: int | None = None,
              compile="auto", seed: int = 0, *, eval_data=None, eval_split: float | None = None,
              eval_every: int | None = None, stop_at_loss: float | None = None, patience: int | None = None,
-             resume=False, **settings) -> FinetuneRun:
+             resume=False, precision: str | None = None, **settings) -> FinetuneRun:
     """Train LoRA adapters on the session's model (QLoRA when it is loaded in 4/8-bit), in a worker
     thread; returns a ``FinetuneRun`` at once. After it ends the session generates with the adapter.
 
@@ -182,6 +182,8 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
     ``patience=N`` after N evaluations without improvement. ``resume=True`` continues the latest
     checkpoint of ``output_dir`` (or of this session's last run), ``resume="…/checkpoint-N"`` that
     one: optimizer, schedule, data order and step count go on exactly (``max_steps`` is the total).
+    ``precision``: "bf16", "fp16" (with loss scaling) or "fp32"; None picks bf16 on Ampere and newer,
+    fp16 on older GPUs, fp32 on the CPU (``run.info["precision"]``).
     """
     if settings:
         raise _unknown_settings(settings)
@@ -222,7 +224,7 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
     device = s.device
     device_type = device.type
     capability = torch.cuda.get_device_capability(device) if device_type == "cuda" else None
-    prec = precision(device_type, capability)
+    prec = choose_precision(device_type, capability, precision)
     model_type = getattr(s.model.config, "model_type", "")
     use_liger, liger_why = liger_decision(liger, device_type, model_type)
     out = make_folder(out, "output_dir") if out is not None else default_output_dir(s)

@@ -1,14 +1,18 @@
-"""Multi-GPU fine-tunes: ``nvkit.launch(config)`` writes a run folder and runs nvkit's training
-program (``nvkit.train.worker``) on it with torchrun, one process per selected GPU, and streams
-every rank's metrics back.
+"""Multi-GPU fine-tunes and tensor-parallel generation: ``nvkit.launch(config)`` writes a run folder
+and runs nvkit's training program (``nvkit.train.worker``) on it with torchrun or ``accelerate
+launch``, one process per selected GPU, and streams every rank's metrics back;
+``nvkit.launch_generate(prompts)`` runs the same program in generation mode and returns the texts.
 
-A notebook kernel is one process, so DDP/FSDP over several GPUs has to run outside it. The run
-folder holds ``config.json`` (the settings), ``data.jsonl`` (the examples, already tokenized and
-checked in the notebook by ``nvkit.train.data``, so a bad example fails here in a second instead
-of on every rank after the model loaded) and ``launch.sh`` (the shell line). Nothing the user
-typed is pasted into Python source: the run folder reaches the worker as a command-line argument.
-The same line starts the run on any machine where nvkit is installed:
-``python -m torch.distributed.run [options] -m nvkit.train.worker RUN_DIR``.
+A notebook kernel is one process, so DDP, FSDP2, DeepSpeed ZeRO and tensor parallelism over several
+GPUs have to run outside it (``nvkit.train.strategies`` says what each does, needs and costs per
+GPU, and refuses a combination that cannot run before anything starts). The run folder holds
+``config.json`` (the settings, including the session's attention backend, dtype, quantization and
+kernels), ``data.jsonl`` (the examples, already tokenized and checked in the notebook by
+``nvkit.train.data``, so a bad example fails here in a second instead of on every rank after the
+model loaded), ``launch.sh`` (the shell line), ``accelerate.yaml`` for ``launcher="accelerate"``,
+and ``logs/``. Nothing the user typed is pasted into Python source: the run folder reaches the
+worker as a command-line argument. The same line starts the run on any machine where nvkit is
+installed: ``python -m torch.distributed.run [options] -m nvkit.train.worker RUN_DIR``.
 
 Each rank prints JSON lines (``{"nvkit": 1, "rank": r, ...}``); torchrun's ``--tee`` prefixes them
 with the rank and also writes per-rank log files under ``logs/``. ``LaunchRun.stop()`` writes a
@@ -41,14 +45,16 @@ from .. import events
 from ..checks import positive_int
 from ..errors import NvkitError, require
 from ..hardware.selection import launch_command
+from ..model.precision import PRECISIONS
 from ..model.saving import MARKER, check_target, make_folder, owned, write_marker
 from ..model.session import resolve_model, session as current_session
 from . import data as train_data
+from . import strategies as strat
 from .lora import DEFAULT_LORA, check_lora
 
-_STRATEGIES = ("ddp", "fsdp")
 _CONFIG_KEYS = {"model", "data", "lora", "max_steps", "epochs", "learning_rate", "batch_size", "grad_accum",
-                "seq_len", "packing", "gradient_checkpointing", "seed", "log_every", "quantization"}
+                "seq_len", "packing", "gradient_checkpointing", "seed", "log_every", "quantization", "precision",
+                "attn_implementation", "dtype", "kernels"}
 _RANK_PREFIX = re.compile(r"^\[(?:[A-Za-z_]*?)(\d+)\]:(.*)$")
 _MAX_LOG_LINES = 5000
 _INT_FIELDS = ("rank", "local_rank", "world", "step", "total_steps")
@@ -92,8 +98,11 @@ class LaunchRun:
 
     EXIT_GRACE = 60.0  # seconds between the last rank's "done" and ending a group that does not exit
 
-    def __init__(self, command: str, argv: list, env: dict, run_dir: str, total_steps: int):
+    def __init__(self, command: str, argv: list, env: dict, run_dir: str, total_steps: int, *,
+                 strategy: str = "ddp", launcher: str = "torchrun", mode: str = "train", notes=()):
         self.command = command
+        self.strategy, self.launcher, self.mode = strategy, launcher, mode
+        self.notes = list(notes)   # settings nvkit added for the strategy (QLoRA storage, the loss...)
         self.run_dir = run_dir
         self.adapter_dir = os.path.join(run_dir, "adapter")
         self.total_steps = total_steps
@@ -194,6 +203,45 @@ class LaunchRun:
         return self._done.is_set()
 
     @property
+    def texts(self) -> list[str]:
+        """The generated texts of a ``launch_generate`` run, in prompt order (as they arrive)."""
+        got = {r["index"]: r["text"] for r in self.history
+               if r.get("event") == "text" and isinstance(r.get("index"), int) and isinstance(r.get("text"), str)}
+        return [got[i] for i in sorted(got)]
+
+    def setup(self, rank: int = 0) -> dict:
+        """What ``rank`` set up (strategy, precision, dtype, attention, loss, QLoRA), from its first line."""
+        return next((r for r in self.history if r.get("event") == "setup" and r.get("rank") == rank), {})
+
+    def per_rank(self, key: str, event: str = "step") -> dict:
+        """rank → list of (step, ``key``) for every record of ``event`` (e.g. loss per rank)."""
+        out: dict = {}
+        for r in list(self.history):
+            if r.get("event") == event and key in r and isinstance(r.get("rank"), int):
+                out.setdefault(r["rank"], []).append((r.get("step"), r[key]))
+        return out
+
+    def summary(self) -> dict:
+        """Steps, steps/s, final loss, per-rank peak memory (bytes) and the adapter: the numbers a
+        side-by-side comparison of strategies needs."""
+        steps = [r for r in self.history if r.get("event") == "step" and r.get("rank") == 0]
+        logs = [r for r in self.history if r.get("event") == "log" and r.get("rank") == 0]
+        peaks: dict = {}
+        for r in self.history:
+            if r.get("event") in ("step", "generated") and isinstance(r.get("peak_memory"), (int, float)):
+                peaks[r["rank"]] = max(peaks.get(r["rank"], 0), int(r["peak_memory"]))
+        rate = None
+        if len(steps) >= 2 and isinstance(steps[0].get("t"), (int, float)) and isinstance(steps[-1].get("t"), (int, float)):
+            dt = steps[-1]["t"] - steps[0]["t"]
+            rate = (steps[-1]["step"] - steps[0]["step"]) / dt if dt > 0 else None
+        return {"strategy": self.strategy, "launcher": self.launcher, "ranks": self.ranks,
+                "steps": steps[-1]["step"] if steps else 0, "steps_per_s": rate,
+                "final_loss": logs[-1].get("loss") if logs else None,
+                "peak_memory": dict(sorted(peaks.items())),
+                "adapter_dir": self.adapter_dir if os.path.isdir(self.adapter_dir) else None,
+                "returncode": self.returncode, "stopped": self.stopped}
+
+    @property
     def ranks(self) -> list[int]:
         return sorted({r["rank"] for r in self.history if "rank" in r})
 
@@ -210,7 +258,11 @@ class LaunchRun:
 
     def __repr__(self):
         state = f"exit {self.returncode}" if self.done else "running"
-        return f"<nvkit.LaunchRun {state} · ranks {self.ranks} · step {self.progress['step']}/{self.total_steps} · {self.run_dir}>"
+        what = f"{self.strategy} via {self.launcher}"
+        if self.mode == "generate":
+            return f"<nvkit.LaunchRun generate · {what} · {state} · ranks {self.ranks} · {len(self.texts)} texts · {self.run_dir}>"
+        return (f"<nvkit.LaunchRun {what} · {state} · ranks {self.ranks} · step {self.progress['step']}/{self.total_steps} · "
+                f"{self.run_dir}>")
 
     # --- control -----------------------------------------------------------------------------
     def stop(self, grace: float = 60.0) -> None:
@@ -264,10 +316,51 @@ class LaunchRun:
     def __await__(self):
         return self.wait().__await__()
 
-    def _check(self) -> None:
+    @property
+    def error(self) -> NvkitError | None:
+        """Why the run failed (its last lines and where the per-rank logs are), or None."""
         if self.returncode not in (0, None) and not self.stopped and not self.ended_after_done:
-            raise NvkitError(f"The launched run failed (exit {self.returncode}). Last lines:\n{self.text(30)}\n"
-                             f"Per-rank logs: {os.path.join(self.run_dir, 'logs')}")
+            return NvkitError(f"The launched run failed (exit {self.returncode}). Last lines:\n{self.text(30)}\n"
+                              f"Per-rank logs: {os.path.join(self.run_dir, 'logs')}")
+        return None
+
+    def _check(self) -> None:
+        err = self.error
+        if err is not None:
+            raise err
+
+
+def session_settings(s) -> dict:
+    """What a launched run takes over from a loaded session: its model, quantization, attention
+    backend, load dtype and kernels. NvkitError, with the reason, for what cannot be carried over."""
+    require(getattr(s, "model", None) is not None,
+            "No model is loaded to launch from: load one (nvkit.load) or give config['model'] (a path or Hub id).")
+    out: dict = {}
+    q = s.quantization
+    if q is not None and not isinstance(q, str):
+        raise NvkitError(f"The session's model is quantized with {q} (a transformers config object); a launched run "
+                         "takes bitsandbytes 'nf4'/'fp4' by name. Give config['quantization']='nf4' and "
+                         "config['model'] explicitly, or load the session with quantization='nf4'.")
+    if q == "int8":
+        raise NvkitError("The session's model is loaded in 8-bit (int8); a launched run trains QLoRA on 4-bit weights "
+                         "('nf4'/'fp4'), which FSDP and DeepSpeed can shard. Give config['quantization']='nf4' (or "
+                         "None) with config['model'], or reload the session with quantization='nf4'.")
+    out["quantization"] = q
+    attn = getattr(getattr(s.model, "config", None), "_attn_implementation", None)
+    if isinstance(attn, str) and attn:
+        out["attn_implementation"] = attn
+    if q is None:  # a 4-bit model's dtype is its compute dtype, chosen again by the run's precision
+        out["dtype"] = str(s.dtype).replace("torch.", "")
+    kernels = s.kernels
+    if kernels:
+        request = kernels.get("request") if isinstance(kernels, dict) else None
+        if request is None:
+            raise NvkitError("The session runs Hub kernels asked for with a KernelConfig holding repository objects, "
+                             "which a run folder cannot hold. Give config['kernels'] = {'use_kernels': True, "
+                             "'kernel_config': {'RMSNorm': {'cuda': 'org/repo:Layer'}}} (strings), or "
+                             "{'use_kernels': False} to launch without them.")
+        out["kernels"] = request
+    return out
 
 
 def _config(config, overrides: dict) -> dict:
@@ -279,8 +372,9 @@ def _config(config, overrides: dict) -> dict:
     model = cfg.get("model")
     if model is None or hasattr(model, "model_id"):  # a Session, or the current one
         s = model if model is not None else current_session()
+        for k, v in session_settings(s).items():
+            cfg.setdefault(k, v)
         model = s.path
-        cfg.setdefault("quantization", s.quantization if isinstance(s.quantization, str) else None)
     path, is_local = resolve_model(model)
     cfg["model"] = path
     require(cfg.get("data") is not None, "launch needs data: config['data'] = a list of examples or a local file.")
@@ -298,7 +392,30 @@ def _config(config, overrides: dict) -> dict:
     require(isinstance(lr, (int, float)) and not isinstance(lr, bool) and 0 < lr < 1,
             f"learning_rate must be in (0, 1), not {lr!r}.")
     q = cfg.get("quantization")
-    require(q in (None, "nf4", "fp4"), f"quantization for a launch must be None, 'nf4' or 'fp4', not {q!r}.")
+    require(q in (None, "nf4", "fp4"),
+            f"quantization for a launch must be None, 'nf4' or 'fp4' (QLoRA), not {q!r}: 8-bit weights and "
+            "quantization config objects are not written into a run folder.")
+    p = cfg.get("precision")
+    require(p is None or p in PRECISIONS or p == "auto",
+            f"precision must be 'bf16', 'fp16', 'fp32' or None (automatic), not {p!r}.")
+    attn = cfg.get("attn_implementation")
+    require(attn is None or (isinstance(attn, str) and attn.strip()),
+            f"attn_implementation must be a backend name such as 'sdpa', not {attn!r}.")
+    dt = cfg.get("dtype")
+    require(dt is None or (isinstance(dt, str) and dt.replace("torch.", "") in
+                           ("auto", "bfloat16", "float16", "float32", "bf16", "fp16", "fp32")),
+            f"dtype must be 'auto', 'bfloat16', 'float16' or 'float32', not {dt!r}.")
+    k = cfg.get("kernels")
+    require(k is None or (isinstance(k, dict) and set(k) <= {"use_kernels", "kernel_config"}
+                          and isinstance(k.get("use_kernels", False), bool)
+                          and (k.get("kernel_config") is None or isinstance(k.get("kernel_config"), dict))),
+            f"kernels must be None or {{'use_kernels': True, 'kernel_config': None or {{'RMSNorm': {{'cuda': "
+            f"'org/repo:Layer'}}}}}}, not {k!r}.")
+    if k is not None:
+        try:
+            json.dumps(k)
+        except (TypeError, ValueError) as e:
+            raise NvkitError(f"kernels must be plain data (strings), not {k!r}: it is written into config.json.") from e
     gc_on = cfg.setdefault("gradient_checkpointing", False)
     require(isinstance(gc_on, bool), f"gradient_checkpointing must be True or False, not {gc_on!r}.")
     packing = cfg.setdefault("packing", "auto")
@@ -336,24 +453,36 @@ def _forget_if_empty(run_dir: str) -> None:
         pass
 
 
-def write_run(cfg: dict, run_dir: str, strategy: str, device: str, command: str = "") -> dict:
-    """Write config.json, data.jsonl and launch.sh into ``run_dir``; returns the data facts."""
+def write_run(cfg: dict, run_dir: str, strategy: str, device: str, command: str = "", *, launcher: str = "torchrun",
+              accelerate_yaml: str | None = None, offload=None, mode: str = "train") -> dict:
+    """Write config.json, data.jsonl (training) and launch.sh into ``run_dir`` (and accelerate.yaml
+    for ``launcher="accelerate"``); returns the data facts."""
     from transformers import AutoTokenizer
     os.makedirs(run_dir, exist_ok=True)
+    facts: dict = {}
     tok = AutoTokenizer.from_pretrained(cfg["model"])
-    rows, facts = train_data.prepare(cfg["data"], tok, cfg["seq_len"], cfg["packing"])
-    with open(os.path.join(run_dir, "data.jsonl"), "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps({"input_ids": r.input_ids, "labels": r.labels}) + "\n")
+    if mode == "train":
+        rows, facts = train_data.prepare(cfg["data"], tok, cfg["seq_len"], cfg["packing"])
+        with open(os.path.join(run_dir, "data.jsonl"), "w", encoding="utf-8") as f:
+            for r in rows:
+                f.write(json.dumps({"input_ids": r.input_ids, "labels": r.labels}) + "\n")
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     worker_cfg = {k: v for k, v in cfg.items() if k != "data"}
-    worker_cfg.update(strategy=strategy, device=device, pad_token_id=pad, data_facts=facts)
+    worker_cfg.update(strategy=strategy, device=device, pad_token_id=pad, mode=mode, launcher=launcher, offload=offload)
+    if mode == "train":
+        worker_cfg["data_facts"] = facts
     with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(worker_cfg, f, indent=2)
+    if accelerate_yaml is not None:
+        with open(os.path.join(run_dir, "accelerate.yaml"), "w", encoding="utf-8") as f:
+            f.write(accelerate_yaml)
     if command:
+        what = ("tensor-parallel generation" if mode == "generate"
+                else f"LoRA fine-tune, {strat.STRATEGIES[strategy].title}")
         # A shell script, not Python: every word of the line is shell-quoted.
         with open(os.path.join(run_dir, "launch.sh"), "w", encoding="utf-8") as f:
-            f.write("#!/bin/sh\n# Written by nvkit.launch: LoRA fine-tune, one process per GPU (nvkit.train.worker).\n"
+            f.write(f"#!/bin/sh\n# Written by nvkit.launch: {what}, one process per GPU (nvkit.train.worker), "
+                    f"started by {launcher}.\n"
                     "# Multi-node: the same line on every node, with --nnodes=N --node_rank=I "
                     "--rdzv_backend=c10d --rdzv_endpoint=HOST:PORT\n"
                     "# Touch STOP in the run folder to end the run after the current step.\n"
@@ -362,25 +491,15 @@ def write_run(cfg: dict, run_dir: str, strategy: str, device: str, command: str 
     return facts
 
 
-def launch(config: dict | None = None, nproc_per_node: int | None = None, strategy: str = "ddp", *,
-           gpus=..., nnodes: int | None = None, node_rank: int | None = None, rdzv_endpoint: str | None = None,
-           run_dir: str | None = None, start: bool = True, **settings) -> LaunchRun:
-    """Fine-tune with LoRA over several GPUs: write a run folder for ``config`` and run nvkit's
-    training program on it with torchrun (one process per GPU of the selection, NCCL; gloo on CPU)
-    under the selection's ``CUDA_DEVICE_ORDER``/``CUDA_VISIBLE_DEVICES``. Returns a ``LaunchRun``
-    whose history fills with every rank's metrics.
+def _whole(name: str, v, lo: int = 1, allow_none: bool = True):
+    if v is None and allow_none:
+        return None
+    require(isinstance(v, int) and not isinstance(v, bool) and v >= lo, f"{name} must be a whole number ≥ {lo}, not {v!r}.")
+    return v
 
-    ``config``: {"model": path/id/Session (default: the current session's), "data": ..., "lora": ...,
-    "max_steps": ..., "batch_size": ..., ...} (the ``nvkit.finetune`` settings; keywords work too).
-    ``strategy``: "ddp" (a model copy per GPU) or "fsdp" (FSDP2, sharded). Multi-node: ``nnodes``,
-    ``node_rank``, ``rdzv_endpoint="host:port"`` go on the torchrun line (run it on each node;
-    ``start=False`` only writes the run and returns it with ``.command``)."""
-    require(strategy in _STRATEGIES, f"strategy must be 'ddp' or 'fsdp', not {strategy!r}.")
-    require(nproc_per_node is None or (isinstance(nproc_per_node, int) and not isinstance(nproc_per_node, bool)
-                                       and nproc_per_node >= 1),
-            f"nproc_per_node must be a whole number ≥ 1, not {nproc_per_node!r}.")
-    require(nnodes is None or (isinstance(nnodes, int) and nnodes >= 1), f"nnodes must be ≥ 1, not {nnodes!r}.")
-    require(nnodes is None or not isinstance(nnodes, bool), f"nnodes must be ≥ 1, not {nnodes!r}.")
+
+def _check_nodes(nnodes, node_rank, rdzv_endpoint) -> None:
+    _whole("nnodes", nnodes)
     if nnodes and nnodes > 1:
         require(isinstance(rdzv_endpoint, str) and re.fullmatch(r"[^\s:]+:\d{1,5}", rdzv_endpoint or "") is not None,
                 f"A multi-node launch needs rdzv_endpoint='host:port' (the rendezvous on node 0), not {rdzv_endpoint!r}.")
@@ -390,39 +509,196 @@ def launch(config: dict | None = None, nproc_per_node: int | None = None, strate
     else:
         require(node_rank in (None, 0) and rdzv_endpoint is None,
                 "node_rank and rdzv_endpoint are for a multi-node launch: give nnodes=N (N ≥ 2) with them.")
-    require(isinstance(start, bool), f"start must be True or False, not {start!r}.")
-    cfg = _config(config, settings)
+
+
+def _launcher_options(launcher: str, run_dir: str, device: str, nnodes, node_rank, rdzv_endpoint) -> dict:
+    """The launcher's options (besides the process count) for this run."""
+    logs = os.path.join(run_dir, "logs")
+    multi = bool(nnodes and nnodes > 1)
+    if launcher == "torchrun":
+        opts: dict = dict(tee=3, log_dir=logs)
+        if multi:
+            opts.update(nnodes=nnodes, node_rank=node_rank, rdzv_backend="c10d", rdzv_endpoint=rdzv_endpoint,
+                        rdzv_id=os.path.basename(run_dir))
+        else:
+            opts.update(standalone=True)
+        opts["module"] = True  # the worker is a module of nvkit: nothing to write as a script
+        return opts
+    opts = dict(config_file=os.path.join(run_dir, "accelerate.yaml"), tee=3, log_dir=logs)
+    if multi:
+        host, port = rdzv_endpoint.rsplit(":", 1)
+        opts.update(num_machines=nnodes, machine_rank=node_rank, main_process_ip=host, main_process_port=port,
+                    rdzv_backend="c10d", same_network=True)
+    elif device == "cuda":
+        opts["main_process_port"] = 0  # a free port: two runs on one machine do not collide
+    opts["module"] = True
+    return opts
+
+
+def _command(nproc_per_node, gpus, launcher: str, run_dir: str, device: str, nnodes=None, node_rank=None,
+             rdzv_endpoint=None):
+    """(LaunchCommand, the variables on the line, the shell line) for a run in ``run_dir``."""
+    kw = {} if gpus is ... else {"gpus": gpus}
+    opts = _launcher_options(launcher, run_dir, device, nnodes, node_rank, rdzv_endpoint)
+    cmd = launch_command(WORKER, nproc_per_node=nproc_per_node, launcher=launcher, args=[run_dir], **kw, **opts)
+    env_vars = {**cmd.env, "NCCL_NVLS_ENABLE": "0"}  # NVLink multicast off on these machines
+    line = " ".join([f"{k}={shlex.quote(str(v))}" for k, v in env_vars.items()] + [shlex.quote(a) for a in cmd.argv])
+    return cmd, env_vars, line
+
+
+def launch_line(nproc_per_node: int | None = None, *, gpus=..., launcher: str = "torchrun",
+                run_dir: str = "RUN_DIR") -> str:
+    """The shell line ``nvkit.launch`` runs for these processes, GPUs and launcher, with ``run_dir``
+    standing for the run folder (made when the run starts): what the Launch panel shows."""
+    require(launcher in strat.LAUNCHERS, f"launcher must be 'torchrun' or 'accelerate', not {launcher!r}.")
+    _whole("nproc_per_node", nproc_per_node)
+    import torch
+    device = "cuda" if gpus != [] and torch.cuda.is_available() else "cpu"
+    return _command(nproc_per_node, gpus, launcher, run_dir, device)[2]
+
+
+def _nproc_of(argv: list) -> int:
+    for a in argv:
+        for key in ("--nproc_per_node=", "--num_processes="):
+            if a.startswith(key):
+                return int(a.split("=", 1)[1])
+    return 1
+
+
+def _capability(cmd) -> tuple[int, int] | None:
+    """The lowest compute capability of the GPUs the line makes visible, read with NVML (no CUDA
+    context in the notebook)."""
+    visible = cmd.env.get("CUDA_VISIBLE_DEVICES")
+    try:
+        from ..hardware.inventory import gpus as list_gpus
+        gs = list_gpus()
+    except Exception:  # noqa: BLE001 - no NVML: the ranks decide for themselves
+        return None
+    chosen = [g for g in gs if visible is None or str(g.index) in visible.split(",")]
+    caps = [g.capability for g in chosen if g.capability]
+    return min(caps) if caps else None
+
+
+def _prepare(cfg: dict, strategy: str, nproc_per_node, *, gpus, launcher: str, offload, nnodes, node_rank,
+             rdzv_endpoint, run_dir, mode: str) -> LaunchRun:
+    """Check everything, write the run folder and build the LaunchRun (not started)."""
+    require(strategy in strat.STRATEGIES,
+            f"strategy must be one of {', '.join(repr(x) for x in strat.STRATEGIES)}, not {strategy!r}.")
+    require(launcher in strat.LAUNCHERS, f"launcher must be 'torchrun' or 'accelerate', not {launcher!r}.")
+    _whole("nproc_per_node", nproc_per_node)
+    _check_nodes(nnodes, node_rank, rdzv_endpoint)
     import torch
     visible_cuda = gpus != [] and torch.cuda.is_available()
     device = "cuda" if visible_cuda else "cpu"
-    if device == "cpu" and strategy == "fsdp":
-        raise NvkitError("strategy='fsdp' needs CUDA GPUs (NCCL); on the CPU use strategy='ddp' (gloo).")
-    run_dir = _run_dir(run_dir)
-    torchrun_args = dict(tee=3, log_dir=os.path.join(run_dir, "logs"))
-    if nnodes and nnodes > 1:
-        torchrun_args.update(nnodes=nnodes, node_rank=node_rank, rdzv_backend="c10d", rdzv_endpoint=rdzv_endpoint,
-                             rdzv_id=os.path.basename(run_dir))
-    else:
-        torchrun_args.update(standalone=True)
-    torchrun_args["module"] = True  # the worker is a module of nvkit: nothing to write as a script
     kw = {} if gpus is ... else {"gpus": gpus}
-    cmd = launch_command(WORKER, nproc_per_node=nproc_per_node, args=[run_dir], **kw, **torchrun_args)
-    env_vars = {**cmd.env, "NCCL_NVLS_ENABLE": "0"}  # NVLink multicast off on these machines
-    line = " ".join([f"{k}={shlex.quote(str(v))}" for k, v in env_vars.items()] + [shlex.quote(a) for a in cmd.argv])
+    probe = launch_command(WORKER, nproc_per_node=nproc_per_node, **kw)
+    n = _nproc_of(probe.argv)
+    from transformers import AutoConfig
     try:
-        facts = write_run(cfg, run_dir, strategy, device, line)
+        model_config = AutoConfig.from_pretrained(cfg["model"])
+    except (OSError, ValueError) as e:
+        raise NvkitError(f"Cannot read the model's config from {cfg['model']}: {e}") from e
+    notes = strat.check(strategy, device=device, nproc=n * (nnodes or 1), mode=mode,
+                        quantization=cfg.get("quantization"), offload=offload, launcher=launcher, config=model_config)
+    # precision and attention are checked here, in a second, not on every rank after the model loaded
+    from ..model.precision import precision
+    capability = _capability(probe) if device == "cuda" else None
+    if mode == "train" and (device == "cpu" or capability is not None):
+        cfg["precision"] = precision(device, capability, cfg.get("precision"))
+    attn = cfg.get("attn_implementation")
+    if attn:
+        from ..model.backends import model_class_for, resolve_attention
+        cfg["attn_implementation"] = resolve_attention(attn, device, model_class=model_class_for(model_config))
+    kernels = cfg.get("kernels")
+    if kernels and (kernels.get("use_kernels") or kernels.get("kernel_config")):
+        from ..model.kernels import plan_kernels
+        plan_kernels(cfg["model"], device, bool(kernels.get("use_kernels")) or kernels.get("kernel_config") is not None,
+                     kernels.get("kernel_config"))
+    run_dir = _run_dir(run_dir)
+    cmd, env_vars, line = _command(nproc_per_node, gpus, launcher, run_dir, device, nnodes, node_rank, rdzv_endpoint)
+    yaml = None
+    if launcher == "accelerate":
+        yaml = strat.accelerate_config(n * (nnodes or 1), device, cfg.get("precision") or "auto")
+    try:
+        facts = write_run(cfg, run_dir, strategy, device, line, launcher=launcher, accelerate_yaml=yaml,
+                          offload=offload, mode=mode)
     except NvkitError:
         _forget_if_empty(run_dir)
         raise
-    n = int(next((a.split("=", 1)[1] for a in cmd.argv if a.startswith("--nproc_per_node=")), 1))
     import math
-    per_rank_rows = math.ceil(facts["rows"] / n)
-    total = cfg.get("max_steps") or max(1, math.ceil(math.ceil(per_rank_rows / cfg["batch_size"]) / cfg["grad_accum"]
-                                                     * float(cfg.get("epochs") or 1)))
+    total = 0
+    if mode == "train":
+        shards = n * (nnodes or 1) if strat.STRATEGIES[strategy].data_parallel else 1
+        per_rank_rows = math.ceil(facts["rows"] / shards)
+        total = cfg.get("max_steps") or max(1, math.ceil(math.ceil(per_rank_rows / cfg["batch_size"]) / cfg["grad_accum"]
+                                                         * float(cfg.get("epochs") or 1)))
     argv = list(cmd.argv)
     if argv and argv[0] == "torchrun":
         # the kernel's own interpreter, whatever PATH holds
         argv = [sys.executable, "-m", "torch.distributed.run", *argv[1:]]
+    elif argv[:2] == ["accelerate", "launch"]:
+        argv = [sys.executable, "-m", "accelerate.commands.launch", *argv[2:]]
     env = {**os.environ, **{k: str(v) for k, v in env_vars.items()}, "PYTHONUNBUFFERED": "1"}
-    run = LaunchRun(line, argv, env, run_dir, total)
+    return LaunchRun(line, argv, env, run_dir, total, strategy=strategy, launcher=launcher, mode=mode, notes=notes)
+
+
+def launch(config: dict | None = None, nproc_per_node: int | None = None, strategy: str = "ddp", *,
+           gpus=..., launcher: str = "torchrun", offload: str | None = None, nnodes: int | None = None,
+           node_rank: int | None = None, rdzv_endpoint: str | None = None, run_dir: str | None = None,
+           start: bool = True, **settings) -> LaunchRun:
+    """Fine-tune with LoRA over several GPUs: write a run folder for ``config`` and run nvkit's
+    training program on it, one process per GPU of the selection (NCCL; gloo on CPU) under the
+    selection's ``CUDA_DEVICE_ORDER``/``CUDA_VISIBLE_DEVICES``. Returns a ``LaunchRun`` whose
+    history fills with every rank's metrics.
+
+    ``config``: {"model": path/id/Session (default: the current session, whose quantization,
+    attention backend, dtype and kernels the run takes over), "data": ..., "lora": ...,
+    "max_steps": ..., "batch_size": ..., "precision": "bf16"/"fp16"/"fp32", ...} (the
+    ``nvkit.finetune`` settings; keywords work too).
+    ``strategy``: "ddp" (a model copy per GPU), "fsdp" (FSDP2, sharded), "zero2" / "zero3" (DeepSpeed
+    ZeRO; ``offload="optimizer"`` or, for ZeRO-3, ``"all"`` moves state to CPU memory) or "tp"
+    (tensor parallel). ``launcher``: "torchrun" or "accelerate" (``accelerate launch`` with a config
+    file nvkit writes into the run folder). Multi-node: ``nnodes``, ``node_rank``,
+    ``rdzv_endpoint="host:port"`` go on the line (run it on each node; ``start=False`` only writes
+    the run and returns it with ``.command``)."""
+    require(isinstance(start, bool), f"start must be True or False, not {start!r}.")
+    cfg = _config(config, settings)
+    run = _prepare(cfg, strategy, nproc_per_node, gpus=gpus, launcher=launcher, offload=offload, nnodes=nnodes,
+                   node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_dir=run_dir, mode="train")
+    return run.start() if start else run
+
+
+def launch_generate(prompts, model=None, nproc_per_node: int | None = None, *, gpus=..., max_new_tokens: int = 50,
+                    do_sample: bool = False, seed: int = 0, launcher: str = "torchrun", run_dir: str | None = None,
+                    start: bool = True, **settings) -> LaunchRun:
+    """Generate with the model cut across several GPUs (tensor parallel, transformers' plan for the
+    model), one process per GPU; returns a ``LaunchRun`` whose ``.texts`` are the continuations
+    of ``prompts`` (a string or a list), in order, once it is done (``await run`` or
+    ``run.result()``). ``model``: path/id/Session (default: the current session, whose attention
+    backend, dtype and kernels the run takes over). Runs on the CPU too (gloo)."""
+    require(isinstance(start, bool), f"start must be True or False, not {start!r}.")
+    single = isinstance(prompts, str)
+    plist = [prompts] if single else prompts
+    require(isinstance(plist, (list, tuple)) and len(plist) > 0 and all(isinstance(p, str) and p.strip() for p in plist),
+            f"prompts must be a non-empty string or a list of them, not {prompts!r}.")
+    _whole("max_new_tokens", max_new_tokens)
+    require(isinstance(do_sample, bool), f"do_sample must be True or False, not {do_sample!r}.")
+    _whole("seed", seed, lo=0, allow_none=False)
+    unknown = set(settings) - {"attn_implementation", "dtype", "kernels"}
+    require(not unknown, f"Unknown launch_generate setting(s) {sorted(unknown)}; known: attn_implementation, dtype, "
+                         "kernels (and the keywords of the signature).")
+    cfg: dict = dict(settings)
+    if model is None or hasattr(model, "model_id"):
+        s = model if model is not None else current_session()
+        for k, v in session_settings(s).items():
+            cfg.setdefault(k, v)
+        model = s.path
+    require(not cfg.get("quantization"),
+            f"Tensor-parallel generation cannot cut bitsandbytes' packed 4/8-bit weights ({cfg.get('quantization')!r}); "
+            "load the model unquantized, or give model= a path.")
+    cfg.pop("quantization", None)
+    path, _ = resolve_model(model)
+    cfg.update(model=path, prompts=list(plist), max_new_tokens=max_new_tokens, do_sample=do_sample, seed=seed)
+    run = _prepare(cfg, "tp", nproc_per_node, gpus=gpus, launcher=launcher, offload=None, nnodes=None, node_rank=None,
+                   rdzv_endpoint=None, run_dir=run_dir, mode="generate")
     return run.start() if start else run

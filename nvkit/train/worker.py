@@ -5,8 +5,13 @@ It reads ``RUN_DIR/config.json`` (the settings) and ``RUN_DIR/data.jsonl`` (the 
 tokenized and checked in the notebook) and trains LoRA adapters with the pieces ``nvkit.finetune``
 uses in the kernel: the precision choice (``nvkit.model.precision``), the LoRA/QLoRA preparation
 (``nvkit.train.lora``), the collator (``nvkit.train.data``), the trainer with the fused loss
-(``nvkit.train.trainer``) and the atomic adapter save (``nvkit.model.saving``). Nothing of the
-user's is pasted into Python source: the run folder is a command-line argument.
+(``nvkit.train.trainer``) and the atomic adapter save (``nvkit.model.saving``). The strategy in
+the config (``nvkit.train.strategies``) decides how the model loads (whole per GPU, on the CPU for
+FSDP2/DeepSpeed to shard, partitioned while it loads under ZeRO-3, or this rank's slice for tensor
+parallelism) and what Trainer is told (FSDP2 settings, a DeepSpeed config); ``accelerate launch``
+starts the same program. With ``"mode": "generate"`` it generates instead, tensor parallel, and
+rank 0 prints each text. Nothing of the user's is pasted into Python source: the run folder is a
+command-line argument.
 
 Each rank prints JSON lines (``{"nvkit": 1, "rank": r, "event": ...}``) that ``LaunchRun`` reads.
 A ``STOP`` file in the run folder (or SIGTERM) ends the run after the current step: every rank
@@ -94,11 +99,109 @@ def _stream_callback(emit, cuda: bool, counter: dict, stop_file: str, stop_flag:
     return Stream()
 
 
+def _rank_env():
+    return (int(os.environ.get("RANK", 0)), int(os.environ.get("LOCAL_RANK", 0)),
+            int(os.environ.get("WORLD_SIZE", 1)))
+
+
+def _device(cfg: dict, local_rank: int):
+    """(cuda?, device type, compute capability) of this rank."""
+    import torch
+    cuda = torch.cuda.is_available() and cfg.get("device", "cuda") == "cuda"
+    capability = None
+    if cuda:
+        torch.cuda.set_device(local_rank)  # the current device is per process (and per thread)
+        capability = torch.cuda.get_device_capability(local_rank)
+    return cuda, "cuda" if cuda else "cpu", capability
+
+
+def load_model(cfg: dict, strategy: str, dtype, device_type: str, local_rank: int, world: int):
+    """The base model as this rank needs it for ``strategy``: whole on its GPU (DDP), whole on the
+    CPU for FSDP/DeepSpeed to shard (ZeRO-3 partitions it while it loads, when Trainer's DeepSpeed
+    config is already in force), or this rank's slice (tensor parallel); with the session's
+    attention backend, quantization and kernels."""
+    from ..model.kernels import apply_kernels, plan_kernels
+    from ..model.quant import quantization_config
+    from ..quiet import routed
+    with routed():
+        from transformers import AutoModelForCausalLM
+    kw = dict(dtype=dtype, attn_implementation=cfg.get("attn_implementation") or "sdpa")
+    quant = cfg.get("quantization")
+    if quant:
+        opts = {}
+        if strategy in ("fsdp", "zero3"):
+            # FSDP2 and ZeRO-3 shard floating-point tensors: the packed 4-bit weights are stored in
+            # the compute dtype so they can be split like the rest (uint8 storage cannot).
+            opts["quant_storage"] = dtype
+        kw["quantization_config"] = quantization_config(quant, dtype, device_type, **opts)
+    if strategy == "tp":
+        from transformers.distributed import DistributedConfig
+        kw["distributed_config"] = DistributedConfig(tp_size=world)
+    elif device_type == "cuda" and (strategy == "ddp" or (quant and strategy != "zero3")):
+        # ZeRO-3 refuses a device_map; bitsandbytes then quantizes onto the current device
+        kw["device_map"] = {"": local_rank}
+    with routed():
+        model = AutoModelForCausalLM.from_pretrained(cfg["model"], **kw)
+    kernels = cfg.get("kernels")
+    if kernels:
+        plan = plan_kernels(cfg["model"], device_type, bool(kernels.get("use_kernels")), kernels.get("kernel_config"))
+        apply_kernels(model, plan)
+    return model
+
+
+def fix_tp_lora(model) -> int:
+    """PEFT gives the LoRA A matrix of a row-wise sharded layer (o_proj, down_proj) its local input
+    width as ``in_features`` while its weight is the whole (sharded) one, and transformers' row-wise
+    input hook builds the input's global shape from ``in_features``: the shapes disagree in the
+    first forward. Setting the global width makes them agree. Returns how many were fixed."""
+    fixed = 0
+    for module in model.modules():
+        base = getattr(module, "base_layer", None)
+        if getattr(base, "_hf_tp_plan", None) != "rowwise" or not hasattr(module, "lora_A"):
+            continue
+        for a in module.lora_A.values():
+            width = int(a.weight.shape[1])  # the DTensor's global shape
+            if getattr(a, "in_features", width) != width:
+                a.in_features = width
+                fixed += 1
+    return fixed
+
+
+def tp_optimizer(model, learning_rate: float):
+    """AdamW for a tensor-parallel LoRA model. Its adapters are a mix of sharded (DTensor) and whole
+    (plain) tensors, and torch's multi-tensor ("foreach") AdamW, its default on CUDA, refuses such a
+    mix in one call; the per-tensor loop takes each as it is."""
+    import torch
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(params, lr=learning_rate, foreach=False)
+
+
+def _strategy_arguments(cfg: dict, model_layer: str | None, cuda: bool) -> dict:
+    """Trainer arguments that set up the strategy (DDP is Trainer's default under torchrun)."""
+    from .strategies import deepspeed_config
+    strategy = cfg["strategy"]
+    extra = dict(ddp_backend="nccl" if cuda else "gloo", ddp_find_unused_parameters=False)
+    if strategy == "fsdp":
+        extra["fsdp"] = "full_shard auto_wrap"
+        extra["fsdp_config"] = {"fsdp_version": 2, "transformer_layer_cls_to_wrap": [model_layer],
+                                "reshard_after_forward": True}
+    elif strategy in ("zero2", "zero3"):
+        extra["deepspeed"] = deepspeed_config(strategy, cfg.get("offload"), cuda)
+    return extra
+
+
+def _decoder_layer_class(path: str) -> str:
+    """The decoder layer's class name (FSDP wraps one unit per layer), read on the meta device."""
+    from transformers import AutoConfig
+
+    from ..memory.estimate import meta_model
+    m = meta_model(AutoConfig.from_pretrained(path))
+    return type(m.get_decoder().layers[0]).__name__
+
+
 def train(run_dir: str) -> None:
     """Train on this rank from the run folder (see the module doc)."""
-    rank = int(os.environ.get("RANK", 0))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    world = int(os.environ.get("WORLD_SIZE", 1))
+    rank, local_rank, world = _rank_env()
     emit = Emitter(rank, local_rank, world)
     stop_flag = {"signal": False}
 
@@ -107,58 +210,57 @@ def train(run_dir: str) -> None:
 
     signal.signal(signal.SIGTERM, on_term)
     cfg = read_config(run_dir)
+    strategy = cfg["strategy"]
 
     import torch
     import torch.distributed as dist
 
-    from ..model.precision import precision
-    from ..model.quant import quantization_config
+    from ..model.precision import precision, resolve_dtype
     from ..model.saving import save_atomic
     from ..quiet import routed
     from .data import Collator, ListDataset
     from .lora import prepare_lora_model
     from .loss import fused_loss_supported
+    from .strategies import fused_loss_allowed
     from .trainer import quiet_trainer, trainer_class, training_arguments
 
     with routed():  # Trainer's first import brings in peft and bitsandbytes (see nvkit.quiet)
-        from transformers import AutoModelForCausalLM
         NvkitTrainer = trainer_class()
-    cuda = torch.cuda.is_available() and cfg.get("device", "cuda") == "cuda"
-    device_type = "cuda" if cuda else "cpu"
-    capability = None
-    if cuda:
-        torch.cuda.set_device(local_rank)  # the current device is per process (and per thread)
-        capability = torch.cuda.get_device_capability(local_rank)
-    prec = precision(device_type, capability)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[prec]
-    kw = dict(dtype=dtype, attn_implementation=cfg.get("attn_implementation", "sdpa"))
-    quant = cfg.get("quantization")
-    if quant:
-        kw["quantization_config"] = quantization_config(quant, dtype, device_type)
-    if cuda and cfg["strategy"] == "ddp":
-        kw["device_map"] = {"": local_rank}
-    with routed():
-        model = AutoModelForCausalLM.from_pretrained(cfg["model"], **kw)
-    model, _, _ = prepare_lora_model(model, cfg["lora"], bool(cfg.get("gradient_checkpointing")))
-    fused, _ = fused_loss_supported(model)
-
-    extra = dict(ddp_backend="nccl" if cuda else "gloo", ddp_find_unused_parameters=False)
-    if cfg["strategy"] == "fsdp":
-        layer_cls = type(model.get_base_model().get_decoder().layers[0]).__name__
-        extra["fsdp"] = "full_shard auto_wrap"
-        extra["fsdp_config"] = {"fsdp_version": 2, "transformer_layer_cls_to_wrap": [layer_cls],
-                                "reshard_after_forward": True}
+    cuda, device_type, capability = _device(cfg, local_rank)
+    prec = precision(device_type, capability, cfg.get("precision"))
+    dtype = resolve_dtype(cfg.get("dtype") or {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}[prec],
+                          device_type, capability)
+    if strategy in ("zero2", "zero3") and not cuda:
+        # On the CPU, accelerate starts gloo itself and leaves DeepSpeed's own communication layer
+        # unset; DeepSpeed then counts one process. Starting it first makes both agree.
+        import deepspeed
+        deepspeed.init_distributed(dist_backend="gloo")
+    # The arguments come before the model: with ZeRO-3 they put DeepSpeed's config in force, and
+    # the model then loads partitioned across the ranks instead of whole on each.
+    layer_cls = _decoder_layer_class(cfg["model"]) if strategy == "fsdp" else None
     args = training_arguments(os.path.join(run_dir, "trainer"), prec, device_type, max_steps=cfg.get("max_steps"),
                               epochs=cfg.get("epochs"), learning_rate=cfg["learning_rate"],
                               batch_size=cfg["batch_size"], grad_accum=cfg["grad_accum"], log_every=cfg["log_every"],
                               seed=cfg["seed"], gradient_checkpointing=bool(cfg.get("gradient_checkpointing")),
-                              fused_adamw=cuda and cfg["strategy"] == "ddp", **extra)
+                              fused_adamw=cuda and strategy == "ddp", **_strategy_arguments(cfg, layer_cls, cuda))
+    model = load_model(cfg, strategy, dtype, device_type, local_rank, world)
+    model, kbit, _ = prepare_lora_model(model, cfg["lora"], bool(cfg.get("gradient_checkpointing")))
+    if strategy == "tp":
+        fix_tp_lora(model)
+    fused, loss_why = fused_loss_supported(model)
+    if fused and not fused_loss_allowed(strategy):
+        fused, loss_why = False, f"the model's own loss ({strategy}: the LM head is not whole on every rank)"
+    emit(event="setup", strategy=strategy, precision=prec, dtype=str(dtype).replace("torch.", ""),
+         attention=getattr(model.config, "_attn_implementation", None), qlora=kbit, loss=loss_why,
+         kernels=bool(cfg.get("kernels")), device=device_type)
+
     pad = cfg.get("pad_token_id")
     counter = {"tokens": 0}
     stream = _stream_callback(emit, cuda, counter, os.path.join(run_dir, "STOP"), stop_flag)
+    extra = {"optimizers": (tp_optimizer(model, cfg["learning_rate"]), None)} if strategy == "tp" else {}
     trainer = NvkitTrainer(model=model, args=args, train_dataset=ListDataset(read_rows(run_dir)),
                            data_collator=Collator(0 if pad is None else pad, pad_to=8), callbacks=[stream],
-                           fused_loss=fused, counter=counter)
+                           fused_loss=fused, counter=counter, **extra)
     quiet_trainer(trainer)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -166,10 +268,10 @@ def train(run_dir: str) -> None:
     target = os.path.join(run_dir, "adapter")
     if rank == 0:
         facts = {"base_model": cfg["model"], "lora": cfg["lora"], "steps": trainer.state.global_step,
-                 "strategy": cfg["strategy"], "world_size": world, "data": cfg.get("data_facts")}
-        save_atomic(trainer.save_model, target, kind="adapter", facts=facts)  # collective under FSDP
+                 "strategy": strategy, "world_size": world, "precision": prec, "data": cfg.get("data_facts")}
+        save_atomic(trainer.save_model, target, kind="adapter", facts=facts)  # collective under FSDP/ZeRO-3/TP
     else:
-        # Under FSDP the state dict is gathered from every rank; off rank 0 nothing is written.
+        # Under FSDP, ZeRO-3 and TP the adapter is gathered from every rank; off rank 0 nothing is written.
         trainer.save_model(os.path.join(run_dir, f".adapter-rank-{rank}"))
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
@@ -178,6 +280,70 @@ def train(run_dir: str) -> None:
     emit(event="done", step=trainer.state.global_step)
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def generate(run_dir: str) -> None:
+    """Tensor-parallel generation on this rank: the model cut across the ranks, the prompts of
+    config.json run greedily (or sampled with the config's seed); rank 0 prints each text."""
+    rank, local_rank, world = _rank_env()
+    emit = Emitter(rank, local_rank, world)
+    cfg = read_config(run_dir)
+
+    import torch
+    import torch.distributed as dist
+
+    from ..memory.usage import memory_now
+    from ..model.precision import resolve_dtype
+
+    from transformers import AutoTokenizer
+    cuda, device_type, capability = _device(cfg, local_rank)
+    dtype = resolve_dtype(cfg.get("dtype") or "auto", device_type, capability)
+    tok = AutoTokenizer.from_pretrained(cfg["model"])
+    tok.padding_side = "left"  # generation continues from the last position of every row
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model = load_model(cfg, "tp", dtype, device_type, local_rank, world)
+    model.eval()
+    emit(event="setup", strategy="tp", dtype=str(dtype).replace("torch.", ""), device=device_type,
+         attention=getattr(model.config, "_attn_implementation", None), kernels=bool(cfg.get("kernels")))
+    prompts = cfg["prompts"]
+    gen = dict(max_new_tokens=int(cfg.get("max_new_tokens", 50)), do_sample=bool(cfg.get("do_sample", False)),
+               pad_token_id=tok.pad_token_id)
+    torch.manual_seed(int(cfg.get("seed", 0)))  # the same on every rank: sampled tokens must agree
+    device = torch.device("cuda", local_rank) if cuda else torch.device("cpu")
+    t0 = time.time()
+    new_tokens = 0
+    with torch.inference_mode():
+        for i, prompt in enumerate(prompts):
+            enc = tok([prompt], return_tensors="pt").to(device)
+            out = model.generate(**enc, **gen)
+            new = out[0, enc["input_ids"].shape[1]:]
+            new_tokens += int(new.shape[0])
+            if rank == 0:
+                emit(event="text", index=i, text=tok.decode(new, skip_special_tokens=True))
+    seconds = time.time() - t0
+    mem, peak = memory_now(device_type)
+    emit(event="generated", prompts=len(prompts), new_tokens=new_tokens, seconds=seconds,
+         tokens_per_s=new_tokens / seconds if seconds > 0 else 0.0, memory=mem, peak_memory=peak)
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+    emit(event="done", step=0)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _one_process_group() -> None:
+    """A launcher that starts a single process without torchrun's variables (``accelerate launch``
+    with one process) leaves this rank outside any process group, while Trainer (asked for the
+    gloo/nccl backend) and DeepSpeed expect one: give it a group of one, as torchrun would."""
+    if "WORLD_SIZE" in os.environ:
+        return
+    import socket
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
 
 
 def main(argv=None) -> None:
@@ -189,7 +355,11 @@ def main(argv=None) -> None:
     if not os.path.isfile(os.path.join(run_dir, "config.json")):
         print(f"nvkit.train.worker: {run_dir} holds no config.json (nvkit.launch writes it). {USAGE}", file=sys.stderr)
         sys.exit(2)
-    train(run_dir)
+    _one_process_group()
+    if read_config(run_dir).get("mode", "train") == "generate":
+        generate(run_dir)
+    else:
+        train(run_dir)
     # Leave without the interpreter's teardown: on the CPU (gloo) a rank can hang for good in
     # ~ProcessGroupGloo while the DDP reducer is garbage-collected at exit, after everything has
     # been saved. Nothing is left to write: the adapter is in place and the logs are flushed.

@@ -1,4 +1,4 @@
-"""``nvkit.panel()``: the whole kit in one widget — GPUs | Model | Generate | Fine-tune | Memory.
+"""``nvkit.panel()``: the whole kit in one widget — GPUs | Model | Generate | Fine-tune | Launch | Memory.
 
 Each tab is the stand-alone panel of that name; this module only arranges them, so anything a
 tab does is also available on its own (``nvkit.GPUSelector()``, ``nvkit.LoadPanel()``, ...).
@@ -24,6 +24,7 @@ TABS = (
     ("Model", "nvkit.ui.load_panel", "LoadPanel"),
     ("Generate", "nvkit.ui.generate_panel", "GeneratePanel"),
     ("Fine-tune", "nvkit.ui.finetune_panel", "FinetunePanel"),
+    ("Launch", "nvkit.ui.launch_panel", "LaunchPanel"),
     ("Memory", "nvkit.ui.memory_chart", "MemoryChart"),
 )
 
@@ -66,7 +67,7 @@ class Panel(w.VBox):
         self._build(TABS[0][0])
         self.tabs.observe(self._on_tab, "selected_index")
         header = w.HTML("<b>nvkit</b> · Transformers on NVIDIA GPUs — choose GPUs, load a model, generate, "
-                        "fine-tune and watch memory. Each tab's <i>Show code</i> is the Python it runs.")
+                        "fine-tune (here or over several GPUs) and watch memory. Each tab's <i>Show code</i> is the Python it runs.")
         super().__init__(children=[style(), header, self.tabs], **kwargs)
         self.add_class("nvkit-panel")
         root(self)
@@ -116,5 +117,5 @@ class Panel(w.VBox):
 
 
 def panel() -> Panel:
-    """The whole nvkit app as a widget: GPUs | Model | Generate | Fine-tune | Memory."""
+    """The whole nvkit app as a widget: GPUs | Model | Generate | Fine-tune | Launch | Memory."""
     return Panel()

@@ -48,6 +48,18 @@ _CSS = """
 """
 
 
+def _run_on_options() -> list:
+    """"this kernel" and, for 2 up to the number of GPUs chosen (2 on the CPU), N processes."""
+    try:
+        from .launch_panel import chosen_gpus
+        n = len(chosen_gpus()[0])
+    except Exception:  # noqa: BLE001 - no NVML: the CPU choice is still offered
+        n = 0
+    top = n if n >= 2 else 2
+    where = "GPUs" if n >= 2 else "CPU processes"
+    return [("this kernel", 1)] + [(f"{k} {where} (nvkit.launch)", k) for k in range(2, top + 1)]
+
+
 class FinetunePanel(w.VBox):
     """Fine-tune the current session's model with LoRA from a form; ``.run`` is the FinetuneRun."""
 
@@ -86,6 +98,14 @@ class FinetunePanel(w.VBox):
                                         layout=w.Layout(width="auto"))
         self.output_dir = w.Text(value="", placeholder="(default: ./nvkit-runs/<model>-lora-<time>)",
                                  description="output dir", style=style_, layout=w.Layout(width="440px", max_width="100%"))
+        # "auto", not None: a Dropdown whose value is None shows no selection in the browser
+        self.precision = w.Dropdown(options=[("automatic", "auto"), ("bf16", "bf16"), ("fp16", "fp16"), ("fp32", "fp32")],
+                                    value="auto", description="precision", style=style_, layout=lay)
+        # "run on N GPUs": more than one hands the form to a Launch panel (nvkit.launch) shown below
+        self.run_on = w.Dropdown(options=_run_on_options(), value=1, description="run on", style=style_,
+                                 layout=w.Layout(width="330px"))
+        self.run_on.add_class("nvkit-ft-run-on")
+        self.launch_view = None
         observe_values((self.r, self.batch, self.seq_len, self.checkpointing), self._refresh_estimate)
         # estimate, controls, progress
         self.estimate = w.HTML("")
@@ -112,7 +132,7 @@ class FinetunePanel(w.VBox):
         observe_values((self.source, self.examples, self.path, self.r, self.alpha, self.dropout, self.targets,
                         self.steps, self.lr, self.batch, self.seq_len, self.accum, self.checkpointing,
                         self.output_dir, self.eval_source, self.eval_split, self.eval_file, self.eval_every,
-                        self.export_dir, self.export_merge), self.code_view.refresh)
+                        self.export_dir, self.export_merge, self.precision, self.run_on), self.code_view.refresh)
         # a preview of other data or settings would mislead: it goes when they change
         observe_values((self.source, self.examples, self.path, self.seq_len, self.batch, self.accum),
                        self._clear_preview)
@@ -121,7 +141,7 @@ class FinetunePanel(w.VBox):
         settings = w.VBox([
             wrap_row([self.r, self.alpha, self.dropout]), self.targets,
             wrap_row([self.steps, self.lr, self.accum]), wrap_row([self.batch, self.seq_len, self.checkpointing]),
-            self.output_dir,
+            self.output_dir, wrap_row([self.precision, self.run_on]),
         ])
         super().__init__(children=[
             style(), w.HTML(f"<style>{_CSS}</style>", layout=w.Layout(height="0px", margin="0")),
@@ -234,6 +254,8 @@ class FinetunePanel(w.VBox):
                   gradient_checkpointing=self.checkpointing.value)
         if self.output_dir.value.strip():
             kw["output_dir"] = self.output_dir.value.strip()
+        if self.precision.value != "auto":
+            kw["precision"] = self.precision.value
         kw.update(self.eval_settings())
         return kw
 
@@ -262,6 +284,8 @@ class FinetunePanel(w.VBox):
         return parse_examples(self.examples.value)
 
     def code(self) -> str:
+        if self.run_on.value > 1 and self.launch_view is not None:
+            return self.launch_view.code()
         kw = self.settings()
         if self.source.value == "file":
             data_src = f"data = {self.path.value.strip()!r}\n"
@@ -322,7 +346,20 @@ class FinetunePanel(w.VBox):
 
     # --- actions (main thread; they only start or signal work) ---------------------------------
     def start(self):
-        """What the Start button does: ``nvkit.finetune`` with the form's settings."""
+        """What the Start button does: ``nvkit.finetune`` with the form's settings, or ``nvkit.launch``
+        over N processes when "run on" says N > 1 (through a Launch panel shown below the form)."""
+        if self.run_on.value > 1:
+            if self.eval_source.value != "none":
+                # nvkit.launch's training program has no evaluation loop: say so rather than drop it
+                self.status.value = why_html("Evaluation runs in this kernel only: set Eval to off to run on "
+                                             f"{self.run_on.value} processes, or run here to evaluate.")
+                return None
+            if self.launch_view is None:
+                from .launch_panel import LaunchPanel
+                self.launch_view = LaunchPanel(session=self._session, source=self)
+                self.chart_box.children = [self.launch_view]
+            self.launch_view.nproc.value = self.run_on.value
+            return self.launch_view.start()
         return self._begin({})
 
     def _begin(self, extra: dict):
@@ -392,6 +429,8 @@ class FinetunePanel(w.VBox):
         return self._begin({"resume": True, "output_dir": last.info["output_dir"]})
 
     def stop(self):
+        if self.launch_view is not None:
+            self.launch_view.stop()
         if self.run is not None:
             self.run.stop()
             self.status.value = "Stopping after the current step; the adapter will be saved."
@@ -549,6 +588,8 @@ class FinetunePanel(w.VBox):
 
     def close(self):
         live.stop_every(self)
+        if self.launch_view is not None:
+            self.launch_view.close()
         if self.chart is not None:
             self.chart.close()
         super().close()

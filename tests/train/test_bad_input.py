@@ -85,6 +85,10 @@ FINETUNE_CASES = [
     (dict(resume=5), "resume must be"),
     (dict(resume="/no/such/checkpoint-3"), "No checkpoint folder"),
     (dict(lr=1e-4), "Unknown finetune setting"),
+    (dict(precision="bf17"), "precision must be"),
+    (dict(precision=16), "precision must be"),
+    (dict(precision="bf16"), "CPU"),
+    (dict(precision="fp16"), "CPU"),
 ]
 
 
@@ -107,7 +111,21 @@ def test_finetune_refuses_what_is_not_a_session(s, baseline):
 
 LAUNCH_CASES = [
     (dict(config="not a dict"), "config must be a dict"),
-    (dict(strategy="zero3"), "strategy"),
+    (dict(strategy="zero4"), "strategy must be one of"),
+    (dict(strategy="tp"), "Tensor-parallel training needs CUDA"),
+    (dict(launcher="mpirun"), "launcher must be"),
+    (dict(launcher="accelerate", nproc_per_node=2), "mpirun"),
+    (dict(offload="gpu", strategy="zero3"), "offload must be"),
+    (dict(offload="optimizer"), "goes with strategy='zero2' or 'zero3'"),
+    (dict(offload="all", strategy="zero2"), "only ZeRO-3"),
+    (dict(quantization="nf4", strategy="zero2"), "strategy='zero3'"),
+    (dict(precision="bf17"), "precision must be"),
+    (dict(precision="bf16"), "CPU"),
+    (dict(attn_implementation=5), "attn_implementation"),
+    (dict(attn_implementation="flash_attention_4"), "flash_attention_4"),
+    (dict(dtype="int4"), "dtype must be"),
+    (dict(kernels="yes"), "kernels must be"),
+    (dict(kernels={"use_kernels": "yes"}), "kernels must be"),
     (dict(nproc_per_node=0), "nproc_per_node"),
     (dict(nproc_per_node=True), "nproc_per_node"),
     (dict(nproc_per_node="2"), "nproc_per_node"),

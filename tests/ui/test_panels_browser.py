@@ -19,7 +19,7 @@ from tests.ui.helpers import (console_problems, element_screenshot, kernel_stdou
 
 PANEL = ".jp-NotebookPanel:not(.lm-mod-hidden) .nvkit-panel"
 SHOWN_TAB = PANEL + " .widget-tab-contents > .lm-Widget:not(.lm-mod-hidden)"
-TABS = ["GPUs", "Model", "Generate", "Fine-tune", "Memory"]
+TABS = ["GPUs", "Model", "Generate", "Fine-tune", "Launch", "Memory"]
 APPEAR_S = 3.0        # the bound for a fresh kernel on this machine
 IDLE_CPU = 0.05       # share of one core the kernel may use while the panel sits idle
 IDLE_WINDOW_S = 20.0  # long enough for 20 GPU-row refreshes and 20 chart redraws

@@ -1,0 +1,409 @@
+"""How ``nvkit.launch`` spreads a LoRA fine-tune over several GPUs: DDP, FSDP2, DeepSpeed ZeRO-2 and
+ZeRO-3, and tensor parallelism; what each does and needs, the checks that refuse a combination
+that cannot work (with the reason), the per-GPU memory each one needs (``nvkit.estimate`` split
+the way the strategy splits the model), and the files a run needs for it (the DeepSpeed config,
+the ``accelerate launch`` config).
+
+The notebook side (``nvkit.launch``, the Launch panel) and every rank (``nvkit.train.worker``) read
+the same table, so what the panel says a strategy does is what the worker sets up.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+from dataclasses import dataclass
+
+from ..errors import NvkitError, require
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    title: str
+    what: str        # what it does, one paragraph
+    needs: str       # what it needs to run
+    when: str        # when to choose it
+    data_parallel: bool = True   # every rank trains on its own part of the batches
+
+
+STRATEGIES = {
+    "ddp": Strategy(
+        "ddp", "DDP",
+        "Every GPU holds a whole copy of the model and trains on its own share of the batches; the LoRA "
+        "gradients are averaged over NCCL after each backward pass.",
+        "The model, its LoRA adapters, their AdamW state and one batch's activations fit on one GPU. Runs on "
+        "the CPU too (gloo).",
+        "The model fits one GPU: the simplest and usually the fastest."),
+    "fsdp": Strategy(
+        "fsdp", "FSDP2",
+        "PyTorch's fully sharded data parallel (fully_shard): parameters, gradients and optimizer state are "
+        "split across the GPUs and each layer is gathered just before it runs, then freed again.",
+        "CUDA GPUs (NCCL). QLoRA works with the 4-bit weights stored in the compute dtype "
+        "(bnb_4bit_quant_storage, set by nvkit).",
+        "The model does not fit one GPU, with PyTorch alone."),
+    "zero2": Strategy(
+        "zero2", "DeepSpeed ZeRO-2",
+        "DeepSpeed splits the gradients and the optimizer state across the GPUs; every GPU keeps the whole "
+        "model. The optimizer state can live in CPU memory (offload='optimizer').",
+        "DeepSpeed (pip install 'nvkit[deepspeed]'). nvkit's settings need none of DeepSpeed's compiled ops.",
+        "The model fits one GPU but its optimizer state is what runs out (full fine-tunes more than LoRA)."),
+    "zero3": Strategy(
+        "zero3", "DeepSpeed ZeRO-3",
+        "DeepSpeed splits parameters, gradients and optimizer state across the GPUs (like FSDP) and gathers "
+        "each layer when it runs; the optimizer state (offload='optimizer') and the parameters too "
+        "(offload='all') can live in CPU memory.",
+        "DeepSpeed (pip install 'nvkit[deepspeed]'). QLoRA with the 4-bit weights stored in the compute "
+        "dtype (set by nvkit).",
+        "The model does not fit one GPU, or not even all of them: offload to CPU memory."),
+    "tp": Strategy(
+        "tp", "Tensor parallel",
+        "Each weight matrix is cut across the GPUs (attention heads and MLP columns): every GPU computes "
+        "its slice of every layer on the same batch and the slices are summed over NCCL inside each layer.",
+        "A model transformers has a tensor-parallel plan for (Llama, Qwen, Mistral, ...), attention heads "
+        "and KV heads divisible by the GPU count, fast links between the GPUs (NVLink); training needs CUDA "
+        "GPUs, generation also runs on the CPU. No 4-bit/8-bit weights.",
+        "One layer is too big, or latency matters: generation over several GPUs.",
+        data_parallel=False),
+}
+
+LAUNCHERS = ("torchrun", "accelerate")
+OFFLOADS = (None, "optimizer", "all")
+#: the DeepSpeed release nvkit's settings were checked with (pyproject's extra pins it)
+DEEPSPEED_INSTALL = "pip install 'nvkit[deepspeed]'"
+
+
+def names() -> tuple[str, ...]:
+    return tuple(STRATEGIES)
+
+
+def strategy_info(name: str) -> Strategy:
+    require(name in STRATEGIES, f"strategy must be one of {', '.join(repr(s) for s in STRATEGIES)}, not {name!r}.")
+    return STRATEGIES[name]
+
+
+# --- what each strategy needs ----------------------------------------------------------------------
+
+def deepspeed_problem() -> str | None:
+    """Why DeepSpeed cannot be used here, or None."""
+    try:
+        found = importlib.util.find_spec("deepspeed") is not None
+    except (ImportError, ValueError):  # a module entry without a spec: blocked or half-imported
+        found = False
+    if not found:
+        return f"DeepSpeed is not installed: {DEEPSPEED_INSTALL}"
+    return None
+
+
+def tp_problem(config, nproc: int, mode: str = "train") -> str | None:
+    """Why tensor parallelism over ``nproc`` processes cannot run this model (a transformers config),
+    or None."""
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    plan = getattr(text, "base_model_tp_plan", None) or getattr(config, "base_model_tp_plan", None)
+    arch = ", ".join(getattr(config, "architectures", None) or [getattr(config, "model_type", "?")])
+    if not plan:
+        return (f"transformers has no tensor-parallel plan for {arch} (model type {config.model_type!r}); "
+                "tensor parallelism needs one (Llama, Qwen, Mistral, Gemma and others have it)")
+    heads = int(getattr(text, "num_attention_heads", 0) or 0)
+    kv = int(getattr(text, "num_key_value_heads", None) or heads)
+    if nproc > 1 and (heads % nproc or kv % nproc):
+        return (f"{nproc} GPUs do not divide the {heads} attention heads and {kv} KV heads of {arch} evenly; tensor "
+                "parallelism gives every GPU the same number of each")
+    try:
+        from transformers.distributed import DistributedConfig  # noqa: F401
+    except ImportError:
+        return "this transformers has no DistributedConfig (tensor-parallel loading needs transformers ≥ 5.17)"
+    if mode == "train":
+        from ..quiet import routed
+        try:
+            with routed():  # peft's first import brings in bitsandbytes (see nvkit.quiet)
+                from peft.tuners.lora import model as lora_model
+        except ImportError:
+            return "PEFT is not installed"
+        if not hasattr(lora_model, "get_tp_plan_and_mesh"):
+            import peft
+            return (f"PEFT {peft.__version__} cannot put LoRA adapters on tensor-parallel layers (PEFT ≥ 0.19 can); "
+                    "upgrade peft or use strategy='fsdp'")
+    return None
+
+
+def check(strategy: str, *, device: str, nproc: int, mode: str = "train", quantization=None, offload=None,
+          launcher: str = "torchrun", config=None) -> list[str]:
+    """NvkitError for a combination that cannot run, naming it and why; otherwise the notes worth
+    showing (settings nvkit adds for it)."""
+    s = strategy_info(strategy)
+    require(launcher in LAUNCHERS, f"launcher must be 'torchrun' or 'accelerate', not {launcher!r}.")
+    require(offload in OFFLOADS, f"offload must be None, 'optimizer' or 'all', not {offload!r}.")
+    notes: list[str] = []
+    if mode == "generate":
+        if strategy != "tp":
+            raise NvkitError(f"Generation over several processes is tensor parallel in nvkit (strategy='tp'); "
+                             f"{s.title} is a way to train.")
+    if offload is not None and strategy not in ("zero2", "zero3"):
+        raise NvkitError(f"offload={offload!r} moves DeepSpeed's state to CPU memory: it goes with strategy='zero2' or "
+                         f"'zero3', not {strategy!r}.")
+    if offload == "all" and strategy == "zero2":
+        raise NvkitError("offload='all' also moves the parameters to CPU memory, which only ZeRO-3 shards; ZeRO-2 "
+                         "keeps a whole copy on every GPU. Use offload='optimizer' or strategy='zero3'.")
+    if strategy == "fsdp" and device != "cuda":
+        raise NvkitError("strategy='fsdp' needs CUDA GPUs (NCCL); on the CPU use strategy='ddp' (gloo).")
+    if strategy == "tp":
+        if mode == "train" and device != "cuda":
+            raise NvkitError("Tensor-parallel training needs CUDA GPUs: accelerate runs a tensor-parallel Trainer only "
+                             "on GPUs (its ParallelismConfig refuses the CPU). Tensor-parallel generation runs on the "
+                             "CPU (nvkit.launch_generate), and strategy='ddp' trains there.")
+        if quantization:
+            raise NvkitError(f"strategy='tp' with quantization={quantization!r}: bitsandbytes' packed 4/8-bit weights "
+                             "cannot be cut across GPUs. Load the model unquantized, or use strategy='fsdp' or 'zero3' "
+                             "for QLoRA.")
+        if config is not None:
+            why = tp_problem(config, nproc, mode)
+            if why:
+                raise NvkitError(f"{why[0].upper()}{why[1:]} (strategy='tp').")
+        if mode == "train":
+            notes.append("tensor parallel: every GPU trains on the same batches (one data-parallel group), the model's "
+                         "own loss (nvkit's fused loss reads the whole LM head)")
+    if quantization:
+        if strategy == "zero2":
+            raise NvkitError(f"strategy='zero2' with quantization={quantization!r}: nvkit runs QLoRA under DeepSpeed "
+                             "with ZeRO-3 (the combination transformers documents, 4-bit weights stored in the "
+                             "compute dtype). Use strategy='zero3', 'fsdp' or 'ddp'.")
+        if strategy in ("fsdp", "zero3"):
+            notes.append("QLoRA: the 4-bit weights are stored in the compute dtype (bnb_4bit_quant_storage) so "
+                         f"{s.title} can shard them")
+    if strategy == "zero3":
+        notes.append("ZeRO-3: the model's own loss (nvkit's fused loss would read the LM head outside the layer "
+                     "that gathers it)")
+    if launcher == "accelerate" and device != "cuda" and nproc > 1:
+        raise NvkitError(f"launcher='accelerate' starts several CPU processes only through mpirun; for {nproc} "
+                         "processes on the CPU use launcher='torchrun' (or nproc_per_node=1).")
+    if strategy in ("zero2", "zero3"):
+        why = deepspeed_problem()
+        if why:
+            raise NvkitError(f"strategy={strategy!r} runs DeepSpeed ZeRO, but {why}.")
+    if nproc == 1 and strategy != "ddp" and mode == "train":
+        notes.append(f"{s.title} on one process: nothing to split, the run shows the settings work")
+    return notes
+
+
+def fused_loss_allowed(strategy: str) -> bool:
+    """nvkit's fused loss reads the LM head's weight directly: it must be whole on every rank."""
+    return strategy not in ("zero3", "tp")
+
+
+# --- files a run needs --------------------------------------------------------------------------------
+
+def deepspeed_config(strategy: str, offload=None, cuda: bool = True) -> dict:
+    """The DeepSpeed config for Trainer's DeepSpeed integration ("auto" values are filled by Trainer
+    from its own arguments, so the batch size, accumulation, clipping and precision agree)."""
+    require(strategy in ("zero2", "zero3"), f"no DeepSpeed config for strategy {strategy!r}")
+    zero: dict = {"stage": 2 if strategy == "zero2" else 3, "overlap_comm": cuda, "contiguous_gradients": True}
+    if offload in ("optimizer", "all"):
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cuda}
+    if strategy == "zero3":
+        # the adapter is saved whole (gathered on rank 0), not as per-rank shards
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+        if offload == "all":
+            zero["offload_param"] = {"device": "cpu", "pin_memory": cuda}
+    return {
+        "zero_optimization": zero,
+        # Trainer's torch AdamW steps the offloaded state on the CPU; DeepSpeed's own CPU Adam is a
+        # C++ op it compiles on first use (needs a compiler and minutes), so it is not required.
+        "zero_force_ds_cpu_optimizer": False,
+        "bf16": {"enabled": "auto"},
+        "fp16": {"enabled": "auto"},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "train_batch_size": "auto",
+        "gradient_clipping": "auto",
+    }
+
+
+def accelerate_config(nproc: int, device: str, precision: str, port: int | None = None) -> str:
+    """The ``accelerate launch --config_file`` YAML for one machine. It only starts the processes:
+    the strategy itself is set up by nvkit's worker through Trainer's arguments, the same under
+    torchrun and accelerate."""
+    mp = {"bf16": "bf16", "fp16": "fp16"}.get(precision, "no")
+    if device == "cuda":
+        dist = "MULTI_GPU" if nproc > 1 else "NO"
+    else:
+        dist = "NO"
+    lines = [
+        "# Written by nvkit.launch: how `accelerate launch` starts this run's processes (one per GPU).",
+        "# The strategy (DDP, FSDP2, DeepSpeed ZeRO, tensor parallel) is in config.json: nvkit's worker",
+        "# sets it up through Trainer's arguments, the same under torchrun and accelerate.",
+        "compute_environment: LOCAL_MACHINE",
+        f"distributed_type: '{dist}'",  # quoted: YAML reads a bare NO as false
+        f"num_processes: {nproc}",
+        "num_machines: 1",
+        "machine_rank: 0",
+        f"mixed_precision: '{mp}'",
+        f"use_cpu: {'true' if device != 'cuda' else 'false'}",
+        "gpu_ids: all",
+        "rdzv_backend: static",
+        "same_network: true",
+        "main_training_function: main",
+        "downcast_bf16: 'no'",
+        "tpu_use_cluster: false",
+        "tpu_use_sudo: false",
+    ]
+    if port is not None:
+        lines.append(f"main_process_port: {port}")
+    return "\n".join(lines) + "\n"
+
+
+# --- memory per GPU ----------------------------------------------------------------------------------
+
+def _config(model):
+    """The transformers config for what ``nvkit.estimate`` accepts as a model."""
+    import os
+
+    from transformers import AutoConfig, PretrainedConfig
+    if isinstance(model, PretrainedConfig):
+        return model
+    for holder in (model, getattr(model, "model", None)):  # a transformers model, an nvkit Session
+        cfg = getattr(holder, "config", None)
+        if isinstance(cfg, PretrainedConfig):
+            return cfg
+    from ..demo import SHAPES, path as demo_path, shaped_config
+    name = os.fspath(model).strip() if isinstance(model, (str, os.PathLike)) else None
+    require(name, f"a model is needed: 'demo', a shape name, a checkpoint directory or a config, not {model!r}.")
+    if name == "demo":
+        return AutoConfig.from_pretrained(demo_path())
+    if name.lower() in SHAPES:
+        return shaped_config(name)
+    local = os.path.expanduser(name)
+    try:
+        return AutoConfig.from_pretrained(local if os.path.isdir(local) else name, local_files_only=True)
+    except (OSError, ValueError) as e:
+        raise NvkitError(f"No config for {name!r} (a local checkpoint directory or a cached Hub id): {e}") from e
+
+
+def _tp_local_config(config, nproc: int):
+    """The config of one rank's slice under tensor parallelism: 1/N of the attention heads, KV heads
+    and MLP columns, the hidden size (residual stream, norms, embeddings) whole."""
+    cfg = copy.deepcopy(config)
+    text = cfg.get_text_config() if callable(getattr(cfg, "get_text_config", None)) else cfg
+    heads = int(text.num_attention_heads)
+    head_dim = int(getattr(text, "head_dim", None) or text.hidden_size // heads)
+    text.head_dim = head_dim
+    text.num_attention_heads = max(1, heads // nproc)
+    kv = int(getattr(text, "num_key_value_heads", None) or heads)
+    text.num_key_value_heads = max(1, kv // nproc)
+    if getattr(text, "intermediate_size", None):
+        text.intermediate_size = max(1, int(text.intermediate_size) // nproc)
+    return cfg
+
+
+def per_gpu_estimate(model="demo", strategy: str = "ddp", nproc: int = 2, *, dtype="bfloat16", quantization=None,
+                     batch_size: int = 8, seq_len: int = 512, lora_r: int = 16, gradient_checkpointing: bool = False,
+                     offload=None, device: str = "cuda"):
+    """``nvkit.estimate`` (mode="lora") for one GPU of a ``strategy`` run over ``nproc`` GPUs, each
+    part split the way the strategy splits it (``.formulas`` say how). ``batch_size`` is per GPU."""
+    from ..memory.estimate import Estimate, estimate
+    strategy_info(strategy)
+    require(isinstance(nproc, int) and not isinstance(nproc, bool) and nproc >= 1,
+            f"nproc must be a whole number ≥ 1, not {nproc!r}.")
+    require(offload in OFFLOADS, f"offload must be None, 'optimizer' or 'all', not {offload!r}.")
+    config = _config(model)
+    kw = dict(dtype=dtype, quantization=quantization, mode="lora", batch_size=batch_size, seq_len=seq_len,
+              lora_r=lora_r, gradient_checkpointing=gradient_checkpointing, device=device, path="nvkit",
+              compiled=False)  # launched runs do not compile their layers
+    if strategy == "tp":
+        base = estimate(_tp_local_config(config, nproc), **kw)
+        base.model = getattr(config, "name_or_path", "") or config.model_type
+        base.formulas = {k: f"{v}; one rank's slice: 1/{nproc} of the heads and MLP columns" if k != "CUDA context" else v
+                         for k, v in base.formulas.items()}
+        if "logits" in base.parts:  # TP trains with the model's own loss: full logits, not nvkit's chunks
+            plain = estimate(_tp_local_config(config, nproc), **{**kw, "path": "plain"})
+            base.parts["logits"] = plain.parts["logits"]
+            base.formulas["logits"] = plain.formulas["logits"] + " (the model's own loss under TP)"
+        return base
+    base = estimate(config, **kw)
+    parts, formulas = dict(base.parts), dict(base.formulas)
+    n = nproc
+    text = config.get_text_config() if callable(getattr(config, "get_text_config", None)) else config
+    layers = int(text.num_hidden_layers)
+    itemsize = 4 if str(dtype).replace("torch.", "") in ("float32", "fp32", "float") else 2
+    embed = int(text.vocab_size) * int(text.hidden_size) * itemsize * (1 if getattr(config, "tie_word_embeddings", False) else 2)
+    per_layer = max(0, parts["weights"] - embed) // max(layers, 1)
+    lora_parts = ("LoRA adapter", "LoRA gradients", "AdamW states")
+    if strategy == "ddp":
+        parts["DDP gradient buckets"] = parts["LoRA gradients"]
+        formulas["DDP gradient buckets"] = "a second copy of the LoRA gradients, all-reduced bucket by bucket"
+    elif strategy in ("fsdp", "zero3"):
+        gathered = 2 * per_layer  # the layer running and the next one, prefetched
+        if strategy == "zero3" and offload == "all":
+            parts["weights"] = gathered
+            formulas["weights"] = "in CPU memory (offload='all'); on the GPU: the layer running and the next one"
+        else:
+            parts["weights"] = parts["weights"] // n + gathered
+            formulas["weights"] = (f"{formulas['weights']} ÷ {n} GPUs + 2 layers gathered whole "
+                                   f"(the one running and the next, {_fmt(per_layer)} each)")
+        for k in lora_parts:
+            parts[k] = parts[k] // n
+            formulas[k] += f" ÷ {n} GPUs (sharded)"
+        if strategy == "zero3" and offload in ("optimizer", "all"):
+            parts["AdamW states"] = 0
+            formulas["AdamW states"] = "in CPU memory (offload)"
+    elif strategy == "zero2":
+        for k in ("LoRA gradients", "AdamW states"):
+            parts[k] = parts[k] // n
+            formulas[k] += f" ÷ {n} GPUs (sharded)"
+        if offload == "optimizer":
+            parts["AdamW states"] = 0
+            formulas["AdamW states"] = "in CPU memory (offload='optimizer')"
+    if strategy == "zero3":  # the model's own loss (see fused_loss_allowed)
+        plain = estimate(config, **{**kw, "path": "plain"})
+        parts["logits"] = plain.parts["logits"]
+        formulas["logits"] = plain.formulas["logits"] + " (the model's own loss under ZeRO-3)"
+    return Estimate(model=base.model, mode=base.mode, dtype=base.dtype, quantization=base.quantization,
+                    batch_size=base.batch_size, seq_len=base.seq_len, parameters=base.parameters,
+                    parts={k: int(v) for k, v in parts.items()}, formulas=formulas, device=base.device,
+                    lora_r=base.lora_r, gradient_checkpointing=base.gradient_checkpointing)
+
+
+def _fmt(n: int) -> str:
+    from ..units import fmt_bytes
+    return fmt_bytes(n)
+
+
+def compare(model="demo", nproc: int = 2, gpu_memory: int | None = None, *, device: str = "cuda", **kw) -> list[dict]:
+    """Every strategy side by side for one model: its per-GPU estimate (``estimate``), whether it
+    fits ``gpu_memory`` bytes (``fits``; None when unknown), what is missing to run it here
+    (``missing``: DeepSpeed not installed) or why it cannot run this model on ``device``
+    (``why_not``)."""
+    config = _config(model)
+    rows = []
+    for name, s in STRATEGIES.items():
+        row = {"strategy": name, "title": s.title, "estimate": None, "fits": None, "missing": None, "why_not": None}
+        try:
+            check(name, device=device, nproc=nproc, quantization=kw.get("quantization"), config=config)
+        except NvkitError as e:
+            missing = deepspeed_problem() if name in ("zero2", "zero3") else None
+            if missing and "DeepSpeed is not installed" in str(e):
+                row["missing"] = missing
+            else:
+                row["why_not"] = str(e)
+                rows.append(row)
+                continue
+        row["estimate"] = per_gpu_estimate(config, name, nproc, device=device, **kw)
+        if gpu_memory:
+            row["fits"] = row["estimate"].total <= gpu_memory
+        rows.append(row)
+    return rows
+
+
+def advice(rows: list[dict], gpu_memory: int | None) -> str:
+    """One sentence: which strategies to use for these rows (from ``compare``)."""
+    if not gpu_memory:
+        return "Every strategy's per-GPU estimate is below; DDP is the simplest when the model fits one GPU."
+    ddp = next((r for r in rows if r["strategy"] == "ddp"), None)
+    fit = [r["title"] for r in rows if r.get("fits")]
+    if ddp and ddp.get("fits"):
+        return "The model fits one GPU: DDP is the simplest and usually the fastest."
+    if fit:
+        return (f"Too big for one GPU with DDP: {', '.join(fit)} split the model across the GPUs and fit. "
+                "With DeepSpeed, offload to CPU memory lowers it further.")
+    return ("Too big even split over these GPUs: use more GPUs, ZeRO-3 with offload='all', gradient checkpointing, "
+            "a smaller batch or a 4-bit model (QLoRA).")
