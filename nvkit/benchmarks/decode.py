@@ -20,8 +20,8 @@ table says how long that warm-up took).
 
 ``repeats`` > 1 times every batch-1 path that many times, in alternation (path A, B, C, then C, B,
 A, ...; the fast-path variants keep their captures side by side), and reports the median rate with
-the spread between rounds. Why: on the H200 one configuration measured 820 tok/s when it ran
-first in a process and 886 when it ran third, so a single pass confuses "which path" with "when".
+the spread between rounds. Why: on the H200 the same configuration ran measurably faster third
+in a process than first, so a single pass confuses "which path" with "when".
 
 "nvkit batched" in ``paths`` adds a grid of cells (``GRID``: 8, 64 and 256 prompts of 16–512
 tokens × 128 and × 512 new tokens), each a group of its own: nvkit's batched fast path

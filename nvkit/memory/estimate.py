@@ -347,7 +347,7 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
             formulas["logits"] = f"{B} × {S} tok × vocab {V} × {_LOGIT_BYTES} B (bf16 + fp32 upcast, log-softmax, grads)"
     if device == "cuda":
         parts["CUDA context"] = CUDA_CONTEXT_BYTES
-        formulas["CUDA context"] = "driver context, kernels, cuBLAS workspaces (≈ 1.3 GiB per GPU used, measured on an H200)"
+        formulas["CUDA context"] = "driver context, kernels, cuBLAS workspaces (per GPU used)"
     return Estimate(model=str(name), mode=mode, dtype=dname, quantization=qname, batch_size=B, seq_len=S,
                     parameters=s.parameters, parts={k: int(v) for k, v in parts.items()}, formulas=formulas,
                     device=device, lora_r=lora_r if mode == "lora" else None,
@@ -359,9 +359,7 @@ _LORA_H, _LORA_QD, _LORA_KVD, _LORA_I, _LORA_R = 26, 12, 8, 10, 52
 _FINAL_H = 6
 _LOGIT_BYTES = 14
 # Share of the eager per-layer saved bytes that nvkit's compiled layers keep under
-# finetune.ACTIVATION_BUDGET = 0.5: from the H200 bench (Qwen3-0.6B shape, LoRA r16 all-linear,
-# 8 × 512): torch peak 4.76 GiB = weights 1.11 + adapter/grads/AdamW 0.15 + fused-loss chunk 0.77
-# + 0.28 × the eager activations (9.74 GiB). The same sum with budget 1.0 gives 0.95 × (measured
-# 11.31 GiB), so the other parts hold. One calibration point: tests/gpu checks it at 4 × 512.
+# finetune.ACTIVATION_BUDGET = 0.5, calibrated from one H200 run of the LoRA bench (the sum is in
+# docs/benchmarks.md, "Memory estimate vs measurement"); tests/gpu checks it at another shape.
 _BUDGET_SHARE = 0.28
 _INF_H, _INF_QD, _INF_KVD, _INF_I = 12, 4, 4, 6

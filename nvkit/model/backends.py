@@ -8,12 +8,11 @@ answers those questions up front, from package metadata, NVML and the local kern
 creating a CUDA context (so a GPU selection made afterwards still counts).
 
 ``"auto"`` picks the first available backend in ``AUTO_ORDER``, ordered by what ``nvkit.bench``
-measured. On the H200 (Qwen3-0.6B shape, bf16, prompt 512, batch 1, 64 new tokens, one process,
-flash-attn-4 4.0.0b36, transformers 5.22.2): sdpa 20.1 k prefill tok/s and 41.8 decode tok/s,
-FlashAttention-4 13.1 k and 33.7, eager 12.4 k and 41.0; all three agree with sdpa's greedy tokens
-(FA4 0.98). So sdpa (which itself dispatches to PyTorch's flash / memory-efficient kernels) comes
-first; the FlashAttention backends follow for when sdpa is unavailable, newest first (FA2/FA3 were
-not measurable offline: their Hub kernels could not be fetched). Measure your GPU and lengths with
+measured on the H200 (docs/benchmarks.md, "Attention backends"): sdpa was fastest in prefill and
+decode and the others agree with its greedy tokens, so sdpa (which itself dispatches to PyTorch's
+flash / memory-efficient kernels) comes first; the FlashAttention backends follow for when sdpa is
+unavailable, newest first (FA2/FA3 were not measurable offline: their Hub kernels could not be
+fetched). Measure your GPU and lengths with
 ``nvkit.bench(MODEL, backends=["sdpa", "flash_attention_4"], prompt_len=...)``; pass a backend by
 name to use it regardless.
 """
