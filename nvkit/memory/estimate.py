@@ -6,7 +6,7 @@ architecture transformers knows is counted exactly, tied embeddings included.
 
 The activation coefficients (bytes per token per layer) were measured, not guessed: a
 TorchDispatchMode that tracks the storage of every tensor an op creates gives the exact peak of
-live bytes for a real forward/backward (``_live_peak`` in tests/test_estimate.py re-measures them
+live bytes for a real forward/backward (``_live_peak`` in tests/memory/test_estimate.py re-measures them
 on small Qwen3 shapes). Autograd saves the same tensors on every device, so they carry over to
 CUDA; what CUDA adds (its context, cuBLAS workspaces, allocator rounding) is a separate part.
 """

@@ -5,11 +5,11 @@ import pytest
 
 from nvkit.benchmarks import decode as bench_decode
 from nvkit.errors import NvkitError
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 
 
 def test_grid_rows_on_the_cpu():
-    df = bench_decode.run(model=model_dir(), paths=["padded generate", "nvkit batched"], grid="3x4,2x3",
+    df = bench_decode.run(model=demo_model.path(), paths=["padded generate", "nvkit batched"], grid="3x4,2x3",
                           n_prompts=2, batch_new_tokens=2, new_tokens=2, show=False)
     cells = df[df["group"].str.contains("new tokens") & ~df["group"].str.startswith("2 prompts ·")]
     groups = list(dict.fromkeys(cells["group"]))

@@ -18,7 +18,7 @@ from nvkit.generate import paths
 from nvkit.generate.fast import attached, batched
 from nvkit.generate.fast.batched import BatchedDecoder
 from nvkit.generate.fast.sampling import RowParams, choose_rows, counter_uniform, request_seeds
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 
 NEVER = 10 ** 7
 # very different lengths: one token, a few, a sentence, a paragraph (≈ 300 tokens)
@@ -28,7 +28,7 @@ PROMPTS = ["A", "NVIDIA GPUs are", "Hello there", "The memory of a GPU holds the
 
 @pytest.fixture(scope="module")
 def s():
-    sess = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    sess = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
     yield sess
     sess.unload()
 
@@ -124,7 +124,7 @@ def test_minimum_lengths_hold_eos_back_per_prompt(s):
 def test_trained_adapter_decodes_as_peft_does(s):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
-    base = AutoModelForCausalLM.from_pretrained(model_dir(), dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(demo_model.path(), dtype=torch.float32).eval()
     torch.manual_seed(0)
     pm = get_peft_model(base, LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)).eval()
     bd = _decoder(base, max_rows=2)

@@ -13,14 +13,14 @@ import nvkit.generate.fast as fast
 from nvkit.errors import NvkitError
 from nvkit.generate import paths
 from nvkit.generate.fast import attached, cache as fast_cache
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 
 NEVER = 10 ** 7
 
 
 @pytest.fixture(scope="module")
 def s():
-    sess = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    sess = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
     yield sess
     sess.unload()
 

@@ -12,14 +12,14 @@ import torch
 
 import nvkit
 from nvkit.generate import paths
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 
 NEVER = 10 ** 7
 
 
 @pytest.fixture(scope="module")
 def s():
-    sess = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    sess = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
     yield sess
     sess.unload()
 

@@ -6,11 +6,11 @@ import pytest
 import nvkit
 from nvkit.benchmarks import session as bench_session
 from nvkit.errors import NvkitError
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 
 
 def test_session_sequence_rows_and_totals():
-    s = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
     try:
         df = bench_session.run(model=s, requests="6,3,4", plain="6", static="6", finetune_steps=2, n_prompts=3,
                                list_new_tokens=3, prompt_len=8, show=False)
@@ -36,12 +36,12 @@ def test_session_sequence_rows_and_totals():
 
 
 def test_cold_and_warm_phases_run_in_processes_of_their_own(tmp_path):
-    df = bench_session.run_phases(model=model_dir(), requests="3", plain="", static="", finetune_steps=0, n_prompts=0,
+    df = bench_session.run_phases(model=demo_model.path(), requests="3", plain="", static="", finetune_steps=0, n_prompts=0,
                                   prompt_len=8, csv=str(tmp_path / "session.csv"))
     assert list(dict.fromkeys(df["phase"])) == ["cold", "warm"] and (tmp_path / "session.csv").is_file()
     assert (df[df["path"] == "whole process"]["seconds"] > 0).all()
     with pytest.raises(NvkitError, match="phases"):
-        bench_session.run_phases(model=model_dir(), phases=("tepid",))
+        bench_session.run_phases(model=demo_model.path(), phases=("tepid",))
 
 
 def test_cli_session_dispatch(monkeypatch):

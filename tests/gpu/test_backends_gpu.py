@@ -12,7 +12,7 @@ import nvkit
 from nvkit import NvkitError
 from nvkit.model.kernels import local_kernel_config
 from nvkit.model.session import load
-from tests.choices_model import model_path
+from tests import demo_model  # noqa: E402
 
 KDIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "kernels", "nvkit-rmsnorm")
 PROMPT = "NVIDIA GPUs are"
@@ -24,7 +24,7 @@ def _ids(s):
 
 @pytest.fixture(scope="module")
 def sdpa_ref():
-    s = load(model_path(), dtype="bfloat16", attn_implementation="sdpa")
+    s = load(demo_model.path(), dtype="bfloat16", attn_implementation="sdpa")
     x = _ids(s)
     with torch.no_grad():
         logits = s.model(x).logits.float().cpu()
@@ -47,7 +47,7 @@ def test_backend_generates_trains_and_matches_sdpa(backend, sdpa_ref):
     if not c.available:
         pytest.skip(f"{backend} not available here: {c.reason}")
     x, ref = sdpa_ref
-    s = load(model_path(), dtype="bfloat16", attn_implementation=backend)
+    s = load(demo_model.path(), dtype="bfloat16", attn_implementation=backend)
     try:
         assert s.info["attention"] == backend and s.device.type == "cuda"
         assert s.generate(PROMPT, max_new_tokens=16) and s.last_stats.new_tokens > 0
@@ -74,7 +74,7 @@ def test_fa2_fa3_hub_path_or_clear_offline_message(backend, repo):
     c = nvkit.attention_backends("cuda")[backend]
     print(f"\n{backend}: available={c.available} source={c.source} reason={c.reason}")
     if c.available:
-        s = load(model_path(), dtype="bfloat16", attn_implementation=backend)
+        s = load(demo_model.path(), dtype="bfloat16", attn_implementation=backend)
         try:
             assert s.generate(PROMPT, max_new_tokens=8)
         finally:
@@ -84,13 +84,13 @@ def test_fa2_fa3_hub_path_or_clear_offline_message(backend, repo):
         pytest.skip(c.reason)
     assert repo in c.source
     with pytest.raises(NvkitError) as e:
-        load(model_path(), dtype="bfloat16", attn_implementation=backend)
+        load(demo_model.path(), dtype="bfloat16", attn_implementation=backend)
     assert repo in str(e.value) and "LOCAL_KERNELS" in str(e.value) and "Backends that work here" in str(e.value)
 
 
 @pytest.mark.parametrize("method", ["nf4", "int8"])
 def test_bnb_on_gpu(method):
-    s = load(model_path(), dtype="bfloat16", quantization=method)
+    s = load(demo_model.path(), dtype="bfloat16", quantization=method)
     try:
         assert s.info["quantization"] == method and s.device.type == "cuda"
         assert s.generate(PROMPT, max_new_tokens=12) and s.last_stats.new_tokens > 0
@@ -101,7 +101,7 @@ def test_bnb_on_gpu(method):
 
 def test_local_kernel_with_cuda_key(sdpa_ref):
     x, ref = sdpa_ref
-    s = load(model_path(), dtype="bfloat16", use_kernels=True, kernel_config=local_kernel_config(KDIR))
+    s = load(demo_model.path(), dtype="bfloat16", use_kernels=True, kernel_config=local_kernel_config(KDIR))
     try:
         assert s.info["kernels"]["replaced"].get("RMSNorm", 0) > 0
         with torch.no_grad():

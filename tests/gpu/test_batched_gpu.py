@@ -21,7 +21,7 @@ import nvkit.generate.fast as fast
 from nvkit.benchmarks.decode import mixed_prompts
 from nvkit.generate.fast.batched import BatchedDecoder
 from nvkit.memory.estimate import kv_bytes_per_token
-from tests.gen_fixtures import model_dir, shaped_dir
+from tests import demo_model  # noqa: E402
 
 NEVER = 10 ** 7
 PROMPTS = ["A", "NVIDIA GPUs are", "Hello there", "The memory of a GPU holds the weights, the KV cache and " * 20,
@@ -30,8 +30,8 @@ PROMPTS = ["A", "NVIDIA GPUs are", "Hello there", "The memory of a GPU holds the
 
 @pytest.fixture(scope="module")
 def demo_cuda():
-    from tests.gen_fixtures import demo_ready
-    s = nvkit.load(model_dir(), device_map="cuda", dtype="auto" if demo_ready() else "float32")
+    from tests import demo_model  # noqa: E402
+    s = nvkit.load(demo_model.path(), device_map="cuda", dtype="auto" if demo_model.ready() else "float32")
     yield s
     s.unload()
 
@@ -97,7 +97,7 @@ def test_stop_returns_what_finished_and_sampling_repeats(demo_cuda):
 
 @pytest.fixture(scope="module")
 def qwen():
-    s = nvkit.load(shaped_dir("qwen3-0.6b"), device_map="cuda", dtype="bfloat16")
+    s = nvkit.load(demo_model.shaped("qwen3-0.6b"), device_map="cuda", dtype="bfloat16")
     yield s
     s.unload()
 

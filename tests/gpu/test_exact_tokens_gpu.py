@@ -12,14 +12,14 @@ pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")]
 
 import nvkit  # noqa: E402
-from tests.gen_fixtures import model_dir  # noqa: E402
+from tests import demo_model  # noqa: E402
 
 PROMPT = "NVIDIA GPUs are"
 
 
 @pytest.fixture(scope="module")
 def s():
-    sess = nvkit.load(model_dir(), device_map="cuda")
+    sess = nvkit.load(demo_model.path(), device_map="cuda")
     yield sess
     sess.unload()
 

@@ -19,17 +19,17 @@ import torch
 import nvkit
 import nvkit.generate.fast as fast
 from nvkit.errors import NvkitError
-from tests.gen_fixtures import model_dir, shaped_dir
+from tests import demo_model  # noqa: E402
 
 PROMPTS = ["NVIDIA GPUs are", "The memory of a GPU", "Hello there", "A model is loaded when"]
 
 
 @pytest.fixture(scope="module")
 def demo_cuda():
-    from tests.gen_fixtures import demo_ready
+    from tests import demo_model  # noqa: E402
     # The trained demo model in its GPU dtype (bf16), as users get it; without it the random tiny
     # stand-in in fp32, whose near-ties bf16 would flip.
-    s = nvkit.load(model_dir(), device_map="cuda", dtype="auto" if demo_ready() else "float32")
+    s = nvkit.load(demo_model.path(), device_map="cuda", dtype="auto" if demo_model.ready() else "float32")
     yield s
     s.unload()
 
@@ -158,7 +158,7 @@ def test_batch_path_keeps_input_order(demo_cuda, monkeypatch):
 
 
 def test_logits_close_on_qwen3_shape():
-    s = nvkit.load(shaped_dir("qwen3-0.6b"), device_map="cuda", dtype="bfloat16")
+    s = nvkit.load(demo_model.shaped("qwen3-0.6b"), device_map="cuda", dtype="bfloat16")
     try:
         ids = s.tokenizer("NVIDIA GPUs are fast because memory bandwidth", return_tensors="pt").to("cuda")["input_ids"]
         n = 16
@@ -215,7 +215,7 @@ def _profile_one_replay(d):
 @pytest.mark.skipif(os.environ.get("NVKIT_SKIP_BENCH") == "1", reason="NVKIT_SKIP_BENCH=1")
 def test_decode_benchmark_table():
     from nvkit.benchmarks import decode as bench_decode
-    df = bench_decode.run(model=shaped_dir("qwen3-0.6b"), new_tokens=int(os.environ.get("NVKIT_BENCH_TOKENS", "256")),
+    df = bench_decode.run(model=demo_model.shaped("qwen3-0.6b"), new_tokens=int(os.environ.get("NVKIT_BENCH_TOKENS", "256")),
                           n_prompts=64, batch_new_tokens=int(os.environ.get("NVKIT_BENCH_BATCH_TOKENS", "128")))
     out = os.environ.get("OUT")
     if out:

@@ -20,7 +20,7 @@ import torch
 
 import nvkit
 import nvkit.generate.fast as fast
-from tests.gen_fixtures import model_dir, shaped_dir
+from tests import demo_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROMPTS = ["NVIDIA GPUs are", "The memory of a GPU", "Hello there"]
@@ -28,8 +28,8 @@ PROMPTS = ["NVIDIA GPUs are", "The memory of a GPU", "Hello there"]
 
 @pytest.fixture(scope="module")
 def demo_cuda():
-    from tests.gen_fixtures import demo_ready
-    s = nvkit.load(model_dir(), device_map="cuda", dtype="auto" if demo_ready() else "float32")
+    from tests import demo_model  # noqa: E402
+    s = nvkit.load(demo_model.path(), device_map="cuda", dtype="auto" if demo_model.ready() else "float32")
     yield s
     s.unload()
 
@@ -61,7 +61,7 @@ def _trained_adapter(tmp_path, s):
     """A LoRA adapter on the demo model, trained a few steps, saved as nvkit.finetune would."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
-    base = AutoModelForCausalLM.from_pretrained(model_dir(), dtype=s.model.dtype).to("cuda")
+    base = AutoModelForCausalLM.from_pretrained(demo_model.path(), dtype=s.model.dtype).to("cuda")
     pm = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
     batch = s.tokenizer(["NVIDIA GPUs are built for parallel work: thousands of cores share the memory."] * 4,
                         return_tensors="pt").to("cuda")
@@ -123,7 +123,7 @@ def test_compile_artifacts_on_disk_make_the_next_process_quick(tmp_path):
     def run(inductor_dir):
         env = dict(os.environ, PYTHONPATH=ROOT, NVKIT_CACHE=str(tmp_path / "nvkit"),
                    TORCHINDUCTOR_CACHE_DIR=str(tmp_path / inductor_dir), TRITON_CACHE_DIR=str(tmp_path / (inductor_dir + "-triton")))
-        r = subprocess.run([sys.executable, "-c", code, model_dir()], env=env, capture_output=True, text=True, timeout=500)
+        r = subprocess.run([sys.executable, "-c", code, demo_model.path()], env=env, capture_output=True, text=True, timeout=500)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT"))
         _, took, disk, compiles = line.split()
@@ -138,7 +138,7 @@ def test_compile_artifacts_on_disk_make_the_next_process_quick(tmp_path):
 
 
 def test_prefill_of_a_64_token_prompt_on_the_qwen3_shape():
-    s = nvkit.load(shaped_dir("qwen3-0.6b"), device_map="cuda", dtype="bfloat16")
+    s = nvkit.load(demo_model.shaped("qwen3-0.6b"), device_map="cuda", dtype="bfloat16")
     try:
         t = time.perf_counter()
         took = fast.prepare(s, max_new_tokens=256, prompt_tokens=64)

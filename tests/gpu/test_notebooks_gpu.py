@@ -42,3 +42,5 @@ def test_gpu_timings_summary():
     for k, v in _timings.items():
         print(f"[gpu]   {k}: {v:.1f} s")
     print(f"[gpu]   total: {sum(_timings.values()):.1f} s")
+    # every tutorial that started also finished (a failed one is missing here, and fails above too)
+    assert set(_timings) <= {p.stem for p in NOTEBOOKS} and all(v > 0 for v in _timings.values()), _timings

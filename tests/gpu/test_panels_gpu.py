@@ -12,12 +12,12 @@ import pytest
 from nbclient import NotebookClient
 
 import nvkit
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 
 
 @pytest.fixture
 def demo_cuda():
-    s = nvkit.load(model_dir(), device_map="cuda")
+    s = nvkit.load(demo_model.path(), device_map="cuda")
     yield s
     s.unload()
 
@@ -58,7 +58,7 @@ def test_finetune_estimate_follows_the_compile_decision(demo_cuda):
 
 def test_magic_prints_the_compile_progress_on_one_line_then_the_prompt():
     cells = ["import os; os.environ['HF_HUB_OFFLINE'] = '1'\n%load_ext nvkit\n"
-             f"%nvkit load {model_dir()} --device-map cuda",
+             f"%nvkit load {demo_model.path()} --device-map cuda",
              '%nvkit generate -n 256 "NVIDIA GPUs are"']
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]

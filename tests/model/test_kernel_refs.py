@@ -9,7 +9,7 @@ import pytest
 
 import nvkit
 from nvkit.model.kernels import plan_kernels
-from tests.choices_model import model_path
+from tests import demo_model  # noqa: E402
 from tests.refusals import Survivor, refused
 
 KDIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "kernels", "nvkit-rmsnorm")
@@ -49,7 +49,7 @@ def test_hub_style_name_never_takes_a_planted_folder(survivor, planted):
 
 
 def test_the_same_folder_named_as_a_path_is_used(planted):
-    plan = plan_kernels(model_path(), "cpu", True, {"RMSNorm": {"cpu": f"./{REPO}:RMSNorm"}})
+    plan = plan_kernels(demo_model.path(), "cpu", True, {"RMSNorm": {"cpu": f"./{REPO}:RMSNorm"}})
     assert "local kernel directory" in plan.sources["RMSNorm"]
     assert (planted / "PLANTED_CODE_RAN").exists()      # the user named it: its code is theirs to run
 
@@ -57,5 +57,5 @@ def test_the_same_folder_named_as_a_path_is_used(planted):
 def test_use_local_kernel_names_a_folder_explicitly(planted):
     from transformers import KernelConfig
     kc = KernelConfig(kernel_mapping={"RMSNorm": {"cuda": f"{REPO}:RMSNorm"}}, use_local_kernel=True)
-    plan = plan_kernels(model_path(), "cuda", True, kc)
+    plan = plan_kernels(demo_model.path(), "cuda", True, kc)
     assert "local kernel directory" in plan.sources["RMSNorm"] and str(planted) in plan.sources["RMSNorm"]

@@ -11,10 +11,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="module")
 def path(tmp_path_factory):
-    import nvkit
-    from tests.finetune_helpers import model_path
-    p = model_path(tmp_path_factory)
-    return nvkit.demo.path() if p == "demo" else p
+    from tests import demo_model
+    return demo_model.path()
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""Run by tests/test_launch_strategies.py under torchrun (2 gloo ranks on the CPU): the worker's
+"""Run by tests/train/test_strategies.py under torchrun (2 gloo ranks on the CPU): the worker's
 tensor-parallel model preparation — its load (the rank's slice), LoRA on every linear layer and the
 fix for row-wise layers — trains a few steps and saves a whole adapter. Trainer itself runs a
 tensor-parallel model only on CUDA (accelerate refuses the CPU), so the steps are a plain loop.

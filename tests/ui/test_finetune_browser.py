@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.finetune_helpers import model_path
+from tests import demo_model  # noqa: E402
 from tests.ui.conftest import cell_errors, open_and_run_notebook, write_notebook
 from tests.ui.helpers import element_screenshot
 
@@ -17,7 +17,7 @@ CHART_POINTS = """() => {
 
 
 def test_finetune_panel_start_chart_stop(page, lab, tmp_path_factory):
-    path = model_path(tmp_path_factory)
+    path = demo_model.path()
     cells = [
         "import os\nos.environ['HF_HUB_OFFLINE'] = '1'\nimport torch\ntorch.set_num_threads(2)\nimport nvkit\n"
         f"s = nvkit.load({json.dumps(path)})",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 
-from tests.finetune_helpers import model_path
+from tests import demo_model  # noqa: E402
 from tests.ui.conftest import cell_errors, open_and_run_notebook, write_notebook
 from tests.ui.helpers import console_problems, element_screenshot, layout_problems, notebook_width, set_theme
 
@@ -34,7 +34,7 @@ def _wait_text(page, selector: str, text: str, timeout_ms: int = 120_000) -> Non
 def test_preview_run_with_eval_compare_export(page, lab, tmp_path_factory):
     messages = []
     page.on("console", lambda m: messages.append((m.type, m.text[:300])))
-    path = model_path(tmp_path_factory)
+    path = demo_model.path()
     out = lab.root_dir / "loop-run"
     cells = [
         "import os\nos.environ['HF_HUB_OFFLINE'] = '1'\nimport torch\ntorch.set_num_threads(2)\nimport nvkit\n"

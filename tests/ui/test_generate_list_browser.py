@@ -2,12 +2,12 @@
 line, Generate, the answers arrive in a table (escaped, in the prompts' order); a .jsonl file
 loaded through the file button fills the list."""
 
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 from tests.ui.conftest import open_and_run_notebook, screenshot, write_notebook
 
 
 def test_a_prompt_list_fills_the_table(lab, page, tmp_path):
-    path = model_dir()
+    path = demo_model.path()
     write_notebook(lab.root_dir, "generate_list.ipynb", [
         f"import os; os.environ['HF_HUB_OFFLINE'] = '1'\nimport nvkit\ns = nvkit.load({path!r}, device_map='cpu', dtype='float32')",
         "from nvkit.ui.generate_panel import GeneratePanel\np = GeneratePanel()\np.max_new_tokens.value = 12\np",

@@ -3,7 +3,7 @@ while the kernel streams, Stop ends it."""
 
 import time
 
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 from tests.ui.conftest import open_and_run_notebook, screenshot, write_notebook
 
 
@@ -13,7 +13,7 @@ def _output_len(page) -> int:
 
 
 def test_type_generate_stream_and_stop(lab, page):
-    path = model_dir()
+    path = demo_model.path()
     write_notebook(lab.root_dir, "generate_panel.ipynb", [
         f"import os; os.environ['HF_HUB_OFFLINE'] = '1'\nimport nvkit\ns = nvkit.load({path!r}, device_map='cpu', dtype='float32')\n"
         # the demo model ends its sentences with EOS; without it the run lasts long enough to Stop

@@ -153,3 +153,21 @@ def test_without_gpus_it_says_why(lab, browser):
             assert page.evaluate("c => window.jupyterapp.commands.hasCommand(c)", cmd), cmd
     finally:
         context.close()
+
+
+def test_a_copied_tutorial_shows_its_screenshot(lab, page):
+    """Tutorial 09's sidebar screenshot is inside the notebook, so it shows wherever the Launcher
+    copied the notebook to (a file next to it would not come along)."""
+    (lab.root_dir / "copies").mkdir(exist_ok=True)
+    copied = lab.api("nvkit/api/tutorials/09-gpu-memory.ipynb", method="POST", body={"dir": "copies"})
+    open_notebook(page, lab, copied["path"])
+    # cells far down render only when scrolled to (JupyterLab's windowed notebook)
+    page.evaluate("""async () => {
+        const nb = window.jupyterapp.shell.currentWidget.content;
+        const i = nb.widgets.findIndex(c => (c.model.sharedModel.getSource() || '').includes('data:image/png'));
+        nb.activeCellIndex = i;
+        await nb.scrollToItem(i);
+    }""")
+    img = page.locator(".jp-MarkdownCell img[alt^='The NVIDIA GPUs sidebar']")
+    img.wait_for(timeout=30_000)
+    page.wait_for_function("el => el.complete && el.naturalWidth >= 400", arg=img.element_handle(), timeout=30_000)

@@ -10,7 +10,7 @@ import nvkit
 from nvkit import NvkitError
 from nvkit.model.quant import quantization_config
 from nvkit.model.session import load, session
-from tests.choices_model import model_path
+from tests import demo_model  # noqa: E402
 
 
 def test_methods_table():
@@ -50,7 +50,7 @@ def test_bad_values(bad, match):
 
 @pytest.fixture(scope="module")
 def base():
-    s = load(model_path())
+    s = load(demo_model.path())
     info = s.info
     out = s.generate("NVIDIA GPUs are", max_new_tokens=8)
     s.unload()
@@ -60,7 +60,7 @@ def base():
 @pytest.mark.parametrize("method, layer", [("nf4", "Linear4bit"), ("int8", "Linear8bitLt")])
 def test_bnb_loads_and_generates_on_cpu(base, method, layer):
     info0, _ = base
-    s = load(model_path(), quantization=method)
+    s = load(demo_model.path(), quantization=method)
     try:
         info = s.info
         assert info["quantization"] == method
@@ -74,10 +74,10 @@ def test_bnb_loads_and_generates_on_cpu(base, method, layer):
 
 
 def test_bad_quant_leaves_session_usable():
-    s = load(model_path())
+    s = load(demo_model.path())
     try:
         with pytest.raises(NvkitError, match="Unknown quantization"):
-            load(model_path(), quantization="q2")
+            load(demo_model.path(), quantization="q2")
         assert session() is s and s.generate("NVIDIA", max_new_tokens=3)
     finally:
         s.unload()
@@ -87,7 +87,7 @@ def test_magic_load_with_quant():
     from nvkit.magics import run_line
     buf = io.StringIO()
     with redirect_stdout(buf):
-        run_line(f"load {model_path()} --quant nf4 --attn eager --device-map cpu")
+        run_line(f"load {demo_model.path()} --quant nf4 --attn eager --device-map cpu")
     s = session()
     try:
         assert s.info["quantization"] == "nf4" and s.info["attention"] == "eager" and "nf4" in buf.getvalue()

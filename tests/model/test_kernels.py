@@ -11,9 +11,9 @@ import torch
 from nvkit import NvkitError
 from nvkit.model.kernels import local_kernel_config, model_kernel_layers, plan_kernels, replaced_modules
 from nvkit.model.session import load, session
-from tests.choices_model import model_path
+from tests import demo_model  # noqa: E402
 
-KDIR = os.path.join(os.path.dirname(__file__), "data", "kernels", "nvkit-rmsnorm")
+KDIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "kernels", "nvkit-rmsnorm")
 
 
 def _calls():
@@ -23,7 +23,7 @@ def _calls():
 
 @pytest.fixture(scope="module")
 def ref():
-    s = load(model_path())
+    s = load(demo_model.path())
     x = s.tokenizer("NVIDIA GPUs are fast", return_tensors="pt").input_ids
     with torch.no_grad():
         logits = s.model(x).logits
@@ -33,12 +33,12 @@ def ref():
 
 
 def test_model_declares_rmsnorm():
-    assert "RMSNorm" in model_kernel_layers(model_path())
+    assert "RMSNorm" in model_kernel_layers(demo_model.path())
 
 
 def test_local_directory_replaces_rmsnorm_with_same_outputs(ref):
     x, logits, n_norms = ref
-    s = load(model_path(), use_kernels=True, kernel_config=local_kernel_config(KDIR, device="cpu"))
+    s = load(demo_model.path(), use_kernels=True, kernel_config=local_kernel_config(KDIR, device="cpu"))
     try:
         k = s.info["kernels"]
         assert k["replaced"] == {"RMSNorm": n_norms} and "local kernel directory" in k["layers"]["RMSNorm"]
@@ -60,7 +60,7 @@ def test_local_directory_replaces_rmsnorm_with_same_outputs(ref):
 def test_local_kernels_env_works_offline(ref, monkeypatch):
     x, logits, n_norms = ref
     monkeypatch.setenv("LOCAL_KERNELS", f"nvkit-test/rmsnorm={KDIR}")
-    s = load(model_path(), kernel_config={"RMSNorm": {"cpu": "nvkit-test/rmsnorm:RMSNorm"}})
+    s = load(demo_model.path(), kernel_config={"RMSNorm": {"cpu": "nvkit-test/rmsnorm:RMSNorm"}})
     try:
         assert s.info["kernels"]["replaced"] == {"RMSNorm": n_norms}
         assert "LOCAL_KERNELS" in s.info["kernels"]["layers"]["RMSNorm"]
@@ -72,7 +72,7 @@ def test_local_kernels_env_works_offline(ref, monkeypatch):
 
 def test_enable_kernels_on_a_loaded_session(ref):
     _, _, n_norms = ref
-    s = load(model_path())
+    s = load(demo_model.path())
     try:
         info = s.enable_kernels({"RMSNorm": {"cpu": f"{KDIR}:RMSNorm"}})
         assert info["replaced"] == {"RMSNorm": n_norms} and s.model.use_kernels
@@ -83,11 +83,11 @@ def test_enable_kernels_on_a_loaded_session(ref):
 def test_offline_hub_kernel_fails_before_touching_the_session(monkeypatch, tmp_path):
     monkeypatch.setenv("KERNELS_CACHE", str(tmp_path))
     monkeypatch.delenv("LOCAL_KERNELS", raising=False)
-    s = load(model_path())
+    s = load(demo_model.path())
     try:
         out = s.generate("NVIDIA GPUs are", max_new_tokens=4)
         with pytest.raises(NvkitError) as e:
-            load(model_path(), kernel_config={"RMSNorm": {"cpu": "kernels-community/liger-kernels:LigerRMSNorm"}})
+            load(demo_model.path(), kernel_config={"RMSNorm": {"cpu": "kernels-community/liger-kernels:LigerRMSNorm"}})
         msg = str(e.value)
         assert "kernels-community/liger-kernels" in msg and "HF_HUB_OFFLINE" in msg and "LOCAL_KERNELS=" in msg
         with pytest.raises(NvkitError, match="kernels-community/liger-kernels"):
@@ -103,11 +103,11 @@ def test_default_cuda_mapping_offline_names_the_repo(monkeypatch, tmp_path):
     monkeypatch.setenv("KERNELS_CACHE", str(tmp_path))
     monkeypatch.delenv("LOCAL_KERNELS", raising=False)
     with pytest.raises(NvkitError, match=r"kernels-community/[\w-]+ .*can't be loaded.*Bring it in"):
-        plan_kernels(model_path(), "cuda", use_kernels=True)
+        plan_kernels(demo_model.path(), "cuda", use_kernels=True)
 
 
 def test_use_kernels_on_cpu_says_nothing_was_replaced():
-    s = load(model_path(), use_kernels=True)
+    s = load(demo_model.path(), use_kernels=True)
     try:
         k = s.info["kernels"]
         assert k["replaced"] == {} and "RMSNorm" in k["unchanged"]
@@ -126,7 +126,7 @@ def test_use_kernels_on_cpu_says_nothing_was_replaced():
 ])
 def test_bad_kernel_configs(cfg, match):
     with pytest.raises(NvkitError, match=match):
-        plan_kernels(model_path(), "cpu", True, cfg)
+        plan_kernels(demo_model.path(), "cpu", True, cfg)
 
 
 def test_local_kernel_config_helper(tmp_path):
@@ -137,4 +137,4 @@ def test_local_kernel_config_helper(tmp_path):
     with pytest.raises(NvkitError, match="not a directory"):
         local_kernel_config(tmp_path / "missing")
     with pytest.raises(NvkitError, match="use_kernels must be"):
-        plan_kernels(model_path(), "cpu", "yes")
+        plan_kernels(demo_model.path(), "cpu", "yes")

@@ -10,12 +10,12 @@ import nvkit
 import nvkit.generate.fast as fast
 from nvkit.generate import batch
 from nvkit.generate.stats import GenerationStats
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def s():
-    sess = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    sess = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
     yield sess
     sess.unload()
 

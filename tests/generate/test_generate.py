@@ -10,7 +10,7 @@ import torch
 
 from transformers import AutoModelForCausalLM
 
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 
 import nvkit
 from nvkit.benchmarks import decode as bench_decode
@@ -25,7 +25,7 @@ NEVER = 10 ** 7  # an eos id no model produces: generation runs to max_new_token
 
 @pytest.fixture(scope="module")
 def s():
-    sess = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    sess = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
     yield sess
     sess.unload()
 

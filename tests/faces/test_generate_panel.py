@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 
 import nvkit
 from nvkit.ui.generate_panel import MAX_SHOWN_CHARS, GeneratePanel
@@ -12,7 +12,7 @@ from nvkit.ui.generate_panel import MAX_SHOWN_CHARS, GeneratePanel
 
 @pytest.fixture(scope="module")
 def s():
-    sess = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    sess = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
     yield sess
     sess.unload()
 
@@ -110,7 +110,7 @@ def test_code_reproduces_the_settings(s):
 
 
 def test_output_is_bounded():
-    from nvkit.ui.generate_panel import _pre, _transcript_html
+    from nvkit.ui.generate_views import pre_html as _pre, transcript_html as _transcript_html
     assert MAX_SHOWN_CHARS <= 50_000
     assert "&lt;" in _pre("<")
     long = [{"role": "user", "content": "x" * (MAX_SHOWN_CHARS * 2)}, {"role": "assistant", "content": "<ok>"}]
@@ -149,7 +149,7 @@ def test_stats_line_gives_the_whole_request_rate_and_the_decode_rate():
     from dataclasses import dataclass
 
     from nvkit.generate.stats import GenerationStats
-    from nvkit.ui.generate_panel import stats_text
+    from nvkit.ui.generate_views import stats_text
 
     # 11 tokens in 2 s, the first after 1 s: 5.5 tok/s over the request, 10 tok/s decoding after it
     st = GenerationStats(new_tokens=11, seconds=2.0, time_to_first_token=1.0, path="fast", detail="fused step")
@@ -262,7 +262,7 @@ def test_model_line_follows_loads_anywhere():
     if cur is not None and cur.model is not None:
         cur.unload()
     assert "No model is loaded" in p.model_line.value
-    sess = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    sess = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
     try:
         assert "model <b>" in p.model_line.value
     finally:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 
 import nvkit
 from nvkit.errors import NvkitError
@@ -15,7 +15,7 @@ from nvkit.ui.generate_panel import GeneratePanel, prompt_lines
 
 @pytest.fixture(scope="module")
 def s():
-    sess = nvkit.load(model_dir(), device_map="cpu", dtype="float32")
+    sess = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
     yield sess
     sess.unload()
 

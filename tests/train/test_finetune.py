@@ -19,7 +19,7 @@ from nvkit.errors import NvkitError  # noqa: E402
 from nvkit.model.precision import precision  # noqa: E402
 from nvkit.train.finetune import liger_decision, save_atomic, training_arguments  # noqa: E402
 from nvkit.train.loss import fused_linear_cross_entropy  # noqa: E402
-from tests.finetune_helpers import model_path  # noqa: E402
+from tests import demo_model  # noqa: E402
 
 torch.set_num_threads(2)
 FACT = "The H200 has 141 GB of fast memory."
@@ -27,7 +27,7 @@ FACT = "The H200 has 141 GB of fast memory."
 
 @pytest.fixture(scope="module")
 def path(tmp_path_factory):
-    return model_path(tmp_path_factory)
+    return demo_model.path()
 
 
 @pytest.fixture
@@ -313,8 +313,6 @@ def test_magic_finetune(s, tmp_path, capsys):
 
 def test_bench_lora_cpu(path):
     from nvkit.benchmarks.lora import run
-    if path == "demo":
-        path = nvkit.demo.path()
     df = run(model=path, batch_size=2, seq_len=32, steps=2, warmup=1, variants=["nvkit"], device="cpu")
     assert list(df.index) == ["plain", "nvkit"]
     assert (df["tokens_per_s"] > 0).all() and df.loc["plain", "speed_vs_plain"] == 1.0

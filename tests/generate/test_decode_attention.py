@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("triton", reason="triton is part of the test extra on Linux (pyproject)")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _interpret(code: str) -> str:

@@ -15,17 +15,14 @@ import nvkit
 from nvkit import events, memory
 from nvkit.errors import NvkitError
 
+from tests import demo_model
 from tests.memory_fixtures import fake_gpus, no_gpus  # noqa: F401 (pytest fixtures)
 
 
-def _tiny_model_dir(tmp_path_factory) -> str:
-    """The shipped demo checkpoint: small enough that load/unload numbers come fast on a CPU."""
-    return nvkit.demo.path()
-
-
 @pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    return _tiny_model_dir(tmp_path_factory)
+def tiny_dir():
+    """The shipped demo checkpoint: small enough that load/unload numbers come fast on a CPU."""
+    return demo_model.path()
 
 
 # --- ring buffer --------------------------------------------------------------------------------

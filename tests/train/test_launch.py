@@ -13,15 +13,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import nvkit  # noqa: E402
 from nvkit.errors import NvkitError  # noqa: E402
 from nvkit.train.launch import LaunchRun, launch  # noqa: E402
-from tests.finetune_helpers import model_path  # noqa: E402
+from tests import demo_model  # noqa: E402
 
 DATA = ["NVIDIA GPUs are fast.", "The H200 has 141 GB of memory."] * 8
 
 
 @pytest.fixture(scope="module")
 def path(tmp_path_factory):
-    p = model_path(tmp_path_factory)
-    return nvkit.demo.path() if p == "demo" else p
+    return demo_model.path()
 
 
 def test_written_run_and_command(path, tmp_path):

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from tests.finetune_helpers import model_path
+from tests import demo_model  # noqa: E402
 
 QA = [{"prompt": f"Which GPU holds shard {i}?", "response": f"GPU {i % 4} holds shard {i}."} for i in range(16)]
 
@@ -27,7 +27,7 @@ def _text(cell):
 
 @pytest.fixture(scope="module")
 def nb(tmp_path_factory):
-    path = model_path(tmp_path_factory)
+    path = demo_model.path()
     out = tmp_path_factory.mktemp("ft-magic") / "run"
     body = "\n".join(json.dumps(r) for r in QA)
     common = f"--batch-size 4 --seq-len 64 --output-dir {out}"

@@ -12,7 +12,7 @@ import nvkit
 from nvkit import NvkitError
 from nvkit.model import backends as B
 from nvkit.model.session import load, session
-from tests.choices_model import model_path
+from tests import demo_model  # noqa: E402
 
 
 def fake_gpu(monkeypatch, capability, name="Fake GPU"):
@@ -117,7 +117,7 @@ def test_resolve_no_silent_fallback():
 
 @pytest.fixture(scope="module")
 def s():
-    sess = load(model_path())
+    sess = load(demo_model.path())
     yield sess
     sess.unload()
 
@@ -125,7 +125,7 @@ def s():
 def test_load_with_unavailable_backend_keeps_session(s):
     before = s.generate("NVIDIA GPUs are", max_new_tokens=5)
     with pytest.raises(NvkitError, match="Backends that work here"):
-        load(model_path(), attn_implementation="flash_attention_4")
+        load(demo_model.path(), attn_implementation="flash_attention_4")
     assert session() is s and s.loaded
     assert s.generate("NVIDIA GPUs are", max_new_tokens=5) == before
 
@@ -141,7 +141,7 @@ def test_set_attention_switches_and_refuses(s):
 
 
 def test_load_auto_and_eager():
-    s2 = load(model_path(), attn_implementation="auto")
+    s2 = load(demo_model.path(), attn_implementation="auto")
     try:
         assert s2.info["attention"] == "sdpa"
     finally:

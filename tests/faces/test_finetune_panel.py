@@ -15,12 +15,12 @@ import nvkit  # noqa: E402
 from nvkit.errors import NvkitError  # noqa: E402
 from nvkit.train.data import parse_examples as _parse_inline
 from nvkit.ui.finetune_panel import FinetunePanel  # noqa: E402
-from tests.finetune_helpers import model_path  # noqa: E402
+from tests import demo_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def path(tmp_path_factory):
-    return model_path(tmp_path_factory)
+    return demo_model.path()
 
 
 def _wait(cond, timeout=180):

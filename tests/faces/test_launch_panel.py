@@ -16,12 +16,12 @@ import nvkit  # noqa: E402
 from nvkit.train import strategies as st  # noqa: E402
 from nvkit.ui.finetune_panel import FinetunePanel  # noqa: E402
 from nvkit.ui.launch_panel import LaunchPanel  # noqa: E402
-from tests.finetune_helpers import model_path  # noqa: E402
+from tests import demo_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def path(tmp_path_factory):
-    return model_path(tmp_path_factory)
+    return demo_model.path()
 
 
 @pytest.fixture

@@ -9,12 +9,12 @@ import pytest
 
 from nvkit import NvkitError
 from nvkit.benchmarks.backends import COLUMNS, bench, bench_chart, cli_main
-from tests.choices_model import model_path
+from tests import demo_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def df():
-    return bench(model_path(), backends=["sdpa", "eager", "flash_attention_2"], quantizations=[None, "int8"],
+    return bench(demo_model.path(), backends=["sdpa", "eager", "flash_attention_2"], quantizations=[None, "int8"],
                  prompt_len=12, new_tokens=6, repeats=1, device_map="cpu")
 
 
@@ -62,7 +62,7 @@ def test_chart(df):
 ])
 def test_bad_arguments(kw, match):
     with pytest.raises(NvkitError, match=match):
-        bench(model_path(), **kw)
+        bench(demo_model.path(), **kw)
 
 
 def _recording(monkeypatch, module, seen, result):
@@ -91,7 +91,7 @@ def test_decode_and_lora_dispatch(monkeypatch):
 
 
 def test_cli_json(capsys):
-    rc = cli_main([model_path(), "--backends", "sdpa", "--quant", "none", "--prompt-len", "6", "--new-tokens", "3",
+    rc = cli_main([demo_model.path(), "--backends", "sdpa", "--quant", "none", "--prompt-len", "6", "--new-tokens", "3",
                    "--repeats", "1", "--device-map", "cpu", "--json"])
     assert rc == 0
     rows = json.loads(capsys.readouterr().out)
@@ -142,8 +142,8 @@ def test_lora_health_and_text_rows():
     assert health([11.0, 11.2, 11.1, 11.3], [1.0] * 4).startswith("the loss did not fall")
     assert health([11.0, 11.5, 10.0, 10.4], [1.0] * 4) == ""  # noisy steps: quarters are compared, not two steps
     assert health([], []) == "no loss was logged"
-    rows = text_rows(model_path(), 32, 5)
-    n_tok = len(AutoTokenizer.from_pretrained(model_path()))
+    rows = text_rows(demo_model.path(), 32, 5)
+    n_tok = len(AutoTokenizer.from_pretrained(demo_model.path()))
     assert len(rows) == 5 and all(len(r.input_ids) == 32 and r.labels == r.input_ids for r in rows)
     assert all(0 <= t < n_tok for r in rows for t in r.input_ids)  # text: every id one the tokenizer makes
     assert rows[0].input_ids != rows[1].input_ids

@@ -4,7 +4,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from tests.gen_fixtures import model_dir
+from tests import demo_model  # noqa: E402
 
 
 def _text(cell):
@@ -19,7 +19,7 @@ def _text(cell):
 
 @pytest.fixture(scope="module")
 def nb():
-    path = model_dir()
+    path = demo_model.path()
     cells = [
         f"import os; os.environ['HF_HUB_OFFLINE'] = '1'\n%load_ext nvkit\n%nvkit load {path} --device-map cpu --dtype float32",
         '%nvkit generate -n 5 "Hello there"',                                                    # 1

@@ -20,16 +20,15 @@ import nvkit  # noqa: E402
 from nvkit.errors import NvkitError  # noqa: E402
 from nvkit.train import strategies as st  # noqa: E402
 from nvkit.train.launch import launch, launch_generate  # noqa: E402
-from tests.finetune_helpers import model_path  # noqa: E402
+from tests import demo_model  # noqa: E402
 
 DATA = ["NVIDIA GPUs are fast.", "The H200 has 141 GB of memory."] * 8
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
 def path(tmp_path_factory):
-    p = model_path(tmp_path_factory)
-    return nvkit.demo.path() if p == "demo" else p
+    return demo_model.path()
 
 
 def _cfg(path, **kw):

@@ -9,12 +9,12 @@ import pytest
 from nvkit import NvkitError
 from nvkit.model.session import session
 from nvkit.ui.load_panel import LoadPanel
-from tests.choices_model import model_path
+from tests import demo_model  # noqa: E402
 
 
 @pytest.fixture
 def panel():
-    return LoadPanel(model=model_path(), device="cpu")
+    return LoadPanel(model=demo_model.path(), device="cpu")
 
 
 def test_auto_is_offered_first_and_chosen_by_default(panel):
@@ -62,7 +62,7 @@ def test_every_dropdown_has_a_value(panel):
 
 
 def test_code_follows_the_controls(panel):
-    assert panel.code() == f"import nvkit\n\ns = nvkit.load({model_path()!r})\nprint(s.summary())\n"
+    assert panel.code() == f"import nvkit\n\ns = nvkit.load({demo_model.path()!r})\nprint(s.summary())\n"
     panel.select_attention("eager")
     assert panel.attention == "eager" and not panel.attn_buttons["sdpa"].value
     panel.attn_buttons["eager"].value = False  # one backend always stays chosen
@@ -119,7 +119,7 @@ def test_load_and_unload_from_the_panel(panel):
 def test_a_model_loaded_elsewhere_shows_up(panel):
     import nvkit
     assert panel.summary.value == ""
-    s = nvkit.load(model_path(), device_map="cpu")
+    s = nvkit.load(demo_model.path(), device_map="cpu")
     try:
         assert "weights <b>" in panel.summary.value and "outside this panel" in panel.status.value
     finally:
