@@ -121,7 +121,9 @@ def _is_built(target: Path, fingerprint: str) -> bool:
         marker = json.loads((target / _MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return marker.get("fingerprint") == fingerprint and (target / "config.json").is_file()
+    # a marker that is not nvkit's object (edited, truncated to a list or a number) means stale
+    return (isinstance(marker, dict) and marker.get("fingerprint") == fingerprint
+            and (target / "config.json").is_file())
 
 
 def shaped(name: str, cache_dir: str | os.PathLike | None = None) -> str:

@@ -615,6 +615,16 @@ def launch_command(script: str, nproc_per_node: int | None = None, *, launcher: 
     n = nproc_per_node if nproc_per_node is not None else max(1, len(choice or ()))
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise NvkitError(f"launch_command: nproc_per_node must be a positive integer, not {n!r}.")
+    if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)) or not all(
+            isinstance(a, (str, int, float, os.PathLike)) and not isinstance(a, bool) for a in args):
+        raise NvkitError(f"launch_command: args must be a list of the script's arguments, e.g. "
+                         f"args=['--epochs', '3'], not {args!r}.")
+    for k, v in torchrun_args.items():
+        if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_-]*", k):
+            raise NvkitError(f"launch_command: {k!r} is not a launcher option name; options are keywords "
+                             "such as master_port=29501 (each becomes --master_port=29501).")
+        if v is not None and not isinstance(v, (str, int, float, bool, os.PathLike)):
+            raise NvkitError(f"launch_command: the value of {k} must be a string, number or True, not {v!r}.")
     opts = [_opt(k, v) for k, v in torchrun_args.items() if v is not None and v is not False]
     if launcher == "torchrun":
         argv = ["torchrun", f"--nproc_per_node={n}", *opts]

@@ -37,3 +37,16 @@ def test_a_planted_symlink_for_the_cache_folder_is_refused(shared, tmp_path):
     with pytest.raises(NvkitError, match="shaped-model cache.*symlink.*NVKIT_CACHE"):
         demo.shaped("qwen3-tiny")
     assert list(elsewhere.iterdir()) == []
+
+
+@pytest.mark.parametrize("marker", ["[]", "5", "null", '"x"', "{", '{"fingerprint": 1}'])
+def test_a_corrupt_marker_means_rebuild_not_a_traceback(tmp_path, marker):
+    import json
+
+    from nvkit.demo.shaped import _MARKER
+    built = demo.shaped("qwen3-tiny", cache_dir=tmp_path)
+    (tmp_path / "qwen3-tiny" / _MARKER).write_text(marker)
+    again = demo.shaped("qwen3-tiny", cache_dir=tmp_path)
+    assert again == built
+    assert isinstance(json.loads((tmp_path / "qwen3-tiny" / _MARKER).read_text())["fingerprint"], str)
+    assert os.path.isfile(os.path.join(again, "config.json"))

@@ -23,13 +23,16 @@ def path(tmp_path_factory):
     return demo_model.path()
 
 
-def test_written_run_and_command(path, tmp_path):
+def test_written_run_and_command(path, tmp_path, monkeypatch):
+    monkeypatch.setenv("NCCL_NVLS_ENABLE", "0")   # the host's NCCL settings travel on the line
+    monkeypatch.delenv("NCCL_DEBUG", raising=False)
     run = launch({"model": path, "data": DATA, "max_steps": 3, "seq_len": 64}, nproc_per_node=2, gpus=[],
                  run_dir=str(tmp_path / "r"), start=False)
     assert isinstance(run, LaunchRun) and run.proc is None
     words = shlex.split(run.command)
     assert "CUDA_DEVICE_ORDER=PCI_BUS_ID" in words and "NCCL_NVLS_ENABLE=0" in words
     assert "CUDA_VISIBLE_DEVICES=" in words  # CPU only: nothing visible
+    assert not any(w.startswith("NCCL_DEBUG=") for w in words)  # only what this process has
     assert "torchrun" in words and "--nproc_per_node=2" in words and "--standalone" in words
     # the worker is nvkit's module; the run folder is its one argument (no generated Python)
     assert words[-3:] == ["--module", "nvkit.train.worker", str(tmp_path / "r")]

@@ -32,87 +32,19 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from ... import events
 from ...errors import NvkitError, error_summary
 from ...memory.estimate import attention_dims, kv_bytes_per_token
 from . import artifacts
+from .arena import CLASSES, MAX_ROWS, MEMORY_SHARE, PAGE, PREFILL_TOKENS, Arena, batch_class
 from .capture import FastDecoder, inductor_options
 from .fused import qk_norm_why
 from .fused_rows import decode_rows_step, mark_dynamic, paged_positions, prefill_rows_step
 from .replay import ticking
 from .sampling import RowParams, Sampling, StopStrings, choose_rows
 from .schedule import SCRATCH, Scheduler, Sequence, pages_for
-
-PAGE = 32                     # positions per KV page (one block of the attention kernel's loop)
-CLASSES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-MAX_ROWS = CLASSES[-1]
-PREFILL_TOKENS = 4096         # padded prompt tokens per prefill forward (bounds its activations)
-MEMORY_SHARE = 0.85           # of free GPU memory the pool may take
-
-
-def batch_class(n: int, smallest: int = 1) -> int:
-    """The batch-size class that runs ``n`` rows (the smallest class ≥ n, at least ``smallest``)."""
-    for c in CLASSES:
-        if c >= max(n, smallest):
-            return c
-    raise ValueError(f"{n} rows is more than the largest class ({MAX_ROWS})")
-
-
-@dataclass(eq=False)
-class Arena:
-    """The device memory of one pool: KV pages, the row buffers the graphs read and write, the
-    rotary tables, and the graphs captured on them (dropped with it)."""
-    pages: int
-    rows: int
-    width: int                 # page-table entries per row
-    keys: list
-    values: list
-    cos: Any
-    sin: Any
-    tok: Any                   # (rows,) int64: each row's next input id
-    pos: Any                   # (rows,) int64: the position that id takes
-    table: Any                 # (rows, width) int32 page ids
-    seed: Any                  # (rows,) int64
-    min_pos: Any               # (rows,) int64: the first position an EOS may take
-    temperature: Any           # (rows,) float32
-    top_p: Any
-    penalty: Any
-    eos_mask: Any              # (1, vocab) bool
-    out: Any                   # (rows, K + 1) int64: a replay's ids (column 0: the id it started from)
-    seen: Any = None           # (rows, vocab) bool, when the repetition penalty runs
-    host: list = field(default_factory=list)  # two (pinned ids, CUDA event) pairs for the readouts
-    turn: int = 0
-    graphs: dict = field(default_factory=dict)  # (batch class, sampling key, LoRA on) -> replay
-    pool: Any = None           # the graphs' shared memory pool (they never run at once)
-
-    @property
-    def cap(self) -> int:
-        """The last position a row may take: a parked row stays there (clamped), in the scratch page."""
-        return self.width * PAGE - 1
-
-    def row_buffers(self) -> list:
-        """The buffers that hold a row's state (moved together when rows are packed)."""
-        return [b for b in (self.tok, self.pos, self.table, self.seed, self.min_pos, self.seen) if b is not None]
-
-    def park(self, rows) -> None:
-        """Rows that hold no sequence: page table at the scratch page, position 0."""
-        self.table.index_fill_(0, rows, SCRATCH)
-        self.pos.index_fill_(0, rows, 0)
-
-    def save_and_park_all(self) -> list:
-        """The row state (to put back after a capture), every row parked meanwhile."""
-        saved = [b.clone() for b in self.row_buffers()]
-        self.table.fill_(SCRATCH)
-        self.pos.zero_()
-        return saved
-
-    def restore(self, saved: list) -> None:
-        for b, s in zip(self.row_buffers(), saved):
-            b.copy_(s)
-
 
 def _to(device, data, dtype):
     """A host list as a tensor on ``device``, copied without waiting for the GPU's queue."""
