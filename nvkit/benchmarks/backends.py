@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import os
 import sys
 import time
 
@@ -353,46 +354,67 @@ def cli_main(argv) -> int:
         a = p.parse_args(list(argv))
     except SystemExit as e:
         return int(e.code or 0)
-    chosen = "decode" if a.decode else "lora" if a.lora else "session" if a.session else "compare"
-    flags = {act.dest: act.option_strings[0] for act in p._actions if act.option_strings}
-    options = {k: v for k, v in vars(a).items()
-               if k not in ("model", "decode", "lora", "session", "json") and v is not None and v is not False}
+    json_rows: list[str] = []
+
+    def run() -> int:
+        chosen = "decode" if a.decode else "lora" if a.lora else "session" if a.session else "compare"
+        flags = {act.dest: act.option_strings[0] for act in p._actions if act.option_strings}
+        options = {k: v for k, v in vars(a).items()
+                   if k not in ("model", "decode", "lora", "session", "json") and v is not None and v is not False}
+        try:
+            if chosen == "session" or any(k in options for k in _SESSION_OPTIONS):
+                return _session_cli(a, chosen, options, flags)
+            if a.short_runs and not a.lora:
+                raise NvkitError("--short-runs belongs to --lora.")
+            options.pop("short_runs", None)
+            check_options(chosen, options, spell=lambda n: flags.get(n, n), mode_names=_CLI_MODES)
+            model = a.model
+            if model.startswith("shape:"):
+                from ..demo import shaped
+                model = shaped(model.split(":", 1)[1])
+            if a.decode and a.json:
+                options["show"] = False  # its printed table would break the JSON
+            if a.short_runs:
+                from .lora import short_runs
+                df = short_runs(model=model, **{k: v for k, v in options.items() if k in ("batch_size", "seq_len", "r")})
+            else:
+                df = bench(model, decode=a.decode, lora=a.lora, **options)
+        except NvkitError as e:
+            print(f"nvkit bench: {e}", file=sys.stderr)
+            return 2
+        bad = {}
+        if a.lora and not a.short_runs:
+            from .lora import untrained
+            bad = untrained(df)
+        if df.index.name is not None:  # the LoRA table is indexed by variant: keep it as a column
+            df = df.reset_index()
+        if a.json:
+            json_rows.append(df.to_json(orient="records", indent=2))
+        elif not a.decode:  # the decode benchmark prints its own table
+            import pandas as pd
+            with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 60):
+                print(df.drop(columns=["peak_memory_bytes"], errors="ignore").to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+        for v, why in bad.items():  # a speed of a run that did not train is no speed
+            print(f"nvkit bench: {v} did not train: {why}", file=sys.stderr)
+        return 1 if bad else 0
+
+    if not a.json:
+        return run()
+    # with --json, stdout carries the JSON alone: anything else written there while the benchmark
+    # runs goes to stderr, at the file-descriptor level, because a library's logger can hold the
+    # original stdout (DeepSpeed announces its accelerator at import that way)
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
     try:
-        if chosen == "session" or any(k in options for k in _SESSION_OPTIONS):
-            return _session_cli(a, chosen, options, flags)
-        if a.short_runs and not a.lora:
-            raise NvkitError("--short-runs belongs to --lora.")
-        options.pop("short_runs", None)
-        check_options(chosen, options, spell=lambda n: flags.get(n, n), mode_names=_CLI_MODES)
-        model = a.model
-        if model.startswith("shape:"):
-            from ..demo import shaped
-            model = shaped(model.split(":", 1)[1])
-        if a.decode and a.json:
-            options["show"] = False  # its printed table would break the JSON
-        if a.short_runs:
-            from .lora import short_runs
-            df = short_runs(model=model, **{k: v for k, v in options.items() if k in ("batch_size", "seq_len", "r")})
-        else:
-            df = bench(model, decode=a.decode, lora=a.lora, **options)
-    except NvkitError as e:
-        print(f"nvkit bench: {e}", file=sys.stderr)
-        return 2
-    bad = {}
-    if a.lora and not a.short_runs:
-        from .lora import untrained
-        bad = untrained(df)
-    if df.index.name is not None:  # the LoRA table is indexed by variant: keep it as a column
-        df = df.reset_index()
-    if a.json:
-        print(df.to_json(orient="records", indent=2))
-    elif not a.decode:  # the decode benchmark prints its own table
-        import pandas as pd
-        with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 60):
-            print(df.drop(columns=["peak_memory_bytes"], errors="ignore").to_string(index=False, float_format=lambda x: f"{x:.2f}"))
-    for v, why in bad.items():  # a speed of a run that did not train is no speed
-        print(f"nvkit bench: {v} did not train: {why}", file=sys.stderr)
-    return 1 if bad else 0
+        code = run()
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    for text in json_rows:
+        print(text)
+    return code
 
 
 if __name__ == "__main__":
