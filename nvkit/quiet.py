@@ -30,6 +30,11 @@ KNOWN: tuple[tuple[str, str], ...] = (
     ("bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward from kernels-community"),
     # The kernels library's note during that same fetch: offline it cannot check the publisher.
     ("kernels.hf_hub", "Skipping publisher trust check for 'kernels-community/quantization-bitsandbytes'"),
+    # DeepSpeed (nvkit's `deepspeed` extra, for nvkit.launch's ZeRO strategies), imported by
+    # transformers' Trainer whenever it is installed, announces on a machine without CUDA that it
+    # will use the CPU. A fine-tune in the kernel does not run DeepSpeed at all, and DeepSpeed's
+    # logger prints to stdout, where it also breaks output meant to be read, such as JSON.
+    ("DeepSpeed", "Setting accelerator to CPU"),
 )
 
 _log = logging.getLogger("nvkit.quiet")

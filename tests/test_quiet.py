@@ -88,3 +88,22 @@ def test_importing_bitsandbytes_inside_routed_prints_nothing():
     for _, start in KNOWN:
         assert start not in r.stderr, r.stderr
     assert "still heard" in r.stderr
+
+
+def test_a_cpu_fine_tune_prints_no_deepspeed_notice():
+    # DeepSpeed announces its CPU accelerator when Trainer imports it; a fine-tune on the CPU in a
+    # fresh process (DeepSpeed logs once, on its first import) prints only nvkit's own output.
+    import pytest
+    pytest.importorskip("deepspeed")
+    code = ("import nvkit\n"
+            "s = nvkit.load('demo', device_map='cpu')\n"
+            "run = nvkit.finetune(s, ['NVIDIA GPUs are fast.'] * 8, max_steps=1, batch_size=4, seq_len=32)\n"
+            "run.result(timeout=600)\n"
+            "import logging\n"
+            "logging.getLogger('DeepSpeed').warning('Setting accelerator to CPU outside nvkit')\n")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = r.stdout + r.stderr
+    assert "If you have GPU or other accelerator" not in out, out[-3000:]
+    assert "Setting accelerator to CPU outside nvkit" in out   # the same logger, outside nvkit: heard

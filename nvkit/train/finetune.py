@@ -287,9 +287,10 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
                             output_dir=out, staging=staging, evaluator=evaluator, eval_every=eval_every,
                             stop_at_loss=stop_at_loss, patience=patience,
                             checkpoint_facts=lambda: {**run.facts(), "settings": settings_record})
-        trainer = NvkitTrainer(model=model, args=args, train_dataset=train_data.ListDataset(rows),
-                               data_collator=train_data.Collator(pad, pad_to=pad_to), callbacks=[callback],
-                               fused_loss=fused, counter=counter)
+        with routed():  # building the Trainer is where DeepSpeed, when installed, first looks for a GPU
+            trainer = NvkitTrainer(model=model, args=args, train_dataset=train_data.ListDataset(rows),
+                                   data_collator=train_data.Collator(pad, pad_to=pad_to), callbacks=[callback],
+                                   fused_loss=fused, counter=counter)
         quiet_trainer(trainer)
         model.train()
         trained = False

@@ -456,9 +456,16 @@ class FinetunePanel(w.VBox):
             self._finish(run)
 
     def _finish(self, run):
-        self.start_btn.disabled = False
-        self.stop_btn.disabled = True
-        self.resume_btn.disabled = not run.checkpoints
+        # the buttons come back last: once Start is enabled, the summary, the suggested export
+        # folder and the code all describe the run that ended (a quick Export reads them)
+        try:
+            self._show_finished(run)
+        finally:
+            self.stop_btn.disabled = True
+            self.resume_btn.disabled = not run.checkpoints
+            self.start_btn.disabled = False
+
+    def _show_finished(self, run):
         if run.error is not None:
             self.status.value = f"<span class='nvkit-error'>{html.escape(str(run.error))}</span>"
             return
