@@ -15,6 +15,8 @@
 #                                                                (carry .whl-core)
 #   batched  many prompts on the batched fast path (identity, targets), GPU memory by kernel, the
 #            stats line's reasons                                (carry .whl-core)
+#   notebooks  every tutorial on the GPU (07's QLoRA included: carry .whl-bnb after a .whl-core
+#            call, or its 4-bit cells skip), then the panels' compile progress   (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 # Install once per call: two pip installs at once corrupted the site folder.
 set -uo pipefail
@@ -34,7 +36,7 @@ case "$phase" in
         -k "not decode_benchmark_table"
     T=200 bench shape:qwen3-0.6b --decode --repeats 3 --paths "generate,fast,fast+matmul,fast lora" ;;
   train)
-    T=150 t tests/gpu/test_session_gpu.py tests/gpu/test_gpus_gpu.py tests/gpu/test_kernel_memory_gpu.py
+    T=150 t tests/gpu/test_session_gpu.py tests/gpu/test_gpus_gpu.py tests/gpu/kernels/test_kernel_memory_gpu.py
     T=200 t tests/gpu/test_memory_gpu.py -k "not overhead"
     T=200 t tests/gpu/test_finetune_gpu.py tests/gpu/test_finetune_loop_gpu.py -k "not qlora and not ddp and not bench" ;;
   qlora)
@@ -45,6 +47,8 @@ case "$phase" in
   batched)
     T=${TB:-300} t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order
     T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py tests/gpu/test_exact_tokens_gpu.py ;;
+  notebooks)
+    T=540 t tests/gpu/test_notebooks_gpu.py tests/gpu/test_panels_gpu.py ;;
   x2a|x2b)
     # two GPUs (nvidia-h200-x2, issue 22): every strategy of nvkit.launch. ZeRO needs DeepSpeed in the
     # site folder (pip download deepspeed==0.19.8 into the carried wheels); without it those tests skip.
