@@ -6,7 +6,8 @@
 # Phases (each sized to end inside one 10-minute call):
 #   decode   fast path: token identity, one compile per session, adapters, disk cache, prefill,
 #            exact token counts; then the decode table          (carry .whl-core)
-#   train    session, GPUs, memory estimates, LoRA runs, the fine-tune loop, GPU memory by kernel
+#   train    session, GPUs, memory estimates, LoRA runs, GPU memory by kernel   (carry .whl-core)
+#   loop     the fine-tune loop: 20- and 200-step runs against plain PEFT, cold and warm; export
 #                                                                (carry .whl-core)
 #   qlora    4-bit: QLoRA runs, eval during QLoRA, bitsandbytes; the LoRA benchmark's table
 #                                                                (carry .whl-bnb, right after a .whl-core call
@@ -38,7 +39,9 @@ case "$phase" in
   train)
     T=150 t tests/gpu/test_session_gpu.py tests/gpu/test_gpus_gpu.py tests/gpu/kernels/test_kernel_memory_gpu.py
     T=200 t tests/gpu/test_memory_gpu.py -k "not overhead"
-    T=200 t tests/gpu/test_finetune_gpu.py tests/gpu/test_finetune_loop_gpu.py -k "not qlora and not ddp and not bench" ;;
+    T=200 t tests/gpu/test_finetune_gpu.py -k "not qlora and not ddp and not bench" ;;
+  loop)
+    T=540 t tests/gpu/test_finetune_loop_gpu.py -k "not qlora" ;;
   qlora)
     T=300 t tests/gpu/test_finetune_gpu.py tests/gpu/test_finetune_loop_gpu.py tests/gpu/test_backends_gpu.py -k "qlora or bnb"
     T=240 bench shape:qwen3-0.6b --lora --steps 15 --warmup 5 ;;
