@@ -274,20 +274,23 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
     formulas: dict[str, str] = {}
 
     # Weights. bitsandbytes quantizes the nn.Linear layers except the output head; embeddings,
-    # norms and the head stay in the compute dtype.
+    # norms and the head stay in the compute dtype, except for (Q)LoRA training: PEFT's
+    # prepare_model_for_kbit_training, which every QLoRA recipe (nvkit's included) runs first,
+    # casts them to float32.
     other = s.parameters - s.linear_params
+    other_b = 4 if qname and mode == "lora" else b
     if qname in ("nf4", "fp4"):
         # 4 bits per weight, plus the blockwise absmax: one per 64 weights, itself 8-bit with double
         # quantization (nvkit turns it on), plus one fp32 per 256 absmax blocks.
         lin = s.linear_params * (0.5 + 1 / 64 + 4 / (64 * 256))
-        formulas["weights"] = f"{s.linear_params / 1e6:.0f} M linear × 0.52 B (4-bit + absmax) + {other / 1e6:.0f} M other × {b} B"
+        formulas["weights"] = f"{s.linear_params / 1e6:.0f} M linear × 0.52 B (4-bit + absmax) + {other / 1e6:.0f} M other × {other_b} B"
     elif qname == "int8":
         lin = s.linear_params * 1 + s.linear_rows * 4  # LLM.int8: int8 weights + one fp32 scale per row
-        formulas["weights"] = f"{s.linear_params / 1e6:.0f} M linear × 1 B + row scales + {other / 1e6:.0f} M other × {b} B"
+        formulas["weights"] = f"{s.linear_params / 1e6:.0f} M linear × 1 B + row scales + {other / 1e6:.0f} M other × {other_b} B"
     else:
         lin = s.linear_params * b
         formulas["weights"] = f"{s.parameters / 1e6:.1f} M params × {b} B ({dname})"
-    parts["weights"] = int(lin + other * b)
+    parts["weights"] = int(lin + other * other_b)
 
     if mode == "inference":
         # KV cache: every layer keeps K and V for every token of the context, in the compute dtype.

@@ -306,6 +306,13 @@ def pack(examples: list[Example], seq_len: int) -> list[Example]:
     return blocks
 
 
+def batch_length(rows: list[Example], pad_to: int) -> int:
+    """The length of the longest batch ``Collator(pad_to=pad_to)`` makes from ``rows``: the longest
+    row, rounded up to a multiple of ``pad_to`` (unpacked examples make batches shorter than seq_len)."""
+    n = max((len(r) for r in rows), default=0)
+    return -(-n // pad_to) * pad_to
+
+
 class Collator:
     """Right-pads a list of examples into (input_ids, labels) tensors; lengths are rounded up to a
     multiple of ``pad_to`` so compiled regions see few distinct shapes. Adds ``num_tokens`` (the
@@ -318,8 +325,7 @@ class Collator:
     def __call__(self, batch):
         import torch
         rows = [b if isinstance(b, Example) else Example(b["input_ids"], b["labels"]) for b in batch]
-        n = max(len(r) for r in rows)
-        n = -(-n // self.pad_to) * self.pad_to
+        n = batch_length(rows, self.pad_to)
         ids = torch.full((len(rows), n), self.pad_id, dtype=torch.long)
         labels = torch.full((len(rows), n), IGNORE, dtype=torch.long)
         for i, r in enumerate(rows):

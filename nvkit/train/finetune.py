@@ -248,8 +248,12 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
             "resumed_from": resume_from, "notes": list(resume_notes)}
     run = FinetuneRun(total, adapter_dir, info, first_step=first_step)
     counter = {"tokens": 0}
-    # the prediction drawn beside the measured peak: nvkit's path, compiled or not as decided here
-    peaks.expect_for(s, mode="lora", batch_size=batch_size, seq_len=seq_len, lora_r=lora_cfg["r"],
+    # compiled layers see a few padded shapes rather than one per batch length
+    pad_to = 64 if do_compile else 8
+    # the prediction drawn beside the measured peak: nvkit's path, compiled or not as decided here,
+    # for the longest batch these rows make (unpacked examples are often far shorter than seq_len)
+    peaks.expect_for(s, mode="lora", batch_size=min(batch_size, len(rows)),
+                     seq_len=max(1, train_data.batch_length(rows, pad_to)), lora_r=lora_cfg["r"],
                      gradient_checkpointing=gradient_checkpointing, path="nvkit", compiled=do_compile)
     events.record("train-start", f"LoRA r={lora_cfg['r']} on {s.model_id}: {total} steps, {prec}"
                                  + (f", resumed at step {first_step}" if resume_from else ""))
@@ -280,8 +284,6 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
                                   log_every=log_every, seed=seed, gradient_checkpointing=gradient_checkpointing,
                                   fused_adamw=device_type == "cuda")
         pad = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
-        # compiled layers see a few padded shapes rather than one per batch length
-        pad_to = 64 if do_compile else 8
         evaluator = Evaluator(eval_rows, batch_size, pad, device, pad_to=pad_to) if eval_rows else None
         callback = recorder(run, job, device_type=device_type, counter=counter, save_every=save_every,
                             output_dir=out, staging=staging, evaluator=evaluator, eval_every=eval_every,

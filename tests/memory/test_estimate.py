@@ -201,6 +201,30 @@ def test_lora_activations_match_a_measured_step(vocab, inter):
     assert predicted_per_token == pytest.approx(measured_per_token, rel=0.05)
 
 
+def test_qlora_training_counts_what_kbit_preparation_casts_to_float32(tmp_path):
+    """QLoRA runs PEFT's prepare_model_for_kbit_training first (nvkit.finetune too), which turns the
+    unquantized parameters (embeddings, norms, an untied head) into float32: the training estimate
+    counts them at 4 B, inference at the compute dtype's 2 B."""
+    import torch
+    from peft import prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, Qwen3Config
+    from nvkit.model.quant import quantization_config
+    cfg = Qwen3Config(vocab_size=4000, hidden_size=256, intermediate_size=768, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
+    AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).save_pretrained(tmp_path)
+    m = AutoModelForCausalLM.from_pretrained(tmp_path, quantization_config=quantization_config("nf4", torch.bfloat16),
+                                             dtype=torch.bfloat16, device_map="cpu")
+    unquantized = [p for p in m.parameters() if type(p).__name__ != "Params4bit"]
+    assert unquantized and all(p.dtype == torch.bfloat16 for p in unquantized)
+    n = sum(p.numel() for p in unquantized)
+    inference = estimate(cfg, quantization="nf4", device="cpu")
+    training = estimate(cfg, quantization="nf4", mode="lora", batch_size=1, seq_len=8, device="cpu")
+    assert training.parts["weights"] - inference.parts["weights"] == 2 * n
+    assert "× 4 B" in training.formulas["weights"] and "× 2 B" in inference.formulas["weights"]
+    prepare_model_for_kbit_training(m, use_gradient_checkpointing=False)
+    assert all(p.dtype == torch.float32 for p in unquantized)  # what the training estimate's 4 B stand for
+
+
 def test_for_session_describes_the_loaded_model_and_refuses_unmodelled_quantization():
     from nvkit import memory
     from nvkit.memory.estimate import for_session
