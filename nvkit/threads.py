@@ -2,8 +2,10 @@
 
 - ``job.result()`` blocks, but joins in short slices so the notebook's Interrupt (a
   KeyboardInterrupt in the main thread) turns into a clean stop instead of an abandoned thread.
-- ``await job`` polls with ``asyncio.sleep`` so the kernel keeps serving widget messages (a Stop
-  click) while the cell awaits; a thread join would not let them through.
+- ``await job`` waits on an asyncio future the worker completes as it ends, so the kernel keeps
+  serving widget messages (a Stop click) while the cell awaits (a thread join would not let them
+  through) and the answer arrives the moment it is ready (a polling loop would hold each short
+  generation back by up to its period).
 - ``job.done`` / callbacks for panels that fire and forget.
 
 Widget callbacks only set ``job.stop_event``; the worker checks it between steps.
@@ -102,8 +104,18 @@ class Job:
         return self._result
 
     async def wait(self) -> Any:
-        while not self._done.is_set():
-            await asyncio.sleep(_SLICE)
+        if not self._done.is_set():
+            loop = asyncio.get_running_loop()
+            woken = loop.create_future()
+
+            def wake(_job: "Job") -> None:  # in the worker thread, or here when already done
+                try:
+                    loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
+                except RuntimeError:  # the loop closed meanwhile (a kernel shutting down): nobody waits
+                    pass
+
+            self.add_done_callback(wake)
+            await woken
         return self._value()
 
     def __await__(self):

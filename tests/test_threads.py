@@ -1,0 +1,93 @@
+"""Worker jobs: ``await job`` is woken by the worker as it ends (no polling), lets the event loop run
+meanwhile, hands back the result or the error, and survives a cancelled await."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from nvkit.threads import run_in_worker
+
+
+def _no_sleeping(monkeypatch):
+    """``await job`` must not poll: any asyncio.sleep inside it fails the test."""
+    real = asyncio.sleep
+
+    async def refuse(delay, *a, **k):
+        if threading.current_thread() is threading.main_thread() and getattr(refuse, "armed", False):
+            raise AssertionError(f"await job polled with asyncio.sleep({delay})")
+        return await real(delay, *a, **k)
+    monkeypatch.setattr(asyncio, "sleep", refuse)
+    return refuse
+
+
+def test_await_is_woken_by_the_worker_and_the_loop_runs_meanwhile(monkeypatch):
+    guard = _no_sleeping(monkeypatch)
+    go = threading.Event()
+    job = run_in_worker(lambda j: (go.wait(10), 42)[1])
+    ticks = []
+
+    async def other_work():  # what a widget message handler would be: it runs while the cell awaits
+        loop = asyncio.get_running_loop()
+        for i in range(3):
+            ticks.append(i)
+            await loop.run_in_executor(None, lambda: None)
+        go.set()
+
+    async def main():
+        guard.armed = True
+        t = asyncio.ensure_future(other_work())
+        value = await job
+        guard.armed = False
+        await t
+        return value
+
+    assert asyncio.run(main()) == 42
+    assert ticks == [0, 1, 2]
+
+
+def test_await_hands_back_the_workers_error():
+    job = run_in_worker(lambda j: 1 / 0)
+
+    async def main():
+        return await job
+    with pytest.raises(ZeroDivisionError):
+        asyncio.run(main())
+
+
+def test_await_on_a_finished_job_returns_at_once():
+    job = run_in_worker(lambda j: "done")
+    job.wait_done(10)
+    assert asyncio.run(job.wait()) == "done"
+
+
+def test_a_cancelled_await_leaves_the_job_and_a_later_await_working():
+    go = threading.Event()
+    job = run_in_worker(lambda j: (go.wait(10), "later")[1])
+
+    async def cancel_then_wait():
+        task = asyncio.ensure_future(job.wait())
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        go.set()  # the worker ends after the first await gave up: its wake-up must not break anything
+        return await job
+
+    assert asyncio.run(cancel_then_wait()) == "later"
+
+
+def test_a_job_ending_after_its_loop_closed_is_harmless():
+    go = threading.Event()
+    job = run_in_worker(lambda j: (go.wait(10), 1)[1])
+
+    async def give_up():
+        try:
+            await asyncio.wait_for(job.wait(), 0.01)
+        except asyncio.TimeoutError:
+            pass
+    asyncio.run(give_up())  # the loop is closed now; the job's wake-up for it must not raise
+    go.set()
+    assert job.wait_done(10) and job.error is None and job.result() == 1
