@@ -9,9 +9,9 @@ kernel-CPU-second), so that other processes taking the machine's cores (the brow
 on a shared CI box) don't decide the result; the median of the paired ratios must be within 10 %,
 and the chart's redraws must take under 2 % of a core while it is shown. The
 wall-clock ratio is printed beside them and must not fall below one half (the old chart cost
-10-30x; on a machine shared with other jobs wall-clock rounds vary by tens of percent). The
-session lasts about a minute rather than the issue's five: the old chart filled the Log Console
-within seconds.
+10-30x; on a machine shared with other jobs wall-clock rounds vary by tens of percent). After the
+timed rounds and a fine-tune, the kernel keeps generating until the chart has been shown for
+five minutes, and only then are the consoles read.
 """
 
 from __future__ import annotations
@@ -20,13 +20,16 @@ import json
 import re
 import time
 
+import pytest
+
 from tests.ui.conftest import open_notebook, screenshot, wait_kernel_idle, write_notebook
 from tests.ui.helpers import CELL_DONE, console_problems, log_console_entries, run_cell, wait_cell
 
 SHOWN = ".jp-NotebookPanel:not(.lm-mod-hidden)"
 POINTS = f"{SHOWN} .nvkit-memory-points"
-PAIRS = 7
-TOKENS = 160
+PAIRS = 15
+TOKENS = 320  # long enough rounds that the machine's own jitter averages out within each
+SHOWN_S = 300  # how long the chart stays displayed, generating and fine-tuning, before the consoles are read
 
 
 def _points(page) -> int:
@@ -35,6 +38,7 @@ def _points(page) -> int:
     return int(m.group(1))
 
 
+@pytest.mark.timeout(SHOWN_S + 600)
 def test_displayed_charts_cost_nothing_while_generating_and_fine_tuning(page, lab, tmp_path_factory):
     messages = []
     page.on("console", lambda m: messages.append((m.type, m.text[:300])))
@@ -50,7 +54,7 @@ def test_displayed_charts_cost_nothing_while_generating_and_fine_tuning(page, la
         "    await s.agenerate('NVIDIA GPUs are', max_new_tokens=n, min_new_tokens=n)\n"
         "    return n / (time.perf_counter() - t0), n / (time.process_time() - c0)\n"
         f"await rate({TOKENS})  # warm up",
-        "chart = nvkit.monitor()\nchart",
+        "chart = nvkit.monitor()\nshown_at = time.perf_counter()\nchart",
         "with_chart, without = [], []\nu0, cpu, shown = chart.updates, 0.0, 0.0\n"
         f"for _ in range({PAIRS}):\n"
         "    chart.stop(); await asyncio.sleep(1.5)\n"
@@ -71,6 +75,12 @@ def test_displayed_charts_cost_nothing_while_generating_and_fine_tuning(page, la
         "    await asyncio.sleep(0.1)\n"
         "print(json.dumps({'steps': run.step,"
         " 'chart_steps': len(ft.chart.figure.data[ft.chart.trace_index[('loss', None)]].x),"
+        " 'errors': [chart.last_error, ft.chart.last_error]}))",
+        "display(chart)  # a second view, in sight below the fine-tune panel (a scrolled-away chart rests)\n"
+        "rounds, u5 = 0, chart.updates\n"
+        f"while time.perf_counter() - shown_at < {SHOWN_S}:\n"
+        "    await s.agenerate('NVIDIA GPUs are', max_new_tokens=32); rounds += 1\n"
+        "print(json.dumps({'shown_s': time.perf_counter() - shown_at, 'rounds': rounds, 'redraws': chart.updates - u5, 'skipped_hidden': chart.skipped_hidden,"
         " 'errors': [chart.last_error, ft.chart.last_error]}))",
     ])
     open_notebook(page, lab, "chart_cost.ipynb")
@@ -104,5 +114,14 @@ def test_displayed_charts_cost_nothing_while_generating_and_fine_tuning(page, la
     print("fine-tune:", ft)
     assert ft["steps"] == 12 and ft["chart_steps"] == 12 and ft["errors"] == [None, None], ft
 
+    run_cell(page, 5)
+    shown_again = page.locator(f"{SHOWN} .jp-Cell").nth(5).locator(".nvkit-memory-chart .js-plotly-plot")
+    shown_again.wait_for(timeout=60_000)
+    shown_again.scroll_into_view_if_needed()  # as a user would look at it: in sight, not below the fold
+    wait_cell(page, 5, timeout_ms=(SHOWN_S + 120) * 1000)
+    kept = json.loads(page.locator(f"{SHOWN} .jp-Cell").nth(5).locator(".jp-OutputArea-output").last.inner_text())
+    print("chart shown while generating and fine-tuning:", kept)
+    assert kept["shown_s"] >= SHOWN_S and kept["rounds"] > 0 and kept["redraws"] >= 10, kept
+    assert kept["errors"] == [None, None], kept
     assert log_console_entries(page) == []
     assert console_problems(messages) == []
