@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_notebooks import NOTEBOOKS, cell_seconds, run_notebook
+from tests.test_notebooks import NOTEBOOKS, cell_seconds, run_notebook, third_party_stderr
 
 GPU_CELL_TIMEOUT_S = 600
 _timings: dict[str, float] = {}
@@ -33,6 +33,9 @@ def test_notebook_runs_on_gpu(path, shaped_model, tmp_path):
     for line in outputs.splitlines():
         if line.startswith("Skipped:"):
             print(f"[gpu] {path.stem}: {line}")  # e.g. FSDP with one GPU: said, not hidden
+    # quiet on the GPU too (issue 24): the CUDA paths import libraries the CPU run never reaches
+    noise = third_party_stderr(nb)
+    assert not noise, f"{path.name} printed third-party stderr on the GPU: {noise[:3]}"
 
 
 def test_gpu_timings_summary():
