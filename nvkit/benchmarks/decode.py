@@ -146,6 +146,56 @@ def _peak() -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30
 
 
+def _timed(warm, timed) -> tuple:
+    """(tokens, seconds, peak, warm-up seconds): ``warm()`` untimed first (compile, capture, pools),
+    then ``timed()``, which returns the tokens it made, with the peak memory measured over it alone."""
+    t = time.perf_counter()
+    warm()
+    warm_s = time.perf_counter() - t
+    _peak_reset()
+    t = time.perf_counter()
+    got = timed()
+    return got, time.perf_counter() - t, _peak(), warm_s
+
+
+def _padded_generate(s, prompts: list[str], n_new: int) -> int:
+    """Plain ``generate`` over all ``prompts`` at once, left-padded to the longest, every row decoding
+    ``n_new`` steps; returns the new tokens made."""
+    import torch
+    tok = s.tokenizer
+    old = tok.padding_side
+    tok.padding_side = "left"
+    try:
+        enc = tok(prompts, return_tensors="pt", padding=True).to(s.device)
+    finally:
+        tok.padding_side = old
+    with torch.inference_mode():
+        out = s.model.generate(**enc, max_new_tokens=n_new, min_new_tokens=n_new, do_sample=False,
+                               pad_token_id=tok.pad_token_id)
+    return out.shape[0] * (out.shape[1] - enc["input_ids"].shape[1])
+
+
+def _generate_batch(s, never: int, max_new_tokens: int):
+    """transformers' continuous batching (CUDA graphs): a function (new tokens, token-id lists) ->
+    the new tokens made."""
+    import copy
+
+    import torch
+    from transformers import ContinuousBatchingConfig
+    hf, tok = s.model, s.tokenizer
+    cfg = copy.deepcopy(hf.generation_config)
+    cfg.update(do_sample=False, eos_token_id=never, pad_token_id=tok.pad_token_id, max_new_tokens=max_new_tokens)
+
+    def cb(n_new, inputs) -> int:
+        # not under inference_mode: the manager's thread must update the buffers made here
+        with torch.no_grad():
+            out = hf.generate_batch(inputs=inputs, generation_config=cfg, max_new_tokens=n_new,
+                                    continuous_batching_config=ContinuousBatchingConfig(
+                                        use_cuda_graph=True, auto_switch_to_flash=False))
+        return sum(len(o.generated_tokens) for o in out.values())
+    return cb
+
+
 def _on_decoder(session, d, timed):
     """``timed`` run with ``d`` as the session's decoder (the others stay captured, unused)."""
     from ..generate.fast import debug
@@ -335,27 +385,11 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
         r["group"] = group1 if r["group"] == "batch 1" else r["group"]
 
     group2 = f"{n_prompts} prompts · {batch_new_tokens} new tokens"
-    ids = [tok(p)["input_ids"] for p in many]
     if "padded generate" in paths:
         try:
-            def padded(n):
-                old = tok.padding_side
-                tok.padding_side = "left"
-                try:
-                    enc = tok(many, return_tensors="pt", padding=True).to(s.device)
-                finally:
-                    tok.padding_side = old
-                with torch.inference_mode():
-                    out = hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                      pad_token_id=tok.pad_token_id)
-                return out.shape[0] * (out.shape[1] - enc["input_ids"].shape[1])  # every row decodes n steps
-            t = time.perf_counter()
-            padded(4)
-            warm_s = time.perf_counter() - t
-            _peak_reset()
-            t = time.perf_counter()
-            got = padded(batch_new_tokens)
-            row(group2, "padded generate", got, time.perf_counter() - t, None, _peak(), warm_s,
+            got, secs, peak, warm_s = _timed(lambda: _padded_generate(s, many, 4),
+                                             lambda: _padded_generate(s, many, batch_new_tokens))
+            row(group2, "padded generate", got, secs, None, peak, warm_s,
                 "time includes the prefill" + _short(got, n_prompts * batch_new_tokens))
         except Exception as e:  # noqa: BLE001
             skip(group2, "padded generate", f"{type(e).__name__}: {e}")
@@ -364,26 +398,10 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
             skip(group2, "generate_batch", "continuous batching is benchmarked on CUDA only")
         else:
             try:
-                import copy
-                from transformers import ContinuousBatchingConfig
-                cfg = copy.deepcopy(hf.generation_config)
-                cfg.update(do_sample=False, eos_token_id=never, pad_token_id=tok.pad_token_id, max_new_tokens=batch_new_tokens)
-
-                def cb(n_new, inputs):
-                    # not under inference_mode: the manager's thread must update the buffers made here
-                    with torch.no_grad():
-                        return hf.generate_batch(inputs=inputs, generation_config=cfg, max_new_tokens=n_new,
-                                                 continuous_batching_config=ContinuousBatchingConfig(
-                                                     use_cuda_graph=True, auto_switch_to_flash=False))
-                t = time.perf_counter()
-                cb(4, ids[:4])
-                warm_s = time.perf_counter() - t
-                _peak_reset()
-                t = time.perf_counter()
-                out = cb(batch_new_tokens, ids)
-                secs = time.perf_counter() - t
-                got = sum(len(o.generated_tokens) for o in out.values())
-                row(group2, "generate_batch", got, secs, None, _peak(), warm_s,
+                ids = [tok(p)["input_ids"] for p in many]
+                cb = _generate_batch(s, never, batch_new_tokens)
+                got, secs, peak, warm_s = _timed(lambda: cb(4, ids[:4]), lambda: cb(batch_new_tokens, ids))
+                row(group2, "generate_batch", got, secs, None, peak, warm_s,
                     "ContinuousBatchingConfig(use_cuda_graph=True); time includes warm-up capture"
                     + _short(got, n_prompts * batch_new_tokens))
             except Exception as e:  # noqa: BLE001
@@ -463,8 +481,7 @@ def _grid_rows(s, row, skip, n: int, n_new: int, which: list, never: int, seed: 
     """One grid cell: ``n`` mixed-length prompts × ``n_new`` new tokens on each path of ``which``.
     Each path runs once untimed first (compile, capture, the pool sized to the cell), then timed:
     all new tokens over the whole call (prefill included), peak PyTorch memory of the timed call."""
-    import torch
-    tok, hf = s.tokenizer, s.model
+    tok = s.tokenizer
     prompts = mixed_prompts(tok, n, seed)
     lengths = [len(tok(p)["input_ids"]) for p in prompts]
     group = f"{n} prompts of {min(lengths)}–{max(lengths)} tokens · {n_new} new tokens"
@@ -472,49 +489,18 @@ def _grid_rows(s, row, skip, n: int, n_new: int, which: list, never: int, seed: 
     for path in which:
         try:
             if path == "padded generate":
-                def padded(k):
-                    old = tok.padding_side
-                    tok.padding_side = "left"
-                    try:
-                        enc = tok(prompts, return_tensors="pt", padding=True).to(s.device)
-                    finally:
-                        tok.padding_side = old
-                    with torch.inference_mode():
-                        out = hf.generate(**enc, max_new_tokens=k, min_new_tokens=k, do_sample=False,
-                                          pad_token_id=tok.pad_token_id)
-                    return out.shape[0] * (out.shape[1] - enc["input_ids"].shape[1])
-                t = time.perf_counter()
-                padded(4)
-                warm_s = time.perf_counter() - t
-                _peak_reset()
-                t = time.perf_counter()
-                got = padded(n_new)
-                row(group, path, got, time.perf_counter() - t, None, _peak(), warm_s,
+                got, secs, peak, warm_s = _timed(lambda: _padded_generate(s, prompts, 4),
+                                                 lambda: _padded_generate(s, prompts, n_new))
+                row(group, path, got, secs, None, peak, warm_s,
                     "left-padded to the longest prompt; time includes the prefill" + _short(got, asked))
             elif path == "generate_batch":
                 if not cuda:
                     skip(group, path, "continuous batching is benchmarked on CUDA only")
                     continue
-                import copy
-                from transformers import ContinuousBatchingConfig
                 ids = [tok(p)["input_ids"] for p in prompts]
-                cfg = copy.deepcopy(hf.generation_config)
-                cfg.update(do_sample=False, eos_token_id=never, pad_token_id=tok.pad_token_id, max_new_tokens=n_new)
-
-                def cb(k, inputs):
-                    with torch.no_grad():  # not inference_mode: the manager's thread updates buffers made here
-                        return hf.generate_batch(inputs=inputs, generation_config=cfg, max_new_tokens=k,
-                                                 continuous_batching_config=ContinuousBatchingConfig(
-                                                     use_cuda_graph=True, auto_switch_to_flash=False))
-                t = time.perf_counter()
-                cb(4, ids[:4])
-                warm_s = time.perf_counter() - t
-                _peak_reset()
-                t = time.perf_counter()
-                out = cb(n_new, ids)
-                secs = time.perf_counter() - t
-                got = sum(len(o.generated_tokens) for o in out.values())
-                row(group, path, got, secs, None, _peak(), warm_s,
+                cb = _generate_batch(s, never, n_new)
+                got, secs, peak, warm_s = _timed(lambda: cb(4, ids[:4]), lambda: cb(n_new, ids))
+                row(group, path, got, secs, None, peak, warm_s,
                     "ContinuousBatchingConfig(use_cuda_graph=True), cache sized from free memory; time includes "
                     "warm-up capture" + _short(got, asked))
             else:  # nvkit batched: Session.generate(list), as a user calls it
