@@ -6,14 +6,16 @@
 # Phases (each sized to end inside one 10-minute call):
 #   decode   fast path: token identity, one compile per session, adapters, disk cache, prefill,
 #            exact token counts; then the decode table          (carry .whl-core)
-#   train    session, GPUs, memory estimates, LoRA runs, GPU memory by kernel   (carry .whl-core)
+#   train    session, GPUs, memory estimates, LoRA runs, GPU memory by kernel
+#                                         (carry .whl-core and .whl-server: scripts/gpu_wheels_server.sh)
 #   loop     the fine-tune loop: 20- and 200-step runs against plain PEFT, cold and warm; export
 #                                                                (carry .whl-core)
 #   qlora    4-bit: QLoRA runs, eval during QLoRA, bitsandbytes; the LoRA benchmark's table
 #                                                                (carry .whl-bnb, right after a .whl-core call
 #                                                                 on the same warm machine)
-#   session  generation as a notebook user meets it, cold and warm processes; the batch table
-#                                                                (carry .whl-core)
+#   session  generation as a notebook user meets it, the cold process (≈ 500 s)   (carry .whl-core)
+#   session-warm  the same in a fresh process with the cold one's compile artifacts (≈ 100 s; the
+#            next call on the same warm machine: the two did not fit one call)  (carry .whl-core)
 #   batched  many prompts on the batched fast path (identity, targets), GPU memory by kernel, the
 #            stats line's reasons                                (carry .whl-core)
 #   notebooks  every tutorial on the GPU (07's QLoRA included: carry .whl-bnb after a .whl-core
@@ -37,7 +39,10 @@ case "$phase" in
         -k "not decode_benchmark_table"
     T=200 bench shape:qwen3-0.6b --decode --repeats 3 --paths "generate,fast,fast+matmul,fast lora" ;;
   train)
-    T=150 t tests/gpu/test_session_gpu.py tests/gpu/test_gpus_gpu.py tests/gpu/kernels/test_kernel_memory_gpu.py
+    T=150 t tests/gpu/test_session_gpu.py tests/gpu/test_gpus_gpu.py
+    # a real Jupyter server: needs .whl-server, and a pytest run of its own (a missing server stack
+    # stops its conftest, and with it everything collected beside it)
+    T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py
     T=200 t tests/gpu/test_memory_gpu.py -k "not overhead"
     T=200 t tests/gpu/test_finetune_gpu.py -k "not qlora and not ddp and not bench" ;;
   loop)
@@ -46,10 +51,14 @@ case "$phase" in
     T=300 t tests/gpu/test_finetune_gpu.py tests/gpu/test_finetune_loop_gpu.py tests/gpu/test_backends_gpu.py -k "qlora or bnb"
     T=240 bench shape:qwen3-0.6b --lora --steps 15 --warmup 5 ;;
   session)
-    T=560 bench shape:qwen3-0.6b --session --csv "$out/session.csv" ;;
+    T=570 bench shape:qwen3-0.6b --session --phases cold --session-dir /tmp/nvkit-session-bench --csv "$out/session-cold.csv" ;;
+  session-warm)
+    [ -f /tmp/nvkit-session-bench/cold.json ] || echo "no cold phase on this machine: the warm one compiles from scratch"
+    T=300 bench shape:qwen3-0.6b --session --phases warm --session-dir /tmp/nvkit-session-bench --csv "$out/session-warm.csv" ;;
   batched)
     T=${TB:-300} t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order
-    T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py tests/gpu/test_exact_tokens_gpu.py ;;
+    T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py
+    T=100 t tests/gpu/test_exact_tokens_gpu.py ;;
   notebooks)
     T=540 t tests/gpu/test_notebooks_gpu.py tests/gpu/test_panels_gpu.py ;;
   x2a|x2b)

@@ -67,14 +67,15 @@ def _parse(requests) -> tuple[int, ...]:
     return out
 
 
-def run(model="qwen3-0.6b", requests=REQUESTS, plain="256,600", static="256,40", finetune_steps: int = 20,
+def run(model="qwen3-0.6b", requests=REQUESTS, plain="256,600", static="all", finetune_steps: int = 20,
         n_prompts: int = 64, list_new_tokens: int = 128, prompt_len: int = 64, phase: str = "cold",
         show: bool = True):
     """Run the session sequence in this process and return a pandas DataFrame (printed when ``show``).
 
     ``model``: a shape name such as "qwen3-0.6b" (random weights), "demo", a local directory or a
     loaded Session. ``plain`` / ``static``: the requests (new-token counts out of ``requests``)
-    those paths really run; ``"all"`` runs them all, ``""`` none. ``finetune_steps=0`` skips the
+    those paths really run (plain ``generate`` beside nvkit's ``fast=False``, in alternating
+    pairs; static + compile on CUDA only); ``"all"`` runs them all, ``""`` none. ``finetune_steps=0`` skips the
     fine-tune part, ``n_prompts=0`` the list."""
     import pandas as pd
     import torch
@@ -90,6 +91,8 @@ def run(model="qwen3-0.6b", requests=REQUESTS, plain="256,600", static="256,40",
     never = int(s.model.config.get_text_config().vocab_size)
     prompt = _prompt(tok, prompt_len)
     cuda = s.device.type == "cuda"
+    if not cuda:
+        static_set = set()  # transformers compiles the static cache's step on CUDA only
     rows: list[dict] = []
 
     def add(part, path, i, n, seconds, ttft=None, ran="", note=""):
@@ -114,38 +117,45 @@ def run(model="qwen3-0.6b", requests=REQUESTS, plain="256,600", static="256,40",
         add(part, "nvkit default", "total", sum(requests), time.perf_counter() - t_part)
         if phase != "cold":
             return  # plain and static do not depend on nvkit's disk cache: measured once, in the cold phase
-        for path, chosen, kw in (("plain generate", plain_set, {}),
-                                 ("static+compile", static_set if cuda else set(), dict(cache_implementation="static"))):
-            if not chosen:
-                continue
-            measured, total, est = [], 0.0, False
+        if static_set:
+            total = 0.0
             for i, n in enumerate(requests):
-                if n in chosen:
+                if n in static_set:
                     t = time.perf_counter()
-                    hf_generate(n, **kw)
+                    hf_generate(n, cache_implementation="static")
+                    secs = time.perf_counter() - t
+                    total += secs
+                    add(part, "static+compile", i, n, secs, ran="transformers generate")
+            ran_all = all(n in static_set for n in requests)
+            add(part, "static+compile", "total" if ran_all else "total (run only)",
+                sum(n for n in requests if n in static_set), total, note="" if ran_all else "the other requests were not run")
+        # transformers' plain generate and nvkit's fast=False in pairs, each pair in the other order:
+        # both are host-bound on a GPU, and a host-bound rate drifts between calls, so only
+        # neighbours compare fairly
+        measured = []
+        for j, (i, n) in enumerate((i, n) for i, n in enumerate(requests) if n in plain_set):
+            for who in (("plain", "nvkit") if j % 2 == 0 else ("nvkit", "plain")):
+                t = time.perf_counter()
+                if who == "plain":
+                    hf_generate(n)
                     secs = time.perf_counter() - t
                     measured.append((n, secs))
-                    total += secs
-                    add(part, path, i, n, secs, ran="transformers generate")
-            rate = sum(n for n, _ in measured) / sum(x for _, x in measured) if measured else None
+                    add(part, "plain generate", i, n, secs, ran="transformers generate")
+                else:
+                    s.generate(prompt, max_new_tokens=n, eos_token_id=never, fast=False)
+                    st = s.last_stats
+                    add(part, "nvkit fast=False", i, st.new_tokens, time.perf_counter() - t, st.time_to_first_token,
+                        st.how, note="compare with plain generate's row of this request")
+        if measured:
+            rate = sum(n for n, _ in measured) / sum(x for _, x in measured)
+            total, est = sum(x for _, x in measured), False
             for i, n in enumerate(requests):
-                if n not in chosen and rate and path == "plain generate":
-                    total += n / rate
-                    est = True
-                    add(part, path, i, n, n / rate, note=f"est. from its {rate:.1f} tok/s")
-            if path == "plain generate" and rate:
-                add(part, path, "total", sum(requests), total, note="measured + est." if est else "")
-            elif path == "static+compile":
-                add(part, path, "total (run only)", sum(n for n, _ in measured), total,
-                    note="each new length compiles again; the others were not run")
-        # nvkit's plain path on the requests plain generate ran: what the session adds to transformers
-        for i, n in enumerate(requests):
-            if n in plain_set:
-                t = time.perf_counter()
-                s.generate(prompt, max_new_tokens=n, eos_token_id=never, fast=False)
-                st = s.last_stats
-                add(part, "nvkit fast=False", i, st.new_tokens, time.perf_counter() - t, st.time_to_first_token,
-                    st.how, note="compare with plain generate's row of this request")
+                if n in plain_set:
+                    continue
+                total += n / rate
+                est = True
+                add(part, "plain generate", i, n, n / rate, note=f"est. from its {rate:.1f} tok/s")
+            add(part, "plain generate", "total", sum(requests), total, note="measured + est." if est else "")
 
     sequence("sequence")
     if finetune_steps:

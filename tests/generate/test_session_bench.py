@@ -12,7 +12,7 @@ from tests import demo_model  # noqa: E402
 def test_session_sequence_rows_and_totals():
     s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
     try:
-        df = bench_session.run(model=s, requests="6,3,4", plain="6", static="6", finetune_steps=2, n_prompts=3,
+        df = bench_session.run(model=s, requests="6,3,4", plain="6,4", static="6", finetune_steps=2, n_prompts=3,
                                list_new_tokens=3, prompt_len=8, show=False)
     finally:
         s.unload()
@@ -21,8 +21,14 @@ def test_session_sequence_rows_and_totals():
     assert list(ours["request"]) == [0, 1, 2, "total"] and list(ours["new_tokens"]) == [6, 3, 4, 13]
     assert (ours["ran"].iloc[:3] == "generate").all()  # the CPU: plain generate, no reason shown there
     plain = seq[seq["path"] == "plain generate"]
-    assert plain["note"].iloc[0] == "" and plain["note"].iloc[1].startswith("est. from its ")  # 6 ran, 3 and 4 not
-    assert plain["note"].iloc[-1] == "measured + est." and list(plain["request"]) == [0, 1, 2, "total"]
+    assert list(plain["request"]) == [0, 2, 1, "total"]  # 6 and 4 ran, 3 was estimated from their rate
+    assert list(plain["note"].iloc[:2]) == ["", ""] and plain["note"].iloc[2].startswith("est. from its ")
+    assert plain["note"].iloc[-1] == "measured + est."
+    # plain generate and nvkit's fast=False run in neighbouring pairs, each pair in the other order
+    pairs = seq[seq["path"].isin(["plain generate", "nvkit fast=False"]) & ~seq["note"].str.startswith("est.")]
+    pairs = pairs[pairs["request"] != "total"]
+    assert [(r.request, r.path) for r in pairs.itertuples()] == [
+        (0, "plain generate"), (0, "nvkit fast=False"), (2, "nvkit fast=False"), (2, "plain generate")]
     assert "static+compile" not in set(seq["path"])  # compiled static cache: benchmarked on CUDA only
     assert set(df["part"]) == {"sequence", "fine-tune", "after fine-tune", "3 prompts"}
     after = df[(df["part"] == "after fine-tune") & (df["path"] == "nvkit default")]
