@@ -113,7 +113,8 @@ def run(model="qwen3-0.6b", requests=REQUESTS, plain="256,600", static="all", fi
             t = time.perf_counter()
             s.generate(prompt, max_new_tokens=n, eos_token_id=never)
             st = s.last_stats
-            add(part, "nvkit default", i, st.new_tokens, time.perf_counter() - t, st.time_to_first_token, st.how)
+            add(part, "nvkit default", i, st.new_tokens, time.perf_counter() - t, st.time_to_first_token, st.how,
+                note=f"prepared first: {st.prepared}" if st.prepared else "")
         add(part, "nvkit default", "total", sum(requests), time.perf_counter() - t_part)
         if phase != "cold":
             return  # plain and static do not depend on nvkit's disk cache: measured once, in the cold phase
@@ -179,7 +180,7 @@ def run(model="qwen3-0.6b", requests=REQUESTS, plain="256,600", static="all", fi
         s.generate(prompts, max_new_tokens=list_new_tokens, eos_token_id=never)
         st = s.last_stats
         add(f"{n_prompts} prompts", "nvkit default", "", st.new_tokens, time.perf_counter() - t, st.time_to_first_token,
-            st.how)
+            st.how, note=f"prepared first: {st.prepared}" if st.prepared else "")
         if phase == "cold":
             old = tok.padding_side
             tok.padding_side = "left"

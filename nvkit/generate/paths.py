@@ -196,8 +196,13 @@ def run_fast(session, req: Request) -> list[str]:
         if req.on_progress:
             req.on_progress(stats)
 
+    fresh = fast_attached.current(session.model) is None  # then its set-up is part of this request's wait
     d = fast_attached.decoder(session)
-    d.generate(ids, sampling, on_tokens=on_tokens, stop_event=req.job.stop_event, tokenizer=tok, on_progress=preparing)
+    before = {} if fresh else dict(d.timings)
+    try:
+        d.generate(ids, sampling, on_tokens=on_tokens, stop_event=req.job.stop_event, tokenizer=tok, on_progress=preparing)
+    finally:
+        stats.prepared = d.timings.since(before).describe()
     stats.detail = d.describe()
     streamer.end()
     return [tok.decode(produced, skip_special_tokens=True)]
@@ -239,8 +244,12 @@ def run_batched(session, req: Request) -> list[str]:
             req.on_progress(stats)
 
     bd = fast_attached.batched_decoder(session)
-    outs = bd.generate(ids, sampling, seeds, stop_event=req.job.stop_event, tokenizer=tok, on_progress=preparing,
-                       on_tokens=on_tokens)
+    before = dict(bd.timings)
+    try:
+        outs = bd.generate(ids, sampling, seeds, stop_event=req.job.stop_event, tokenizer=tok, on_progress=preparing,
+                           on_tokens=on_tokens)
+    finally:
+        stats.prepared = bd.timings.since(before).describe()
     stats.detail = bd.describe()
     return [tok.decode(o, skip_special_tokens=True) if o is not None else "" for o in outs]
 

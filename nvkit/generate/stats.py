@@ -19,6 +19,7 @@ class GenerationStats:
     path: str = "generate"
     prompts_done: int = 0  # batch paths: prompts finished so far (for progress displays)
     detail: str = ""       # how the path ran (the fast path: FastDecoder.describe), or why the fast path was off
+    prepared: str = ""     # where a first request's wait went when it prepared the fast path (graphs.Timings)
 
     @property
     def tokens_per_second(self) -> float:
@@ -43,4 +44,5 @@ class GenerationStats:
         decode = self.decode_tokens_per_second
         after = f" · then {decode:.1f} tok/s decode" if decode is not None else ""
         return (f"{self.new_tokens} tokens in {self.seconds:.2f} s · {self.tokens_per_second:.1f} tok/s overall · "
-                f"first token {ttft}{after} · {self.how}{' · stopped' if self.stopped else ''}")
+                f"first token {ttft}{after} · {self.how}{' · stopped' if self.stopped else ''}"
+                f"{f' · prepared first: {self.prepared}' if self.prepared else ''}")

@@ -124,6 +124,7 @@ def test_run_fast_streams_says_how_and_reports_preparing(s):
         _, ref = _plain(s, PROMPTS[0], max_new_tokens=24, eos_token_id=NEVER, stop_strings=["matrix"])
         assert out == "".join(pieces) == s.tokenizer.decode(ref, skip_special_tokens=True) and out.endswith("matrix")
         assert req.stats.path == "fast" and req.stats.new_tokens == len(ref)
+        assert req.stats.prepared == ""  # the decoder existed and captures nothing without graphs
         assert req.stats.detail.startswith("fused step, eager, no CUDA graphs") and seen[-1] == len(ref)
         # a ready decoder compiles nothing: no "preparing" progress calls
         ticks = []

@@ -37,7 +37,7 @@ from typing import Callable
 from ... import events
 from ...errors import NvkitError, error_summary
 from ...memory.estimate import attention_dims, kv_bytes_per_token
-from . import artifacts
+from . import artifacts, graphs as graphs_mod
 from .arena import CLASSES, MAX_ROWS, MEMORY_SHARE, PAGE, PREFILL_TOKENS, Arena, batch_class
 from .capture import FastDecoder, inductor_options
 from .fused import qk_norm_why
@@ -90,6 +90,7 @@ class BatchedDecoder:
         self.compile_detail: str | None = None
         self.counts = collections.Counter()
         self.capture_seconds: dict = {}
+        self.timings = graphs_mod.Timings()  # where the preparation's seconds went
         self.last_batches: collections.Counter = collections.Counter()  # batch class -> replays, last request
         self._lock = threading.Lock()
 
@@ -297,27 +298,31 @@ class BatchedDecoder:
                                  f" ({key[0]}{', LoRA' if lora_on else ''})"
                                  + (" with torch.compile, once per session" if expensive and self.options.compile else ""))
         t = time.perf_counter()
+        before = dict(self.timings)
         disk_key = self._disk_key(lora_on) if expensive else None
         torch.cuda.synchronize(self.device)  # what is in flight ends before the rows are parked for the capture
         saved = a.save_and_park_all()
         restored = False
         try:
             with ticking(on_progress if expensive else None):
-                restored = disk_key is not None and artifacts.restore(disk_key)
+                with self.timings.part("compile artifacts from disk"):
+                    restored = disk_key is not None and artifacts.restore(disk_key)
                 graph = self._captured(a, batch, key, lora_on)
         finally:
             torch.cuda.synchronize(self.device)
             a.restore(saved)
-        seconds = time.perf_counter() - t
-        self.capture_seconds[(batch, key, lora_on)] = seconds
         self.compiled = self.options.compile and not self.compile_error
         self.counts["compiles" if expensive else "graphs"] += 1
         self._warm.add(lora_on)
         if expensive and disk_key is not None and self.compiled:
-            artifacts.store(disk_key)
+            with self.timings.part("compile artifacts to disk"):
+                artifacts.store(disk_key)
+        seconds = time.perf_counter() - t
+        self.capture_seconds[(batch, key, lora_on)] = seconds
         events.record("compile", f"fast batch ready for {batch} rows in {seconds:.1f} s "
                                  f"({'compiled' if self.compiled else 'eager'} step"
-                                 f"{', compile artifacts from disk' if restored else ''})")
+                                 f"{', compile artifacts from disk' if restored else ''}; "
+                                 f"{self.timings.since(before).describe()})")
         a.graphs[gkey] = graph.replay
         return a.graphs[gkey]
 
@@ -358,23 +363,11 @@ class BatchedDecoder:
 
     def _capture_with(self, a: Arena, body, compiling: bool, warmups: int = 3):
         import torch
-        dev = self.device
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side), inductor_options(self.options, self.single.pdl, compiling):
-            for _ in range(warmups):  # compile + autotune, then settle the allocator before capture
-                a.pos.zero_()
-                body()
-        torch.cuda.current_stream(dev).wait_stream(side)
-        torch.cuda.synchronize(dev)
-        a.pos.zero_()
         if a.pool is None:
             a.pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=a.pool):
-            body()
-        torch.cuda.synchronize(dev)
-        return graph
+        return graphs_mod.capture(self.device, body, a.pos.zero_, compiling=compiling, warmups=warmups,
+                                  inductor=inductor_options(self.options, self.single.pdl, compiling), pool=a.pool,
+                                  timings=self.timings)
 
     # --- rows ------------------------------------------------------------------------------------
     def _set_request(self, a: Arena, sampling: Sampling) -> None:

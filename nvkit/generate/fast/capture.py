@@ -29,7 +29,7 @@ from typing import Callable
 from ... import events
 from ...errors import NvkitError, error_summary
 from ...memory.estimate import attention_dims
-from . import artifacts, lora as lora_mod
+from . import artifacts, graphs as graphs_mod, lora as lora_mod
 from .cache import Cache, new_cache, prefill_class, set_request, size_class
 from .replay import replays, ticking
 from .fused import FusedWeights, decode_step, fusable_why, prefill_step, qk_norm_why
@@ -55,6 +55,7 @@ class FastDecoder:
     same step code without capture, for checking the logic on a CPU; it is not a fast path."""
 
     def __init__(self, model, options: FastOptions | None = None, *, graphs: bool = True, **overrides):
+        t0 = time.perf_counter()
         self.options = (options or default_options()).replace(**overrides)
         self.model = model
         self.graphs = graphs
@@ -70,6 +71,8 @@ class FastDecoder:
         #: (another sampling mode on a compiled step) and prefill graphs, counted for the benchmarks
         self.counts = collections.Counter()
         self.capture_seconds: dict[tuple, float] = {}
+        #: where the preparation's seconds went (artifacts, compile, capture, prefill graphs)
+        self.timings = graphs_mod.Timings()
         self.last_logits: list = []
         self._lock = threading.Lock()
         opts = self.options
@@ -83,6 +86,7 @@ class FastDecoder:
         bad = [k for k, _ in opts.inductor if not _has_inductor_option(inductor_config, k)]
         if bad:
             raise NvkitError(f"Unknown inductor option(s) {bad}: see torch._inductor.config.")
+        self.timings["set-up"] = time.perf_counter() - t0  # fused weights, the attention kernel's check
 
     @property
     def k(self) -> int:
@@ -280,27 +284,30 @@ class FastDecoder:
                 f"({key[0]}{', LoRA' if lora_on else ''})")
         events.record("compile", what + (" with torch.compile, once per session" if expensive and self.options.compile else ""))
         t = time.perf_counter()
+        before = dict(self.timings)
         # Warm-up and capture draw random numbers; keep the user's seeded stream as it was.
         rng = torch.cuda.get_rng_state(self.device)
         disk_key = self._disk_key(c, lora_on) if expensive else None
         try:
             with ticking(on_progress if expensive else None):
-                restored = disk_key is not None and artifacts.restore(disk_key)
+                with self.timings.part("compile artifacts from disk"):
+                    restored = disk_key is not None and artifacts.restore(disk_key)
                 graph = self._captured(c, key, lora_on, keep_logits)
         finally:
             torch.cuda.set_rng_state(rng, self.device)
             if c.kv is not None:
                 c.kv.reset()
-        seconds = time.perf_counter() - t
-        self.capture_seconds[(c.length, key, lora_on, keep_logits)] = seconds
         self.compiled = self.options.compile and not self.compile_error
         self.counts["compiles" if expensive else "graphs"] += 1
         if expensive and disk_key is not None and self.compiled:
-            artifacts.store(disk_key)
+            with self.timings.part("compile artifacts to disk"):
+                artifacts.store(disk_key)
+        seconds = time.perf_counter() - t
+        self.capture_seconds[(c.length, key, lora_on, keep_logits)] = seconds
         events.record("compile", f"fast decode ready for a {c.length}-token cache in {seconds:.1f} s "
                                  f"({'compiled' if self.compiled else 'eager'} step"
                                  f"{', compile artifacts from disk' if expensive and restored else ''}, "
-                                 f"{self.k} steps per replay)")
+                                 f"{self.k} steps per replay; {self.timings.since(before).describe()})")
         c.graphs[gkey] = graph.replay
         return c.graphs[gkey]
 
@@ -347,22 +354,10 @@ class FastDecoder:
     def _inductor_options(self, compiling: bool):
         return inductor_options(self.options, self.pdl, compiling)
 
-    def _capture_with(self, c: Cache, body, compiling: bool, warmups: int = 3, pool=None):
-        import torch
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side), self._inductor_options(compiling and self.options.compile):
-            for _ in range(warmups):  # compile + autotune, then settle the allocator before capture
-                self._rewind(c)
-                body()
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        torch.cuda.synchronize(self.device)
-        self._rewind(c)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            body()
-        torch.cuda.synchronize(self.device)
-        return graph
+    def _capture_with(self, c: Cache, body, compiling: bool, warmups: int = 3, pool=None, parts=None):
+        return graphs_mod.capture(self.device, body, lambda: self._rewind(c), compiling=compiling, warmups=warmups,
+                                  inductor=self._inductor_options(compiling and self.options.compile), pool=pool,
+                                  timings=self.timings, parts=parts)
 
     @staticmethod
     def _rewind(c: Cache) -> None:
@@ -393,7 +388,8 @@ class FastDecoder:
                 if c.pool is None:
                     c.pool = torch.cuda.graph_pool_handle()
                 t = time.perf_counter()
-                c.prefills[pkey] = self._capture_with(c, body, compiling=False, warmups=1, pool=c.pool).replay
+                c.prefills[pkey] = self._capture_with(c, body, compiling=False, warmups=1, pool=c.pool,
+                                                      parts=("prefill graphs", "prefill graphs")).replay
                 self.capture_seconds[("prefill", length, lora_on)] = time.perf_counter() - t
                 self.counts["prefill graphs"] += 1
             else:

@@ -1,0 +1,73 @@
+"""Capturing a step into a CUDA graph, shared by the batch-1 and the batched decoder, and the
+seconds each part of preparing the fast path took (``Timings``).
+
+A first request waits for the whole preparation, so where that time goes (loading the compile
+artifacts, compiling and warming up, the capture itself, the prefill graphs, writing the
+artifacts) is kept per decoder: the stats, the event log and the session benchmark say it, and a
+slow start can be told from a slow compile without a profiler.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+from typing import Callable
+
+#: the parts, in the order a preparation meets them (``Timings.describe`` keeps this order)
+PARTS = ("set-up", "compile artifacts from disk", "compile and warm-up", "warm-up", "capture", "prefill graphs",
+         "compile artifacts to disk")
+
+
+class Timings(collections.Counter):
+    """Seconds per part of the preparation, summed over the decoder's life."""
+
+    @contextlib.contextmanager
+    def part(self, name: str):
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            self[name] += time.perf_counter() - t
+
+    def since(self, before: dict) -> "Timings":
+        """What was added after ``before`` (a copy taken earlier)."""
+        out = Timings()
+        for k, v in self.items():
+            d = v - before.get(k, 0.0)
+            if d > 0:
+                out[k] = d
+        return out
+
+    def describe(self, at_least: float = 0.05) -> str:
+        """"compile and warm-up 9.1 s, capture 0.6 s"; parts under ``at_least`` seconds are left out."""
+        names = [p for p in PARTS if p in self] + sorted(k for k in self if k not in PARTS)
+        return ", ".join(f"{k} {self[k]:.1f} s" for k in names if self[k] >= at_least)
+
+
+def capture(device, body: Callable[[], None], rewind: Callable[[], None], *, compiling: bool, warmups: int,
+            inductor, pool=None, timings: Timings | None = None, parts: tuple[str, str] | None = None):
+    """Run ``body`` ``warmups`` times on a side stream (the first run compiles and autotunes when
+    ``compiling``; the others settle the allocator), then capture one run into a CUDA graph.
+    ``rewind`` puts the buffers back before each run; ``inductor`` is the context of inductor
+    options for the compiled step; ``pool`` shares the memory of graphs that never run at once.
+    ``parts``: the ``timings`` names the warm-ups and the capture are counted under."""
+    import torch
+    timings = timings if timings is not None else Timings()
+    warm_part, capture_part = parts or ("compile and warm-up" if compiling else "warm-up", "capture")
+    with timings.part(warm_part):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side), inductor:
+            for _ in range(warmups):
+                rewind()
+                body()
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+    with timings.part(capture_part):
+        rewind()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            body()
+        torch.cuda.synchronize(device)
+    return graph
