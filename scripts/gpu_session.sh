@@ -13,9 +13,9 @@
 #   qlora    4-bit: QLoRA runs, eval during QLoRA, bitsandbytes; the LoRA benchmark's table
 #                                                                (carry .whl-bnb, right after a .whl-core call
 #                                                                 on the same warm machine)
-#   session  generation as a notebook user meets it, the cold process (≈ 500 s)   (carry .whl-core)
-#   session-warm  the same in a fresh process with the cold one's compile artifacts (≈ 100 s; the
-#            next call on the same warm machine: the two did not fit one call)  (carry .whl-core)
+#   session  generation as a notebook user meets it: the cold process (≈ 330 s), then a fresh one
+#            with its compile artifacts ("warm", ≈ 100 s)                        (carry .whl-core)
+#   session-warm  the warm process again, on the same warm machine after a cut-short session call
 #   batched  many prompts on the batched fast path (identity, targets), GPU memory by kernel, the
 #            stats line's reasons                                (carry .whl-core)
 #   notebooks  every tutorial on the GPU (07's QLoRA included: carry .whl-bnb after a .whl-core
@@ -51,7 +51,9 @@ case "$phase" in
     T=300 t tests/gpu/test_finetune_gpu.py tests/gpu/test_finetune_loop_gpu.py tests/gpu/test_backends_gpu.py -k "qlora or bnb"
     T=240 bench shape:qwen3-0.6b --lora --steps 15 --warmup 5 ;;
   session)
-    T=570 bench shape:qwen3-0.6b --session --phases cold --session-dir /tmp/nvkit-session-bench --csv "$out/session-cold.csv" ;;
+    rm -rf /tmp/nvkit-session-bench  # this script's own folder: a cold phase starts with nothing on disk
+    T=420 bench shape:qwen3-0.6b --session --phases cold --session-dir /tmp/nvkit-session-bench --csv "$out/session-cold.csv"
+    T=160 bench shape:qwen3-0.6b --session --phases warm --session-dir /tmp/nvkit-session-bench --csv "$out/session-warm.csv" ;;
   session-warm)
     [ -f /tmp/nvkit-session-bench/cold.json ] || echo "no cold phase on this machine: the warm one compiles from scratch"
     T=300 bench shape:qwen3-0.6b --session --phases warm --session-dir /tmp/nvkit-session-bench --csv "$out/session-warm.csv" ;;

@@ -67,7 +67,7 @@ def _parse(requests) -> tuple[int, ...]:
     return out
 
 
-def run(model="qwen3-0.6b", requests=REQUESTS, plain="256,600", static="all", finetune_steps: int = 20,
+def run(model="qwen3-0.6b", requests=REQUESTS, plain="100,200", static="all", finetune_steps: int = 20,
         n_prompts: int = 64, list_new_tokens: int = 128, prompt_len: int = 64, phase: str = "cold",
         show: bool = True):
     """Run the session sequence in this process and return a pandas DataFrame (printed when ``show``).
@@ -75,7 +75,9 @@ def run(model="qwen3-0.6b", requests=REQUESTS, plain="256,600", static="all", fi
     ``model``: a shape name such as "qwen3-0.6b" (random weights), "demo", a local directory or a
     loaded Session. ``plain`` / ``static``: the requests (new-token counts out of ``requests``)
     those paths really run (plain ``generate`` beside nvkit's ``fast=False``, in alternating
-    pairs; static + compile on CUDA only); ``"all"`` runs them all, ``""`` none. ``finetune_steps=0`` skips the
+    pairs; static + compile on CUDA only); ``"all"`` runs them all, ``""`` none. Plain runs two
+    mid-length requests by default: on a GPU it is host-bound at a steady rate per token, and
+    running all of it would take most of the benchmark's time. ``finetune_steps=0`` skips the
     fine-tune part, ``n_prompts=0`` the list."""
     import pandas as pd
     import torch
@@ -171,7 +173,7 @@ def run(model="qwen3-0.6b", requests=REQUESTS, plain="256,600", static="all", fi
         rows.append(dict(phase=phase, part="fine-tune", path="nvkit.finetune", request="", new_tokens=None,
                          seconds=round(time.perf_counter() - t, 3), compiles=_compiles(s),
                          note=f"{finetune_steps} steps, adapter left attached"))
-        plain_set = {requests[0]} if plain_set else set()  # with the adapter: its rate, the rest estimated
+        plain_set = {min(plain_set)} if plain_set else set()  # with the adapter: its rate, the rest estimated
         static_set = set()
         sequence("after fine-tune")
     if n_prompts:
@@ -237,6 +239,10 @@ def run_phases(model="qwen3-0.6b", phases=("cold", "warm"), csv: str | None = No
     require(all(p in ("cold", "warm") for p in phases) and phases, f"phases must be 'cold', 'warm' or both, not {phases!r}.")
     root = folder or tempfile.mkdtemp(prefix="nvkit-bench-session-")
     os.makedirs(root, exist_ok=True)
+    kept = os.path.join(root, "nvkit")
+    if "cold" in phases and os.path.isdir(kept) and os.listdir(kept):
+        raise NvkitError(f"The cold phase needs nothing on disk, but {kept} holds compile artifacts of an earlier run: "
+                         "pass another folder (or none, for a new temporary one), or remove that one first.")
     frames = []
     for phase in phases:
         out = os.path.join(root, f"{phase}.json")

@@ -48,6 +48,12 @@ def test_cold_and_warm_phases_run_in_processes_of_their_own(tmp_path):
     assert (df[df["path"] == "whole process"]["seconds"] > 0).all()
     with pytest.raises(NvkitError, match="phases"):
         bench_session.run_phases(model=demo_model.path(), phases=("tepid",))
+    # a cold phase in a folder that already holds artifacts would not be cold: refused, nothing removed
+    (tmp_path / "kept" / "nvkit" / "fast-decode").mkdir(parents=True)
+    (tmp_path / "kept" / "nvkit" / "fast-decode" / "a.bin").write_bytes(b"x")
+    with pytest.raises(NvkitError, match="cold phase needs nothing on disk"):
+        bench_session.run_phases(model=demo_model.path(), folder=str(tmp_path / "kept"), requests="3")
+    assert (tmp_path / "kept" / "nvkit" / "fast-decode" / "a.bin").read_bytes() == b"x"
 
 
 def test_cli_session_dispatch(monkeypatch):
