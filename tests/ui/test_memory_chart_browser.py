@@ -30,6 +30,8 @@ POINTS = f"{SHOWN} .nvkit-memory-points"
 PAIRS = 40  # the median of many pairs: single rounds on a shared 2-core machine vary by ±25 %
 TOKENS = 320  # long enough rounds that the machine's own jitter averages out within each
 SHOWN_S = 300  # how long the chart stays displayed, generating and fine-tuning, before the consoles are read
+OWN_S = 30  # the last view generates at least this long itself, however long the phases before it took
+OWN_REDRAWS = 10
 
 
 def _points(page) -> int:
@@ -38,7 +40,7 @@ def _points(page) -> int:
     return int(m.group(1))
 
 
-@pytest.mark.timeout(SHOWN_S + 600)
+@pytest.mark.timeout(SHOWN_S + OWN_S + 900)
 def test_displayed_charts_cost_nothing_while_generating_and_fine_tuning(page, lab, tmp_path_factory):
     messages = []
     page.on("console", lambda m: messages.append((m.type, m.text[:300])))
@@ -77,8 +79,11 @@ def test_displayed_charts_cost_nothing_while_generating_and_fine_tuning(page, la
         " 'chart_steps': len(ft.chart.figure.data[ft.chart.trace_index[('loss', None)]].x),"
         " 'errors': [chart.last_error, ft.chart.last_error]}))",
         "display(chart)  # a second view, in sight below the fine-tune panel (a scrolled-away chart rests)\n"
-        "rounds, u5 = 0, chart.updates\n"
-        f"while time.perf_counter() - shown_at < {SHOWN_S}:\n"
+        # the earlier phases may already fill SHOWN_S on a slow machine: this view still gets
+        # OWN_S of its own and its redraws, within a bound
+        "t5, rounds, u5 = time.perf_counter(), 0, chart.updates\n"
+        f"while (time.perf_counter() - shown_at < {SHOWN_S} or time.perf_counter() - t5 < {OWN_S}\n"
+        f"       or chart.updates - u5 < {OWN_REDRAWS}) and time.perf_counter() - t5 < {SHOWN_S + OWN_S}:\n"
         "    await s.agenerate('NVIDIA GPUs are', max_new_tokens=32); rounds += 1\n"
         "print(json.dumps({'shown_s': time.perf_counter() - shown_at, 'rounds': rounds, 'redraws': chart.updates - u5, 'skipped_hidden': chart.skipped_hidden,"
         " 'errors': [chart.last_error, ft.chart.last_error]}))",
@@ -118,10 +123,10 @@ def test_displayed_charts_cost_nothing_while_generating_and_fine_tuning(page, la
     shown_again = page.locator(f"{SHOWN} .jp-Cell").nth(5).locator(".nvkit-memory-chart .js-plotly-plot")
     shown_again.wait_for(timeout=60_000)
     shown_again.scroll_into_view_if_needed()  # as a user would look at it: in sight, not below the fold
-    wait_cell(page, 5, timeout_ms=(SHOWN_S + 120) * 1000)
+    wait_cell(page, 5, timeout_ms=(SHOWN_S + OWN_S + 120) * 1000)
     kept = json.loads(page.locator(f"{SHOWN} .jp-Cell").nth(5).locator(".jp-OutputArea-output").last.inner_text())
     print("chart shown while generating and fine-tuning:", kept)
-    assert kept["shown_s"] >= SHOWN_S and kept["rounds"] > 0 and kept["redraws"] >= 10, kept
+    assert kept["shown_s"] >= SHOWN_S and kept["rounds"] > 0 and kept["redraws"] >= OWN_REDRAWS, kept
     assert kept["errors"] == [None, None], kept
     assert log_console_entries(page) == []
     assert console_problems(messages) == []
