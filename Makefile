@@ -14,6 +14,7 @@ setup:
 lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --port=$(PORT) $(ROOT_ARGS) $(LAB_ARGS)
 
-## make test: set up, then run the whole test suite (GPU tests skip with a reason without CUDA)
+## make test: set up, then run the whole test suite (GPU tests skip with a reason without CUDA);
+## scripts/test.sh says how it is split (browser tests alone, the rest over two workers)
 test: setup
-	HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 $(VENV)/bin/python -m pytest -ra $(PYTEST_ARGS)
+	VENV=$(VENV) bash scripts/test.sh $(PYTEST_ARGS)
