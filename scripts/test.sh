@@ -19,7 +19,11 @@ export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 
 par=(-n "$workers" --dist loadfile)
 [ "$workers" = 0 ] && par=()
-"$PY" -m pytest -ra "${par[@]}" -m "not ui" "$@"; rest=$?
+# One torch thread per worker unless asked otherwise: two workers on two cores with torch's default
+# of a thread per core each would fight over the same cores.
+threads=()
+[ "${#par[@]}" -gt 0 ] && [ "$workers" != 1 ] && threads=(OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}")
+env "${threads[@]}" "$PY" -m pytest -ra "${par[@]}" -m "not ui" "$@"; rest=$?
 "$PY" -m pytest -ra -m ui "$@"; ui=$?
 
 echo "[test] everything but the browser: exit $rest; the browser tests: exit $ui"
