@@ -11,7 +11,8 @@ and the chart's redraws must take under 2 % of a core while it is shown. The
 wall-clock ratio is printed beside them and must not fall below one half (the old chart cost
 10-30x; on a machine shared with other jobs wall-clock rounds vary by tens of percent). After the
 timed rounds and a fine-tune, the kernel keeps generating until the chart has been shown for
-five minutes, and only then are the consoles read.
+five minutes and its last view has had 30 s and 10 redraws of its own, and only then are the
+consoles read.
 """
 
 from __future__ import annotations
