@@ -18,18 +18,19 @@ workers=${NVKIT_TEST_WORKERS:-2}
 export HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 
 par=(-n "$workers" --dist loadfile)
-[ "$workers" = 0 ] && par=()
+threads=(OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}")
 # One torch thread per worker unless asked otherwise: two workers on two cores with torch's default
 # of a thread per core each would fight over the same cores.
-threads=()
-[ "${#par[@]}" -gt 0 ] && [ "$workers" != 1 ] && threads=(OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}")
+case "$workers" in
+  0) par=(); threads=() ;;
+  1) threads=() ;;
+esac
 env "${threads[@]}" "$PY" -m pytest -ra "${par[@]}" -m "not ui" "$@"; rest=$?
 "$PY" -m pytest -ra -m ui "$@"; ui=$?
 
 echo "[test] everything but the browser: exit $rest; the browser tests: exit $ui"
-ok() { [ "$1" = 0 ] || { [ "$1" = 5 ] && [ $# -gt 1 ]; }; }
-if [ "$rest" = 5 ] && [ "$ui" = 5 ]; then exit 5; fi
+[ "$rest" = 5 ] && [ "$ui" = 5 ] && exit 5
 for code in "$rest" "$ui"; do
-  if ! ok "$code" ${1:+args}; then exit "$code"; fi
+  [ "$code" = 0 ] || { [ "$code" = 5 ] && [ $# -gt 0 ]; } || exit "$code"
 done
 exit 0
