@@ -20,11 +20,27 @@
 #            stats line's reasons                                (carry .whl-core)
 #   notebooks  every tutorial on the GPU (07's QLoRA included: carry .whl-bnb after a .whl-core
 #            call, or its 4-bit cells skip), then the panels' compile progress   (carry .whl-core)
+#   lanes    several of the phases below at once, each in its own process on the one GPU, after one
+#            install: for correctness runs whose timings nobody reads (they share the GPU and the
+#            cores). Usage: bash scripts/gpu_session.sh lanes PHASE...
+#   nb-k     the tutorials that NBK names (a pytest -k expression, e.g. NBK="04 or 06")
+#   gpus     GPU discovery and selection, launch's process count
+#   loop-export / loop-short  the fine-tune loop's export test / its short-run timing (the two
+#            halves of `loop`)
+#   nb-a/nb-b  the tutorials 00-04 and the panels' compile progress / the tutorials 05-09 (what
+#            `notebooks` runs, in two halves for two lanes)
+#   moved    the GPU tests of the layout change not covered by the phases above: compile artifacts on
+#            disk, the 64-token prefill, exact token counts, GPU memory by kernel (.whl-server)
+#   qlora-tests  the 4-bit tests of `qlora` without its benchmark table
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 # Install once per call: two pip installs at once corrupted the site folder.
 set -uo pipefail
 phase=${1:?phase}
-for inst in .whl-*/install.sh; do eval "$(bash "$inst")"; break; done
+# one install per call: a lane's process finds NVKIT_WHEELS_READY set by the call that started it
+if [ -z "${NVKIT_WHEELS_READY:-}" ]; then
+  for inst in .whl-*/install.sh; do eval "$(bash "$inst")"; break; done
+  export NVKIT_WHEELS_READY=1
+fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-} HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1 NVKIT_CACHE=/tmp/nvkit-cache
 out=${OUT:-/tmp/out}; mkdir -p "$out"
 log="$out/$phase.log"
@@ -34,6 +50,27 @@ bench() { echo "=== nvkit bench $* ($(date +%T))"; timeout "${T:-300}" python3 -
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
 case "$phase" in
+  lanes)
+    shift
+    pids=()
+    for p in "$@"; do bash "$0" "$p" > /dev/null 2>&1 & pids+=($!); done
+    # the lanes by pid: a bare `wait` also waits for this script's own tee, which never ends
+    wait "${pids[@]}"
+    for p in "$@"; do echo "--- $p"; grep -E "^=== |passed|failed|error" "$out/$p.log" | tail -n 30; done ;;
+  nb-a)
+    T=${TN:-320} t tests/gpu/test_notebooks_gpu.py -k "00 or 01 or 02 or 03 or 04"
+    T=200 t tests/gpu/test_panels_gpu.py ;;
+  nb-b) T=${TN:-540} t tests/gpu/test_notebooks_gpu.py -k "05 or 06 or 07 or 08 or 09" ;;
+  nb-k) T=${TN:-540} t tests/gpu/test_notebooks_gpu.py -k "${NBK:?NBK: the notebooks to run, as pytest -k}" ;;
+  gpus) T=${TG:-300} t tests/gpu/test_gpus_gpu.py ;;
+  loop-export) T=${TL:-300} t tests/gpu/test_finetune_loop_gpu.py -k "export" ;;
+  loop-short) T=${TL:-300} t tests/gpu/test_finetune_loop_gpu.py -k "short_run_is_no_slower" ;;
+  moved)
+    T=300 t tests/gpu/test_fast_session_gpu.py -k "artifacts or prefill"
+    T=100 t tests/gpu/test_exact_tokens_gpu.py
+    T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py ;;
+  qlora-tests)
+    T=${TQ:-540} t tests/gpu/test_finetune_gpu.py tests/gpu/test_finetune_loop_gpu.py tests/gpu/test_backends_gpu.py -k "qlora or bnb" ;;
   decode)
     T=330 t tests/gpu/test_fast_gpu.py tests/gpu/test_fast_session_gpu.py tests/gpu/test_exact_tokens_gpu.py \
         -k "not decode_benchmark_table"
