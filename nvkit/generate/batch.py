@@ -35,6 +35,18 @@ def cache_blocks(prompt_lengths: list[int], max_new_tokens: int, page_size: int 
     return blocks
 
 
+def batch_tokens(blocks: int | None, page_size: int = 256, default: int = 8192) -> int | None:
+    """The most tokens one forward of the batch takes (transformers' ``max_batch_tokens``) for a
+    cache of ``blocks`` pages: no more than one request can hold. transformers' default (8192)
+    assumes a cache sized from free memory; with a cache sized for the batch its CUDA-graph warm-up
+    asks for one 8192-token request, finds no room, and warns on stderr. A forward never needs
+    more tokens than the cache holds, so this costs nothing. None (transformers sizes both) when
+    ``blocks`` is None."""
+    if blocks is None:
+        return None
+    return max(page_size, min(default, (blocks - 1) * page_size))
+
+
 def _block_bytes(model, page_size: int = 256) -> int:
     """Bytes of one paged-cache block: keys and values of ``page_size`` tokens in every layer."""
     return kv_bytes_per_token(model.config, model.dtype.itemsize) * page_size
@@ -61,7 +73,8 @@ def run(session, req, use_cuda_graph: bool = True) -> list[str]:
     blocks = cache_blocks([len(i) for i in ids], gen["max_new_tokens"], bytes_per_block=_block_bytes(model),
                           free_bytes=free)
     # auto_switch_to_flash=False: the flash packages come from the Hub when missing, unreachable offline
-    cb_config = ContinuousBatchingConfig(use_cuda_graph=use_cuda_graph, auto_switch_to_flash=False, num_blocks=blocks)
+    cb_config = ContinuousBatchingConfig(use_cuda_graph=use_cuda_graph, auto_switch_to_flash=False, num_blocks=blocks,
+                                         max_batch_tokens=batch_tokens(blocks))
     try:
         from transformers.generation.continuous_batching.utils import WorkloadHints
         hints = WorkloadHints(max_prompt_length=max(len(i) for i in ids), max_generated_length=gen["max_new_tokens"],

@@ -104,6 +104,17 @@ def test_batch_cache_holds_every_request_and_no_more():
     assert generation.cache_blocks([1000] * 10_000, 1000, bytes_per_block=29 << 20, free_bytes=130 << 30) is None
 
 
+def test_a_forward_of_the_batch_takes_no_more_tokens_than_its_cache_holds():
+    # transformers warms its CUDA graphs with one request of max_batch_tokens; a cache sized for the
+    # batch holds blocks × 256 tokens in one request, so the warm-up must ask for less
+    assert generation.batch_tokens(2) == 256
+    assert generation.batch_tokens(5) == 4 * 256
+    assert generation.batch_tokens(128) == 8192  # a large cache keeps transformers' default
+    assert generation.batch_tokens(None) is None  # transformers sizes cache and batch from memory
+    for blocks in (generation.cache_blocks([63] * 12, 12), generation.cache_blocks([300, 10], 200)):
+        assert generation.batch_tokens(blocks) < blocks * 256
+
+
 def test_block_bytes_follow_the_config(s):
     cfg = s.model.config.get_text_config()
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
