@@ -27,6 +27,27 @@ def resolve_dtype(dtype, device_type: str, capability: tuple[int, int] | None = 
     return getattr(torch, _DTYPES[key])
 
 
+def load_dtype(dtype, device_type: str, capability: tuple[int, int] | None = None, quantization=None):
+    """The dtype ``nvkit.load`` loads in: ``resolve_dtype``, except that ``"auto"`` with int8 on a
+    GPU is float16. LLM.int8() multiplies in float16, so bitsandbytes casts every bfloat16 input
+    to float16 and warns on stderr at each of its matmuls; loading the rest of the model in float16
+    gives the same numbers without the cast. A dtype the user names is kept as named."""
+    import torch
+    chosen = resolve_dtype(dtype, device_type, capability)
+    auto = isinstance(dtype, str) and dtype.lower() == "auto"
+    if auto and device_type == "cuda" and _is_int8(quantization):
+        return torch.float16
+    return chosen
+
+
+def _is_int8(quantization) -> bool:
+    if isinstance(quantization, str):
+        return quantization == "int8"
+    if isinstance(quantization, dict):
+        return quantization.get("method") == "int8"
+    return bool(getattr(quantization, "load_in_8bit", False))  # a transformers BitsAndBytesConfig
+
+
 PRECISIONS = ("bf16", "fp16", "fp32")
 
 

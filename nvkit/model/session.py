@@ -32,7 +32,7 @@ from ..units import fmt_bytes
 from . import adapters, compare, export
 from .backends import model_class_for, resolve_attention, set_attention
 from .kernels import apply_kernels, enable_kernels, plan_kernels
-from .precision import resolve_dtype
+from .precision import load_dtype
 from .quant import quantization_config
 
 _DEVICE_MAPS = ("cuda", "auto", "cpu", "balanced", "balanced_low_0", "sequential")
@@ -445,12 +445,14 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
 
     ``model``: "demo" (nvkit's offline demo model), a Hub id, or a local checkpoint directory.
     ``attn_implementation="auto"`` picks the best backend that works here and that the model class
-    supports (``s.info["attention"]`` says which). The previous session is unloaded first."""
+    supports (``s.info["attention"]`` says which). ``dtype="auto"``: bfloat16 on GPUs that have it
+    (Ampere on), float16 on older ones and for int8 (LLM.int8() multiplies in float16), float32 on
+    the CPU. The previous session is unloaded first."""
     path, is_local = resolve_model(model)
     dm, device_type = resolve_device_map(device_map)
     import torch
     capability = torch.cuda.get_device_capability(0) if device_type == "cuda" else None
-    torch_dtype = resolve_dtype(dtype, device_type, capability)
+    torch_dtype = load_dtype(dtype, device_type, capability, quantization)
     qconfig = quantization_config(quantization, torch_dtype, device_type)
     flag("trust_remote_code", trust_remote_code)
     check_max_memory(max_memory, device_type)

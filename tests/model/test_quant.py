@@ -93,3 +93,19 @@ def test_magic_load_with_quant():
         assert s.info["quantization"] == "nf4" and s.info["attention"] == "eager" and "nf4" in buf.getvalue()
     finally:
         s.unload()
+
+
+def test_auto_dtype_is_float16_for_int8_on_a_gpu_and_a_named_dtype_is_kept():
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    from nvkit.model.precision import load_dtype
+    h200 = (9, 0)
+    assert load_dtype("auto", "cuda", h200) == torch.bfloat16
+    for int8 in ("int8", {"method": "int8"}, BitsAndBytesConfig(load_in_8bit=True)):
+        assert load_dtype("auto", "cuda", h200, int8) == torch.float16  # LLM.int8() multiplies in fp16
+        assert load_dtype("bfloat16", "cuda", h200, int8) == torch.bfloat16  # as the user named it
+        assert load_dtype("auto", "cpu", None, int8) == torch.float32
+    assert load_dtype("auto", "cuda", h200, "nf4") == torch.bfloat16
+    with pytest.raises(NvkitError, match="dtype"):
+        load_dtype("int8", "cuda", h200, "int8")
