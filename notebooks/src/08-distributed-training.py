@@ -149,7 +149,9 @@ else:
 
 # %%
 prompts = ["NVIDIA GPUs are", "The H200 has"]
-gen = nvkit.launch_generate(prompts, nproc_per_node=2, max_new_tokens=12)
+# one process per GPU: with fewer than two GPUs the two processes run on the CPU (gloo)
+where = {} if n_gpus >= 2 else {"gpus": []}
+gen = nvkit.launch_generate(prompts, nproc_per_node=2, max_new_tokens=12, **where)
 await gen
 for p, t in zip(prompts, gen.texts):
     print(f"{p!r} → {t!r}")

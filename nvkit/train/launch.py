@@ -302,7 +302,7 @@ def _capability(cmd) -> tuple[int, int] | None:
 
 
 def _prepare(cfg: dict, strategy: str, nproc_per_node, *, gpus, launcher: str, offload, nnodes, node_rank,
-             rdzv_endpoint, run_dir, mode: str) -> LaunchRun:
+             rdzv_endpoint, run_dir, mode: str, starting: bool) -> LaunchRun:
     """Check everything, write the run folder and build the LaunchRun (not started)."""
     require(strategy in strat.STRATEGIES,
             f"strategy must be one of {', '.join(repr(x) for x in strat.STRATEGIES)}, not {strategy!r}.")
@@ -315,6 +315,9 @@ def _prepare(cfg: dict, strategy: str, nproc_per_node, *, gpus, launcher: str, o
     kw = {} if gpus is ... else {"gpus": gpus}
     probe = launch_command(WORKER, nproc_per_node=nproc_per_node, **kw)
     n = _nproc_of(probe.argv)
+    if device == "cuda" and starting:  # a plan for another machine (start=False) may name its GPUs
+        visible = probe.env.get("CUDA_VISIBLE_DEVICES")
+        strat.check_processes(n, len(visible.split(",")) if visible else torch.cuda.device_count())
     from transformers import AutoConfig
     try:
         model_config = AutoConfig.from_pretrained(cfg["model"])
@@ -386,7 +389,7 @@ def launch(config: dict | None = None, nproc_per_node: int | None = None, strate
     require(isinstance(start, bool), f"start must be True or False, not {start!r}.")
     cfg = _config(config, settings)
     run = _prepare(cfg, strategy, nproc_per_node, gpus=gpus, launcher=launcher, offload=offload, nnodes=nnodes,
-                   node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_dir=run_dir, mode="train")
+                   node_rank=node_rank, rdzv_endpoint=rdzv_endpoint, run_dir=run_dir, mode="train", starting=start)
     return run.start() if start else run
 
 
@@ -422,5 +425,5 @@ def launch_generate(prompts, model=None, nproc_per_node: int | None = None, *, g
     path, _ = resolve_model(model)
     cfg.update(model=path, prompts=list(plist), max_new_tokens=max_new_tokens, do_sample=do_sample, seed=seed)
     run = _prepare(cfg, "tp", nproc_per_node, gpus=gpus, launcher=launcher, offload=None, nnodes=None, node_rank=None,
-                   rdzv_endpoint=None, run_dir=run_dir, mode="generate")
+                   rdzv_endpoint=None, run_dir=run_dir, mode="generate", starting=start)
     return run.start() if start else run

@@ -127,6 +127,18 @@ def tp_problem(config, nproc: int, mode: str = "train") -> str | None:
     return None
 
 
+def check_processes(nproc_per_node: int, chosen_gpus: int) -> None:
+    """NvkitError when a launch on CUDA would start more processes on this machine than GPUs are
+    chosen: every rank takes the GPU of its local rank, so the extra ones find none (and NCCL
+    refuses two ranks on one GPU). Checked before anything starts, instead of a rank failing
+    after the model loaded."""
+    if nproc_per_node > chosen_gpus:
+        raise NvkitError(
+            f"nproc_per_node={nproc_per_node} starts one process per GPU, but {chosen_gpus} GPU(s) are chosen here. "
+            f"Choose more GPUs (nvkit.select_gpus), use nproc_per_node={chosen_gpus}"
+            + (", or run on the CPU with gpus=[] (gloo)." if chosen_gpus else "."))
+
+
 def check(strategy: str, *, device: str, nproc: int, mode: str = "train", quantization=None, offload=None,
           launcher: str = "torchrun", config=None) -> list[str]:
     """NvkitError for a combination that cannot run, naming it and why; otherwise the notes worth

@@ -167,3 +167,22 @@ def test_nvml_memory_and_processes_follow_an_allocation(real_gpus):
     # NVML lists our process with its memory where the container lets it see our pid
     if r["mine"] and r["mine"][0] is not None:
         assert r["mine"][0] >= 2 * 2**30
+
+
+def test_a_launch_with_more_processes_than_gpus_is_refused_before_it_starts(tmp_path):
+    import torch
+
+    import nvkit
+    from nvkit.errors import NvkitError
+    from tests import demo_model
+    n = torch.cuda.device_count()
+    for start in (lambda: nvkit.launch_generate(["Hi"], model=demo_model.path(), nproc_per_node=n + 1,
+                                                run_dir=str(tmp_path / "gen")),
+                  lambda: nvkit.launch({"model": demo_model.path(), "data": ["a b c", "d e f"], "max_steps": 1},
+                                       nproc_per_node=n + 1, run_dir=str(tmp_path / "train"))):
+        with pytest.raises(NvkitError, match=rf"nproc_per_node={n + 1} starts one process per GPU, but {n} GPU"):
+            start()
+    assert not (tmp_path / "gen").exists() and not (tmp_path / "train").exists()
+    run = nvkit.launch_generate(["Hi"], model=demo_model.path(), nproc_per_node=1, max_new_tokens=4,
+                                run_dir=str(tmp_path / "one"))
+    assert len(run.result(timeout=300).texts) == 1

@@ -281,3 +281,12 @@ def test_tensor_parallel_lora_preparation_on_two_ranks(path, tmp_path):
         assert s.generate("The H200", max_new_tokens=2)
     finally:
         s.unload()
+
+
+def test_a_cuda_launch_starts_no_more_processes_than_gpus_are_chosen():
+    st.check_processes(2, 2)
+    st.check_processes(1, 4)
+    with pytest.raises(NvkitError, match=r"nproc_per_node=2 starts one process per GPU, but 1 GPU\(s\).*gpus=\[\]"):
+        st.check_processes(2, 1)
+    with pytest.raises(NvkitError, match="nproc_per_node=0"):
+        st.check_processes(1, 0)
