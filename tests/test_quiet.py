@@ -90,7 +90,7 @@ def test_importing_bitsandbytes_inside_routed_prints_nothing():
     assert "still heard" in r.stderr
 
 
-def test_a_cpu_fine_tune_prints_no_deepspeed_notice():
+def test_a_cpu_fine_tune_prints_no_deepspeed_notice(tmp_path):
     # DeepSpeed announces its CPU accelerator when Trainer imports it; a fine-tune on the CPU in a
     # fresh process (DeepSpeed logs once, on its first import) prints only nvkit's own output.
     import pytest
@@ -102,8 +102,11 @@ def test_a_cpu_fine_tune_prints_no_deepspeed_notice():
             "import logging\n"
             "logging.getLogger('DeepSpeed').warning('Setting accelerator to CPU outside nvkit')\n")
     env = dict(os.environ, HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    # in tmp_path: the run folder goes under ./nvkit-runs, which must not be the checkout
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600,
+                       cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert (tmp_path / "nvkit-runs").is_dir()
     out = r.stdout + r.stderr
     assert "If you have GPU or other accelerator" not in out, out[-3000:]
     assert "Setting accelerator to CPU outside nvkit" in out   # the same logger, outside nvkit: heard
