@@ -42,9 +42,10 @@ def test_short_run_is_no_slower_than_plain_peft_cold_and_warm():
         assert twenty.loc[side, "wall_vs_plain"] <= 1 + NOISE, (side, twenty.loc[side, "wall_s"], twenty.loc["plain", "wall_s"])
         assert twenty.loc[side, "compile"].startswith("off: a short run")
     long = df[df["steps"] == 200].set_index("variant")
-    # 200 steps: a cold run stays uncompiled, a warm one compiles from the saved artifacts
-    assert long.loc["nvkit cold", "compile"].startswith("off")
-    assert long.loc["nvkit warm", "compile"].startswith("on: the compile cache is warm")
+    # 200 steps: below the cold pay-back, so the first run stays uncompiled and saves no compile
+    # artifacts; the second finds none to reuse and decides the same
+    assert long.loc["nvkit cold", "compile"].startswith("off: a short run")
+    assert long.loc["nvkit warm", "compile"].startswith("off: a short run")
 
 
 def test_short_qlora_run_is_no_slower_than_plain():
