@@ -1,6 +1,6 @@
 """Helpers for the panel and chart browser tests: run code in the notebook's kernel, run one cell
 without waiting for it, read the Log Console, switch the theme, check a panel's layout, and save
-element screenshots into docs/screenshots/."""
+element screenshots into SCREENSHOTS (test-results/screenshots; docs/screenshots with NVKIT_SCREENSHOTS=docs)."""
 
 from __future__ import annotations
 

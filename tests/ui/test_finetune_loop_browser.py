@@ -2,7 +2,7 @@
 shows the rows as the model sees them, a short run with held-out evaluation draws the eval curve
 on the chart, "Compare with base" in the Generate panel shows base and tuned side by side, Export
 writes a checkpoint; both panels, with every new control shown, look finished at a 1000-px-wide
-notebook in Light and Dark. Screenshots: docs/screenshots/finetune-panel-loop-<theme>.png and
+notebook in Light and Dark. Screenshots (SCREENSHOTS in tests/ui/conftest.py): finetune-panel-loop-<theme>.png and
 generate-panel-compare-<theme>.png."""
 
 from __future__ import annotations

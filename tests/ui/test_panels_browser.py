@@ -4,8 +4,8 @@ tabs; every tab looks finished in Light and Dark at a 1000-px-wide notebook (not
 its container, no label cut off, every dropdown with a value); the idle kernel stays under 5 % of
 a core with the panel shown, on the GPUs tab and on the live Memory tab (20-s windows rather than
 the issue's 60 s: a chart redraws once a second, so 20 s holds 20 redraws), and a chart in a tab
-nobody looks at is not redrawn. Screenshots of each tab go to
-docs/screenshots/panel-<tab>-<theme>.png."""
+nobody looks at is not redrawn. Screenshots of each tab go to SCREENSHOTS (tests/ui/conftest.py):
+panel-<tab>-<theme>.png."""
 
 from __future__ import annotations
 
