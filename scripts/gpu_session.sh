@@ -11,15 +11,14 @@
 #   loop     the fine-tune loop: 20- and 200-step runs against plain PEFT, cold and warm; export
 #                                                                (carry .whl-core)
 #   qlora    4-bit: QLoRA runs, eval during QLoRA, bitsandbytes; the LoRA benchmark's table
-#                                                                (carry .whl-bnb, right after a .whl-core call
-#                                                                 on the same warm machine)
+#                              (carry .whl-core and .whl-bnb13: scripts/gpu_wheels_bnb.sh, one call)
 #   session  generation as a notebook user meets it: the cold process (≈ 330 s), then a fresh one
 #            with its compile artifacts ("warm", ≈ 100 s)                        (carry .whl-core)
 #   session-warm  the warm process again, on the same warm machine after a cut-short session call
 #   batched  many prompts on the batched fast path (identity, targets), GPU memory by kernel, the
 #            stats line's reasons                                (carry .whl-core)
-#   notebooks  every tutorial on the GPU (07's QLoRA included: carry .whl-bnb after a .whl-core
-#            call, or its 4-bit cells skip), then the panels' compile progress   (carry .whl-core)
+#   notebooks  every tutorial on the GPU (07's QLoRA included: carry .whl-bnb13 too, or its 4-bit
+#            cells skip), then the panels' compile progress              (carry .whl-core)
 #   lanes    several of the phases below at once, each in its own process on the one GPU, after one
 #            install: for correctness runs whose timings nobody reads (they share the GPU and the
 #            cores). Usage: bash scripts/gpu_session.sh lanes PHASE...
