@@ -27,30 +27,32 @@ def _fused_ce_class():
     class FusedLinearCE(torch.autograd.Function):
         @staticmethod
         def forward(ctx, hidden, weight, labels, chunk):
+            # No value goes from the GPU to Python in here (no int(), bool() or .item() of a
+            # tensor): each would make the CPU wait for the forward to finish before it queues the
+            # rest of the step, and a LoRA step in eager mode is bound by those launches. So the
+            # token count stays a tensor, and a chunk without targets is computed like any other
+            # (it adds exact zeros) instead of being skipped on a test the CPU would wait for.
             n = hidden.shape[0]
             valid_all = labels != -100
-            count = int(valid_all.sum())
+            denom = valid_all.sum().clamp_min(1).to(torch.float32)
             need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
             grad_h = torch.zeros_like(hidden) if need_h else None
             grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if need_w else None
             total = torch.zeros((), dtype=torch.float32, device=hidden.device)
-            denom = max(count, 1)
             for s in range(0, n, chunk):
                 y = labels[s:s + chunk]
                 valid = valid_all[s:s + chunk]
-                if not bool(valid.any()):
-                    continue
                 h = hidden[s:s + chunk]
                 logits = (h @ weight.t()).float()
                 lse = torch.logsumexp(logits, dim=-1)
                 yy = y.clamp_min(0)
                 target = logits.gather(1, yy[:, None]).squeeze(1)
-                total += ((lse - target) * valid).sum()
+                total += torch.where(valid, lse - target, 0.0).sum()
                 if need_h or need_w:
                     # d(mean CE)/d(logits) = (softmax - onehot) / count, formed in place
                     g = logits.sub_(lse[:, None]).exp_()
                     g.scatter_add_(1, yy[:, None], -torch.ones_like(lse)[:, None])
-                    g.mul_((valid.to(g.dtype) / denom)[:, None])
+                    g.div_(denom).masked_fill_(~valid[:, None], 0.0)
                     g = g.to(h.dtype)
                     if need_h:
                         grad_h[s:s + chunk] = g @ weight

@@ -95,6 +95,34 @@ def test_fused_cross_entropy_matches_torch():
     assert torch.allclose(gh, h.grad, atol=1e-5) and torch.allclose(gw, w.grad, atol=1e-5)
 
 
+def test_fused_cross_entropy_asks_python_for_no_tensor_value(monkeypatch):
+    # chunks with no targets give the loss and gradients of the rows that have them, and nothing
+    # inside the loss reads a tensor's value into Python: on CUDA each read stalls the step's launches
+    torch.manual_seed(1)
+    h = torch.randn(40, 16, requires_grad=True)
+    w = torch.randn(50, 16, requires_grad=True)
+    y = torch.randint(0, 50, (40,))
+    y[:16] = -100  # the first two chunks of 8 carry no target
+    y[3] = -100
+    reads = []
+    for name in ("item", "__bool__", "__int__", "__float__", "tolist"):
+        real = getattr(torch.Tensor, name)
+        monkeypatch.setattr(torch.Tensor, name, lambda self, *a, _real=real, _n=name: reads.append(_n) or _real(self, *a))
+    loss = fused_linear_cross_entropy(h, w, y, chunk=8)
+    assert reads == [], reads
+    monkeypatch.undo()
+    loss.backward()
+    keep = y != -100
+    ref_h = h.detach()[keep].clone().requires_grad_(True)
+    ref_w = w.detach().clone().requires_grad_(True)
+    ref = torch.nn.functional.cross_entropy(ref_h @ ref_w.t(), y[keep])
+    ref.backward()
+    assert torch.allclose(loss, ref, atol=1e-5) and (h.grad[~keep] == 0).all()
+    assert torch.allclose(h.grad[keep], ref_h.grad, atol=1e-5) and torch.allclose(w.grad, ref_w.grad, atol=1e-5)
+    y_none = torch.full((40,), -100)
+    assert float(fused_linear_cross_entropy(h.detach(), w.detach(), y_none, chunk=8)) == 0.0
+
+
 # --- data ------------------------------------------------------------------------------------------
 
 def test_data_kinds_and_masks(s):
