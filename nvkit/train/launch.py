@@ -385,7 +385,8 @@ def launch(config: dict | None = None, nproc_per_node: int | None = None, strate
     (tensor parallel). ``launcher``: "torchrun" or "accelerate" (``accelerate launch`` with a config
     file nvkit writes into the run folder). Multi-node: ``nnodes``, ``node_rank``,
     ``rdzv_endpoint="host:port"`` go on the line (run it on each node; ``start=False`` only writes
-    the run and returns it with ``.command``)."""
+    the run and returns it with ``.command``). Started here on CUDA, more processes than GPUs are
+    chosen is an NvkitError before anything is written."""
     require(isinstance(start, bool), f"start must be True or False, not {start!r}.")
     cfg = _config(config, settings)
     run = _prepare(cfg, strategy, nproc_per_node, gpus=gpus, launcher=launcher, offload=offload, nnodes=nnodes,
