@@ -46,6 +46,7 @@ log="$out/$phase.log"
 exec > >(tee -a "$log") 2>&1
 t() { echo "=== pytest $* ($(date +%T))"; timeout "${T:-300}" python3 -m pytest -q -s -p no:cacheprovider -rs "$@"; echo "=== exit $? ($(date +%T))"; }
 bench() { echo "=== nvkit bench $* ($(date +%T))"; timeout "${T:-300}" python3 -m nvkit.cli bench "$@"; echo "=== exit $? ($(date +%T))"; }
+nb() { T=${TN:-$1} t tests/gpu/test_notebooks_gpu.py -k "$2"; }  # nb SECONDS K: the tutorials K names
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
 case "$phase" in
@@ -56,11 +57,9 @@ case "$phase" in
     # the lanes by pid: a bare `wait` also waits for this script's own tee, which never ends
     wait "${pids[@]}"
     for p in "$@"; do echo "--- $p"; grep -E "^=== |passed|failed|error" "$out/$p.log" | tail -n 30; done ;;
-  nb-a)
-    T=${TN:-320} t tests/gpu/test_notebooks_gpu.py -k "00 or 01 or 02 or 03 or 04"
-    T=200 t tests/gpu/test_panels_gpu.py ;;
-  nb-b) T=${TN:-540} t tests/gpu/test_notebooks_gpu.py -k "05 or 06 or 07 or 08 or 09" ;;
-  nb-k) T=${TN:-540} t tests/gpu/test_notebooks_gpu.py -k "${NBK:?NBK: the notebooks to run, as pytest -k}" ;;
+  nb-a) nb 320 "00 or 01 or 02 or 03 or 04"; T=200 t tests/gpu/test_panels_gpu.py ;;
+  nb-b) nb 540 "05 or 06 or 07 or 08 or 09" ;;
+  nb-k) nb 540 "${NBK:?NBK: the notebooks to run, as pytest -k}" ;;
   gpus) T=${TG:-300} t tests/gpu/test_gpus_gpu.py ;;
   loop-export) T=${TL:-300} t tests/gpu/test_finetune_loop_gpu.py -k "export" ;;
   loop-short) T=${TL:-300} t tests/gpu/test_finetune_loop_gpu.py -k "short_run_is_no_slower" ;;

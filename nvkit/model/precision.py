@@ -41,10 +41,12 @@ def load_dtype(dtype, device_type: str, capability: tuple[int, int] | None = Non
 
 
 def _is_int8(quantization) -> bool:
-    if isinstance(quantization, str):
-        return quantization == "int8"
+    """The forms ``quant.quantization_config`` takes (a name, a dict with a method, a config),
+    the name read the way it reads it."""
     if isinstance(quantization, dict):
-        return quantization.get("method") == "int8"
+        quantization = quantization.get("method")
+    if isinstance(quantization, str):
+        return quantization.strip().lower() == "int8"
     return bool(getattr(quantization, "load_in_8bit", False))  # a transformers BitsAndBytesConfig
 
 

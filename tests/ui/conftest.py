@@ -288,11 +288,16 @@ def open_and_run_notebook(page, lab, name: str, timeout_ms: int = 180_000) -> No
     run_all_cells(page, timeout_ms=timeout_ms)
 
 
-def screenshot(page, name: str, **kwargs) -> Path:
-    """Save a PNG to SCREENSHOTS/<name>.png (docs/screenshots, which the README shows, only with
-    NVKIT_SCREENSHOTS=docs) and return its path."""
+def screenshot_path(name: str) -> Path:
+    """SCREENSHOTS/<name>.png (docs/screenshots, which the README shows, only with
+    NVKIT_SCREENSHOTS=docs), its folder made."""
     SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / (name if name.endswith(".png") else f"{name}.png")
+    return SCREENSHOTS / (name if name.endswith(".png") else f"{name}.png")
+
+
+def screenshot(page, name: str, **kwargs) -> Path:
+    """Save a PNG of the page to ``screenshot_path(name)`` and return its path."""
+    path = screenshot_path(name)
     page.screenshot(path=str(path), **kwargs)
     return path
 

@@ -1,12 +1,12 @@
 """Helpers for the panel and chart browser tests: run code in the notebook's kernel, run one cell
 without waiting for it, read the Log Console, switch the theme, check a panel's layout, and save
-element screenshots into SCREENSHOTS (test-results/screenshots; docs/screenshots with NVKIT_SCREENSHOTS=docs)."""
+element screenshots where ``screenshot_path`` says (tests/ui/conftest.py)."""
 
 from __future__ import annotations
 
 import time
 
-from tests.ui.conftest import SCREENSHOTS
+from tests.ui.conftest import screenshot_path
 
 # Run code in the notebook's own kernel and return its stdout (not through a cell, so the notebook
 # stays as the user sees it).
@@ -121,8 +121,7 @@ def layout_problems(page, selector: str) -> list[str]:
 
 
 def element_screenshot(locator, name: str):
-    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-    path = SCREENSHOTS / (name if name.endswith(".png") else f"{name}.png")
+    path = screenshot_path(name)
     locator.screenshot(path=str(path))
     return path
 
