@@ -8,6 +8,10 @@
   generation back by up to its period).
 - ``job.done`` / callbacks for panels that fire and forget.
 
+The two waits return once the done callbacks have run too: a script that waits on a panel's job
+then reads the panel finds it showing the result (``job.done`` is true a moment earlier, as soon as
+the result exists).
+
 Widget callbacks only set ``job.stop_event``; the worker checks it between steps.
 """
 
@@ -26,10 +30,12 @@ class Job:
     def __init__(self, fn: Callable[["Job"], Any], name: str = "nvkit-worker", device: Any = None):
         self.stop_event = threading.Event()
         self._fn = fn
-        self._done = threading.Event()
+        self._done = threading.Event()     # the result (or error) exists
+        self._settled = threading.Event()  # ... and the done callbacks have run
         self._result: Any = None
         self._error: BaseException | None = None
         self._callbacks: list[Callable[["Job"], None]] = []
+        self._settled_waiters: list[Callable[[], None]] = []  # the awaits' wake-ups
         self._lock = threading.Lock()
         self._device = device
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -52,11 +58,23 @@ class Job:
             self._done.set()
             with self._lock:
                 callbacks = list(self._callbacks)
-            for cb in callbacks:
-                try:
-                    cb(self)
-                except Exception:
-                    pass
+            try:
+                for cb in callbacks:
+                    try:
+                        cb(self)
+                    except Exception:
+                        pass
+            finally:
+                with self._lock:
+                    self._settled.set()
+                    waiters = list(self._settled_waiters)
+                for wake in waiters:
+                    wake()
+
+    def _waited(self) -> threading.Event:
+        """What a wait waits for: the callbacks too, except from a callback itself (the worker
+        thread), which would wait for its own end."""
+        return self._done if threading.current_thread() is self._thread else self._settled
 
     # --- state ---------------------------------------------------------------------------------
     @property
@@ -64,12 +82,17 @@ class Job:
         return self._done.is_set()
 
     @property
+    def settled(self) -> bool:
+        """Done, and the done callbacks have run (a panel's buttons and status are final)."""
+        return self._settled.is_set()
+
+    @property
     def error(self) -> BaseException | None:
         return self._error
 
     def wait_done(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds for the end (no result, no error raised); True once done."""
-        return self._done.wait(timeout)
+        return self._waited().wait(timeout)
 
     def stop(self) -> None:
         """Ask the work to end at its next check; returns at once."""
@@ -88,7 +111,8 @@ class Job:
         worker to reach its stop check, then re-raises so the cell still ends as interrupted."""
         try:
             waited = 0.0
-            while not self._done.wait(_SLICE):
+            event = self._waited()
+            while not event.wait(_SLICE):
                 waited += _SLICE
                 if timeout is not None and waited >= timeout:
                     raise TimeoutError(f"{self._thread.name} still running after {timeout} s")
@@ -104,18 +128,22 @@ class Job:
         return self._result
 
     async def wait(self) -> Any:
-        if not self._done.is_set():
+        if not self._waited().is_set():
             loop = asyncio.get_running_loop()
             woken = loop.create_future()
 
-            def wake(_job: "Job") -> None:  # in the worker thread, or here when already done
+            def wake() -> None:  # in the worker thread, after the done callbacks
                 try:
                     loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
                 except RuntimeError:  # the loop closed meanwhile (a kernel shutting down): nobody waits
                     pass
 
-            self.add_done_callback(wake)
-            await woken
+            with self._lock:
+                waiting = not self._settled.is_set()
+                if waiting:
+                    self._settled_waiters.append(wake)
+            if waiting:
+                await woken
         return self._value()
 
     def __await__(self):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -91,3 +92,28 @@ def test_a_job_ending_after_its_loop_closed_is_harmless():
     asyncio.run(give_up())  # the loop is closed now; the job's wake-up for it must not raise
     go.set()
     assert job.wait_done(10) and job.error is None and job.result() == 1
+
+
+def test_the_waits_return_after_the_done_callbacks():
+    """A script that waits on a panel's job then reads the panel must find what the panel's done
+    callback wrote: ``result``, ``wait_done`` and ``await`` return once the callbacks have run."""
+    for how in ("result", "wait_done", "await"):
+        go = threading.Event()
+        job = run_in_worker(lambda j: (go.wait(10), "answer")[1])
+        shown = []
+
+        def slow_callback(j, shown=shown):
+            time.sleep(0.3)  # a panel redrawing its table
+            shown.append(j.result())  # a callback may read the result: no waiting on itself
+        job.add_done_callback(slow_callback)
+        go.set()
+        if how == "result":
+            assert job.result(timeout=10) == "answer"
+        elif how == "wait_done":
+            assert job.wait_done(10)
+        else:
+            assert asyncio.run(job.wait()) == "answer"
+        assert shown == ["answer"] and job.settled and job.done, how
+        later = []
+        job.add_done_callback(later.append)  # after the end: called at once, here
+        assert later == [job]

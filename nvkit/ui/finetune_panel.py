@@ -504,7 +504,7 @@ class FinetunePanel(w.VBox):
         and tokenizes every row (for the totals), so it runs in a worker thread: returns the Job
         (``await panel.preview()``; its result is the Preview), or None when it cannot start (the
         reason is shown)."""
-        if self.preview_job is not None and not self.preview_job.done:
+        if self.preview_job is not None and not self.preview_job.settled:
             return self.preview_job
         self._preview_seq += 1
         seq = self._preview_seq
@@ -555,7 +555,7 @@ class FinetunePanel(w.VBox):
     def export(self):
         """What the Export button does: ``s.export(folder, merge=...)`` in a worker thread; returns
         the Job (None when refused: the reason is shown on one line)."""
-        if self.export_job is not None and not self.export_job.done:
+        if self.export_job is not None and not self.export_job.settled:
             return self.export_job
         s = self._current_session()
         folder, merge = self.export_dir.value.strip(), bool(self.export_merge.value)

@@ -128,7 +128,7 @@ class GeneratePanel(w.VBox):
 
     @property
     def busy(self) -> bool:
-        return self.job is not None and not self.job.done
+        return self.job is not None and not self.job.settled
 
     def _seed(self):
         raw = self.seed.value.strip()
@@ -285,9 +285,16 @@ class GeneratePanel(w.VBox):
         return out
 
     def _finished(self):
+        # the buttons come back last: once Generate is enabled, the status and the stats describe
+        # the request that ended
+        try:
+            self._show_finished()
+        finally:
+            self.stop_button.disabled = True
+            self.generate_button.disabled = False
+
+    def _show_finished(self):
         job = self.job
-        self.generate_button.disabled = False
-        self.stop_button.disabled = True
         if job is not None and job.error is not None:
             self._error(job.error)
             return
@@ -603,9 +610,14 @@ class GeneratePanel(w.VBox):
         return outs
 
     def _list_finished(self) -> None:
+        try:
+            self._show_list_finished()
+        finally:
+            self.stop_button.disabled = True
+            self.generate_button.disabled = False
+
+    def _show_list_finished(self) -> None:
         job = self.job
-        self.generate_button.disabled = False
-        self.stop_button.disabled = True
         if job is not None and job.error is not None:
             self._error(job.error)
             return

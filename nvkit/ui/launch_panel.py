@@ -459,8 +459,15 @@ class LaunchPanel(w.VBox):
             self._finish(run)
 
     def _finish(self, run):
-        self.start_btn.disabled = False
-        self.stop_btn.disabled = True
+        # the buttons come back last: once Start is enabled, the status, the summary and the
+        # Load button all describe the run that ended
+        try:
+            self._show_finished(run)
+        finally:
+            self.stop_btn.disabled = True
+            self.start_btn.disabled = False
+
+    def _show_finished(self, run):
         if run.error is not None:
             self.status.value = f"<span class='nvkit-error'>{html.escape(str(run.error)[-2000:])}</span>"
             return

@@ -252,7 +252,7 @@ class LoadPanel(w.VBox):
     # --- actions ---------------------------------------------------------------------------------
     def load(self):
         """Start loading in a worker thread; returns the Job (``await panel.load()`` works)."""
-        if self.job is not None and not self.job.done:
+        if self.job is not None and not self.job.settled:
             self.status.value = "already loading…"
             return self.job
         model, kw = self.model.value.strip() or "demo", self.kwargs()

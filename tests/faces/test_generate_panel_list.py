@@ -68,7 +68,6 @@ def test_a_list_runs_at_once_and_fills_the_table_in_order(s):
     job = p.start()
     assert job is not None and not p.stop_button.disabled
     outs = p.wait(timeout=120)
-    time.sleep(0.1)
     assert outs == p.outputs and len(outs) == 3
     assert outs == s.generate(prompts, max_new_tokens=6)  # the same call as a script makes
     table = p.results.value
@@ -93,6 +92,5 @@ def test_stop_ends_a_long_list(s):
         p.wait(timeout=60)
     finally:
         s.model.generation_config.eos_token_id = eos
-    time.sleep(0.1)
     assert s.last_stats.stopped and "stopped" in p.stats.value and p.status.value.startswith("Stopped")
     p.close()
