@@ -19,8 +19,9 @@ import threading
 from .. import events
 from ..errors import NvkitError, require
 
-_RANK_PREFIX = re.compile(r"^\[(?:[A-Za-z_]*?)(\d+)\]:(.*)$")
+_RANK_PREFIX = re.compile(r"^\[([A-Za-z_]*?)(\d+)\]:(.*)$")
 _MAX_LOG_LINES = 5000
+_RECORD_START = '{"nvkit": 1'  # how worker.Emitter begins every line (json.dumps, "nvkit" first)
 _INT_FIELDS = ("rank", "local_rank", "world", "step", "total_steps")
 _log = logging.getLogger("nvkit.launch")
 
@@ -83,6 +84,7 @@ class LaunchRun:
         # nvkit ended it, and the run counts as finished (see _reap_after_done).
         self.ended_after_done = False
         self._done_ranks: set = set()
+        self._partial: dict = {}  # rank -> the start of a line torchrun copied before its rank ended it
 
     # --- process -----------------------------------------------------------------------------
     def start(self) -> "LaunchRun":
@@ -107,15 +109,38 @@ class LaunchRun:
                                  type(e).__name__, e, line)
                     self.logs.append((None, line.rstrip("\n")))
         finally:
+            for rank, text in sorted(self._partial.items()):  # a rank's last line, never ended
+                self._rank_line(rank, text)
+            self._partial.clear()
             self.returncode = self.proc.wait()
             events.record("launch-end", f"exit {self.returncode}{' (stopped)' if self.stopped else ''}")
             self._done.set()
 
     def _line(self, line: str) -> None:
-        rank = None
         m = _RANK_PREFIX.match(line)
-        if m:
-            rank, line = int(m.group(1)), m.group(2)
+        if not m:
+            self._rank_line(None, line)
+            return
+        # torchrun's tee copies each rank's stdout and stderr files with readline(), which returns
+        # a line the rank has not ended yet as it stands: a progress bar's "\r" updates, or half a
+        # line being written. The copy then holds "[p0]:half" with no newline, and later in the
+        # stream (perhaps after other ranks' lines) "[p0]:the rest\n". Pieces are joined per rank
+        # until a piece ends the line we read, and a record is looked for where it starts
+        # (below), so neither a split record nor one glued behind a progress bar is lost.
+        name = m.group(1)
+        pieces = re.split(r"\[" + re.escape(name) + r"(\d+)\]:", line)[1:]  # rank, text, rank, text, ...
+        for i in range(0, len(pieces) - 2, 2):
+            rank = int(pieces[i])
+            self._partial[rank] = self._partial.get(rank, "") + pieces[i + 1]
+        rank = int(pieces[-2])
+        self._rank_line(rank, self._partial.pop(rank, "") + pieces[-1])
+
+    def _rank_line(self, rank: int | None, line: str) -> None:
+        start = line.find(_RECORD_START)
+        if start > 0:  # text the rank left unended (a progress bar on stderr), then a record
+            if line[:start].strip():
+                self.logs.append((rank, line[:start]))
+            line = line[start:]
         text = line.strip()
         rec = _record(text) if text.startswith("{") and '"nvkit"' in text else None
         if rec is None:

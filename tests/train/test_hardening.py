@@ -219,6 +219,27 @@ def test_the_reader_survives_any_single_bad_line(tmp_path):
     assert "n/a" in [e.text for e in nvkit.events.events() if e.kind == "train-step" and "launch step 1 " in e.text][-1]
 
 
+def test_a_record_torchrun_copied_in_two_pieces_arrives_whole(tmp_path):
+    """torchrun's tee can copy half a line a rank is writing, then other ranks' lines, then the
+    rest under the rank's prefix again: the reader joins the pieces per rank."""
+    rec0 = json.dumps({"nvkit": 1, "rank": 0, "world": 2, "event": "setup", "precision": "fp32"})
+    rec1 = json.dumps({"nvkit": 1, "rank": 1, "world": 2, "event": "setup", "precision": "fp32"})
+    run = _fake_group(tmp_path, f"sys.stdout.write('[default0]:' + {rec0[:25]!r}); sys.stdout.flush(); time.sleep(0.2)\n"
+                                f"print('[default1]:' + {rec1!r}, flush=True)\n"
+                                f"print('[default0]:' + {rec0[25:]!r}, flush=True)\n"
+                                "print('[default1]:plain text', flush=True)\n"
+                                # rank 0's stderr (same prefix) leaves a progress bar unended
+                                "sys.stdout.write('[default0]:Loading weights: 100%|#####| 46/46'); sys.stdout.flush()\n"
+                                f"print('[default0]:' + {rec0.replace('setup', 'start')!r}, flush=True)\n"
+                                "sys.stdout.write('[default1]:never ended')\n")
+    run.result(timeout=60)
+    assert run.setup(0)["precision"] == "fp32" and run.setup(1)["precision"] == "fp32"
+    assert [r["event"] for r in run.history if r["rank"] == 0] == ["setup", "start"]
+    assert (1, "plain text") in run.logs and (1, "never ended") in run.logs
+    assert (0, "Loading weights: 100%|#####| 46/46") in run.logs
+    assert not any("nvkit" in t for _, t in run.logs), list(run.logs)
+
+
 def test_launch_command_refuses_an_empty_script():
     for bad in ("", "   ", None, 3):
         with pytest.raises(NvkitError, match="launch_command needs the script"):
