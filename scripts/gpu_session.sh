@@ -31,6 +31,9 @@
 #   moved    the GPU tests of the layout change not covered by the phases above: compile artifacts on
 #            disk, the 64-token prefill, exact token counts, GPU memory by kernel (.whl-server)
 #   qlora-tests  the 4-bit tests of `qlora` without its benchmark table
+#   profile  where the GPU time goes: the batched path's kernels by kind, plain PEFT's step against
+#            nvkit's uncompiled one (scripts/gpu_profile.py), the paged attention's launch shapes
+#            (python -m nvkit.benchmarks.attention)                               (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 # Install once per call: two pip installs at once corrupted the site folder.
 set -uo pipefail
@@ -96,6 +99,11 @@ case "$phase" in
     T=${TB:-300} t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order
     T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py
     T=100 t tests/gpu/test_exact_tokens_gpu.py ;;
+  profile)
+    echo "=== attention launch shapes ($(date +%T))"
+    timeout 200 python3 -m nvkit.benchmarks.attention --csv "$out/attention.csv"; echo "=== exit $? ($(date +%T))"
+    echo "=== profile ($(date +%T))"
+    timeout "${TP:-400}" python3 scripts/gpu_profile.py "${PROFILE_PART:-all}"; echo "=== exit $? ($(date +%T))" ;;
   notebooks)
     T=540 t tests/gpu/test_notebooks_gpu.py tests/gpu/test_panels_gpu.py ;;
   x2a|x2b)

@@ -289,9 +289,14 @@ def _sm_count(device) -> int:
 
 def paged_splits(rows: int, nkv: int, blocks: int, sms: int) -> int:
     """Slices per (row, KV head): enough programs for about two per SM, never more slices than
-    the table has blocks, a power of two up to ``MAX_SPLITS``."""
+    the table has blocks (of the kernel's loop), a power of two up to ``MAX_SPLITS``."""
     want = -(-2 * sms // max(1, rows * nkv))
     return max(1, min(MAX_SPLITS, _next_pow2(max(1, min(want, blocks)))))
+
+
+def _pow2_or_none(name: str, value) -> None:
+    if value is not None and not (isinstance(value, int) and value >= 1 and value & (value - 1) == 0):
+        raise ValueError(f"nvkit::paged_decode_attention {name} must be a power of two, not {value!r}")
 
 
 @triton.jit
@@ -299,7 +304,7 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
                              stride_qb, stride_tb, stride_kt, stride_kh, stride_vt, stride_vh,
                              NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                              HD: tl.constexpr, N_SPLITS: tl.constexpr, PAGE: tl.constexpr,
-                             HAS_NORM: tl.constexpr):
+                             HAS_NORM: tl.constexpr, PAGES: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -317,7 +322,8 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
                    tl.load(qp + rd[None, :], mask=live[:, None], other=0.0).to(tl.float32),
                    QW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
     row_table = TABLE + b.to(tl.int64) * stride_tb
-    if (pos // PAGE) % N_SPLITS == split:  # the one program whose slice holds the new position
+    # a block (one step of the loop below) is PAGES pages; block b belongs to slice b mod N_SPLITS
+    if (pos // (PAGE * PAGES)) % N_SPLITS == split:  # the one program whose slice holds the new position
         t = tl.load(row_table + pos // PAGE).to(tl.int64) * PAGE + pos % PAGE
         kp = QKV + b.to(tl.int64) * stride_qb + (NH + kvh) * HD
         k = _norm_rope(tl.load(kp + d).to(tl.float32)[None, :], tl.load(kp + rd).to(tl.float32)[None, :],
@@ -329,10 +335,14 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
     m = tl.full((GROUPS_P2,), float("-inf"), tl.float32)
     s_sum = tl.zeros((GROUPS_P2,), tl.float32)
     acc = tl.zeros((GROUPS_P2, HD), tl.float32)
-    cols = tl.arange(0, PAGE)
-    for blk in range(split, pos // PAGE + 1, N_SPLITS):  # no step at all when the slice's first block lies past pos
-        t = tl.load(row_table + blk).to(tl.int64) * PAGE + cols
-        ok = blk * PAGE + cols <= pos
+    cols = tl.arange(0, PAGE * PAGES)
+    for blk in range(split, pos // (PAGE * PAGES) + 1, N_SPLITS):  # no step when the slice's first block lies past pos
+        at = blk * (PAGE * PAGES) + cols
+        ok = at <= pos
+        if PAGES == 1:  # one page: one table entry for the whole block
+            t = tl.load(row_table + blk).to(tl.int64) * PAGE + cols
+        else:  # each position's own page (positions past pos read no entry: the table may end there)
+            t = tl.load(row_table + at // PAGE, mask=ok, other=0).to(tl.int64) * PAGE + at % PAGE
         k = tl.load(K + t[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(V + t[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=ok[:, None], other=0.0)
         s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
@@ -384,11 +394,23 @@ def paged_decode_attention(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], 
     written at that position through its page table ``table[b]``, attention over its positions
     0..pos[b]. ``qkv`` (rows, query heads + 2 × KV heads, head_dim); returns (rows, query heads,
     head_dim)."""
+    return paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page, scale, eps)
+
+
+def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int, scale: float, eps: float, *,
+                 splits: int | None = None, pages_per_step: int = 1, num_warps: int | None = None):
+    """What ``paged_decode_attention`` runs, with the kernel's launch shape as arguments (the op
+    takes the defaults): ``splits`` slices per (row, KV head) (None: ``paged_splits``),
+    ``pages_per_step`` pages per step of the kernel's loop, ``num_warps`` (None: Triton's default).
+    ``nvkit.benchmarks.attention`` times the shapes against each other."""
     why = check_paged(qkv, k, v, pos, table, cos, sin, page)
     if not why and (q_weight is None) != (k_weight is None):
         why = "takes both norm weights or neither"
     if why:
         raise ValueError(f"nvkit::paged_decode_attention {why}")
+    _pow2_or_none("splits", splits)
+    _pow2_or_none("pages_per_step", pages_per_step)
+    _pow2_or_none("num_warps", num_warps)
     rows, width, hd = qkv.shape
     nkv = k.shape[1]
     nh = width - 2 * nkv
@@ -397,7 +419,8 @@ def paged_decode_attention(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], 
     out = torch.empty((rows, nh, hd), dtype=qkv.dtype, device=qkv.device)
     if rows == 0:
         return out
-    n_splits = paged_splits(rows, nkv, table.shape[1], _sm_count(qkv.device))
+    blocks = -(-table.shape[1] // pages_per_step)
+    n_splits = paged_splits(rows, nkv, blocks, _sm_count(qkv.device)) if splits is None else splits
     f32 = dict(dtype=torch.float32, device=qkv.device)
     if n_splits == 1:  # unused by the kernel: no merge
         m = s_sum = o = out
@@ -406,12 +429,13 @@ def paged_decode_attention(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], 
         o = torch.empty((rows * nh, n_splits, hd), **f32)
     has_norm = q_weight is not None
     groups = nh // nkv
+    launch = {} if num_warps is None else {"num_warps": num_warps}
     _paged_rope_split_kernel[(rows, nkv, n_splits)](
         qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos, sin, k, v, pos, table,
         m, s_sum, o, out, scale, eps,
         qkv.stride(0), table.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         NH=nh, NKV=nkv, GROUPS=groups, GROUPS_P2=_next_pow2(groups), HD=hd, N_SPLITS=n_splits, PAGE=page,
-        HAS_NORM=has_norm)
+        HAS_NORM=has_norm, PAGES=pages_per_step, **launch)
     if n_splits > 1:
         _combine_kernel[(rows * nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
     return out

@@ -248,6 +248,22 @@ def test_paged_kernel_matches_reference_for_ragged_rows():
                 t = int(table[b, int(pos[b]) // page]) * page + int(pos[b]) % page
                 assert (k1[t].float() - k2[t].float()).abs().max() <= tol and torch.equal(v1[t], v2[t])
             print(nh, sms, splits, err)
+            # the launch shapes the attention benchmark compares compute the same thing (on the
+            # first layout: the interpreter is slow)
+            for shape in ((dict(splits=2, pages_per_step=2), dict(splits=1, pages_per_step=4),
+                           dict(splits=4, pages_per_step=2, num_warps=2), dict(splits=8)) if nh == 16 and sms == 64
+                          and dtype == torch.float32 else ()):
+                k3, v3 = k1.clone(), v1.clone()
+                got2 = da.paged_launch(qkv, qw, kw, cos, sin, k3, v3, pos, table, page, hd ** -0.5, 1e-6, **shape)
+                err2 = (got2.float() - ref.float()).abs().max().item()
+                assert err2 <= tol and torch.equal(v3.nan_to_num(), v1.nan_to_num()), (nh, shape, err2)
+        for bad_shape in (dict(splits=3), dict(pages_per_step=0), dict(num_warps=6), dict(splits=True + 2)):
+            try:
+                da.paged_launch(qkv, qw, kw, cos, sin, k1, v1, pos, table, page, hd ** -0.5, 1e-6, **bad_shape)
+            except ValueError as e:
+                assert "power of two" in str(e), e
+            else:
+                raise AssertionError(bad_shape)
         assert da.paged_splits(64, 8, 40, 132) == 1 and da.paged_splits(2, 8, 40, 132) == 16
         assert da.paged_splits(2, 8, 3, 132) == 4  # never more slices than the table has blocks (rounded up)
         bad = da.check_paged(torch.zeros(2, 20, 64), torch.zeros(64, 2, 32), torch.zeros(64, 2, 32),

@@ -152,3 +152,13 @@ def test_a_batch_of_one_is_no_slower_than_the_batch1_fast_path(qwen):
     print("\none prompt × 256 tokens (median of 5, whole call): " + ", ".join(f"{k} {v:,.0f} tok/s" for k, v in med.items())
           + f"; batched: {batched.describe()}")
     assert med["batched, one prompt"] >= 0.95 * med["batch-1 fast path"], med  # no slower, within the rounds' noise
+
+
+def test_attention_launch_shapes_agree_and_are_timed():
+    """The launch-shape benchmark of the paged kernel (``python -m nvkit.benchmarks.attention``):
+    every shape computes the default's output on the GPU, and each gets a time."""
+    from nvkit.benchmarks.attention import SHAPES, paged
+    df = paged(rows=(8, 64), repeats=5, shapes=SHAPES)
+    print("\n" + df.round(3).to_string())
+    assert "note" not in df.columns or df["note"].isna().all(), df.get("note")
+    assert (df["us_per_call"] > 0).all() and len(df) == 2 * len(SHAPES)
