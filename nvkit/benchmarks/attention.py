@@ -16,6 +16,7 @@ import random
 import sys
 
 from ..errors import NvkitError, require
+from .tables import table_text
 
 # (splits, pages per loop step, warps); None: the kernel's own choice (the product's launch)
 SHAPES = ((None, 1, None), (None, 1, 2), (None, 1, 8), (None, 2, 4), (None, 2, 8), (None, 4, 8),
@@ -149,7 +150,6 @@ def main(argv=None) -> int:
     """``python -m nvkit.benchmarks.attention [--rows 64,256] [--shapes auto/1/auto,2/2/8] [--csv F]``."""
     import argparse
 
-    import pandas as pd
     p = argparse.ArgumentParser(prog="python -m nvkit.benchmarks.attention", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen3-0.6b")
     p.add_argument("--rows", default="64,256", help="comma-separated row counts")
@@ -168,8 +168,7 @@ def main(argv=None) -> int:
     at = df.attrs
     print(f"paged decode attention · {at['model']} (heads {at['heads']}, {at['layers']} layers) · page {at['page']} · "
           f"prompts {at['lo']}-{at['hi']} + {at['new_tokens'] // 2} · {at['gpu']} ({at['sms']} SMs) · {at['repeats']} calls")
-    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 70):
-        print(df.round(3).to_string())
+    print(table_text(df.round(3)))
     if a.csv:
         df.to_csv(a.csv, index=False)
     return 1 if "note" in df.columns and df["note"].astype(str).str.startswith("wrong").any() else 0

@@ -26,6 +26,7 @@ from ..errors import NvkitError, require
 from ..memory.usage import release, rss_bytes
 from ..model import precision, session as model_session
 from ..units import fmt_bytes
+from .tables import table_text
 
 COLUMNS = ["row", "backend", "quantization", "tokens", "ttft_ms", "prefill_tok_s", "decode_tok_s",
            "peak_memory_bytes", "peak_memory", "match_rate", "error", "note"]
@@ -391,9 +392,8 @@ def cli_main(argv) -> int:
         if a.json:
             json_rows.append(df.to_json(orient="records", indent=2))
         elif not a.decode:  # the decode benchmark prints its own table
-            import pandas as pd
-            with pd.option_context("display.width", 200, "display.max_columns", 30, "display.max_colwidth", 60):
-                print(df.drop(columns=["peak_memory_bytes"], errors="ignore").to_string(index=False, float_format=lambda x: f"{x:.2f}"))
+            print(table_text(df.drop(columns=["peak_memory_bytes"], errors="ignore"), index=False, colwidth=60,
+                             float_format=lambda x: f"{x:.2f}"))
         for v, why in bad.items():  # a speed of a run that did not train is no speed
             print(f"nvkit bench: {v} did not train: {why}", file=sys.stderr)
         return 1 if bad else 0

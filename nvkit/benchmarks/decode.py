@@ -38,6 +38,7 @@ import time
 
 from ..checks import whole_number
 from ..errors import NvkitError, error_summary, require
+from .tables import table_text
 
 SINGLE_PATHS = ("generate", "static+compile", "fast")
 BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
@@ -439,10 +440,8 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     df.attrs.update(model=s.model_id, device=str(s.device), dtype=str(s.dtype).replace("torch.", ""),
                     gpu=torch.cuda.get_device_name(s.device) if cuda else "cpu")
     if show:
-        import pandas
-        with pandas.option_context("display.width", 200, "display.max_columns", 20, "display.max_colwidth", 70):
-            print(f"decode benchmark · {s.model_id} · {df.attrs['dtype']} · {df.attrs['gpu']}")
-            print(df.to_string(index=False))
+        print(f"decode benchmark · {s.model_id} · {df.attrs['dtype']} · {df.attrs['gpu']}")
+        print(table_text(df, index=False))
     return df
 
 

@@ -28,6 +28,7 @@ import time
 
 from ..checks import positive_int, whole_number
 from ..errors import NvkitError, require
+from .tables import table_text
 
 VARIANTS = ("plain", "nvkit", "nvkit+liger", "nvkit+gc")
 
@@ -386,7 +387,6 @@ def main(argv=None) -> int:
     status 1 when a variant did not train."""
     import argparse
 
-    import pandas as pd
     p = argparse.ArgumentParser(prog="python -m nvkit.benchmarks.lora", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen3-0.6b", help="a shape name (nvkit.demo.SHAPES), 'demo' or a local directory")
     p.add_argument("--batch-size", type=int, default=8)
@@ -409,8 +409,7 @@ def main(argv=None) -> int:
     at = df.attrs
     print(f"LoRA bench · {at['model']} · r={at['r']} all-linear · batch {at['batch_size']} × {at['seq_len']} · "
           f"{at['steps']} timed steps · lr {at['learning_rate']} · {at['gpu']}")
-    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 60):
-        print(df.round(3).to_string())
+    print(table_text(df.round(3), colwidth=60))
     if a.csv:
         df.to_csv(a.csv)
     bad = untrained(df)
