@@ -4,7 +4,9 @@ scripts/gpu_session.sh profile` runs it on the GPU machine):
 - ``batched``: 64 mixed prompts × 128 new tokens on the batched fast path (Qwen3-0.6B shape):
   the whole call's wall time, first progress report and decode rate after it, then the CUDA
   kernels of the call (and of a prefill-only call) grouped by kind — GEMMs, nvkit's attention,
-  inductor's fused kernels, other — with their share of the wall time.
+  inductor's fused kernels, other — with their share of the wall time; then the call's time with
+  a prefill budget of 4,096 against 16,384 padded prompt tokens per forward (fewer, larger
+  forwards launch fewer kernels).
 - ``lora``: 12 steps of 8 × 512 on the Qwen3-0.6B shape, plain PEFT + Trainer against
   ``nvkit.finetune(compile=False)`` with and without Liger: wall time per step, GPU kernel time
   per step and kernel launches per step (a step whose kernels take far less than its wall time is
@@ -136,8 +138,40 @@ def batched(model: str) -> None:
                 torch.cuda.synchronize()
                 w = time.perf_counter() - t
             _report(label, prof, w)
+        prefill_budgets(s, prompts)
     finally:
         s.unload()
+
+
+def prefill_budgets(s, prompts, budgets=(4096, 16384)) -> None:
+    """The batched decoder's prefill budget (padded prompt tokens per forward): fewer, larger
+    forwards launch fewer kernels; the table says whether the prefill waits on the host."""
+    import nvkit.generate.fast as fast
+    from nvkit.generate.fast.batched import BatchedDecoder
+    ids = [s.tokenizer(p)["input_ids"] for p in prompts]
+    print("\n--- prefill budget: 64 prompts, median of 3 calls after a warm-up")
+    for budget in budgets:
+        bd = BatchedDecoder(fast.decoder(s), prefill_tokens=budget)
+        try:
+            for new in (1, 128):
+                sampling, why = fast.resolve(s.model, dict(max_new_tokens=new, min_new_tokens=new, do_sample=False))
+                assert why is None, why
+                with torch.inference_mode():
+                    bd.generate(ids, sampling)  # compile (once per process), capture, pool
+                    torch.cuda.synchronize()
+                    torch.cuda.reset_peak_memory_stats()
+                    times = []
+                    for _ in range(3):
+                        t = time.perf_counter()
+                        bd.generate(ids, sampling)
+                        torch.cuda.synchronize()
+                        times.append(time.perf_counter() - t)
+                peak = torch.cuda.max_memory_allocated() / 2**30
+                wall = statistics.median(times)
+                print(f"    budget {budget:6d} · {new:3d} new: {1000 * wall:8.1f} ms ({64 * new / wall:,.0f} tok/s) · "
+                      f"peak {peak:.2f} GiB")
+        finally:
+            bd.release()
 
 
 def _rows(s, n_rows: int, seq_len: int):
