@@ -24,6 +24,7 @@ import tempfile
 import time
 
 from ..errors import NvkitError, require
+from .tables import table_text
 
 REQUESTS = (256, 256, 40, 100, 200, 300, 600, 1000, 30)
 COLUMNS = ["phase", "part", "path", "request", "new_tokens", "seconds", "tokens_per_s", "ttft_ms", "compiles",
@@ -216,12 +217,10 @@ def summary(df) -> "object":
 
 
 def _print(df) -> None:
-    import pandas as pd
-    with pd.option_context("display.width", 220, "display.max_columns", 20, "display.max_colwidth", 90):
-        print(f"session benchmark · {df.attrs.get('model')} · {df.attrs.get('gpu')}")
-        print(df.to_string(index=False))
-        print("\ntotals:")
-        print(summary(df).to_string(index=False))
+    print(f"session benchmark · {df.attrs.get('model')} · {df.attrs.get('gpu')}")
+    print(table_text(df, index=False, colwidth=90))
+    print("\ntotals:")
+    print(table_text(summary(df), index=False, colwidth=90))
 
 
 def run_phases(model="qwen3-0.6b", phases=("cold", "warm"), csv: str | None = None, folder: str | None = None,
