@@ -4,36 +4,45 @@ process (``python -m nvkit.benchmarks.attention``; on a GPU machine).
 One call is one layer's attention of one decode step: every row at its own position over a pool of
 scattered pages, as the batched fast path runs it. The rows' lengths are drawn like the decode
 benchmark's mixed prompts (``lo``–``hi`` prompt tokens) plus half the new tokens, a step in the
-middle of a request. Each shape is checked against the default launch's output before it is timed
-(a shape that computes something else is marked, not ranked), then timed with CUDA events over
-``repeats`` calls; the rows name the shape, µs per call, ms per decode step (× the model's layers),
-the KV bytes the call must read and the rate it read them at.
+middle of a request. Each shape's output is checked against an fp32 reference in plain torch
+before it is timed (``max_err``; a shape much further from it than the default launch is marked
+"wrong", not ranked: ``tl.dot`` rounds q and the weights to bf16 as a bf16 matmul does), then
+timed with CUDA events over ``repeats`` calls; the rows name the shape, µs per call, ms per decode
+step (× the model's layers), the KV bytes the call must read and the rate it read them at.
+``device="cpu"`` runs the same under Triton's interpreter (``TRITON_INTERPRET=1``), to check the
+benchmark itself; its times say nothing about a GPU.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 
 from ..errors import NvkitError, require
 from .tables import table_text
 
-# (splits, pages per loop step, warps); None: the kernel's own choice (the product's launch)
-SHAPES = ((None, 1, None), (None, 1, 2), (None, 1, 8), (None, 2, 4), (None, 2, 8), (None, 4, 8),
-          (2, 1, None), (4, 1, None), (2, 2, 8), (4, 2, 8))
-TOLERANCE = 2e-2  # bf16 outputs of O(1): a few ulps
+# (splits, pages per loop step, warps, tl.dot, stages); None: the kernel's own choice. The first
+# is the product's launch.
+SHAPES = ((None, 1, None, False, None), (None, 1, 2, False, None), (None, 1, 8, False, None),
+          (None, 2, 4, False, None), (None, 2, 8, False, None), (None, 4, 8, False, None),
+          (2, 1, None, False, None), (4, 1, None, False, None), (2, 2, 8, False, None), (4, 2, 8, False, None),
+          (None, 1, 4, True, None), (None, 2, 4, True, 3), (None, 2, 8, True, 3), (4, 2, 4, True, 3),
+          (8, 1, 4, True, 3))
+TOLERANCE = 2e-2  # from the fp32 reference, for bf16 outputs of O(1): a few ulps (or 4 × the default's own)
 
 
 def _shape_name(shape) -> str:
-    splits, pages, warps = shape
+    splits, pages, warps, dot, stages = shape
     if shape == SHAPES[0]:
         return "default"
     return (f"splits {splits if splits is not None else 'auto'} · {pages} page{'s' if pages > 1 else ''}/step"
-            f" · warps {warps if warps is not None else 'default'}")
+            f" · warps {warps if warps is not None else 'default'}{' · tl.dot' if dot else ''}"
+            f"{f' · {stages} stages' if stages is not None else ''}")
 
 
 def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512, new_tokens: int = 128,
-          shapes=SHAPES, repeats: int = 50, seed: int = 0):
+          shapes=SHAPES, repeats: int = 50, seed: int = 0, device: str = "cuda"):
     """A DataFrame, one row per (rows, launch shape): see the module docstring. ``model``: a shape
     name of ``nvkit.demo.SHAPES`` (its attention layout and layer count; random values)."""
     import pandas as pd
@@ -53,15 +62,20 @@ def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512
     for name, v in (("lo", lo), ("hi", hi), ("new_tokens", new_tokens), ("repeats", repeats)):
         require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{name} must be a whole number ≥ 1, not {v!r}.")
     require(lo <= hi, f"lo ({lo}) must not be more than hi ({hi}).")
-    require(isinstance(shapes, (list, tuple)) and shapes and all(isinstance(s, tuple) and len(s) == 3 for s in shapes),
-            "shapes must be a list of (splits, pages per step, warps) triples.")
-    if not torch.cuda.is_available():
-        raise NvkitError("The attention benchmark times a Triton kernel on a CUDA GPU; none is visible here.")
+    require(isinstance(shapes, (list, tuple)) and shapes and all(isinstance(s, tuple) and len(s) == 5 for s in shapes),
+            "shapes must be a list of (splits, pages per step, warps, dot, stages) tuples.")
+    require(device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise NvkitError("The attention benchmark times a Triton kernel on a CUDA GPU; none is visible here "
+                         "(device='cpu' with TRITON_INTERPRET=1 checks the benchmark itself).")
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise NvkitError("device='cpu' runs the kernel in Triton's interpreter: start Python with TRITON_INTERPRET=1.")
 
     cfg = shaped_config(model.lower())
     nh, nkv, hd = attention_dims(cfg)
     layers = int(cfg.get_text_config().num_hidden_layers)
-    dev, dt = torch.device("cuda"), torch.bfloat16
+    dev = torch.device(device)
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
     rng = random.Random(f"attention:{seed}")
     gen = torch.Generator(device="cpu").manual_seed(seed)
     out = []
@@ -89,65 +103,92 @@ def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512
         read = sum(lengths) * nkv * hd * 2 * k.element_size()  # K and V of every row's positions
 
         def call(shape):
-            splits, per_step, warps = shape
+            splits, per_step, warps, dot, stages = shape
             return da.paged_launch(qkv, qw, kw, cos, sin, k, v, pos, table, PAGE, hd ** -0.5, 1e-6,
-                                   splits=splits, pages_per_step=per_step, num_warps=warps)
+                                   splits=splits, pages_per_step=per_step, num_warps=warps, dot=dot,
+                                   num_stages=stages)
 
-        ref = call(SHAPES[0]).float()
+        # fp32 reference in plain torch, row by row (on copies: it writes the new keys too)
+        ref = da.paged_attend_rope_reference(qkv, qw, kw, cos, sin, k.clone(), v.clone(), pos.cpu(), table.cpu(),
+                                             PAGE, hd ** -0.5, 1e-6).float()
+        base_err = (call(SHAPES[0]).float() - ref).abs().max().item()
+        bound = max(TOLERANCE, 4 * base_err)
         for shape in shapes:
             row = {"rows": n, "shape": _shape_name(shape), "positions": sum(lengths), "kv_mib": read / 2**20}
             try:
                 got = call(shape)  # compiles the kernel for this shape
                 err = (got.float() - ref).abs().max().item()
                 row["max_err"] = err
-                if not err <= TOLERANCE:
-                    row["note"] = f"wrong: differs from the default launch by {err:.3g}"
+                if not err <= bound:
+                    row["note"] = (f"wrong: {err:.3g} from the fp32 reference, where the default launch is "
+                                   f"{base_err:.3g} from it")
                     out.append(row)
                     continue
-                torch.cuda.synchronize()
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                for _ in range(repeats):
-                    call(shape)
-                end.record()
-                end.synchronize()
-                us = start.elapsed_time(end) * 1000 / repeats
+                us = _time_us(lambda: call(shape), repeats, dev)
                 row.update(us_per_call=us, ms_per_step=us * layers / 1000, read_gb_s=read / (us * 1e-6) / 1e9)
             except Exception as e:  # noqa: BLE001 - a shape the GPU cannot run is a row that says so
                 row["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
             out.append(row)
         del k, v, qkv
     df = pd.DataFrame(out)
-    df.attrs.update(model=model, layers=layers, heads=(nh, nkv, hd), page=PAGE, gpu=torch.cuda.get_device_name(),
-                    sms=torch.cuda.get_device_properties(0).multi_processor_count, new_tokens=new_tokens,
-                    lo=lo, hi=hi, repeats=repeats)
+    cuda = dev.type == "cuda"
+    df.attrs.update(model=model, layers=layers, heads=(nh, nkv, hd), page=PAGE,
+                    gpu=torch.cuda.get_device_name(dev) if cuda else "cpu (Triton's interpreter)",
+                    sms=torch.cuda.get_device_properties(dev).multi_processor_count if cuda else 0,
+                    new_tokens=new_tokens, lo=lo, hi=hi, repeats=repeats)
     return df
 
 
+def _time_us(fn, repeats: int, dev) -> float:
+    """Microseconds per call of ``fn`` over ``repeats`` calls (CUDA events on a GPU)."""
+    import time
+
+    import torch
+    if dev.type != "cuda":
+        t = time.perf_counter()
+        for _ in range(repeats):
+            fn()
+        return (time.perf_counter() - t) * 1e6 / repeats
+    torch.cuda.synchronize(dev)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / repeats
+
+
 def parse_shapes(text: str) -> tuple:
-    """'auto/1/auto,2/2/8' -> ((None, 1, None), (2, 2, 8)): splits/pages per step/warps per shape."""
+    """'auto/1/auto,2/2/8/dot/3' -> ((None, 1, None, False, None), (2, 2, 8, True, 3)): per shape
+    splits/pages per step/warps, then optionally 'dot' (or 'sum') and the stages."""
     out = []
     for part in text.split(","):
-        bits = part.strip().split("/")
-        if len(bits) != 3:
-            raise NvkitError(f"A launch shape is splits/pages/warps (e.g. auto/1/8), not {part.strip()!r}.")
+        bits = [b.strip() for b in part.strip().split("/")]
+        if not 3 <= len(bits) <= 5:
+            raise NvkitError(f"A launch shape is splits/pages/warps[/dot|sum[/stages]] (e.g. auto/1/8 or 2/2/4/dot/3), "
+                             f"not {part.strip()!r}.")
+        dot = False
+        if len(bits) >= 4:
+            if bits[3] not in ("dot", "sum"):
+                raise NvkitError(f"{bits[3]!r} in {part.strip()!r}: the fourth part is 'dot' or 'sum'.")
+            dot = bits[3] == "dot"
         vals = []
-        for b in bits:
-            b = b.strip()
+        for b in bits[:3] + bits[4:]:
             if b == "auto":
                 vals.append(None)
             elif b.isdigit() and int(b) >= 1:
                 vals.append(int(b))
             else:
-                raise NvkitError(f"{b!r} in {part.strip()!r}: each part is a whole number ≥ 1 or 'auto'.")
+                raise NvkitError(f"{b!r} in {part.strip()!r}: each number is a whole number ≥ 1 or 'auto'.")
         if vals[1] is None:
             raise NvkitError(f"pages per step is a number (1, 2, 4…), not 'auto', in {part.strip()!r}.")
-        out.append(tuple(vals))
+        out.append((vals[0], vals[1], vals[2], dot, vals[3] if len(vals) > 3 else None))
     return tuple(out)
 
 
 def main(argv=None) -> int:
-    """``python -m nvkit.benchmarks.attention [--rows 64,256] [--shapes auto/1/auto,2/2/8] [--csv F]``."""
+    """``python -m nvkit.benchmarks.attention [--rows 64,256] [--shapes auto/1/auto,2/2/8/dot/3] [--csv F]``."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m nvkit.benchmarks.attention", description=__doc__.splitlines()[0])
@@ -155,7 +196,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default="64,256", help="comma-separated row counts")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=50)
-    p.add_argument("--shapes", default=None, help="splits/pages/warps,... (default: the built-in list)")
+    p.add_argument("--shapes", default=None, help="splits/pages/warps[/dot|sum[/stages]],... (default: the built-in list)")
     p.add_argument("--csv", default=None)
     a = p.parse_args(argv)
     try:

@@ -304,7 +304,7 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
                              stride_qb, stride_tb, stride_kt, stride_kh, stride_vt, stride_vh,
                              NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                              HD: tl.constexpr, N_SPLITS: tl.constexpr, PAGE: tl.constexpr,
-                             HAS_NORM: tl.constexpr, PAGES: tl.constexpr):
+                             HAS_NORM: tl.constexpr, PAGES: tl.constexpr, DOT: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -336,6 +336,8 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
     s_sum = tl.zeros((GROUPS_P2,), tl.float32)
     acc = tl.zeros((GROUPS_P2, HD), tl.float32)
     cols = tl.arange(0, PAGE * PAGES)
+    if DOT:  # the scores and the weighted sum on tensor cores: q in the cache's dtype, rows padded to 16
+        qd = q.to(K.dtype.element_ty)
     for blk in range(split, pos // (PAGE * PAGES) + 1, N_SPLITS):  # no step when the slice's first block lies past pos
         at = blk * (PAGE * PAGES) + cols
         ok = at <= pos
@@ -345,13 +347,19 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
             t = tl.load(row_table + at // PAGE, mask=ok, other=0).to(tl.int64) * PAGE + at % PAGE
         k = tl.load(K + t[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(V + t[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=ok[:, None], other=0.0)
-        s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
+        if DOT:
+            s = tl.dot(qd, tl.trans(k)) * scale
+        else:
+            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
         s = tl.where(ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the first column of every step is valid
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m - m_new)
         s_sum = s_sum * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        if DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(V.dtype.element_ty), v)
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m = m_new
     out_rows = b.to(tl.int64) * NH + heads
     if N_SPLITS == 1:  # the whole row in this program: the output itself, no merge
@@ -398,10 +406,14 @@ def paged_decode_attention(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], 
 
 
 def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int, scale: float, eps: float, *,
-                 splits: int | None = None, pages_per_step: int = 1, num_warps: int | None = None):
+                 splits: int | None = None, pages_per_step: int = 1, num_warps: int | None = None,
+                 dot: bool = False, num_stages: int | None = None):
     """What ``paged_decode_attention`` runs, with the kernel's launch shape as arguments (the op
     takes the defaults): ``splits`` slices per (row, KV head) (None: ``paged_splits``),
-    ``pages_per_step`` pages per step of the kernel's loop, ``num_warps`` (None: Triton's default).
+    ``pages_per_step`` pages per step of the kernel's loop, ``num_warps`` and ``num_stages`` (None:
+    Triton's defaults); ``dot=True`` computes the scores and the weighted sum with ``tl.dot``
+    (tensor cores; the group's query heads padded to 16 rows, q and the weights rounded to the
+    cache's dtype, as a matmul in that dtype does) instead of fp32 products and sums.
     ``nvkit.benchmarks.attention`` times the shapes against each other."""
     why = check_paged(qkv, k, v, pos, table, cos, sin, page)
     if not why and (q_weight is None) != (k_weight is None):
@@ -411,6 +423,11 @@ def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int,
     _pow2_or_none("splits", splits)
     _pow2_or_none("pages_per_step", pages_per_step)
     _pow2_or_none("num_warps", num_warps)
+    if not isinstance(dot, bool):
+        raise ValueError(f"nvkit::paged_decode_attention dot must be True or False, not {dot!r}")
+    if num_stages is not None and not (isinstance(num_stages, int) and not isinstance(num_stages, bool)
+                                       and 1 <= num_stages <= 8):
+        raise ValueError(f"nvkit::paged_decode_attention num_stages must be a whole number from 1 to 8, not {num_stages!r}")
     rows, width, hd = qkv.shape
     nkv = k.shape[1]
     nh = width - 2 * nkv
@@ -429,13 +446,16 @@ def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int,
         o = torch.empty((rows * nh, n_splits, hd), **f32)
     has_norm = q_weight is not None
     groups = nh // nkv
-    launch = {} if num_warps is None else {"num_warps": num_warps}
+    launch = {name: n for name, n in (("num_warps", num_warps), ("num_stages", num_stages)) if n is not None}
+    rows_p2 = _next_pow2(groups)
+    if dot:
+        rows_p2 = max(16, rows_p2)  # tl.dot's smallest M
     _paged_rope_split_kernel[(rows, nkv, n_splits)](
         qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos, sin, k, v, pos, table,
         m, s_sum, o, out, scale, eps,
         qkv.stride(0), table.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        NH=nh, NKV=nkv, GROUPS=groups, GROUPS_P2=_next_pow2(groups), HD=hd, N_SPLITS=n_splits, PAGE=page,
-        HAS_NORM=has_norm, PAGES=pages_per_step, **launch)
+        NH=nh, NKV=nkv, GROUPS=groups, GROUPS_P2=rows_p2, HD=hd, N_SPLITS=n_splits, PAGE=page,
+        HAS_NORM=has_norm, PAGES=pages_per_step, DOT=dot, **launch)
     if n_splits > 1:
         _combine_kernel[(rows * nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
     return out

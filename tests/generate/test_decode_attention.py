@@ -251,17 +251,19 @@ def test_paged_kernel_matches_reference_for_ragged_rows():
             # the launch shapes the attention benchmark compares compute the same thing (on the
             # first layout: the interpreter is slow)
             for shape in ((dict(splits=2, pages_per_step=2), dict(splits=1, pages_per_step=4),
-                           dict(splits=4, pages_per_step=2, num_warps=2), dict(splits=8)) if nh == 16 and sms == 64
-                          and dtype == torch.float32 else ()):
+                           dict(splits=4, pages_per_step=2, num_warps=2), dict(splits=8),
+                           dict(dot=True), dict(splits=4, pages_per_step=2, dot=True, num_stages=3))
+                          if nh == 16 and sms == 64 and dtype == torch.float32 else ()):
                 k3, v3 = k1.clone(), v1.clone()
                 got2 = da.paged_launch(qkv, qw, kw, cos, sin, k3, v3, pos, table, page, hd ** -0.5, 1e-6, **shape)
                 err2 = (got2.float() - ref.float()).abs().max().item()
                 assert err2 <= tol and torch.equal(v3.nan_to_num(), v1.nan_to_num()), (nh, shape, err2)
-        for bad_shape in (dict(splits=3), dict(pages_per_step=0), dict(num_warps=6), dict(splits=True + 2)):
+        for bad_shape in (dict(splits=3), dict(pages_per_step=0), dict(num_warps=6), dict(splits=True + 2),
+                          dict(dot="yes"), dict(num_stages=0), dict(num_stages=True)):
             try:
                 da.paged_launch(qkv, qw, kw, cos, sin, k1, v1, pos, table, page, hd ** -0.5, 1e-6, **bad_shape)
             except ValueError as e:
-                assert "power of two" in str(e), e
+                assert "power of two" in str(e) or "dot must be" in str(e) or "num_stages must be" in str(e), e
             else:
                 raise AssertionError(bad_shape)
         assert da.paged_splits(64, 8, 40, 132) == 1 and da.paged_splits(2, 8, 40, 132) == 16
