@@ -8,9 +8,9 @@
   generation back by up to its period).
 - ``job.done`` / callbacks for panels that fire and forget.
 
-The two waits return once the done callbacks have run too: a script that waits on a panel's job
-then reads the panel finds it showing the result (``job.done`` is true a moment earlier, as soon as
-the result exists).
+The waits (``result``, ``wait_done``, ``await``) return once the done callbacks have run too: a
+script that waits on a panel's job then reads the panel finds it showing the result (``job.done``
+is true a moment earlier, as soon as the result exists; ``job.settled`` once the callbacks ran).
 
 Widget callbacks only set ``job.stop_event``; the worker checks it between steps.
 """
