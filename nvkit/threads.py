@@ -128,22 +128,21 @@ class Job:
         return self._result
 
     async def wait(self) -> Any:
-        if not self._waited().is_set():
-            loop = asyncio.get_running_loop()
-            woken = loop.create_future()
+        loop = asyncio.get_running_loop()
+        woken = loop.create_future()
 
-            def wake() -> None:  # in the worker thread, after the done callbacks
-                try:
-                    loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
-                except RuntimeError:  # the loop closed meanwhile (a kernel shutting down): nobody waits
-                    pass
+        def wake() -> None:  # in the worker thread, after the done callbacks
+            try:
+                loop.call_soon_threadsafe(lambda: woken.done() or woken.set_result(None))
+            except RuntimeError:  # the loop closed meanwhile (a kernel shutting down): nobody waits
+                pass
 
-            with self._lock:
-                waiting = not self._settled.is_set()
-                if waiting:
-                    self._settled_waiters.append(wake)
+        with self._lock:
+            waiting = not self._settled.is_set()
             if waiting:
-                await woken
+                self._settled_waiters.append(wake)
+        if waiting:
+            await woken
         return self._value()
 
     def __await__(self):

@@ -28,6 +28,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import nvkit
+from nvkit.benchmarks.lora import loop_rows
 from nvkit.demo import shaped
 
 CUDA = torch.cuda.is_available()
@@ -174,15 +175,6 @@ def prefill_budgets(s, prompts, budgets=(4096, 16384)) -> None:
             bd.release()
 
 
-def _rows(s, n_rows: int, seq_len: int):
-    from nvkit.train import data as train_data
-    sentence = "NVIDIA GPUs train LoRA adapters on short runs and long runs alike. "
-    per = max(1, len(s.tokenizer(sentence, add_special_tokens=False)["input_ids"]))
-    text = sentence * max(1, (seq_len - 2) // per)
-    rows, _ = train_data.prepare([text] * n_rows, s.tokenizer, seq_len, True)
-    return text, rows[:n_rows]
-
-
 def lora(model: str, steps: int = 12, batch: int = 8, seq_len: int = 512) -> None:
     from nvkit.model.precision import precision
     from nvkit.train import data as train_data
@@ -191,7 +183,7 @@ def lora(model: str, steps: int = 12, batch: int = 8, seq_len: int = 512) -> Non
         model, batch, seq_len = "demo", 2, 64
     s = nvkit.load(shaped(model) if model != "demo" else "demo", device_map="cuda" if CUDA else "cpu")
     lora_cfg = dict(r=16, alpha=32, dropout=0.05, target_modules="all-linear")
-    text, rows = _rows(s, batch * steps, seq_len)
+    text, rows = loop_rows(s.tokenizer, seq_len, batch * steps)
     dev = "cuda" if CUDA else "cpu"
     cap = torch.cuda.get_device_capability() if CUDA else None
     results = {}

@@ -19,6 +19,7 @@ import os
 import random
 import sys
 
+from ..checks import positive_int, whole_number
 from ..errors import NvkitError, require
 from .tables import table_text
 
@@ -52,15 +53,16 @@ def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512
     from ..demo import shaped_config
     from ..generate import decode_attention as da
     from ..generate.fast.arena import PAGE
+    from ..generate.fast.schedule import pages_for
     from ..memory.estimate import attention_dims
 
     require(isinstance(model, str) and model.lower() in MODEL_SHAPES,
             f"model must be one of {sorted(MODEL_SHAPES)}, not {model!r}.")
-    require(isinstance(rows, (list, tuple)) and rows and all(isinstance(n, int) and not isinstance(n, bool)
-                                                             and 1 <= n <= 4096 for n in rows),
-            f"rows must be a list of whole numbers from 1 to 4096, e.g. (64, 256), not {rows!r}.")
+    require(isinstance(rows, (list, tuple)) and rows, f"rows must be a list of row counts, e.g. (64, 256), not {rows!r}.")
+    for n in rows:
+        whole_number("rows", n, 1, 4096)
     for name, v in (("lo", lo), ("hi", hi), ("new_tokens", new_tokens), ("repeats", repeats)):
-        require(isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{name} must be a whole number ≥ 1, not {v!r}.")
+        positive_int(name, v)
     require(lo <= hi, f"lo ({lo}) must not be more than hi ({hi}).")
     require(isinstance(shapes, (list, tuple)) and shapes and all(isinstance(s, tuple) and len(s) == 5 for s in shapes),
             "shapes must be a list of (splits, pages per step, warps, dot, stages) tuples.")
@@ -81,14 +83,14 @@ def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512
     out = []
     for n in rows:
         lengths = [rng.randint(lo, hi) + new_tokens // 2 for _ in range(n)]
-        width = max(-(-x // PAGE) for x in lengths)
-        need = sum(-(-x // PAGE) for x in lengths)
+        width = max(pages_for(x, PAGE) for x in lengths)
+        need = sum(pages_for(x, PAGE) for x in lengths)
         pages = need + 1  # page 0: the scratch page the batched path keeps
         order = (torch.randperm(need, generator=gen) + 1).tolist()
         table = torch.zeros((n, width), dtype=torch.int32)
         at = 0
         for b, x in enumerate(lengths):
-            k_pages = -(-x // PAGE)
+            k_pages = pages_for(x, PAGE)
             table[b, :k_pages] = torch.tensor(order[at:at + k_pages], dtype=torch.int32)
             at += k_pages
         table = table.to(dev)

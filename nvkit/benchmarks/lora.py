@@ -290,18 +290,12 @@ def short_runs(model: str = "qwen3-0.6b", steps=(20, 200), batch_size: int = 8, 
         path = shaped(model)
 
     from ..model.session import load
-    from ..train import data as train_data
     from ..train.finetune import finetune
 
     lora = dict(r=r, alpha=2 * r, dropout=0.05, target_modules="all-linear")
     s = load(path, device_map="cuda" if device_type == "cuda" else "cpu", quantization=quantization)
     # the same packed rows for both: one long text example per row of seq_len tokens
-    sentence = "NVIDIA GPUs train LoRA adapters on short runs and long runs alike. "
-    per = max(1, len(s.tokenizer(sentence, add_special_tokens=False)["input_ids"]))
-    text = sentence * max(1, (seq_len - 2) // per)
-    data = [text] * (batch_size * max(steps))
-    rows, _ = train_data.prepare(data, s.tokenizer, seq_len, True)
-    rows = rows[: batch_size * max(steps)]
+    text, rows = loop_rows(s.tokenizer, seq_len, batch_size * max(steps))
     tokens_per_step = sum(len(x) for x in rows[:batch_size])
 
     out = []
@@ -341,6 +335,17 @@ def short_runs(model: str = "qwen3-0.6b", steps=(20, 200), batch_size: int = 8, 
     df.attrs.update(model=model, batch_size=batch_size, seq_len=seq_len, r=r, device=device_type,
                     quantization=quantization, gpu=torch.cuda.get_device_name() if device_type == "cuda" else "cpu")
     return df[["steps", "variant", "wall_s", "tokens_per_s", "wall_vs_plain", "compile"]]
+
+
+def loop_rows(tokenizer, seq_len: int, n_rows: int):
+    """(text, rows) of the short-run comparison: a text that fills one row of ``seq_len`` tokens,
+    and ``n_rows`` packed rows of it, the same for plain PEFT and for ``nvkit.finetune``."""
+    from ..train import data as train_data
+    sentence = "NVIDIA GPUs train LoRA adapters on short runs and long runs alike. "
+    per = max(1, len(tokenizer(sentence, add_special_tokens=False)["input_ids"]))
+    text = sentence * max(1, (seq_len - 2) // per)
+    rows, _ = train_data.prepare([text] * n_rows, tokenizer, seq_len, True)
+    return text, rows[:n_rows]
 
 
 def _plain_wall(session, rows, steps: int, batch_size: int, lora: dict, device_type: str) -> float:

@@ -18,10 +18,10 @@ import threading
 
 from .. import events
 from ..errors import NvkitError, require
+from .worker import RECORD_START
 
 _RANK_PREFIX = re.compile(r"^\[([A-Za-z_]*?)(\d+)\]:(.*)$")
 _MAX_LOG_LINES = 5000
-_RECORD_START = '{"nvkit": 1'  # how worker.Emitter begins every line (json.dumps, "nvkit" first)
 _INT_FIELDS = ("rank", "local_rank", "world", "step", "total_steps")
 _log = logging.getLogger("nvkit.launch")
 
@@ -136,7 +136,7 @@ class LaunchRun:
         self._rank_line(rank, self._partial.pop(rank, "") + pieces[-1])
 
     def _rank_line(self, rank: int | None, line: str) -> None:
-        start = line.find(_RECORD_START)
+        start = line.find(RECORD_START)
         if start > 0:  # text the rank left unended (a progress bar on stderr), then a record
             if line[:start].strip():
                 self.logs.append((rank, line[:start]))

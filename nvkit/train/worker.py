@@ -30,6 +30,9 @@ import time
 USAGE = "usage: python -m torch.distributed.run [torchrun options] -m nvkit.train.worker RUN_DIR"
 
 
+RECORD_START = '{"nvkit": 1'  # how every Emitter line begins (json.dumps keeps "nvkit" first): the reader finds records by it
+
+
 class Emitter:
     """Prints one JSON metric line per call, tagged with this process's rank."""
 
