@@ -24,8 +24,9 @@ from ..errors import NvkitError, require
 from .tables import table_text
 
 # (splits, pages per loop step, warps, tl.dot, stages); None: the kernel's own choice. The first
-# is the product's launch.
-SHAPES = ((None, 1, None, False, None), (None, 1, 2, False, None), (None, 1, 8, False, None),
+# is the product's launch (``paged_launch``'s defaults, which depend on the cache's dtype); the
+# second the fp32 products with Triton's own launch.
+SHAPES = ((None, None, None, None, None), (None, 1, None, False, None), (None, 1, 2, False, None), (None, 1, 8, False, None),
           (None, 2, 4, False, None), (None, 2, 8, False, None), (None, 4, 8, False, None),
           (2, 1, None, False, None), (4, 1, None, False, None), (2, 2, 8, False, None), (4, 2, 8, False, None),
           (None, 1, 4, True, None), (None, 2, 4, True, 3), (None, 2, 8, True, 3), (4, 2, 4, True, 3),

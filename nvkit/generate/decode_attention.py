@@ -287,6 +287,21 @@ def _sm_count(device) -> int:
     return _SM_COUNT[key]
 
 
+# the launch ``paged_launch`` takes on a 16-bit cache when nothing is asked (see its docstring;
+# ``python -m nvkit.benchmarks.attention`` compares it with the others)
+DOT_LAUNCH = {"pages_per_step": 2, "num_warps": 4, "num_stages": 3}
+DOT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def default_launch(cache: torch.Tensor) -> dict:
+    """The launch ``paged_launch`` takes for this KV pool when none is asked: ``DOT_LAUNCH`` with
+    ``dot=True`` for a 16-bit pool on a GPU, else the fp32 products with Triton's own launch (on
+    the CPU too: Triton's interpreter gets a bf16 ``tl.dot`` wrong)."""
+    if cache.is_cuda and cache.dtype in DOT_DTYPES:
+        return {"dot": True, **DOT_LAUNCH}
+    return {"dot": False, "pages_per_step": 1, "num_warps": None, "num_stages": None}
+
+
 def paged_splits(rows: int, nkv: int, blocks: int, sms: int) -> int:
     """Slices per (row, KV head): enough programs for about two per SM, never more slices than
     the table has blocks (of the kernel's loop), a power of two up to ``MAX_SPLITS``."""
@@ -406,20 +421,34 @@ def paged_decode_attention(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], 
 
 
 def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int, scale: float, eps: float, *,
-                 splits: int | None = None, pages_per_step: int = 1, num_warps: int | None = None,
-                 dot: bool = False, num_stages: int | None = None):
+                 splits: int | None = None, pages_per_step: int | None = None, num_warps: int | None = None,
+                 dot: bool | None = None, num_stages: int | None = None):
     """What ``paged_decode_attention`` runs, with the kernel's launch shape as arguments (the op
     takes the defaults): ``splits`` slices per (row, KV head) (None: ``paged_splits``),
     ``pages_per_step`` pages per step of the kernel's loop, ``num_warps`` and ``num_stages`` (None:
     Triton's defaults); ``dot=True`` computes the scores and the weighted sum with ``tl.dot``
     (tensor cores; the group's query heads padded to 16 rows, q and the weights rounded to the
     cache's dtype, as a matmul in that dtype does) instead of fp32 products and sums.
-    ``nvkit.benchmarks.attention`` times the shapes against each other."""
+    ``nvkit.benchmarks.attention`` times the shapes against each other.
+
+    The defaults (every argument None) are ``DOT_LAUNCH`` for a bf16/fp16 cache on a GPU: the fp32 products
+    and sums keep the kernel's registers busy with conversions while the tensor cores idle, so on
+    a 16-bit cache tensor cores with two pages per loop step and a three-stage pipeline read the
+    cache several times faster. An fp32 cache keeps the fp32 products, since ``tl.dot`` on fp32
+    inputs would round them to TF32."""
     why = check_paged(qkv, k, v, pos, table, cos, sin, page)
     if not why and (q_weight is None) != (k_weight is None):
         why = "takes both norm weights or neither"
     if why:
         raise ValueError(f"nvkit::paged_decode_attention {why}")
+    if dot is None:
+        auto = default_launch(k)
+        dot = auto["dot"]
+        pages_per_step = auto["pages_per_step"] if pages_per_step is None else pages_per_step
+        num_warps = auto["num_warps"] if num_warps is None else num_warps
+        num_stages = auto["num_stages"] if num_stages is None else num_stages
+    elif pages_per_step is None:
+        pages_per_step = 1
     _pow2_or_none("splits", splits)
     _pow2_or_none("pages_per_step", pages_per_step)
     _pow2_or_none("num_warps", num_warps)

@@ -266,6 +266,12 @@ def test_paged_kernel_matches_reference_for_ragged_rows():
                 assert "power of two" in str(e) or "dot must be" in str(e) or "num_stages must be" in str(e), e
             else:
                 raise AssertionError(bad_shape)
+        # the default launch: fp32 products on the CPU whatever the dtype (the interpreter gets a
+        # bf16 tl.dot wrong), and explicit arguments beside dot=None keep the fp32 products
+        for dt in (torch.float32, torch.bfloat16):
+            assert da.default_launch(torch.zeros(1, dtype=dt)) == dict(dot=False, pages_per_step=1, num_warps=None,
+                                                                       num_stages=None)
+        assert da.DOT_LAUNCH["pages_per_step"] >= 1 and set(da.DOT_LAUNCH) == {"pages_per_step", "num_warps", "num_stages"}
         assert da.paged_splits(64, 8, 40, 132) == 1 and da.paged_splits(2, 8, 40, 132) == 16
         assert da.paged_splits(2, 8, 3, 132) == 4  # never more slices than the table has blocks (rounded up)
         bad = da.check_paged(torch.zeros(2, 20, 64), torch.zeros(64, 2, 32), torch.zeros(64, 2, 32),

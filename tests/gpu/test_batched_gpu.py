@@ -157,8 +157,14 @@ def test_a_batch_of_one_is_no_slower_than_the_batch1_fast_path(qwen):
 def test_attention_launch_shapes_agree_and_are_timed():
     """The launch-shape benchmark of the paged kernel (``python -m nvkit.benchmarks.attention``):
     every shape computes the default's output on the GPU, and each gets a time."""
+    import torch
+
     from nvkit.benchmarks.attention import SHAPES, paged
-    df = paged(rows=(8, 64), repeats=5, shapes=SHAPES)
+    from nvkit.generate.decode_attention import DOT_LAUNCH, default_launch
+    # a bf16 pool on the GPU takes the tensor-core launch ("default" below)
+    assert default_launch(torch.zeros(1, dtype=torch.bfloat16, device="cuda")) == dict(dot=True, **DOT_LAUNCH)
+    assert default_launch(torch.zeros(1, dtype=torch.float32, device="cuda"))["dot"] is False
+    df = paged(rows=(1, 8, 64), repeats=5, shapes=SHAPES)
     print("\n" + df.round(3).to_string())
     assert "note" not in df.columns or df["note"].isna().all(), df.get("note")
-    assert (df["us_per_call"] > 0).all() and len(df) == 2 * len(SHAPES)
+    assert (df["us_per_call"] > 0).all() and len(df) == 3 * len(SHAPES)
