@@ -268,8 +268,9 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
         remember_model(run, model)
         fused, why = fused_loss_supported(model)
         info["loss"] = why
-        if use_liger:
-            info["liger_modules"] = apply_liger(model)
+        liger_swap = apply_liger(model) if use_liger else None
+        if liger_swap is not None:
+            info["liger_modules"] = liger_swap.count
         if do_compile:
             if cache is not None:
                 info["compile_cache"] = cache.load()
@@ -304,6 +305,8 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
             raise oom_error(e, "fine-tune", s) from e
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            if liger_swap is not None:
+                liger_swap.undo()
             if do_compile:
                 uncompile_layers(model)
                 if cache is not None and trained:

@@ -95,31 +95,71 @@ def prepare_lora_model(model, lora: dict, gradient_checkpointing: bool):
     return peft_model, kbit, notes
 
 
-def apply_liger(model) -> int:
-    """Swap RMSNorm modules and MLP forwards for Liger's Triton kernels on this model instance only
-    (Liger's apply_liger_kernel_to_* patch classes process-wide, which would also change any other
-    model in the kernel — e.g. the plain baseline of a benchmark)."""
-    import types
+class ModuleSwap:
+    """What ``swap_norms_and_mlps`` changed on one model, to put back with ``undo``: the modules it
+    replaced (their weights copied back first, in case training changed them) and the MLP
+    forwards it bound on instances."""
 
-    import torch
-    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
-    from liger_kernel.transformers.rms_norm import LigerRMSNorm
+    def __init__(self):
+        self.replaced: list = []   # (parent, attribute, original module, its replacement)
+        self.forwards: list = []   # modules whose forward is bound on the instance
+
+    @property
+    def count(self) -> int:
+        return len(self.replaced) + len(self.forwards)
+
+    def undo(self) -> None:
+        import torch
+        for parent, child, original, new in reversed(self.replaced):
+            if getattr(parent, child, None) is new:
+                with torch.no_grad():
+                    original.weight.copy_(new.weight)
+                setattr(parent, child, original)
+        for module in self.forwards:
+            module.__dict__.pop("forward", None)
+        self.replaced.clear()
+        self.forwards.clear()
+
+
+def swap_norms_and_mlps(model, norm, mlp_forward) -> ModuleSwap:
+    """On this model instance only, every RMSNorm module replaced by ``norm(module)`` and every
+    gate/up/down MLP's forward by ``mlp_forward`` (bound to the MLP); returns what to undo."""
+    import types
     lm = causal_lm(model)
-    swapped = 0
+    swap = ModuleSwap()
     for name, module in list(lm.named_modules()):
         cls = type(module).__name__
         if cls.endswith("RMSNorm") and hasattr(module, "weight") and module.weight.dim() == 1:
-            eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
-            new = LigerRMSNorm(module.weight.shape[0], eps=eps).to(device=module.weight.device, dtype=module.weight.dtype)
-            with torch.no_grad():
-                new.weight.copy_(module.weight)
-            new.weight.requires_grad_(module.weight.requires_grad)
             parent_name, _, child = name.rpartition(".")
-            setattr(lm.get_submodule(parent_name) if parent_name else lm, child, new)
-            swapped += 1
+            parent = lm.get_submodule(parent_name) if parent_name else lm
+            new = norm(module)
+            setattr(parent, child, new)
+            swap.replaced.append((parent, child, module, new))
         elif cls.endswith("MLP") and all(hasattr(module, a) for a in ("gate_proj", "up_proj", "down_proj")):
-            def forward(self, x):
-                return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
-            module.forward = types.MethodType(forward, module)
-            swapped += 1
-    return swapped
+            module.forward = types.MethodType(mlp_forward, module)
+            swap.forwards.append(module)
+    return swap
+
+
+def apply_liger(model) -> ModuleSwap:
+    """Swap RMSNorm modules and MLP forwards for Liger's Triton kernels on this model instance only
+    (Liger's apply_liger_kernel_to_* patch classes process-wide, which would also change any other
+    model in the kernel — e.g. the plain baseline of a benchmark). ``nvkit.finetune`` undoes the
+    swap when its run ends: the session generates with the model as loaded (plus the adapter),
+    and a later plain-PEFT run on the same model is plain."""
+    import torch
+    from liger_kernel.ops.swiglu import LigerSiLUMulFunction
+    from liger_kernel.transformers.rms_norm import LigerRMSNorm
+
+    def norm(module):
+        eps = getattr(module, "variance_epsilon", getattr(module, "eps", 1e-6))
+        new = LigerRMSNorm(module.weight.shape[0], eps=eps).to(device=module.weight.device, dtype=module.weight.dtype)
+        with torch.no_grad():
+            new.weight.copy_(module.weight)
+        new.weight.requires_grad_(module.weight.requires_grad)
+        return new
+
+    def forward(self, x):
+        return self.down_proj(LigerSiLUMulFunction.apply(self.gate_proj(x), self.up_proj(x)))
+
+    return swap_norms_and_mlps(model, norm, forward)

@@ -69,6 +69,12 @@ def test_lora_liger_without_compile(shaped, tmp_path):
     s = nvkit.load(shaped, device_map="cuda")
     run = _run(s, tmp_path, compile=False, liger=True)
     assert run.info["liger"].startswith("on") and run.info["liger_modules"] > 0
+    # the swap ends with the run: the session generates (and a later plain run trains) with the
+    # model's own modules
+    kinds = {type(m).__name__ for m in s.model.modules()}
+    assert not any(k.startswith("Liger") for k in kinds), kinds
+    assert not any("forward" in m.__dict__ for m in s.model.modules() if type(m).__name__.endswith("MLP"))
+    assert isinstance(s.generate("GPU 3", max_new_tokens=5), str)
     s.unload()
 
 

@@ -352,3 +352,48 @@ def test_bench_lora_cpu(path):
         run(model=path, variants=["turbo"], device="cpu")
     with pytest.raises(NvkitError, match="steps"):
         run(model=path, steps=0, device="cpu")
+
+
+def test_a_module_swap_is_undone_exactly(s):
+    """``nvkit.finetune`` swaps RMSNorms and MLP forwards for Liger's (CUDA only) during a run and
+    undoes the swap at its end; the swap machinery with torch's own RMSNorm on the CPU: every norm
+    and MLP swapped, then the very same modules back, weights changed in between copied back, and
+    the model's output as before."""
+    from nvkit.train.lora import swap_norms_and_mlps
+    model = s.model
+    ids = s.tokenizer(FACT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        before = model(ids).logits
+    modules = dict(model.named_modules())
+    norms = {n for n, m in modules.items() if type(m).__name__.endswith("RMSNorm")}
+    mlps = {n for n, m in modules.items() if type(m).__name__.endswith("MLP")}
+    assert norms and mlps
+
+    def norm(module):
+        new = torch.nn.RMSNorm(module.weight.shape[0], eps=module.variance_epsilon, dtype=module.weight.dtype)
+        with torch.no_grad():
+            new.weight.copy_(module.weight)
+        return new
+
+    def forward(self, x):  # the same arithmetic as the model's MLP, through another function
+        return self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+
+    swap = swap_norms_and_mlps(model, norm, forward)
+    assert swap.count == len(norms) + len(mlps)
+    swapped = dict(model.named_modules())
+    assert all(isinstance(swapped[n], torch.nn.RMSNorm) for n in norms)
+    assert all("forward" in swapped[n].__dict__ for n in mlps)
+    with torch.no_grad():
+        assert torch.allclose(model(ids).logits, before, atol=1e-4)
+        first = sorted(norms)[0]
+        swapped[first].weight.mul_(2.0)  # a change made while swapped (trained norms) survives the undo
+    swap.undo()
+    back = dict(model.named_modules())
+    assert all(back[n] is modules[n] for n in norms | mlps) and swap.count == 0
+    assert not any("forward" in back[n].__dict__ for n in mlps)
+    with torch.no_grad():
+        assert not torch.allclose(model(ids).logits, before)
+        back[first].weight.div_(2.0)
+        assert torch.equal(model(ids).logits, before)
+    swap.undo()  # a second undo changes nothing
+    assert dict(model.named_modules())[first] is modules[first]
