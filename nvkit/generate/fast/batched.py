@@ -15,8 +15,8 @@ and how many of its rows hold real work. Here:
   once need (all of them when every prompt has a row), not rows × the longest request.
 - **continuous refill**: between replays the host gives a finished sequence's row and pages to the
   next waiting prompt — even before its last ids are read, when its length alone says it is done —
-  prefills the new prompts together (grouped by length, each group padded to its longest) and
-  writes them into their rows; when the queue is empty the rows are packed into a smaller class.
+  prefills the new prompts together (grouped by length, each group padded to its longest; the
+  prefill compiled once for every group shape, ``prefill_rows``) and writes them into their rows; when the queue is empty the rows are packed into a smaller class.
 - **sampling per request inside the graph** (``sampling.choose_rows``): greedy, or temperature,
   top-k and top-p with a draw made from each request's own seed and the position it samples, so a
   request's text depends on its seed and never on which prompts share its batch.
@@ -30,6 +30,7 @@ decoder's own (``FastDecoder.weights``): one fused copy per model, adapters run 
 from __future__ import annotations
 
 import collections
+import dataclasses
 import threading
 import time
 from typing import Callable
@@ -42,6 +43,7 @@ from .arena import CLASSES, MAX_ROWS, MEMORY_SHARE, PAGE, PREFILL_TOKENS, Arena,
 from .capture import FastDecoder, inductor_options
 from .fused import qk_norm_why
 from .fused_rows import decode_rows_step, mark_dynamic, paged_positions, prefill_rows_step
+from .prefill_rows import RowsPrefill
 from .replay import ticking
 from .sampling import RowParams, Sampling, StopStrings, choose_rows
 from .schedule import SCRATCH, Scheduler, Sequence, pages_for
@@ -83,7 +85,8 @@ class BatchedDecoder:
         self._arena: Arena | None = None
         self._steps: dict = {}       # LoRA on? -> the eager rows step
         self._compiled: dict = {}    # LoRA on? -> its torch.compile wrapper
-        self._prefills: dict = {}    # LoRA on? -> the prefill
+        self._prefills: dict = {}    # LoRA on? -> its RowsPrefill
+        self._restored: dict = {}    # artifacts digest -> whether they were found on disk (once per decoder)
         self._warm: set = set()      # LoRA on? values whose step was compiled (or captured eagerly) once
         self.compiled = False
         self.compile_error: str | None = None
@@ -133,6 +136,11 @@ class BatchedDecoder:
         else:
             how = "eager"
         parts = [f"fused step over rows, {how}", f"paged {self.attention} attention"]
+        prefills = list(self._prefills.values())
+        if any(p.error for p in prefills):
+            parts.append(f"eager prefill: its compile failed ({next(p.error for p in prefills if p.error)})")
+        elif any(p.compiled for p in prefills):
+            parts.append("compiled prefill")
         if self._lora is not None:
             parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank})")
         if self.last_batches:
@@ -247,8 +255,25 @@ class BatchedDecoder:
 
     def _prefill_fn(self, lora_on: bool) -> Callable:
         if lora_on not in self._prefills:
-            self._prefills[lora_on] = prefill_rows_step(self._fw, self._lora if lora_on else None)
+            self._prefills[lora_on] = RowsPrefill(
+                prefill_rows_step(self._fw, self._lora if lora_on else None),
+                compile=bool(self.options.compile and self.graphs), page=PAGE, scratch=SCRATCH,
+                # no coordinate-descent tuning: it pays on the batch-1 step's matrix-vector products,
+                # while the prefill's matrix products go to cuBLAS and its fused elementwise kernels
+                # are tuned well enough by inductor's heuristics; tuning them would only lengthen the compile
+                inductor=lambda: inductor_options(dataclasses.replace(self.options, tune=False), self.single.pdl, True),
+                restore=lambda: self._restore_artifacts(self._disk_key(lora_on)), timings=self.timings)
         return self._prefills[lora_on]
+
+    def _restore_artifacts(self, digest: str | None) -> bool:
+        """The compile artifacts of ``digest`` loaded from disk, once per decoder (the prefill's
+        compile and the step's share them)."""
+        if digest is None:
+            return False
+        if digest not in self._restored:
+            with self.timings.part("compile artifacts from disk"):
+                self._restored[digest] = artifacts.restore(digest)
+        return self._restored[digest]
 
     def _compiled_step(self, lora_on: bool):
         step = self._step(lora_on)
@@ -305,8 +330,7 @@ class BatchedDecoder:
         restored = False
         try:
             with ticking(on_progress if expensive else None):
-                with self.timings.part("compile artifacts from disk"):
-                    restored = disk_key is not None and artifacts.restore(disk_key)
+                restored = self._restore_artifacts(disk_key)
                 graph = self._captured(a, batch, key, lora_on)
         finally:
             torch.cuda.synchronize(self.device)
@@ -382,7 +406,7 @@ class BatchedDecoder:
         a.table.fill_(SCRATCH)
         a.pos.zero_()
 
-    def _prefill(self, a: Arena, seqs: list[Sequence], sampling: Sampling, lora_on: bool) -> None:
+    def _prefill(self, a: Arena, seqs: list[Sequence], sampling: Sampling, lora_on: bool, on_progress=None) -> None:
         """The prompts of newly admitted sequences into their pages, their first tokens picked, and
         their rows set up to decode. Prompts go in groups of similar length (sorted), each padded
         to its longest, at most ``prefill_tokens`` padded tokens per forward."""
@@ -410,7 +434,7 @@ class BatchedDecoder:
             # lands in its own later positions (rewritten by the decode steps before they are read)
             # or, past its pages, in the scratch page.
             where = paged_positions(a.table.index_select(0, grows), PAGE, length)
-            logits = prefill(ids, last, where, a.cos, a.sin, a.keys, a.values)
+            logits = prefill(ids, last, where, a.cos, a.sin, a.keys, a.values, on_progress=on_progress)
             counter = _to(dev, [len(s.prompt) for s in group], torch.long)
             p = RowParams(temperature=a.temperature.index_select(0, grows), top_p=a.top_p.index_select(0, grows),
                           penalty=a.penalty.index_select(0, grows), seed=a.seed.index_select(0, grows),
@@ -509,7 +533,7 @@ class BatchedDecoder:
                             b.index_copy_(0, dst, b.index_select(0, src))
                 new = sched.admit()
                 if new:
-                    self._prefill(a, new, sampling, lora_on)
+                    self._prefill(a, new, sampling, lora_on, on_progress)
                 parked = [r for r in sched.to_park if r < a.rows]
                 sched.to_park.clear()
                 if parked:

@@ -15,8 +15,8 @@ import time
 from typing import Callable
 
 #: the parts, in the order a preparation meets them (``Timings.describe`` keeps this order)
-PARTS = ("set-up", "compile artifacts from disk", "compile and warm-up", "warm-up", "capture", "prefill graphs",
-         "compile artifacts to disk")
+PARTS = ("set-up", "compile artifacts from disk", "compile prefill", "compile and warm-up", "warm-up", "capture",
+         "prefill graphs", "compile artifacts to disk")
 
 
 class Timings(collections.Counter):

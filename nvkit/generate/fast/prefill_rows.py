@@ -1,0 +1,97 @@
+"""The batched path's prompt prefill, compiled once for every group shape (``RowsPrefill``).
+
+Why: the eager prefill of a group of prompts issues about fifty kernels per layer, most of them
+small elementwise ones (the fp32 RMSNorms, RoPE, the KV-head repeat), and on a GPU the host spends
+longer issuing them than the GPU spends running them: a 64-prompt request waits for its first
+token mostly on Python. inductor fuses each layer's elementwise work into a few kernels, so the
+host work shrinks with the kernel count and the GPU reads each activation once. The rows, the
+padded length, the pool and the rotary tables are dynamic dimensions, so one compile serves
+every group; a group of one prompt runs with a second, empty row (its keys go to the scratch
+page) because torch specialises a size of 1 and would compile again.
+
+A compile that fails gives way to the eager prefill for the rest of the decoder's life (the
+reason stays in ``error``); the compile artifacts go to disk with the decode step's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Callable
+
+from ... import events
+from ...errors import error_summary
+from .replay import ticking
+
+
+def mark_prefill_dynamic(ids, last, where, cos, sin, keys, values) -> None:
+    """The sizes that change from one prefill group (or pool) to the next, dynamic for torch.compile."""
+    import torch._dynamo
+    mark = torch._dynamo.maybe_mark_dynamic
+    for t in (ids, where):
+        mark(t, 0)
+        mark(t, 1)
+    for t in (last, cos, sin, *keys, *values):
+        mark(t, 0)
+
+
+class RowsPrefill:
+    """``prefill(ids, last, where, cos, sin, keys, values)`` as ``fused_rows.prefill_rows_step``
+    returns it, compiled when ``compile`` (else the eager function itself).
+
+    ``page`` and ``scratch`` (a page id whose contents are never read) place the keys of the empty
+    row a one-prompt group gets. ``inductor``: a context-manager factory for the compile's inductor
+    settings; ``restore``: called once before the first compile (compile artifacts from disk);
+    ``timings``: where the first call's seconds are counted ("compile prefill")."""
+
+    def __init__(self, eager: Callable, *, compile: bool, page: int, scratch: int,
+                 inductor: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                 restore: Callable[[], object] | None = None, timings=None):
+        self.eager = eager
+        self.page, self.scratch = page, scratch
+        self.error: str | None = None
+        self._inductor, self._restore, self._timings = inductor, restore, timings
+        self._fn = None
+        self._first = True
+        if compile:
+            import torch
+            # fullgraph: a graph break would put the host back between the layers
+            self._fn = torch.compile(eager, fullgraph=True)
+
+    @property
+    def compiled(self) -> bool:
+        return self._fn is not None and self.error is None
+
+    def __call__(self, ids, last, where, cos, sin, keys, values, on_progress=None):
+        if not self.compiled:
+            return self.eager(ids, last, where, cos, sin, keys, values)
+        rows = ids.shape[0]
+        if rows == 1:
+            ids, last, where = self._with_empty_row(ids, last, where)
+        try:
+            if self._first:
+                events.record("compile", "fast batch: compiling the prompt prefill (once per session)")
+                if self._restore is not None:
+                    self._restore()
+                timed = self._timings.part("compile prefill") if self._timings is not None else contextlib.nullcontext()
+                with ticking(on_progress), timed, self._inductor():
+                    out = self._run(ids, last, where, cos, sin, keys, values)
+                self._first = False
+            else:
+                out = self._run(ids, last, where, cos, sin, keys, values)
+        except Exception as e:  # noqa: BLE001 - the eager prefill computes the same; say why and go on
+            self.error = error_summary(e)
+            events.record("compile", f"fast batch: the compiled prefill failed ({self.error}); prefilling eagerly")
+            ids, last, where = ids[:rows], last[:rows], where[:rows]
+            return self.eager(ids, last, where, cos, sin, keys, values)
+        return out[:rows]
+
+    def _run(self, ids, last, where, cos, sin, keys, values):
+        mark_prefill_dynamic(ids, last, where, cos, sin, keys, values)
+        return self._fn(ids, last, where, cos, sin, keys, values)
+
+    def _with_empty_row(self, ids, last, where):
+        import torch
+        length = ids.shape[1]
+        pad = self.scratch * self.page + torch.arange(length, device=where.device) % self.page
+        return (torch.cat([ids, torch.zeros_like(ids)]), torch.cat([last, torch.zeros_like(last)]),
+                torch.cat([where, pad.to(where.dtype).unsqueeze(0)]))

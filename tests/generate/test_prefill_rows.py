@@ -1,0 +1,104 @@
+"""The batched path's compiled prefill (``RowsPrefill``) on the CPU, where inductor compiles it
+as it does on a GPU: the compiled prefill writes the keys and values and returns the logits the
+eager one does, for groups of several rows and of one (which runs with an empty second row whose
+keys land in the scratch page only); one compile serves other group shapes; a compile that fails
+gives way to the eager prefill with the reason kept. The GPU run is tests/gpu/test_batched_gpu.py."""
+
+import pytest
+import torch
+
+import nvkit
+import nvkit.generate.fast as fast
+from nvkit import events
+from nvkit.generate.fast.batched import BatchedDecoder
+from nvkit.generate.fast.fused_rows import paged_positions, prefill_rows_step
+from nvkit.generate.fast.graphs import Timings
+from nvkit.generate.fast.prefill_rows import RowsPrefill
+from tests import demo_model
+
+PAGE, SCRATCH, PAGES = 16, 0, 40
+
+
+@pytest.fixture(scope="module")
+def fw():
+    s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
+    bd = BatchedDecoder(fast.FastDecoder(s.model, k_steps=4, graphs=False), max_rows=8)
+    weights, _ = bd.single.weights()
+    yield weights
+    s.unload()
+
+
+def _inputs(fw, rows, length, seed):
+    """As ``BatchedDecoder`` makes them: the pool and rotary tables outside inference mode (the
+    arena's), the group's ids and positions inside it (the worker's)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.inference_mode():
+        table = (torch.randperm(PAGES - 1, generator=g)[:rows * 4] + 1).view(rows, 4).to(torch.int32)  # not page 0
+        where = paged_positions(table, PAGE, length)
+        ids = torch.randint(0, 100, (rows, length), generator=g)
+        last = torch.randint(0, length, (rows,), generator=g)
+    ang = torch.randn(256, fw.hd // 2, generator=g).repeat(1, 2)
+    keys = [torch.randn(PAGES * PAGE, fw.nkv, fw.hd, generator=g) for _ in fw.layers]
+    values = [torch.randn(PAGES * PAGE, fw.nkv, fw.hd, generator=g) for _ in fw.layers]
+    return ids, last, where, ang.cos(), ang.sin(), keys, values
+
+
+def _copy(args):
+    ids, last, where, cos, sin, keys, values = args
+    return ids, last, where, cos, sin, [k.clone() for k in keys], [v.clone() for v in values]
+
+
+def test_the_compiled_prefill_computes_what_the_eager_one_does(fw):
+    eager = prefill_rows_step(fw)
+    timings = Timings()
+    restored = []
+    pre = RowsPrefill(eager, compile=True, page=PAGE, scratch=SCRATCH, timings=timings,
+                      restore=lambda: restored.append(1))
+    from torch._dynamo.utils import counters
+    graphs_before = counters["stats"]["unique_graphs"]
+    for rows, length, seed in ((3, 32, 0), (1, 48, 1), (5, 64, 2)):
+        ref_args = _inputs(fw, rows, length, seed)
+        got_args = _copy(ref_args)
+        with torch.inference_mode():
+            ref = eager(*ref_args)
+            got = pre(*got_args)
+        assert pre.compiled and pre.error is None
+        assert got.shape == ref.shape == (rows, fw.lm_head.shape[0])
+        assert torch.allclose(got, ref, atol=1e-4), (rows, (got - ref).abs().max())
+        scratch = torch.zeros(PAGES * PAGE, dtype=torch.bool)
+        scratch[SCRATCH * PAGE:(SCRATCH + 1) * PAGE] = True
+        for k_ref, k_got, v_ref, v_got in zip(ref_args[5], got_args[5], ref_args[6], got_args[6]):
+            # the rows' own positions as the eager prefill wrote them; outside the scratch page
+            # nothing else changed (the empty row of a one-prompt group writes there only)
+            assert torch.allclose(k_got[~scratch], k_ref[~scratch], atol=1e-4)
+            assert torch.allclose(v_got[~scratch], v_ref[~scratch], atol=1e-4)
+    assert restored == [1] and timings["compile prefill"] > 0  # the artifacts asked for once, the compile timed
+    assert counters["stats"]["unique_graphs"] - graphs_before == 1  # one compile for the three group shapes
+
+
+def test_a_compile_that_fails_gives_way_to_the_eager_prefill(fw):
+    eager = prefill_rows_step(fw)
+
+    def breaks(*args):  # fullgraph refuses a graph break: the compile fails at its first call
+        torch._dynamo.graph_break()
+        return eager(*args)
+
+    since = events.now()
+    pre = RowsPrefill(breaks, compile=True, page=PAGE, scratch=SCRATCH)
+    args = _inputs(fw, 2, 32, 3)
+    with torch.inference_mode():
+        ref = eager(*_copy(args))
+        got = pre(*_copy(args))
+        again = pre(*_copy(args))
+    assert torch.equal(got, ref) and torch.equal(again, ref)
+    assert not pre.compiled and pre.error
+    assert any("compiled prefill failed" in e.text for e in events.events(since))
+
+
+def test_without_compile_it_is_the_eager_prefill(fw):
+    eager = prefill_rows_step(fw)
+    pre = RowsPrefill(eager, compile=False, page=PAGE, scratch=SCRATCH)
+    args = _inputs(fw, 1, 16, 4)
+    with torch.inference_mode():
+        assert torch.equal(pre(*_copy(args)), eager(*_copy(args)))
+    assert not pre.compiled and pre.error is None
