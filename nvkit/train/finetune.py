@@ -35,7 +35,7 @@ import time
 
 from .. import events
 from ..checks import positive_int
-from ..errors import NvkitError, require
+from ..errors import NvkitError, error_summary, require
 from ..memory import peaks
 from ..memory.oom import oom_error
 from ..memory.usage import memory_now
@@ -306,7 +306,12 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             if liger_swap is not None:
-                liger_swap.undo()
+                try:
+                    liger_swap.undo()
+                except Exception as e:  # noqa: BLE001 - the run's outcome stands: Liger's modules compute the same
+                    info["notes"].append(f"Liger's modules stay on the model: putting its own back failed "
+                                         f"({error_summary(e)})")
+                    events.record("train", info["notes"][-1])
             if do_compile:
                 uncompile_layers(model)
                 if cache is not None and trained:
