@@ -96,7 +96,7 @@ case "$phase" in
     [ -f /tmp/nvkit-session-bench/cold.json ] || echo "no cold phase on this machine: the warm one compiles from scratch"
     T=300 bench shape:qwen3-0.6b --session --phases warm --session-dir /tmp/nvkit-session-bench --csv "$out/session-warm.csv" ;;
   batched)
-    T=${TB:-300} t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order
+    T=${TB:-420} t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order
     T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py
     T=100 t tests/gpu/test_exact_tokens_gpu.py ;;
   profile)
