@@ -441,14 +441,12 @@ def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int,
         why = "takes both norm weights or neither"
     if why:
         raise ValueError(f"nvkit::paged_decode_attention {why}")
-    if dot is None:
-        auto = default_launch(k)
-        dot = auto["dot"]
-        pages_per_step = auto["pages_per_step"] if pages_per_step is None else pages_per_step
-        num_warps = auto["num_warps"] if num_warps is None else num_warps
-        num_stages = auto["num_stages"] if num_stages is None else num_stages
-    elif pages_per_step is None:
-        pages_per_step = 1
+    # what is not asked comes from the default launch (of the kind asked, when dot is)
+    auto = default_launch(k) if dot is None else {"dot": dot, "pages_per_step": 1, "num_warps": None, "num_stages": None}
+    dot = auto["dot"]
+    pages_per_step = auto["pages_per_step"] if pages_per_step is None else pages_per_step
+    num_warps = auto["num_warps"] if num_warps is None else num_warps
+    num_stages = auto["num_stages"] if num_stages is None else num_stages
     _pow2_or_none("splits", splits)
     _pow2_or_none("pages_per_step", pages_per_step)
     _pow2_or_none("num_warps", num_warps)

@@ -16,7 +16,8 @@ and how many of its rows hold real work. Here:
 - **continuous refill**: between replays the host gives a finished sequence's row and pages to the
   next waiting prompt — even before its last ids are read, when its length alone says it is done —
   prefills the new prompts together (grouped by length, each group padded to its longest; the
-  prefill compiled once for every group shape, ``prefill_rows``) and writes them into their rows; when the queue is empty the rows are packed into a smaller class.
+  prefill compiled once for every group shape, ``prefill_rows``) and writes them into their rows;
+  when the queue is empty the rows are packed into a smaller class.
 - **sampling per request inside the graph** (``sampling.choose_rows``): greedy, or temperature,
   top-k and top-p with a draw made from each request's own seed and the position it samples, so a
   request's text depends on its seed and never on which prompts share its batch.
