@@ -11,7 +11,7 @@ import nvkit
 import nvkit.generate.fast as fast
 from nvkit import events
 from nvkit.generate.fast.batched import BatchedDecoder
-from nvkit.generate.fast.fused_rows import paged_positions, prefill_rows_step
+from nvkit.generate.fast.fused_rows import RowsPrefillStep, paged_positions, prefill_rows_step
 from nvkit.generate.fast.graphs import Timings
 from nvkit.generate.fast.prefill_rows import RowsPrefill
 from tests import demo_model
@@ -81,10 +81,10 @@ def test_a_compile_that_fails_gives_way_to_the_eager_prefill(fw):
 
     def breaks(*args):  # fullgraph refuses a graph break: the compile fails at its first call
         torch._dynamo.graph_break()
-        return eager(*args)
+        return eager.eager_layer(*args)
 
     since = events.now()
-    pre = RowsPrefill(breaks, compile=True, page=PAGE, scratch=SCRATCH)
+    pre = RowsPrefill(RowsPrefillStep(fw, None, breaks), compile=True, page=PAGE, scratch=SCRATCH)
     args = _inputs(fw, 2, 32, 3)
     with torch.inference_mode():
         ref = eager(*_copy(args))

@@ -86,42 +86,115 @@ def mark_dynamic(tok, pos, table, cos, sin, keys, values) -> None:
     mark(table, 1)
 
 
-def prefill_rows_step(fw: FusedWeights, lora=None) -> Callable:
+def prefill_rows_layer(nh: int, nkv: int, hd: int) -> Callable:
+    """One decoder layer of the rows prefill, on tensors only: ``layer(h, cos, sin, flat, keys,
+    values, *layer_args(w, lo))`` -> the layer's output h. ``h``: (rows, length, hidden);
+    ``cos``/``sin``: (1, length, 1, head_dim); ``flat``: (rows * length,) pool indices where the
+    layer's keys and values go; ``keys``/``values``: this layer's pool tensors.
+
+    Why a layer and not the whole forward: every layer is the same code on other tensors, so one
+    compile of this function serves all of them (and every group shape), where a compile of the
+    whole forward unrolls every layer into one graph and takes about as many times longer as the
+    model has layers. The layer boundary costs nothing here: the host issues a layer's few fused
+    kernels far faster than the GPU runs a group's matrix products."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    groups = nh // nkv
+    # Not cuDNN's attention: PyTorch keeps cuDNN's attention plans per thread, and every request
+    # runs in a worker thread of its own, so each group shape would build its plan again on every
+    # call (tens of milliseconds each, most of a many-prompt request's prefill). Flash and
+    # memory-efficient attention keep nothing per thread; math stays as the last resort.
+    backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+    def layer(h, cos, sin, flat, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm, qk_eps, o_w,
+              o_bias, post_norm, post_eps, gate_up_w, gate_up_bias, down_w, down_bias, scaling,
+              lo_qkv, lo_o, lo_gate_up, lo_down):
+        rows, length = h.shape[0], h.shape[1]
+        x = rms_norm(h, in_norm, in_eps)
+        qkv = linear(x, qkv_w, qkv_bias, lo_qkv).view(rows, length, nh + 2 * nkv, hd)
+        q, k, v = qkv.split((nh, nkv, nkv), dim=2)
+        if q_norm is not None:
+            q, k = rms_norm(q, q_norm, qk_eps), rms_norm(k, k_norm, qk_eps)
+        q, k = rope(q, cos, sin), rope(k, cos, sin)
+        keys.index_copy_(0, flat, k.reshape(rows * length, nkv, hd))
+        values.index_copy_(0, flat, v.reshape(rows * length, nkv, hd))
+        # each KV head repeated for its query heads, as transformers' repeat_kv does
+        kk = k.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
+        vv = v.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
+        with sdpa_kernel(backends):
+            o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, is_causal=True, scale=scaling)
+        h = h + linear(o.transpose(1, 2).reshape(rows, length, nh * hd), o_w, o_bias, lo_o)
+        x = rms_norm(h, post_norm, post_eps)
+        gate, up = linear(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
+        return h + linear(F.silu(gate) * up, down_w, down_bias, lo_down)
+
+    return layer
+
+
+def layer_args(w, lo) -> tuple:
+    """The weights of layer ``w`` (``fused.LayerWeights``) and its adapter buffers ``lo`` (or
+    None), in the order ``prefill_rows_layer``'s function takes them."""
+    return (w.in_norm, w.in_eps, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, w.qk_eps, w.o, w.o_bias, w.post_norm,
+            w.post_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias, w.scaling,
+            lo and lo.qkv, lo and lo.o, lo and lo.gate_up, lo and lo.down)
+
+
+def mark_layer_dynamic(h, cos, sin, flat, keys, values) -> None:
+    """The sizes that change from one prefill group (or pool) to the next, dynamic for
+    ``torch.compile``: rows and length, the pool's positions."""
+    import torch._dynamo
+    mark = torch._dynamo.maybe_mark_dynamic
+    mark(h, 0)
+    mark(h, 1)
+    mark(cos, 1)
+    mark(sin, 1)
+    mark(flat, 0)
+    mark(keys, 0)
+    mark(values, 0)
+
+
+class RowsPrefillStep:
     """``prefill(ids, last, where, cos, sin, keys, values)`` -> (rows, vocab) float logits: the
     prompts of ``ids`` ((rows, length), each padded at its end) from position 0, their keys and
     values written at the pool indices ``where`` ((rows, length): a padded position's index points
     into the scratch page), and the logits of each row's position ``last[b]`` (its prompt's last
     token). Padding at the end leaves the prompt's own results as they are (causal attention), as
-    ``fused.prefill_step`` relies on too."""
-    import torch
-    import torch.nn.functional as F
-    nh, nkv, hd = fw.nh, fw.nkv, fw.hd
-    groups = nh // nkv
+    ``fused.prefill_step`` relies on too.
 
-    def prefill(ids, last, where, cos, sin, keys, values):
+    The layers run through ``eager_layer`` (default: ``prefill_rows_layer``'s function);
+    ``with_layer(fn)`` is the same prefill through ``fn`` instead (that function compiled), with
+    the sizes that vary marked dynamic before each layer."""
+
+    def __init__(self, fw: FusedWeights, lora=None, eager_layer: Callable | None = None):
+        self.fw, self.lora = fw, lora
+        self.eager_layer = eager_layer or prefill_rows_layer(fw.nh, fw.nkv, fw.hd)
+        self.layer = self.eager_layer
+        self.dynamic = False
+
+    def with_layer(self, layer: Callable) -> "RowsPrefillStep":
+        import copy
+        other = copy.copy(self)
+        other.layer, other.dynamic = layer, True
+        return other
+
+    def __call__(self, ids, last, where, cos, sin, keys, values):
+        import torch
+        import torch.nn.functional as F
+        fw, lora, hd = self.fw, self.lora, self.fw.hd
         rows, length = ids.shape
         h = F.embedding(ids, fw.embed)                                 # (rows, length, hidden)
         c, s = cos[:length].view(1, length, 1, hd), sin[:length].view(1, length, 1, hd)
         flat = where.reshape(-1)
         for i, w in enumerate(fw.layers):
             lo = lora.layers[i] if lora is not None else None
-            x = rms_norm(h, w.in_norm, w.in_eps)
-            qkv = linear(x, w.qkv, w.qkv_bias, lo and lo.qkv).view(rows, length, nh + 2 * nkv, hd)
-            q, k, v = qkv.split((nh, nkv, nkv), dim=2)
-            if w.q_norm is not None:
-                q, k = rms_norm(q, w.q_norm, w.qk_eps), rms_norm(k, w.k_norm, w.qk_eps)
-            q, k = rope(q, c, s), rope(k, c, s)
-            keys[i].index_copy_(0, flat, k.reshape(rows * length, nkv, hd))
-            values[i].index_copy_(0, flat, v.reshape(rows * length, nkv, hd))
-            # each KV head repeated for its query heads, as transformers' repeat_kv does
-            kk = k.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
-            vv = v.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, is_causal=True, scale=w.scaling)
-            h = h + linear(o.transpose(1, 2).reshape(rows, length, nh * hd), w.o, w.o_bias, lo and lo.o)
-            x = rms_norm(h, w.post_norm, w.post_eps)
-            gate, up = linear(x, w.gate_up, w.gate_up_bias, lo and lo.gate_up).chunk(2, dim=-1)
-            h = h + linear(F.silu(gate) * up, w.down, w.down_bias, lo and lo.down)
+            if self.dynamic:
+                mark_layer_dynamic(h, c, s, flat, keys[i], values[i])
+            h = self.layer(h, c, s, flat, keys[i], values[i], *layer_args(w, lo))
         lasts = h[torch.arange(rows, device=ids.device), last]         # (rows, hidden)
         return F.linear(rms_norm(lasts, fw.norm, fw.norm_eps), fw.lm_head).float()
 
-    return prefill
+
+def prefill_rows_step(fw: FusedWeights, lora=None) -> RowsPrefillStep:
+    """The eager rows prefill (``RowsPrefillStep``) of ``fw`` with the adapter buffers ``lora``."""
+    return RowsPrefillStep(fw, lora)

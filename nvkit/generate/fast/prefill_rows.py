@@ -1,13 +1,16 @@
-"""The batched path's prompt prefill, compiled once for every group shape (``RowsPrefill``).
+"""The batched path's prompt prefill, its layer compiled once for every layer and group shape
+(``RowsPrefill``).
 
 Why: the eager prefill of a group of prompts issues about fifty kernels per layer, most of them
 small elementwise ones (the fp32 RMSNorms, RoPE, the KV-head repeat), and on a GPU the host spends
 longer issuing them than the GPU spends running them: a 64-prompt request waits for its first
 token mostly on Python. inductor fuses each layer's elementwise work into a few kernels, so the
-host work shrinks with the kernel count and the GPU reads each activation once. The rows, the
-padded length, the pool and the rotary tables are dynamic dimensions, so one compile serves
-every group; a group of one prompt runs with a second, empty row (its keys go to the scratch
-page) because torch specialises a size of 1 and would compile again.
+host work shrinks with the kernel count and the GPU reads each activation once. What is compiled
+is one decoder layer (``fused_rows.prefill_rows_layer``), called for every layer with that layer's
+tensors: the compile is about one layer's worth, not the whole unrolled model's. The rows, the
+padded length and the pool are dynamic dimensions, so one compile serves every group; a group of
+one prompt runs with a second, empty row (its keys go to the scratch page) because torch
+specialises a size of 1 and would compile again.
 
 A compile that fails gives way to the eager prefill for the rest of the decoder's life (the
 reason stays in ``error``); the compile artifacts go to disk with the decode step's.
@@ -23,20 +26,9 @@ from ...errors import error_summary
 from .replay import ticking
 
 
-def mark_prefill_dynamic(ids, last, where, cos, sin, keys, values) -> None:
-    """The sizes that change from one prefill group (or pool) to the next, dynamic for torch.compile."""
-    import torch._dynamo
-    mark = torch._dynamo.maybe_mark_dynamic
-    for t in (ids, where):
-        mark(t, 0)
-        mark(t, 1)
-    for t in (last, cos, sin, *keys, *values):
-        mark(t, 0)
-
-
 class RowsPrefill:
     """``prefill(ids, last, where, cos, sin, keys, values)`` as ``fused_rows.prefill_rows_step``
-    returns it, compiled when ``compile`` (else the eager function itself).
+    returns it (``eager``), its layer compiled when ``compile`` (else the eager prefill itself).
 
     ``page`` and ``scratch`` (a page id whose contents are never read) place the keys of the empty
     row a one-prompt group gets. ``inductor``: a context-manager factory for the compile's inductor
@@ -54,8 +46,8 @@ class RowsPrefill:
         self._first = True
         if compile:
             import torch
-            # fullgraph: a graph break would put the host back between the layers
-            self._fn = torch.compile(eager, fullgraph=True)
+            # fullgraph: a graph break would put the host back inside the layer
+            self._fn = eager.with_layer(torch.compile(eager.eager_layer, fullgraph=True))
 
     @property
     def compiled(self) -> bool:
@@ -86,7 +78,6 @@ class RowsPrefill:
         return out[:rows]
 
     def _run(self, ids, last, where, cos, sin, keys, values):
-        mark_prefill_dynamic(ids, last, where, cos, sin, keys, values)
         return self._fn(ids, last, where, cos, sin, keys, values)
 
     def _with_empty_row(self, ids, last, where):
