@@ -233,6 +233,26 @@ def test_pool_plan_fits_rows_to_memory(s):
         bd.plan([900], max_new=100, free_bytes=page)
 
 
+def test_prefill_budget_grows_with_the_pool_within_its_bounds(s):
+    from nvkit.generate.fast import arena
+    per = arena.prefill_bytes_per_token(1024, 16, 8, 128, 3072, 2)  # the Qwen3-0.6B shape in bf16
+    assert per == 2 * (3 * 1024 + 32 * 128 + 64 * 128 + 3 * 3072) + 4 * 1024
+    assert arena.prefill_budget(0, per) == arena.PREFILL_TOKENS  # a small pool keeps the floor
+    assert arena.prefill_budget(2**50, per) == arena.PREFILL_MAX_TOKENS
+    mid = arena.prefill_budget(int(2.6 * 2**30), per)  # 64 prompts' pool: between the bounds, in steps of 16
+    assert arena.PREFILL_TOKENS < mid < arena.PREFILL_MAX_TOKENS and mid % 16 == 0
+    assert mid * per <= arena.PREFILL_SHARE * 2.6 * 2**30
+    # every budget prefills the same tokens: one prompt per forward here, all at once by default
+    one_each = BatchedDecoder(fast.FastDecoder(s.model, k_steps=4, graphs=False), max_rows=8, prefill_tokens=16)
+    default = _decoder(s.model, max_rows=8)
+    want = _batched(s, default, PROMPTS, max_new_tokens=9, eos_token_id=NEVER)
+    assert _batched(s, one_each, PROMPTS, max_new_tokens=9, eos_token_id=NEVER) == want
+    assert default.prefill_tokens_for(default._arena) == arena.PREFILL_TOKENS
+    for bad in (0, 15, 16.0, True, "4096"):
+        with pytest.raises(NvkitError, match="prefill_tokens must be"):
+            BatchedDecoder(fast.FastDecoder(s.model, k_steps=4, graphs=False), prefill_tokens=bad)
+
+
 class _Job:
     def __init__(self):
         self.stop_event = threading.Event()

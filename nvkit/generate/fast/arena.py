@@ -13,8 +13,25 @@ from .schedule import SCRATCH
 PAGE = 32                     # positions per KV page (one block of the attention kernel's loop)
 CLASSES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MAX_ROWS = CLASSES[-1]
-PREFILL_TOKENS = 4096         # padded prompt tokens per prefill forward (bounds its activations)
+PREFILL_TOKENS = 4096         # padded prompt tokens per prefill forward, at least (bounds its activations)
+PREFILL_MAX_TOKENS = 16384    # ... and at most
+PREFILL_SHARE = 0.1           # of the KV pool's bytes a prefill forward's activations may add
 MEMORY_SHARE = 0.85           # of free GPU memory the pool may take
+
+
+def prefill_budget(pool_bytes: int, bytes_per_token: int) -> int:
+    """Padded prompt tokens per prefill forward for a KV pool of ``pool_bytes``: larger forwards
+    are fewer and fill the GPU better, and a request that needs a large pool can spare the
+    activations (``PREFILL_SHARE`` of the pool), while a small one keeps the floor."""
+    share = int(PREFILL_SHARE * pool_bytes / max(1, bytes_per_token))
+    return max(PREFILL_TOKENS, min(PREFILL_MAX_TOKENS, share // 16 * 16))
+
+
+def prefill_bytes_per_token(hidden: int, nh: int, nkv: int, hd: int, intermediate: int, itemsize: int) -> int:
+    """Activation bytes one padded prompt token holds at the peak of a prefill layer: the residual
+    and its normed copy, q/k/v and the KV heads repeated for the query heads, the attention
+    output, the gate/up product and the SiLU product; plus the fp32 copy a norm makes."""
+    return itemsize * (3 * hidden + (nh + 2 * nkv) * hd + 4 * nh * hd + 3 * intermediate) + 4 * hidden
 
 
 def batch_class(n: int, smallest: int = 1) -> int:

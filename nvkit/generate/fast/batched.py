@@ -40,7 +40,7 @@ from ... import events
 from ...errors import NvkitError, error_summary
 from ...memory.estimate import attention_dims, kv_bytes_per_token
 from . import artifacts, graphs as graphs_mod
-from .arena import CLASSES, MAX_ROWS, MEMORY_SHARE, PAGE, PREFILL_TOKENS, Arena, batch_class
+from .arena import CLASSES, MAX_ROWS, MEMORY_SHARE, PAGE, Arena, batch_class, prefill_budget, prefill_bytes_per_token
 from .capture import FastDecoder, inductor_options
 from .fused import qk_norm_why
 from .fused_rows import decode_rows_step, mark_dynamic, paged_positions, prefill_rows_step
@@ -61,15 +61,19 @@ class BatchedDecoder:
 
     ``single``: the session's batch-1 ``FastDecoder``, whose options, fused weights and adapter
     buffers this one shares. ``graphs=False`` (default: as ``single``) runs without CUDA graphs
-    or compile, for checking on a CPU. ``max_rows``: rows at once (a class of ``CLASSES``)."""
+    or compile, for checking on a CPU. ``max_rows``: rows at once (a class of ``CLASSES``).
+    ``prefill_tokens``: padded prompt tokens per prefill forward (None: ``arena.prefill_budget``
+    of the request's pool)."""
 
     def __init__(self, single: FastDecoder, *, graphs: bool | None = None, max_rows: int = MAX_ROWS,
-                 prefill_tokens: int = PREFILL_TOKENS):
+                 prefill_tokens: int | None = None):
         if not single.fused:
             raise NvkitError("The batched fast path runs nvkit's fused decode step, which "
                              f"{'is turned off (fused=False)' if single.fused_why is None else 'does not fit this model: ' + single.fused_why}.")
         if max_rows not in CLASSES:
             raise NvkitError(f"max_rows must be one of {CLASSES}, not {max_rows!r}.")
+        if prefill_tokens is not None and (type(prefill_tokens) is not int or prefill_tokens < 16):
+            raise NvkitError(f"prefill_tokens must be a whole number ≥ 16, or None, not {prefill_tokens!r}.")
         self.single = single
         self.model = single.model
         self.options = single.options
@@ -179,6 +183,15 @@ class BatchedDecoder:
     # --- memory ----------------------------------------------------------------------------------
     def _page_bytes(self) -> int:
         return kv_bytes_per_token(self.model.config, self._fw.embed.element_size()) * PAGE
+
+    def prefill_tokens_for(self, a: Arena) -> int:
+        """Padded prompt tokens per prefill forward in the pool ``a`` (see ``prefill_tokens``)."""
+        if self.prefill_tokens is not None:
+            return self.prefill_tokens
+        fw = self._fw
+        per_token = prefill_bytes_per_token(fw.embed.shape[1], fw.nh, fw.nkv, fw.hd, fw.layers[0].down.shape[1],
+                                            fw.embed.element_size())
+        return prefill_budget(a.pages * self._page_bytes(), per_token)
 
     def plan(self, prompt_lens: list[int], max_new: int, free_bytes: int | None = None) -> tuple[int, int]:
         """(rows, pool pages incl. the scratch page) for prompts of these lengths: a row for every
@@ -410,7 +423,7 @@ class BatchedDecoder:
     def _prefill(self, a: Arena, seqs: list[Sequence], sampling: Sampling, lora_on: bool, on_progress=None) -> None:
         """The prompts of newly admitted sequences into their pages, their first tokens picked, and
         their rows set up to decode. Prompts go in groups of similar length (sorted), each padded
-        to its longest, at most ``prefill_tokens`` padded tokens per forward."""
+        to its longest, at most ``prefill_tokens_for(a)`` padded tokens per forward."""
         import torch
         dev = self.device
         rows = _to(dev, [s.row for s in seqs], torch.long)
@@ -426,7 +439,7 @@ class BatchedDecoder:
                 a.seen[_to(dev, r, torch.long), _to(dev, t, torch.long)] = True
         prefill = self._prefill_fn(lora_on)
         key = sampling.key
-        for group in _groups(sorted(seqs, key=lambda s: len(s.prompt)), self.prefill_tokens):
+        for group in _groups(sorted(seqs, key=lambda s: len(s.prompt)), self.prefill_tokens_for(a)):
             length = _round_up(max(len(s.prompt) for s in group), 16)
             ids = _to(dev, [s.prompt + [0] * (length - len(s.prompt)) for s in group], torch.long)
             last = _to(dev, [len(s.prompt) - 1 for s in group], torch.long)
