@@ -13,21 +13,73 @@ script that waits on a panel's job then reads the panel finds it showing the res
 is true a moment earlier, as soon as the result exists; ``job.settled`` once the callbacks ran).
 
 Widget callbacks only set ``job.stop_event``; the worker checks it between steps.
+
+A ``Worker`` runs jobs one after another on one long-lived thread: CUDA libraries keep some
+caches per thread (cuDNN's attention plans, cuBLAS handles), so requests that each start a thread
+of their own pay for setting them up on every request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
 import threading
 from typing import Any, Callable
 
 _SLICE = 0.05  # seconds between checks for Interrupt while blocking
 
 
-class Job:
-    """A function running in a daemon thread, with a stop event it may watch."""
+class Worker:
+    """One long-lived daemon thread that runs the jobs handed to it in order (see the module
+    docstring). It starts with the first job and ends with ``close()``, after the jobs queued
+    before it; a job a closed worker is given starts a new thread."""
 
-    def __init__(self, fn: Callable[["Job"], Any], name: str = "nvkit-worker", device: Any = None):
+    def __init__(self, name: str = "nvkit-worker"):
+        self.name = name
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, job: "Job") -> threading.Thread:
+        """Queue ``job``; returns the thread that will run it."""
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._queue = queue.SimpleQueue()  # a thread that died took nothing queued with it
+                self._thread = threading.Thread(target=self._loop, args=(self._queue,), name=self.name, daemon=True)
+                self._thread.start()
+            self._queue.put(job)
+            return self._thread
+
+    def close(self) -> None:
+        """End the thread once the jobs queued so far are done; returns at once."""
+        with self._lock:
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread = None
+                self._queue = queue.SimpleQueue()
+
+    @staticmethod
+    def _loop(q: queue.SimpleQueue) -> None:
+        while True:
+            job = q.get()
+            if job is None:
+                return
+            try:
+                job._run()
+            except BaseException:  # noqa: BLE001 - Job._run keeps its own errors; the next job still runs
+                pass
+
+
+class Job:
+    """A function running in a daemon thread (its own, or a ``Worker``'s), with a stop event it
+    may watch."""
+
+    def __init__(self, fn: Callable[["Job"], Any], name: str = "nvkit-worker", device: Any = None,
+                 worker: Worker | None = None):
         self.stop_event = threading.Event()
         self._fn = fn
         self._done = threading.Event()     # the result (or error) exists
@@ -38,10 +90,14 @@ class Job:
         self._settled_waiters: list[Callable[[], None]] = []  # the awaits' wake-ups
         self._lock = threading.Lock()
         self._device = device
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._worker = worker
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True) if worker is None else None
 
     def start(self) -> "Job":
-        self._thread.start()
+        if self._worker is not None:
+            self._thread = self._worker.submit(self)
+        else:
+            self._thread.start()
         return self
 
     def _run(self) -> None:

@@ -117,3 +117,41 @@ def test_the_waits_return_after_the_done_callbacks():
         later = []
         job.add_done_callback(later.append)  # after the end: called at once, here
         assert later == [job]
+
+
+def test_a_worker_runs_its_jobs_in_order_on_one_thread_until_closed():
+    from nvkit.threads import Job, Worker
+    w = Worker("nvkit-test-worker")
+    go = threading.Event()
+    seen = []
+
+    def record(i):
+        def fn(job):
+            if i == 0:
+                go.wait(10)  # the later jobs queue behind this one
+            seen.append((i, threading.current_thread()))
+            if i == 1:
+                raise ValueError("the second job fails")
+            return i
+        return fn
+
+    jobs = [Job(record(i), worker=w).start() for i in range(3)]
+    assert not any(j.done for j in jobs) and w.alive
+    go.set()
+    assert jobs[0].result(10) == 0 and jobs[2].result(10) == 2
+    with pytest.raises(ValueError, match="second job"):
+        jobs[1].result(10)  # its error is its own; the job after it still ran
+    assert [i for i, _ in seen] == [0, 1, 2]
+    first = seen[0][1]
+    assert all(t is first for _, t in seen) and first.name == "nvkit-test-worker" and first is not threading.main_thread()
+    # from a done callback on the worker thread, result() of that job does not wait for itself
+    inner = []
+    j = Job(lambda job: "x", worker=w)
+    j.add_done_callback(lambda jj: inner.append(jj.result(1)))
+    assert j.start().result(10) == "x" and inner == ["x"]
+    w.close()
+    first.join(10)
+    assert not first.is_alive() and not w.alive  # closed: the thread ended after what was queued
+    again = Job(lambda job: threading.current_thread(), worker=w).start().result(10)
+    assert again is not first and again.is_alive()  # a job after close starts a new thread
+    w.close()

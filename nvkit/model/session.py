@@ -27,7 +27,7 @@ from ..memory.unload import usage_snapshot, verified_release
 from ..memory.usage import cuda_in_use, release, rss_bytes, torch_allocated
 from ..state import STATE
 from ..quiet import routed
-from ..threads import Job
+from ..threads import Job, Worker
 from ..units import fmt_bytes
 from . import adapters, compare, export
 from .backends import model_class_for, resolve_attention, set_attention
@@ -169,6 +169,9 @@ class Session:
     training: Any = None                 # the nvkit.FinetuneRun training this model, while it runs
     unload_report: Any = None            # nvkit.memory.UnloadReport of the last unload
     _job: Job | None = field(default=None, repr=False)
+    # every generation runs on this one thread: the CUDA libraries' per-thread caches (cuDNN's
+    # attention plans, cuBLAS handles) are set up once per session, not once per request
+    _worker: Worker = field(default_factory=lambda: Worker("nvkit-generate"), repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     # --- facts ---------------------------------------------------------------------------------
@@ -313,7 +316,7 @@ class Session:
                 return self._run_generation(box["request"], seed)
 
             dev = self.device.index if self.device.type == "cuda" else None
-            job = Job(work, name="nvkit-generate", device=dev)
+            job = Job(work, name="nvkit-generate", device=dev, worker=self._worker)
             req = box["request"] = paths.Request(job, texts, gen, stream, fast, on_progress)
             self.last_stats = req.stats
             self._job = job.start()
@@ -390,6 +393,7 @@ class Session:
         self.model = None
         self.tokenizer = None
         self._job = None
+        self._worker.close()  # its thread's caches go with it
         # NVML, torch and RSS drops, and the live tensors that still hold memory if any
         self.unload_report = verified_release(self.model_id, where, before)
         freed = self.unload_report.freed

@@ -591,3 +591,19 @@ def test_bench_decode_adapter_row_is_skipped_on_cpu_and_leaves_the_model_plain(s
     bench_decode._with_adapter(s, lambda: seen.append(type(s.model).__name__))
     assert seen == ["PeftModel"] and type(s.model).__name__ == "Qwen3ForCausalLM"
     assert not any("lora" in n for n, _ in s.model.named_parameters())
+
+
+def test_a_sessions_generations_share_one_worker_thread_that_unload_ends():
+    """Per-thread CUDA caches (cuDNN's attention plans, cuBLAS handles) are set up once per
+    session: every request of a session runs on the same worker thread, never the caller's, and
+    unloading the model ends it."""
+    s2 = nvkit.load("demo", device_map="cpu", dtype="float32")
+    threads = []
+    for prompt in ("NVIDIA GPUs are", ["A", "Hello there"]):
+        s2.generate(prompt, max_new_tokens=2, on_progress=lambda st: threads.append(threading.current_thread()))
+    threads.append(s2._job._thread)
+    assert len(threads) >= 3 and len({id(t) for t in threads}) == 1 and threads[0] is not threading.main_thread(), threads
+    worker = threads[0]
+    s2.unload()
+    worker.join(10)
+    assert not worker.is_alive()
