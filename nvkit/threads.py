@@ -72,6 +72,7 @@ class Worker:
                 job._run()
             except BaseException:  # noqa: BLE001 - Job._run keeps its own errors; the next job still runs
                 pass
+            del job  # what the job holds (its session, its result) is not kept alive by the idle thread
 
 
 class Job:

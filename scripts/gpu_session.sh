@@ -17,6 +17,9 @@
 #   session-warm  the warm process again, on the same warm machine after a cut-short session call
 #   batched  many prompts on the batched fast path (identity, targets), GPU memory by kernel, the
 #            stats line's reasons                                (carry .whl-core)
+#   batched-first  issue 20's last two lines alone: a fresh process's first batched call against
+#            its first batch-1 request (≈ 3 min from empty caches), and one prompt through the
+#            batched decoder against the batch-1 path                   (carry .whl-core)
 #   notebooks  every tutorial on the GPU (07's QLoRA included: carry .whl-bnb13 too, or its 4-bit
 #            cells skip), then the panels' compile progress              (carry .whl-core)
 #   lanes    several of the phases below at once, each in its own process on the one GPU, after one
@@ -95,8 +98,11 @@ case "$phase" in
   session-warm)
     [ -f /tmp/nvkit-session-bench/cold.json ] || echo "no cold phase on this machine: the warm one compiles from scratch"
     T=300 bench shape:qwen3-0.6b --session --phases warm --session-dir /tmp/nvkit-session-bench --csv "$out/session-warm.csv" ;;
+  batched-first)
+    T=300 t tests/gpu/test_batched_gpu.py -k "first_batched_call"
+    T=200 t tests/gpu/test_batched_gpu.py -k "batch_of_one" ;;
   batched)
-    T=${TB:-420} t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order
+    T=${TB:-420} t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order -k "not first_batched_call"
     T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py
     T=100 t tests/gpu/test_exact_tokens_gpu.py ;;
   profile)
