@@ -48,8 +48,8 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # split-cache decode attention kernel: attention="triton"), tfused (the same kernel also doing q/k
 # norms, RoPE and the cache writes: attention="triton-fused"), pdl (Programmatic Dependent Launch
 # between inductor's kernels: pdl=True, the default where torch can; nopdl turns it off), combo
-# (inductor's combo_kernels: independent small kernels launched as one), kN (N decode steps per
-# graph replay).
+# (inductor's combo_kernels: independent small kernels launched as one), regional (one decoder
+# layer compiled for every layer: regional=True), kN (N decode steps per graph replay).
 OPTIONAL_PATHS = ("fast eager", "fast without pdl")
 # The fast path with an unmerged LoRA adapter attached (PEFT, r=16 on every projection, random
 # weights): what a session decodes at after a fine-tune, beside the plain "fast" row.
@@ -67,7 +67,8 @@ MIXED_TOKENS = (16, 512)
 # option -> (FastOptions field, value)
 _FAST_OPTIONS = {"eager": ("compile", False), "matmul": ("attention", "matmul"),
                  "triton": ("attention", "triton"), "tfused": ("attention", "triton-fused"), "pdl": ("pdl", True),
-                 "nopdl": ("pdl", False), "combo": ("inductor", {"combo_kernels": True})}
+                 "nopdl": ("pdl", False), "combo": ("inductor", {"combo_kernels": True}),
+                 "regional": ("regional", True)}
 
 
 def fast_options(path: str) -> dict | None:
@@ -78,7 +79,7 @@ def fast_options(path: str) -> dict | None:
     if path != "fast" and not path.startswith("fast+"):
         return None
     # None: the process's default (nvkit.generate.fast.default_options()), i.e. what users get
-    opts = dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None)
+    opts = dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None)
     for part in path.split("+")[1:]:
         part = part.strip()
         if part in _FAST_OPTIONS:

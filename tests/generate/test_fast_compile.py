@@ -2,6 +2,7 @@
 here, as on a GPU before the capture), with and without LoRA adapters, and computes what the
 eager step does: a graph break would mean host work per token on the GPU."""
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -29,3 +30,55 @@ def test_decode_step_compiles_fullgraph_with_and_without_adapters():
             want = step(c.tok)
             assert got.shape == (1, m.config.vocab_size)
             assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (lora_on, (got - want).abs().max())
+
+
+def test_one_compiled_layer_serves_every_layer_and_computes_the_whole_step():
+    """``FastOptions.regional``: the decode layer and the head compiled on their own
+    (``fused.decode_layer``, ``decode_head``) give the eager step's logits, with and without
+    adapters, and one compile of the layer serves all the model's layers."""
+    from peft import LoraConfig, get_peft_model
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from nvkit.generate.fast.fused import decode_head, decode_layer, decode_step
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
+    get_peft_model(m, LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)).eval()
+    d = fast.FastDecoder(m, k_steps=2, graphs=False, regional=True)
+    assert d.options.regional and d.regional
+    fw = d._fw
+    assert len(fw.layers) > 1
+    with torch.inference_mode():
+        assert d._sync()
+        c = d._cache_for(100)
+        for lora_on in (False, True):
+            lora = d._lora if lora_on else None
+            compiles = CompileCounterWithBackend("inductor")
+            layer = torch.compile(decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, d.attention), fullgraph=True,
+                                  dynamic=False, backend=compiles)
+            head = torch.compile(decode_head(fw), fullgraph=True, dynamic=False, backend=compiles)
+            regional = decode_step(fw, c, d.attention, lora, layer=layer, head=head)
+            c.pos.fill_(5)
+            c.tok.fill_(7)
+            got = regional(c.tok)
+            assert compiles.frame_count == 2  # the layer once for every layer, and the head
+            assert int(c.pos) == 6
+            c.pos.fill_(5)
+            want = d._step(c, lora_on)(c.tok)
+            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (lora_on, (got - want).abs().max())
+    # its compile artifacts are kept apart from the whole step's
+    keys = {}
+    for regional in (False, True):
+        e = fast.FastDecoder(m, k_steps=2, graphs=False, regional=regional, disk_cache=True, compile=True)
+        keys[regional] = e._disk_key(c, False)
+    assert keys[False] != keys[True]
+
+
+def test_the_regional_option_reads_its_variable():
+    from nvkit.errors import NvkitError
+    from nvkit.generate.fast.options import FastOptions
+    assert FastOptions.from_env({"NVKIT_FAST_REGIONAL": "1"}).regional is True
+    assert FastOptions.from_env({}).regional is False
+    with pytest.raises(NvkitError, match="regional must be True or False"):
+        FastOptions(regional="yes")
+    with pytest.raises(NvkitError, match="NVKIT_FAST_REGIONAL"):
+        FastOptions.from_env({"NVKIT_FAST_REGIONAL": "perhaps"})

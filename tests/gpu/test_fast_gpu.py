@@ -117,6 +117,24 @@ def test_triton_attention_is_token_identical(demo_cuda, kind):
     d.release()
 
 
+def test_one_compiled_layer_decodes_as_plain_greedy_and_compiles_sooner(demo_cuda):
+    """``regional=True`` (one decoder layer compiled for every layer): the same greedy tokens as
+    plain generate on the demo model, compiled and captured; the preparation's seconds of both are
+    printed for the record (nvkit's artifacts are off here, but inductor's own caches may already
+    hold the whole step's from the tests before)."""
+    s = demo_cuda
+    seconds = {}
+    for regional in (True, False):
+        d = fast.FastDecoder(s.model, regional=regional, disk_cache=False)
+        for p in PROMPTS:
+            _same_as_plain_greedy(s, d, p, 48)
+        assert d.compiled and d.regional == regional, d.compile_detail
+        assert d.describe().startswith("fused step, compiled by layer" if regional else "fused step, compiled,")
+        seconds[regional] = dict(d.timings)
+        d.release()
+    print(f"\nprepared by layer: {seconds[True]}\nprepared whole step: {seconds[False]}")
+
+
 def test_auto_attention_survives_a_failing_triton_kernel(demo_cuda, monkeypatch):
     """attention="auto" picks triton-fused; where nvkit's kernel fails on a GPU (injected here: the op
     raises while inductor traces it), the decoder captures the compiled matmul step instead of the

@@ -32,7 +32,7 @@ from ...memory.estimate import attention_dims
 from . import artifacts, graphs as graphs_mod, lora as lora_mod
 from .cache import Cache, new_cache, prefill_class, set_request, size_class
 from .replay import replays, ticking
-from .fused import FusedWeights, decode_step, fusable_why, prefill_step, qk_norm_why
+from .fused import FusedWeights, decode_head, decode_layer, decode_step, fusable_why, prefill_step, qk_norm_why
 from .options import FastOptions, default_options
 from .sampling import Sampling, StopStrings, choose
 
@@ -152,7 +152,7 @@ class FastDecoder:
         if not self.graphs:
             how = "eager, no CUDA graphs"
         elif self.compiled:
-            how = "compiled"
+            how = "compiled by layer" if self.regional else "compiled"
         elif self.compile_error:
             how = f"eager: torch.compile failed ({self.compile_error})"
         else:
@@ -254,8 +254,22 @@ class FastDecoder:
         if lora_on not in c.compiled:
             import torch
             # dynamic=False: one specialised kernel set per cache; fullgraph: a graph break would mean host work per step
-            c.compiled[lora_on] = torch.compile(step, fullgraph=True, dynamic=False)
+            if self.regional:
+                # one layer compiled serves every layer (the step around it is captured, so calling
+                # it per layer costs the replays nothing)
+                fw = self._fw
+                layer = decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, self.attention)
+                c.compiled[lora_on] = decode_step(fw, c, self.attention, self._lora if lora_on else None,
+                                                  layer=torch.compile(layer, fullgraph=True, dynamic=False),
+                                                  head=torch.compile(decode_head(fw), fullgraph=True, dynamic=False))
+            else:
+                c.compiled[lora_on] = torch.compile(step, fullgraph=True, dynamic=False)
         return c.compiled[lora_on]
+
+    @property
+    def regional(self) -> bool:
+        """Whether the compile is one layer's (``FastOptions.regional``; the fused step only)."""
+        return self.options.regional and self._fw is not None
 
     def _body(self, c: Cache, key: tuple, fn, keep_logits: bool):
         def body():
@@ -314,10 +328,11 @@ class FastDecoder:
     def _disk_key(self, c: Cache, lora_on: bool) -> str | None:
         if not (self.options.disk_cache and self.options.compile):
             return None
+        extra = {"regional": True} if self.regional else {}  # keys of the whole-step compile stay as they were
         return artifacts.key(self.model, dict(k=self.k, attention=self.attention, pdl=self.pdl, tune=self.options.tune,
                                               inductor=self.options.inductor, fused=self._fw is not None,
                                               length=c.length, lora=(self._lora.rank, str(self._lora.dtype))
-                                              if lora_on else None), self.device)
+                                              if lora_on else None, **extra), self.device)
 
     def _captured(self, c: Cache, key: tuple, lora_on: bool, keep_logits: bool):
         """The cache's graph: the compiled step, else the eager one. Under ``attention="auto"`` a

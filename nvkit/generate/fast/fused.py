@@ -267,7 +267,70 @@ def linear(x, weight, bias, lora=None):
     return (y + F.linear(F.linear(x.to(a.dtype), a), b)).to(y.dtype)
 
 
-def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None) -> Callable:
+def layer_args(w: LayerWeights, lo) -> tuple:
+    """The weights of layer ``w`` and its adapter buffers ``lo`` (a ``lora.LayerLora``, or None)
+    in the order the per-layer functions (``decode_layer``, ``fused_rows.prefill_rows_layer``)
+    take them: tensors only, so one compile of such a function serves every layer."""
+    return (w.in_norm, w.in_eps, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, w.qk_eps, w.o, w.o_bias, w.post_norm,
+            w.post_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias, w.scaling,
+            lo and lo.qkv, lo and lo.o, lo and lo.gate_up, lo and lo.down)
+
+
+def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str) -> Callable:
+    """One layer of the decode step for one token, on tensors only: ``layer(h, delta, pos, where,
+    cos, sin, mask, keys, values, *layer_args(w, lo))`` -> (h, delta). The layer's input is
+    ``h + delta`` (the residual and the previous layer's MLP output, added here so that the sum
+    and this layer's norm stay one kernel when the layer is compiled on its own); its output is
+    the residual after attention and its MLP's output, added by the next layer or ``decode_head``."""
+    import torch
+    import torch.nn.functional as F
+    groups = nh // nkv
+    if attention == "triton":
+        from ..decode_attention import decode_attention
+    if attention == "triton-fused":
+        from ..decode_attention import decode_attention_rope
+
+    def layer(h, delta, pos, where, cos, sin, mask, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm,
+              qk_eps, o_w, o_bias, post_norm, post_eps, gate_up_w, gate_up_bias, down_w, down_bias, scaling,
+              lo_qkv, lo_o, lo_gate_up, lo_down):
+        h = h + delta
+        x = rms_norm(h, in_norm, in_eps)
+        qkv = linear(x, qkv_w, qkv_bias, lo_qkv).view(nh + 2 * nkv, hd)  # keys, values: (nkv, length, hd)
+        if attention == "triton-fused":
+            o = decode_attention_rope(qkv, q_norm, k_norm, cos.view(hd), sin.view(hd), keys, values, pos,
+                                      scaling, qk_eps)
+        else:
+            q, k, v = qkv.split((nh, nkv, nkv))
+            if q_norm is not None:
+                q, k = rms_norm(q, q_norm, qk_eps), rms_norm(k, k_norm, qk_eps)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            keys.index_copy_(1, where, k.view(nkv, 1, hd))
+            values.index_copy_(1, where, v.view(nkv, 1, hd))
+            if attention == "triton":
+                o = decode_attention(q, keys, values, pos, scaling)
+            else:
+                scores = torch.matmul(q.view(nkv, groups, hd), keys.transpose(1, 2)).float() * scaling + mask
+                o = torch.matmul(scores.softmax(-1).to(dtype), values)
+        h = h + linear(o.reshape(1, nh * hd), o_w, o_bias, lo_o)
+        x = rms_norm(h, post_norm, post_eps)
+        gate, up = linear(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
+        return h, linear(F.silu(gate) * up, down_w, down_bias, lo_down)
+
+    return layer
+
+
+def decode_head(fw: FusedWeights) -> Callable:
+    """``head(h, delta)`` -> (1, vocab) float logits: the last layer's sum, the final norm, the LM head."""
+    import torch.nn.functional as F
+
+    def head(h, delta):
+        return F.linear(rms_norm(h + delta, fw.norm, fw.norm_eps), fw.lm_head).float()
+
+    return head
+
+
+def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, layer: Callable | None = None,
+                head: Callable | None = None) -> Callable:
     """One decode step for one token: reads ``cache.tok`` at position ``cache.pos``, writes its key
     and value into the cache, advances ``cache.pos`` and returns (1, vocab) float logits.
 
@@ -275,49 +338,28 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None) -
     split-cache decode kernel: two small kernels per layer, nothing read past the position) or
     "triton-fused" (the same kernels also apply the q/k norms and RoPE and write the new key and
     value into the cache, which the other kinds do in kernels of their own). ``lora``: a
-    ``lora.LoraSlots`` whose products are added to every projection."""
+    ``lora.LoraSlots`` whose products are added to every projection. ``layer`` and ``head``: the
+    functions of ``decode_layer`` and ``decode_head`` to run (default: those, eager), e.g.
+    compiled on their own."""
     import torch
     import torch.nn.functional as F
-    nh, nkv, hd = fw.nh, fw.nkv, fw.hd
-    groups = nh // nkv
     neg = torch.finfo(torch.float32).min
-    if attention == "triton":
-        from ..decode_attention import decode_attention
-    if attention == "triton-fused":
-        from ..decode_attention import decode_attention_rope
+    layer = layer or decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention)
+    head = head or decode_head(fw)
+    matmul = attention not in ("triton", "triton-fused")
 
     def step(tok):
         pos = cache.pos
         where = pos.view(1)
         h = F.embedding(tok.view(1), fw.embed)                        # (1, hidden)
         cos, sin = cache.cos.index_select(0, where), cache.sin.index_select(0, where)  # (1, hd)
-        mask = torch.where(cache.arange <= pos, 0.0, neg)              # (length,) float32
+        mask = torch.where(cache.arange <= pos, 0.0, neg) if matmul else None  # (length,) float32
+        delta = torch.zeros_like(h)
         for i, w in enumerate(fw.layers):
             lo = lora.layers[i] if lora is not None else None
-            x = rms_norm(h, w.in_norm, w.in_eps)
-            qkv = linear(x, w.qkv, w.qkv_bias, lo and lo.qkv).view(nh + 2 * nkv, hd)
-            keys, values = cache.keys[i], cache.values[i]              # (nkv, length, hd)
-            if attention == "triton-fused":
-                o = decode_attention_rope(qkv, w.q_norm, w.k_norm, cos.view(hd), sin.view(hd), keys, values, pos,
-                                          w.scaling, w.qk_eps)
-            else:
-                q, k, v = qkv.split((nh, nkv, nkv))
-                if w.q_norm is not None:
-                    q, k = rms_norm(q, w.q_norm, w.qk_eps), rms_norm(k, w.k_norm, w.qk_eps)
-                q, k = rope(q, cos, sin), rope(k, cos, sin)
-                keys.index_copy_(1, where, k.view(nkv, 1, hd))
-                values.index_copy_(1, where, v.view(nkv, 1, hd))
-                if attention == "triton":
-                    o = decode_attention(q, keys, values, pos, w.scaling)
-                else:
-                    scores = torch.matmul(q.view(nkv, groups, hd), keys.transpose(1, 2)).float() * w.scaling + mask
-                    o = torch.matmul(scores.softmax(-1).to(fw.dtype), values)
-            h = h + linear(o.reshape(1, nh * hd), w.o, w.o_bias, lo and lo.o)
-            x = rms_norm(h, w.post_norm, w.post_eps)
-            gate, up = linear(x, w.gate_up, w.gate_up_bias, lo and lo.gate_up).chunk(2, dim=-1)
-            h = h + linear(F.silu(gate) * up, w.down, w.down_bias, lo and lo.down)
+            h, delta = layer(h, delta, pos, where, cos, sin, mask, cache.keys[i], cache.values[i], *layer_args(w, lo))
         cache.pos.add_(1)
-        return F.linear(rms_norm(h, fw.norm, fw.norm_eps), fw.lm_head).float()
+        return head(h, delta)
 
     return step
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .fused import FusedWeights, linear, rope, rms_norm
+from .fused import FusedWeights, layer_args, linear, rope, rms_norm
 
 
 def paged_positions(table, page: int, length: int):
@@ -130,14 +130,6 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int) -> Callable:
         return h + linear(F.silu(gate) * up, down_w, down_bias, lo_down)
 
     return layer
-
-
-def layer_args(w, lo) -> tuple:
-    """The weights of layer ``w`` (``fused.LayerWeights``) and its adapter buffers ``lo`` (or
-    None), in the order ``prefill_rows_layer``'s function takes them."""
-    return (w.in_norm, w.in_eps, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, w.qk_eps, w.o, w.o_bias, w.post_norm,
-            w.post_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias, w.scaling,
-            lo and lo.qkv, lo and lo.o, lo and lo.gate_up, lo and lo.down)
 
 
 def mark_layer_dynamic(h, cos, sin, flat, keys, values) -> None:

@@ -44,6 +44,9 @@ class FastOptions:
     - ``cache_tokens``: the smallest KV-cache size class; a request that needs more doubles it.
     - ``disk_cache``: keep compile artifacts under nvkit's cache folder so a new process captures
       in seconds.
+    - ``regional``: compile one decoder layer of the fused batch-1 step (and its head) for all
+      layers instead of the whole unrolled step: a compile about as many times shorter as the
+      model has layers; off until the GPU benchmark says it decodes as fast (docs/benchmarks.md).
     """
     k_steps: int = 8
     compile: bool = True
@@ -55,6 +58,7 @@ class FastOptions:
     min_tokens: int = 128
     cache_tokens: int = DEFAULT_CACHE_TOKENS
     disk_cache: bool = True
+    regional: bool = False
 
     def __post_init__(self):
         def whole(name, lo, hi=None):
@@ -67,7 +71,7 @@ class FastOptions:
         whole("cache_tokens", 16)
         if self.cache_tokens & (self.cache_tokens - 1):
             raise NvkitError(f"cache_tokens must be a power of two (the size classes double), not {self.cache_tokens}.")
-        for name in ("compile", "tune", "disk_cache"):
+        for name in ("compile", "tune", "disk_cache", "regional"):
             if not isinstance(getattr(self, name), bool):
                 raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
         for name in ("fused", "pdl"):
@@ -131,6 +135,7 @@ _VARIABLES = {
     "NVKIT_FAST_MIN_TOKENS": ("min_tokens", _whole(0)),
     "NVKIT_FAST_CACHE_TOKENS": ("cache_tokens", _whole(1)),
     "NVKIT_FAST_DISK_CACHE": ("disk_cache", _flag),
+    "NVKIT_FAST_REGIONAL": ("regional", _flag),
 }
 ENVIRONMENT_VARIABLES = tuple(_VARIABLES)
 
