@@ -101,10 +101,11 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int) -> Callable:
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     groups = nh // nkv
-    # Not cuDNN's attention: PyTorch keeps cuDNN's attention plans per thread, and every request
-    # runs in a worker thread of its own, so each group shape would build its plan again on every
-    # call (tens of milliseconds each, most of a many-prompt request's prefill). Flash and
-    # memory-efficient attention keep nothing per thread; math stays as the last resort.
+    # Not cuDNN's attention: it builds a plan for every new shape (tens of milliseconds each), and
+    # PyTorch keeps those plans per thread. Group shapes follow the prompts' lengths, so nearly
+    # every request meets new ones, and a thread that has not run them (a new worker, the main
+    # thread) builds them all again: that was most of a many-prompt request's prefill. Flash and
+    # memory-efficient attention plan nothing; math stays as the last resort.
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
     def layer(h, cos, sin, flat, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm, qk_eps, o_w,
