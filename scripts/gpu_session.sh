@@ -17,9 +17,10 @@
 #   session-warm  the warm process again, on the same warm machine after a cut-short session call
 #   batched  many prompts on the batched fast path (identity, targets), GPU memory by kernel, the
 #            stats line's reasons                                (carry .whl-core)
-#   regional  the batch-1 step with one layer compiled for every layer (FastOptions.regional): its
-#            token identity, then its decode rate and preparation beside the whole-step compile's,
-#            then the session benchmark's cold phase with it on              (carry .whl-core)
+#   regional  the steps with one layer compiled for every layer (FastOptions.regional): token
+#            identity (batch-1 and batched), then the batch-1 decode rate and preparation beside
+#            the whole-step compile's, then the session benchmark's cold phase with it on
+#                                                                              (carry .whl-core)
 #   batched-first  issue 20's last two lines alone: a fresh process's first batched call against
 #            its first batch-1 request (≈ 3 min from empty caches), and one prompt through the
 #            batched decoder against the batch-1 path                   (carry .whl-core)
@@ -102,7 +103,7 @@ case "$phase" in
     [ -f /tmp/nvkit-session-bench/cold.json ] || echo "no cold phase on this machine: the warm one compiles from scratch"
     T=300 bench shape:qwen3-0.6b --session --phases warm --session-dir /tmp/nvkit-session-bench --csv "$out/session-warm.csv" ;;
   regional)
-    T=150 t tests/gpu/test_fast_gpu.py -k "one_compiled_layer"
+    T=150 t tests/gpu/test_fast_gpu.py tests/gpu/test_batched_gpu.py -k "one_compiled_layer"
     T=200 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast,fast+regional"
     rm -rf /tmp/nvkit-session-bench
     NVKIT_FAST_REGIONAL=1 T=240 bench shape:qwen3-0.6b --session --phases cold --session-dir /tmp/nvkit-session-bench \

@@ -24,17 +24,22 @@ def _args(fw, rows, width, pages, seed):
     return tok, pos, table, cos, sin, keys, values
 
 
-def test_one_compile_serves_every_class_and_pool():
+def _counting_inductor():
+    """(the graphs compiled so far, a backend that compiles with inductor and keeps each graph)"""
     from torch._inductor.compile_fx import compile_fx
-    m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
-    fw = FastDecoder(m, graphs=False)._fw
-    step = decode_rows_step(fw, "matmul", PAGE)
     graphs = []
 
     def backend(gm, example_inputs):
         graphs.append(gm)
         return compile_fx(gm, example_inputs)
+    return graphs, backend
 
+
+def test_one_compile_serves_every_class_and_pool():
+    m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
+    fw = FastDecoder(m, graphs=False)._fw
+    step = decode_rows_step(fw, "matmul", PAGE)
+    graphs, backend = _counting_inductor()
     torch._dynamo.reset()
     compiled = torch.compile(step, fullgraph=True, backend=backend)
     with torch.inference_mode():
@@ -52,4 +57,34 @@ def test_one_compile_serves_every_class_and_pool():
         mark_dynamic(*args)
         compiled(*args)
     assert len(graphs) == 2  # a batch of one: its own compile
+    torch._dynamo.reset()
+
+
+def test_one_compiled_layer_serves_every_layer_class_and_pool():
+    """``FastOptions.regional`` on the batched path: the rows layer and the head compiled on their
+    own give the eager step's logits and cache writes; one compile of each serves every layer,
+    batch-size class and pool (a batch of one again compiled apart)."""
+    from nvkit.generate.fast.fused import decode_head
+    from nvkit.generate.fast.fused_rows import decode_rows_layer
+    m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
+    fw = FastDecoder(m, graphs=False)._fw
+    assert len(fw.layers) > 1
+    eager = decode_rows_step(fw, "matmul", PAGE)
+    graphs, backend = _counting_inductor()
+    torch._dynamo.reset()
+    layer = torch.compile(decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, "matmul", PAGE), fullgraph=True,
+                          backend=backend)
+    head = torch.compile(decode_head(fw), fullgraph=True, backend=backend)
+    regional = decode_rows_step(fw, "matmul", PAGE, layer=layer, head=head)
+    with torch.inference_mode():
+        for rows, width, pages, seed in ((4, 3, 20, 0), (2, 3, 20, 1), (8, 5, 40, 2)):
+            args = _args(fw, rows, width, pages, seed)
+            want_keys = [k.clone() for k in args[5]]
+            got = regional(*args)
+            want = eager(*args[:5], want_keys, [v.clone() for v in args[6]])
+            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (rows, (got - want).abs().max())
+            assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(args[5], want_keys))
+        assert len(graphs) == 2, f"{len(graphs)} compiles of the layer and the head for 3 classes and pools"
+        regional(*_args(fw, 1, 3, 20, 4))
+    assert len(graphs) == 4  # a batch of one: the layer and the head once more
     torch._dynamo.reset()

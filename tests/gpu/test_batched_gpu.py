@@ -80,6 +80,23 @@ def test_each_prompt_decodes_as_it_does_alone(demo_cuda):
     bd.release()
 
 
+def test_one_compiled_layer_decodes_each_prompt_as_alone(demo_cuda):
+    """``regional=True`` on the batched path (one rows layer compiled for every layer, class and
+    pool): every prompt's greedy tokens as plain generate gives them alone; the preparation's
+    seconds are printed beside the whole-step decoder's of the first test."""
+    s = demo_cuda
+    bd = BatchedDecoder(fast.FastDecoder(s.model, regional=True, disk_cache=False))
+    sampling, why = fast.resolve(s.model, dict(max_new_tokens=40, do_sample=False, eos_token_id=NEVER))
+    assert why is None
+    with torch.inference_mode():
+        got = bd.generate([s.tokenizer(p)["input_ids"] for p in PROMPTS], sampling)
+    for prompt, tokens in zip(PROMPTS, got):
+        assert tokens == _plain_ids(s, prompt, max_new_tokens=40, eos_token_id=NEVER), prompt
+    assert bd.describe().startswith("fused step over rows, compiled by layer"), bd.describe()
+    print(f"\nby layer: {bd.describe()}; prepared: {bd.timings.describe()}")
+    bd.release()
+
+
 def test_stop_returns_what_finished_and_sampling_repeats(demo_cuda):
     s = demo_cuda
     eos = [_plain_ids(s, PROMPTS[1], max_new_tokens=4, eos_token_id=NEVER)[2]]  # prompt 1 ends within 3 tokens

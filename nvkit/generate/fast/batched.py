@@ -42,8 +42,8 @@ from ...memory.estimate import attention_dims, kv_bytes_per_token
 from . import artifacts, graphs as graphs_mod
 from .arena import CLASSES, MAX_ROWS, MEMORY_SHARE, PAGE, Arena, batch_class, prefill_budget, prefill_bytes_per_token
 from .capture import FastDecoder, inductor_options
-from .fused import qk_norm_why
-from .fused_rows import decode_rows_step, mark_dynamic, paged_positions, prefill_rows_step
+from .fused import decode_head, qk_norm_why
+from .fused_rows import decode_rows_layer, decode_rows_step, mark_dynamic, paged_positions, prefill_rows_step
 from .prefill_rows import RowsPrefill
 from .replay import ticking
 from .sampling import RowParams, Sampling, StopStrings, choose_rows
@@ -135,7 +135,7 @@ class BatchedDecoder:
         if not self.graphs:
             how = "eager, no CUDA graphs"
         elif self.compiled:
-            how = "compiled"
+            how = "compiled by layer" if self.options.regional else "compiled"
         elif self.compile_error:
             how = f"eager: torch.compile failed ({self.compile_error})"
         else:
@@ -296,17 +296,27 @@ class BatchedDecoder:
         if lora_on not in self._compiled:
             import torch
             # fullgraph: a graph break would mean host work per step. The sizes that change from one
-            # class or pool to the next are marked dynamic in the body, so one compile serves them all.
-            self._compiled[lora_on] = torch.compile(step, fullgraph=True)
+            # class or pool to the next are marked dynamic, so one compile serves them all.
+            if self.options.regional:
+                # one layer compiled serves every layer; the step around it is captured per class
+                fw = self._fw
+                layer = decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, self.attention, PAGE)
+                self._compiled[lora_on] = decode_rows_step(fw, self.attention, PAGE, self._lora if lora_on else None,
+                                                           layer=torch.compile(layer, fullgraph=True),
+                                                           head=torch.compile(decode_head(fw), fullgraph=True))
+            else:
+                self._compiled[lora_on] = torch.compile(step, fullgraph=True)
         return self._compiled[lora_on], True
 
     def _body(self, a: Arena, batch: int, key: tuple, fn, dynamic: bool):
         import torch
         k = self.k
 
+        mark = dynamic and not self.options.regional  # a step compiled by layer marks each layer's sizes itself
+
         def body():
             tok, pos, table = a.tok[:batch], a.pos[:batch], a.table[:batch]
-            if dynamic:
+            if mark:
                 mark_dynamic(tok, pos, table, a.cos, a.sin, a.keys, a.values)
             p = RowParams(temperature=a.temperature[:batch], top_p=a.top_p[:batch], penalty=a.penalty[:batch],
                           seed=a.seed[:batch], counter=None, min_pos=a.min_pos[:batch], eos_mask=a.eos_mask,
@@ -367,10 +377,12 @@ class BatchedDecoder:
     def _disk_key(self, lora_on: bool) -> str | None:
         if not (self.options.disk_cache and self.options.compile):
             return None
+        extra = {"regional": True} if self.options.regional else {}  # the whole-step compile's keys stay as they were
         return artifacts.key(self.model, dict(batched=True, page=PAGE, k=self.k, attention=self.attention,
                                               pdl=self.single.pdl, tune=self.options.tune,
                                               inductor=self.options.inductor,
-                                              lora=(self._lora.rank, str(self._lora.dtype)) if lora_on else None),
+                                              lora=(self._lora.rank, str(self._lora.dtype)) if lora_on else None,
+                                              **extra),
                              self.device)
 
     def _captured(self, a: Arena, batch: int, key: tuple, lora_on: bool):

@@ -27,53 +27,102 @@ def paged_positions(table, page: int, length: int):
     return table.long().gather(1, (offsets // page).expand(table.shape[0], -1)) * page + offsets % page
 
 
-def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None) -> Callable:
-    """``step(tok, pos, table, cos, sin, keys, values)`` -> (rows, vocab) float logits: one decode
-    step of every row (``tok``, ``pos``: (rows,) int64; ``table``: (rows, blocks) int32 page ids;
-    ``cos``/``sin``: (positions, head_dim); ``keys``/``values``: one pool tensor per layer). Writes
-    each row's new key and value at its position; the caller advances ``pos``."""
+def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: int) -> Callable:
+    """One layer of the rows decode step, on tensors only: ``layer(h, delta, pos, table, cos, sin,
+    c, s, where, here, mask, keys, values, *layer_args(w, lo))`` -> (h, delta), the residual
+    carried as ``fused.decode_layer`` carries it (the layer's input is ``h + delta``). "triton"
+    reads ``pos``, ``table`` and the rotary tables ``cos``/``sin``; "matmul" reads the rows'
+    rotary values ``c``/``s``, their pool indices ``where``, new positions ``here`` and ``mask``
+    (``decode_rows_step`` makes them once per step)."""
     import torch
     import torch.nn.functional as F
-    nh, nkv, hd = fw.nh, fw.nkv, fw.hd
     groups = nh // nkv
-    neg = torch.finfo(torch.float32).min
     if attention == "triton":
         from ..decode_attention import paged_decode_attention
 
+    def layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys, values, in_norm, in_eps, qkv_w,
+              qkv_bias, q_norm, k_norm, qk_eps, o_w, o_bias, post_norm, post_eps, gate_up_w, gate_up_bias, down_w,
+              down_bias, scaling, lo_qkv, lo_o, lo_gate_up, lo_down):
+        h = h + delta
+        x = rms_norm(h, in_norm, in_eps)
+        qkv = linear(x, qkv_w, qkv_bias, lo_qkv).view(-1, nh + 2 * nkv, hd)
+        if attention == "triton":
+            o = paged_decode_attention(qkv, q_norm, k_norm, cos, sin, keys, values, pos, table, page, scaling, qk_eps)
+        else:
+            q, k, v = qkv.split((nh, nkv, nkv), dim=1)
+            if q_norm is not None:
+                q, k = rms_norm(q, q_norm, qk_eps), rms_norm(k, k_norm, qk_eps)
+            q, k = rope(q, c, s), rope(k, c, s)
+            keys.index_copy_(0, here, k)
+            values.index_copy_(0, here, v)
+            kk = keys[where].transpose(1, 2)                           # (rows, nkv, length, hd)
+            vv = values[where].transpose(1, 2)
+            scores = torch.matmul(q.view(-1, nkv, groups, hd), kk.transpose(2, 3)).float() * scaling
+            scores = scores + mask[:, None, None, :]
+            o = torch.matmul(scores.softmax(-1).to(dtype), vv)         # (rows, nkv, groups, hd)
+        h = h + linear(o.reshape(-1, nh * hd), o_w, o_bias, lo_o)
+        x = rms_norm(h, post_norm, post_eps)
+        gate, up = linear(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
+        return h, linear(F.silu(gate) * up, down_w, down_bias, lo_down)
+
+    return layer
+
+
+def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, layer: Callable | None = None,
+                     head: Callable | None = None) -> Callable:
+    """``step(tok, pos, table, cos, sin, keys, values)`` -> (rows, vocab) float logits: one decode
+    step of every row (``tok``, ``pos``: (rows,) int64; ``table``: (rows, blocks) int32 page ids;
+    ``cos``/``sin``: (positions, head_dim); ``keys``/``values``: one pool tensor per layer). Writes
+    each row's new key and value at its position; the caller advances ``pos``.
+
+    ``layer`` and ``head``: the functions of ``decode_rows_layer`` and ``fused.decode_head`` to run
+    (default: those, eager). Given, they are compiled ones, and the sizes that change from one
+    batch class or pool to the next are marked dynamic before each call."""
+    import torch
+    import torch.nn.functional as F
+    from .fused import decode_head
+    neg = torch.finfo(torch.float32).min
+    regional = layer is not None
+    layer = layer or decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, page)
+    head = head or decode_head(fw)
+
     def step(tok, pos, table, cos, sin, keys, values):
         h = F.embedding(tok, fw.embed)                                 # (rows, hidden)
+        c = s = where = here = mask = None
         if attention != "triton":
             c, s = cos.index_select(0, pos).unsqueeze(1), sin.index_select(0, pos).unsqueeze(1)  # (rows, 1, hd)
             length = table.shape[1] * page
             where = paged_positions(table, page, length)               # (rows, length) pool indices
             here = where.gather(1, pos.unsqueeze(1)).squeeze(1)        # (rows,) each row's new position
             mask = torch.where(torch.arange(length, device=pos.device).unsqueeze(0) <= pos.unsqueeze(1), 0.0, neg)
+        delta = torch.zeros_like(h)
         for i, w in enumerate(fw.layers):
             lo = lora.layers[i] if lora is not None else None
-            x = rms_norm(h, w.in_norm, w.in_eps)
-            qkv = linear(x, w.qkv, w.qkv_bias, lo and lo.qkv).view(-1, nh + 2 * nkv, hd)
-            if attention == "triton":
-                o = paged_decode_attention(qkv, w.q_norm, w.k_norm, cos, sin, keys[i], values[i], pos, table, page,
-                                           w.scaling, w.qk_eps)
-            else:
-                q, k, v = qkv.split((nh, nkv, nkv), dim=1)
-                if w.q_norm is not None:
-                    q, k = rms_norm(q, w.q_norm, w.qk_eps), rms_norm(k, w.k_norm, w.qk_eps)
-                q, k = rope(q, c, s), rope(k, c, s)
-                keys[i].index_copy_(0, here, k)
-                values[i].index_copy_(0, here, v)
-                kk = keys[i][where].transpose(1, 2)                    # (rows, nkv, length, hd)
-                vv = values[i][where].transpose(1, 2)
-                scores = torch.matmul(q.view(-1, nkv, groups, hd), kk.transpose(2, 3)).float() * w.scaling
-                scores = scores + mask[:, None, None, :]
-                o = torch.matmul(scores.softmax(-1).to(fw.dtype), vv)  # (rows, nkv, groups, hd)
-            h = h + linear(o.reshape(-1, nh * hd), w.o, w.o_bias, lo and lo.o)
-            x = rms_norm(h, w.post_norm, w.post_eps)
-            gate, up = linear(x, w.gate_up, w.gate_up_bias, lo and lo.gate_up).chunk(2, dim=-1)
-            h = h + linear(F.silu(gate) * up, w.down, w.down_bias, lo and lo.down)
-        return F.linear(rms_norm(h, fw.norm, fw.norm_eps), fw.lm_head).float()
+            if regional:
+                mark_layer_rows_dynamic(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys[i], values[i])
+            h, delta = layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys[i], values[i],
+                             *layer_args(w, lo))
+        if regional:
+            mark_layer_rows_dynamic(h, delta)
+        return head(h, delta)
 
     return step
+
+
+def mark_layer_rows_dynamic(h, delta, pos=None, table=None, cos=None, sin=None, c=None, s=None, where=None,
+                            here=None, mask=None, keys=None, values=None) -> None:
+    """The sizes of a compiled rows layer's (or head's) inputs that change from one batch class or
+    pool to the next, dynamic for ``torch.compile``: rows, table width, pool positions, rotary
+    positions. None entries (what the layer's attention does not read) are skipped."""
+    import torch._dynamo
+    mark = torch._dynamo.maybe_mark_dynamic
+    for t in (h, delta, pos, cos, sin, c, s, here, keys, values):
+        if t is not None:
+            mark(t, 0)
+    for t in (table, where, mask):
+        if t is not None:
+            mark(t, 0)
+            mark(t, 1)
 
 
 def mark_dynamic(tok, pos, table, cos, sin, keys, values) -> None:

@@ -44,9 +44,10 @@ class FastOptions:
     - ``cache_tokens``: the smallest KV-cache size class; a request that needs more doubles it.
     - ``disk_cache``: keep compile artifacts under nvkit's cache folder so a new process captures
       in seconds.
-    - ``regional``: compile one decoder layer of the fused batch-1 step (and its head) for all
-      layers instead of the whole unrolled step: a compile about as many times shorter as the
-      model has layers; off until the GPU benchmark says it decodes as fast (docs/benchmarks.md).
+    - ``regional``: compile one decoder layer of the fused steps (batch-1 and over rows) and
+      their head for all layers instead of the whole unrolled step: a compile about as many times
+      shorter as the model has layers; off until the GPU benchmark says it decodes as fast
+      (docs/benchmarks.md).
     """
     k_steps: int = 8
     compile: bool = True
