@@ -311,7 +311,6 @@ class BatchedDecoder:
     def _body(self, a: Arena, batch: int, key: tuple, fn, dynamic: bool):
         import torch
         k = self.k
-
         mark = dynamic and not self.options.regional  # a step compiled by layer marks each layer's sizes itself
 
         def body():

@@ -66,19 +66,16 @@ class RowsPrefill:
                     self._restore()
                 timed = self._timings.part("compile prefill") if self._timings is not None else contextlib.nullcontext()
                 with ticking(on_progress), timed, self._inductor():
-                    out = self._run(ids, last, where, cos, sin, keys, values)
+                    out = self._fn(ids, last, where, cos, sin, keys, values)
                 self._first = False
             else:
-                out = self._run(ids, last, where, cos, sin, keys, values)
+                out = self._fn(ids, last, where, cos, sin, keys, values)
         except Exception as e:  # noqa: BLE001 - the eager prefill computes the same; say why and go on
             self.error = error_summary(e)
             events.record("compile", f"fast batch: the compiled prefill failed ({self.error}); prefilling eagerly")
             ids, last, where = ids[:rows], last[:rows], where[:rows]
             return self.eager(ids, last, where, cos, sin, keys, values)
         return out[:rows]
-
-    def _run(self, ids, last, where, cos, sin, keys, values):
-        return self._fn(ids, last, where, cos, sin, keys, values)
 
     def _with_empty_row(self, ids, last, where):
         import torch
