@@ -49,7 +49,8 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # norms, RoPE and the cache writes: attention="triton-fused"), pdl (Programmatic Dependent Launch
 # between inductor's kernels: pdl=True, the default where torch can; nopdl turns it off), combo
 # (inductor's combo_kernels: independent small kernels launched as one), regional (one decoder
-# layer compiled for every layer: regional=True), kN (N decode steps per graph replay).
+# layer compiled for every layer: regional=True, the default), whole (the whole unrolled step
+# compiled: regional=False), kN (N decode steps per graph replay).
 OPTIONAL_PATHS = ("fast eager", "fast without pdl")
 # The fast path with an unmerged LoRA adapter attached (PEFT, r=16 on every projection, random
 # weights): what a session decodes at after a fine-tune, beside the plain "fast" row.
@@ -68,7 +69,7 @@ MIXED_TOKENS = (16, 512)
 _FAST_OPTIONS = {"eager": ("compile", False), "matmul": ("attention", "matmul"),
                  "triton": ("attention", "triton"), "tfused": ("attention", "triton-fused"), "pdl": ("pdl", True),
                  "nopdl": ("pdl", False), "combo": ("inductor", {"combo_kernels": True}),
-                 "regional": ("regional", True)}
+                 "regional": ("regional", True), "whole": ("regional", False)}
 
 
 def fast_options(path: str) -> dict | None:

@@ -77,7 +77,8 @@ def test_the_regional_option_reads_its_variable():
     from nvkit.errors import NvkitError
     from nvkit.generate.fast.options import FastOptions
     assert FastOptions.from_env({"NVKIT_FAST_REGIONAL": "1"}).regional is True
-    assert FastOptions.from_env({}).regional is False
+    assert FastOptions.from_env({}).regional is True
+    assert FastOptions.from_env({"NVKIT_FAST_REGIONAL": "0"}).regional is False
     with pytest.raises(NvkitError, match="regional must be True or False"):
         FastOptions(regional="yes")
     with pytest.raises(NvkitError, match="NVKIT_FAST_REGIONAL"):

@@ -440,6 +440,7 @@ def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     assert opts("fast+pdl+tfused+combo+k16") == dict(compile=True, attention="triton-fused", pdl=True,
                                                   inductor={"combo_kernels": True}, k_steps=16, regional=None)
     assert opts("fast+regional")["regional"] is True
+    assert opts("fast+whole")["regional"] is False
     for typo in ("fast+pld", "fast+k", "fast+kx2", "fast+"):
         with pytest.raises(NvkitError, match="fast-path option"):
             opts(typo)

@@ -45,9 +45,9 @@ class FastOptions:
     - ``disk_cache``: keep compile artifacts under nvkit's cache folder so a new process captures
       in seconds.
     - ``regional``: compile one decoder layer of the fused steps (batch-1 and over rows) and
-      their head for all layers instead of the whole unrolled step: a compile about as many times
-      shorter as the model has layers; off until the GPU benchmark says it decodes as fast
-      (docs/benchmarks.md).
+      their head, and call them for every layer, instead of compiling the whole unrolled step: the
+      compile is about as many times shorter as the model has layers, and on the GPU it decodes
+      at least as fast (docs/benchmarks.md). False compiles the whole step.
     """
     k_steps: int = 8
     compile: bool = True
@@ -59,7 +59,7 @@ class FastOptions:
     min_tokens: int = 128
     cache_tokens: int = DEFAULT_CACHE_TOKENS
     disk_cache: bool = True
-    regional: bool = False
+    regional: bool = True
 
     def __post_init__(self):
         def whole(name, lo, hi=None):
