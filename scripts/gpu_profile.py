@@ -12,7 +12,12 @@ scripts/gpu_session.sh profile` runs it on the GPU machine):
   per step and kernel launches per step (a step whose kernels take far less than its wall time is
   held up by the host), and the top kernels of each.
 
-Usage: python scripts/gpu_profile.py batched|lora|all [--model qwen3-0.6b]. On a machine without
+- ``prepare``: where the batch-1 fast path's preparation goes (``nvkit.fast.prepare``), in three
+  fresh processes: cold (every cache empty), warm as the session benchmark's warm phase (nvkit's
+  compile artifacts from the cold one, torch's and Triton's caches empty) and warm with Triton's
+  cache kept too (a restarted kernel on the same machine); the top functions by cumulative time.
+
+Usage: python scripts/gpu_profile.py batched|lora|prepare|all [--model qwen3-0.6b]. On a machine without
 CUDA it runs the ``lora`` part on the demo model (CPU ops only), to check the script itself.
 """
 
@@ -239,9 +244,39 @@ def lora(model: str, steps: int = 12, batch: int = 8, seq_len: int = 512) -> Non
                   f" · kernel time ×{(r['kernel_s'] / base['kernel_s']) if base['kernel_s'] else float('nan'):.2f}")
 
 
+_PREPARE = """
+import cProfile, pstats, sys, time, nvkit
+from nvkit.generate import fast
+from nvkit.demo import shaped
+s = nvkit.load(shaped(sys.argv[1]), device_map="cuda", dtype="bfloat16")
+prof = cProfile.Profile()
+t = time.perf_counter()
+prof.enable()
+fast.prepare(s)
+prof.disable()
+print(f"PREPARE {time.perf_counter() - t:.2f} s; {fast.decoder(s).describe()}")
+st = pstats.Stats(prof)
+st.sort_stats("cumulative").print_stats(45)
+st.sort_stats("tottime").print_stats(20)
+"""
+
+
+def prepare(model: str) -> None:
+    import os
+    import subprocess
+    root = tempfile.mkdtemp(prefix="nvkit-prepare-")
+    for name, triton in (("cold", "triton-cold"), ("warm", "triton-warm"), ("warm, Triton's cache kept", "triton-cold")):
+        env = dict(os.environ, NVKIT_CACHE=os.path.join(root, "nvkit"), TRITON_CACHE_DIR=os.path.join(root, triton),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(root, f"inductor-{name[:4]}{len(name)}"))
+        print(f"\n##### prepare: {name}", flush=True)
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", _PREPARE, model], env=env, check=False)
+        print(f"##### {name}: process {time.perf_counter() - t:.1f} s", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("batched", "lora", "all"))
+    p.add_argument("part", choices=("batched", "lora", "prepare", "all"))
     p.add_argument("--model", default="qwen3-0.6b")
     a = p.parse_args(argv)
     print(f"torch {torch.__version__} · {torch.cuda.get_device_name() if CUDA else 'no CUDA'}")
@@ -249,6 +284,8 @@ def main(argv=None) -> int:
         batched(a.model)
     if a.part in ("lora", "all"):
         lora(a.model)
+    if a.part in ("prepare", "all"):
+        prepare(a.model)
     return 0
 
 
