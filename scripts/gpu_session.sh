@@ -14,16 +14,18 @@
 #                              (carry .whl-core and .whl-bnb13: scripts/gpu_wheels_bnb.sh, one call)
 #   session  generation as a notebook user meets it: the cold process (≈ 330 s), then a fresh one
 #            with its compile artifacts ("warm", ≈ 100 s)                        (carry .whl-core)
+#   restart  the session benchmark's cold phase, then a restarted kernel on the same machine (its
+#            torch and Triton caches kept), both with bytecode written           (carry .whl-core)
 #   session-warm  the warm process again, on the same warm machine after a cut-short session call
 #   batched  many prompts on the batched fast path (identity, targets), GPU memory by kernel, the
 #            stats line's reasons                                (carry .whl-core)
-#   regional  the steps with one layer compiled for every layer (FastOptions.regional): token
-#            identity (batch-1 and batched), then the batch-1 decode rate and preparation beside
-#            the whole-step compile's, then the session benchmark's cold phase with it on
+#   regional  the steps with one layer compiled for every layer (FastOptions.regional, the
+#            default) against the whole step compiled: token identity (batch-1 and batched), then
+#            the batch-1 decode rate and preparation of both, with and without an adapter
 #                                                                              (carry .whl-core)
-#   batched-first  issue 20's last two lines alone: a fresh process's first batched call against
-#            its first batch-1 request (≈ 3 min from empty caches), and one prompt through the
-#            batched decoder against the batch-1 path                   (carry .whl-core)
+#   batched-first  issue 20's targets alone: the first batched call against the first batch-1
+#            request, each in a fresh process with empty caches, one prompt through the batched
+#            decoder against the batch-1 path, and the two throughput targets  (carry .whl-core)
 #   notebooks  every tutorial on the GPU (07's QLoRA included: carry .whl-bnb13 too, or its 4-bit
 #            cells skip), then the panels' compile progress              (carry .whl-core)
 #   lanes    several of the phases below at once, each in its own process on the one GPU, after one
@@ -40,7 +42,8 @@
 #   qlora-tests  the 4-bit tests of `qlora` without its benchmark table
 #   profile  where the GPU time goes: the batched path's kernels by kind, plain PEFT's step against
 #            nvkit's uncompiled one (scripts/gpu_profile.py), the paged attention's launch shapes
-#            (python -m nvkit.benchmarks.attention)                               (carry .whl-core)
+#            (python -m nvkit.benchmarks.attention); PROFILE_PART=prepare: the batch-1 path's
+#            preparation, cold and warm, by function                              (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 # Install once per call: two pip installs at once corrupted the site folder.
 set -uo pipefail
@@ -99,18 +102,29 @@ case "$phase" in
     rm -rf /tmp/nvkit-session-bench  # this script's own folder: a cold phase starts with nothing on disk
     T=420 bench shape:qwen3-0.6b --session --phases cold --session-dir /tmp/nvkit-session-bench --csv "$out/session-cold.csv"
     T=160 bench shape:qwen3-0.6b --session --phases warm --session-dir /tmp/nvkit-session-bench --csv "$out/session-warm.csv" ;;
+  restart)
+    # a restarted kernel on the same machine: the cold phase, then a process with every cache on
+    # disk as the cold one left it (static + compile left out: the session phase measures it).
+    # Bytecode goes to a folder of its own: where the site folder takes no .pyc, every process
+    # would compile the modules it imports from source, which a user's installed packages do not.
+    python3 -c 'import sys, networkx, os; print("dont_write_bytecode", sys.flags.dont_write_bytecode, "networkx pyc",
+      os.path.isdir(os.path.join(os.path.dirname(networkx.__file__), "__pycache__")))'
+    unset PYTHONDONTWRITEBYTECODE
+    export PYTHONPYCACHEPREFIX=/tmp/nvkit-pycache
+    rm -rf /tmp/nvkit-session-bench
+    echo "=== session cold, restart ($(date +%T))"
+    timeout "${T:-440}" python3 -c 'import sys; from nvkit.benchmarks import session as b; b.run_phases(model="qwen3-0.6b", phases=("cold", "restart"), folder="/tmp/nvkit-session-bench", csv=sys.argv[1], static="")' \
+      "$out/session-restart.csv"; echo "=== exit $? ($(date +%T))" ;;
   session-warm)
     [ -f /tmp/nvkit-session-bench/cold.json ] || echo "no cold phase on this machine: the warm one compiles from scratch"
     T=300 bench shape:qwen3-0.6b --session --phases warm --session-dir /tmp/nvkit-session-bench --csv "$out/session-warm.csv" ;;
   regional)
     T=150 t tests/gpu/test_fast_gpu.py tests/gpu/test_batched_gpu.py -k "one_compiled_layer"
-    T=200 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast,fast+regional"
-    rm -rf /tmp/nvkit-session-bench
-    NVKIT_FAST_REGIONAL=1 T=240 bench shape:qwen3-0.6b --session --phases cold --session-dir /tmp/nvkit-session-bench \
-      --csv "$out/session-regional-cold.csv" ;;
+    T=200 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast,fast+whole,fast lora"
+    NVKIT_FAST_REGIONAL=0 T=200 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast,fast lora" ;;
   batched-first)
     T=300 t tests/gpu/test_batched_gpu.py -k "first_batched_call"
-    T=200 t tests/gpu/test_batched_gpu.py -k "batch_of_one" ;;
+    T=300 t tests/gpu/test_batched_gpu.py -k "batch_of_one or targets" ;;
   batched)
     T=${TB:-420} t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order -k "not first_batched_call"
     T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py

@@ -348,7 +348,7 @@ def cli_main(argv) -> int:
     o.add_argument("--short-runs", dest="short_runs", action="store_true",
                    help="[--lora] wall time of whole 20- and 200-step runs, plain vs nvkit, compile cache cold and warm")
     so = p.add_argument_group("--session options")
-    so.add_argument("--phases", type=_csv, help="[--session] cold, warm or both (each in a process of its own)")
+    so.add_argument("--phases", type=_csv, help="[--session] some of cold, warm, restart (each in a process of its own; default cold,warm)")
     so.add_argument("--session-dir", dest="session_dir", help="[--session] the folder a cold and a later warm call share")
     so.add_argument("--csv", help="[--session] also write the table here")
     try:

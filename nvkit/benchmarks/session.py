@@ -5,9 +5,11 @@ request lengths of ``REQUESTS``, then the same after a short ``nvkit.finetune`` 
 attached), then a list of prompts — timed per request with nvkit's defaults, against
 transformers' plain ``model.generate`` and ``generate(cache_implementation="static")`` (which
 compiles), and nvkit's own plain path (``fast=False``) beside transformers' on the same requests.
-Compiles are counted. ``run_phases`` runs it twice in fresh processes sharing one
-nvkit cache folder: "cold" (nothing on disk) and "warm" (the first process's compile artifacts on
-disk, torch's own caches empty), which is what a restarted kernel or a second notebook meets.
+Compiles are counted. ``run_phases`` runs it in fresh processes sharing one nvkit cache folder:
+"cold" (nothing on disk), "warm" (the cold process's compile artifacts on disk, torch's and
+Triton's own caches empty: what only nvkit's artifacts give, e.g. a new machine or container with
+nvkit's cache folder carried over) and "restart" (every cache on disk as the cold process left it:
+a restarted kernel or a second notebook on the same machine).
 
 Plain ``generate`` runs at a steady rate per token, so by default it runs a few of the requests
 and the others are estimated from its measured rate (the table marks them "est."). EOS is set
@@ -27,6 +29,7 @@ from ..errors import NvkitError, require
 from .tables import table_text
 
 REQUESTS = (256, 256, 40, 100, 200, 300, 600, 1000, 30)
+PHASES = ("cold", "warm", "restart")
 COLUMNS = ["phase", "part", "path", "request", "new_tokens", "seconds", "tokens_per_s", "ttft_ms", "compiles",
            "ran", "note"]
 
@@ -226,16 +229,18 @@ def _print(df) -> None:
 def run_phases(model="qwen3-0.6b", phases=("cold", "warm"), csv: str | None = None, folder: str | None = None,
                **kwargs):
     """The session benchmark in one fresh process per phase, sharing one nvkit cache folder (so
-    "warm" finds "cold"'s compile artifacts) and each with empty torch compile caches of its own
-    (so only nvkit's artifacts can make it warm). ``folder``: where those live (default: a new
-    temporary folder); give the same one to a cold and a later warm call. Returns the combined
-    DataFrame."""
+    "warm" and "restart" find "cold"'s compile artifacts). "cold" and "warm" get empty torch and
+    Triton caches of their own (so only nvkit's artifacts can make "warm" warm); "restart" gets the
+    cold phase's, as a restarted kernel on the same machine finds them. ``folder``: where those
+    live (default: a new temporary folder); give the same one to a cold and a later call.
+    Returns the combined DataFrame."""
     import pandas as pd
     if isinstance(model, str) and model.strip().lower() != "demo" and not os.path.isdir(os.path.expanduser(model)):
         from .. import demo
         if model.strip().lower() in demo.SHAPES:
             model = demo.shaped(model.strip().lower())  # built once, in the usual cache, before the phases
-    require(all(p in ("cold", "warm") for p in phases) and phases, f"phases must be 'cold', 'warm' or both, not {phases!r}.")
+    require(phases and all(p in PHASES for p in phases),
+            f"phases must be some of {', '.join(map(repr, PHASES))}, not {phases!r}.")
     root = folder or tempfile.mkdtemp(prefix="nvkit-bench-session-")
     os.makedirs(root, exist_ok=True)
     kept = os.path.join(root, "nvkit")
@@ -245,9 +250,10 @@ def run_phases(model="qwen3-0.6b", phases=("cold", "warm"), csv: str | None = No
     frames = []
     for phase in phases:
         out = os.path.join(root, f"{phase}.json")
+        own = "cold" if phase == "restart" else phase
         env = dict(os.environ, NVKIT_CACHE=os.path.join(root, "nvkit"),
-                   TORCHINDUCTOR_CACHE_DIR=os.path.join(root, f"inductor-{phase}"),
-                   TRITON_CACHE_DIR=os.path.join(root, f"triton-{phase}"))
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(root, f"inductor-{own}"),
+                   TRITON_CACHE_DIR=os.path.join(root, f"triton-{own}"))
         args = dict(kwargs, model=model, phase=phase)
         code = ("import json, sys; from nvkit.benchmarks import session as b; "
                 f"df = b.run(**json.loads(sys.argv[1])); df.to_json({out!r}, orient='records')")
@@ -263,6 +269,6 @@ def run_phases(model="qwen3-0.6b", phases=("cold", "warm"), csv: str | None = No
     df = pd.concat(frames, ignore_index=True)[COLUMNS]
     if csv:
         df.to_csv(csv, index=False)
-    print("\n=== both phases ===")
+    print(f"\n=== phases: {', '.join(phases)} ===")
     _print(df)
     return df

@@ -43,8 +43,13 @@ def test_session_sequence_rows_and_totals():
 
 def test_cold_and_warm_phases_run_in_processes_of_their_own(tmp_path):
     df = bench_session.run_phases(model=demo_model.path(), requests="3", plain="", static="", finetune_steps=0, n_prompts=0,
-                                  prompt_len=8, csv=str(tmp_path / "session.csv"))
+                                  prompt_len=8, csv=str(tmp_path / "session.csv"), folder=str(tmp_path / "run"))
     assert list(dict.fromkeys(df["phase"])) == ["cold", "warm"] and (tmp_path / "session.csv").is_file()
+    # warm gets empty torch caches of its own; a restart reuses the cold phase's (nothing new beside them)
+    assert (tmp_path / "run" / "inductor-warm").is_dir()
+    bench_session.run_phases(model=demo_model.path(), phases=("restart",), requests="3", plain="", static="",
+                             finetune_steps=0, n_prompts=0, prompt_len=8, folder=str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "inductor-restart").exists()
     assert (df[df["path"] == "whole process"]["seconds"] > 0).all()
     with pytest.raises(NvkitError, match="phases"):
         bench_session.run_phases(model=demo_model.path(), phases=("tepid",))
