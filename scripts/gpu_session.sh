@@ -112,9 +112,8 @@ case "$phase" in
     unset PYTHONDONTWRITEBYTECODE
     export PYTHONPYCACHEPREFIX=/tmp/nvkit-pycache
     rm -rf /tmp/nvkit-session-bench
-    echo "=== session cold, restart ($(date +%T))"
-    timeout "${T:-440}" python3 -c 'import sys; from nvkit.benchmarks import session as b; b.run_phases(model="qwen3-0.6b", phases=("cold", "restart"), folder="/tmp/nvkit-session-bench", csv=sys.argv[1], static="")' \
-      "$out/session-restart.csv"; echo "=== exit $? ($(date +%T))" ;;
+    T=${T:-440} bench shape:qwen3-0.6b --session --phases cold,restart --static none --session-dir /tmp/nvkit-session-bench \
+      --csv "$out/session-restart.csv" ;;
   session-warm)
     [ -f /tmp/nvkit-session-bench/cold.json ] || echo "no cold phase on this machine: the warm one compiles from scratch"
     T=300 bench shape:qwen3-0.6b --session --phases warm --session-dir /tmp/nvkit-session-bench --csv "$out/session-warm.csv" ;;

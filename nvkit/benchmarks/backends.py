@@ -285,7 +285,7 @@ def _csv(text: str) -> list[str]:
 
 
 _CLI_MODES = {"compare": "the backend comparison (no --decode/--lora)", "decode": "--decode", "lora": "--lora"}
-_SESSION_OPTIONS = ("phases", "session_dir", "csv")
+_SESSION_OPTIONS = ("phases", "session_dir", "csv", "plain", "static")
 
 
 def _session_cli(a, chosen: str, options: dict, flags: dict) -> int:
@@ -302,7 +302,11 @@ def _session_cli(a, chosen: str, options: dict, flags: dict) -> int:
     if model.startswith("shape:"):
         from ..demo import shaped
         model = shaped(model.split(":", 1)[1])
-    bench_session.run_phases(model=model, csv=a.csv, folder=a.session_dir, phases=tuple(a.phases or ("cold", "warm")))
+    # "none" on the command line is run()'s "" (no request on that path)
+    paths = {k: ("" if v.strip().lower() == "none" else v) for k in ("plain", "static")
+             if (v := getattr(a, k)) is not None}
+    bench_session.run_phases(model=model, csv=a.csv, folder=a.session_dir, phases=tuple(a.phases or ("cold", "warm")),
+                             **paths)
     return 0
 
 
@@ -311,7 +315,7 @@ def cli_main(argv) -> int:
     p = argparse.ArgumentParser(
         prog="nvkit bench", description="Side by side, in one process: attention backends × quantization (default), "
         "nvkit's fast decode path vs plain generate (--decode), LoRA training speed and memory (--lora), "
-        "generation as a notebook user meets it, cold and warm (--session).",
+        "generation as a notebook user meets it, cold, warm and after a restart (--session).",
         epilog="Each option names the modes it applies to; one that does not apply to the chosen mode is refused.")
     p.add_argument("model", nargs="?", default="demo",
                    help="'demo', a local directory, or shape:NAME (random weights of a real shape, e.g. "
@@ -320,7 +324,7 @@ def cli_main(argv) -> int:
     mode.add_argument("--decode", action="store_true", help="fast decode path vs plain generate (nvkit.benchmarks.decode)")
     mode.add_argument("--lora", action="store_true", help="LoRA fine-tune variants (nvkit.benchmarks.lora)")
     mode.add_argument("--session", action="store_true", help="one model, the request sequence a notebook user makes, "
-                                                             "in a cold and a warm process (nvkit.benchmarks.session)")
+                                                             "in fresh processes: cold, warm, restart (nvkit.benchmarks.session)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     o = p.add_argument_group("options (in brackets the modes each applies to; 'default': the backend comparison, "
                              "without --decode or --lora)")
@@ -351,6 +355,10 @@ def cli_main(argv) -> int:
     so.add_argument("--phases", type=_csv, help="[--session] some of cold, warm, restart (each in a process of its own; default cold,warm)")
     so.add_argument("--session-dir", dest="session_dir", help="[--session] the folder a cold and a later warm call share")
     so.add_argument("--csv", help="[--session] also write the table here")
+    so.add_argument("--plain", help="[--session] the requests plain generate and fast=False really run, e.g. 100,200 "
+                                    "(the default), all or none; the others are estimated from plain's rate")
+    so.add_argument("--static", help="[--session] the requests static cache + compile runs: all (the default), none "
+                                     "or e.g. 256,40")
     try:
         a = p.parse_args(list(argv))
     except SystemExit as e:

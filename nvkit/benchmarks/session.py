@@ -71,6 +71,16 @@ def _parse(requests) -> tuple[int, ...]:
     return out
 
 
+def _chosen(name: str, value, requests: tuple[int, ...]) -> set[int]:
+    """The requests ``value`` ("all", "" for none, or new-token counts out of ``requests``) names."""
+    if value == "all":
+        return set(requests)
+    chosen = set(_parse(value or ()))
+    require(not chosen - set(requests), f"{name} must be 'all', '' (none) or requests of the sequence "
+                                        f"{list(requests)}, not {value!r}.")
+    return chosen
+
+
 def run(model="qwen3-0.6b", requests=REQUESTS, plain="100,200", static="all", finetune_steps: int = 20,
         n_prompts: int = 64, list_new_tokens: int = 128, prompt_len: int = 64, phase: str = "cold",
         show: bool = True):
@@ -87,8 +97,7 @@ def run(model="qwen3-0.6b", requests=REQUESTS, plain="100,200", static="all", fi
     import torch
 
     requests = _parse(requests)
-    plain_set = set(requests) if plain == "all" else set(_parse(plain or ()))
-    static_set = set(requests) if static == "all" else set(_parse(static or ()))
+    plain_set, static_set = _chosen("plain", plain, requests), _chosen("static", static, requests)
     for name, v in (("finetune_steps", finetune_steps), ("n_prompts", n_prompts), ("list_new_tokens", list_new_tokens),
                     ("prompt_len", prompt_len)):
         require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f"{name} must be a whole number ≥ 0, not {v!r}.")
@@ -241,6 +250,10 @@ def run_phases(model="qwen3-0.6b", phases=("cold", "warm"), csv: str | None = No
             model = demo.shaped(model.strip().lower())  # built once, in the usual cache, before the phases
     require(phases and all(p in PHASES for p in phases),
             f"phases must be some of {', '.join(map(repr, PHASES))}, not {phases!r}.")
+    requests = _parse(kwargs.get("requests", REQUESTS))
+    for name in ("plain", "static"):  # checked here: a bad value would only fail inside each phase's process
+        if kwargs.get(name) is not None:
+            _chosen(name, kwargs[name], requests)
     root = folder or tempfile.mkdtemp(prefix="nvkit-bench-session-")
     os.makedirs(root, exist_ok=True)
     kept = os.path.join(root, "nvkit")

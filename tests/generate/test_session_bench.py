@@ -68,3 +68,15 @@ def test_cli_session_dispatch(monkeypatch):
     assert cli_main(["demo", "--session", "--csv", "x.csv"]) == 0
     assert seen == dict(model="demo", csv="x.csv", folder=None, phases=("cold", "warm"))
     assert cli_main(["demo", "--session", "--phases", "warm"]) == 0 and seen["phases"] == ("warm",)
+    assert cli_main(["demo", "--session", "--plain", "none", "--static", "256,40"]) == 0
+    assert seen["plain"] == "" and seen["static"] == "256,40"
+
+
+def test_the_paths_requests_must_be_in_the_sequence(tmp_path):
+    # refused before any phase's process starts, and nothing is written
+    for kw in (dict(plain="100,999"), dict(static="seven"), dict(requests="3", plain="100")):
+        with pytest.raises(NvkitError, match="plain|static|requests"):
+            bench_session.run_phases(model=demo_model.path(), folder=str(tmp_path / "run"), **kw)
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(NvkitError, match="plain must be 'all'"):
+        bench_session.run(model="demo", plain="999")
