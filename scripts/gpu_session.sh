@@ -23,6 +23,9 @@
 #            default) against the whole step compiled: token identity (batch-1 and batched), then
 #            the batch-1 decode rate and preparation of both, with and without an adapter
 #                                                                              (carry .whl-core)
+#   fold     an adapter's first product folded into the base one (FastOptions.lora_fold): token
+#            identity against PEFT with and without it, then the decode rate of fast, fast lora and
+#            fast lora+fold in one process                                     (carry .whl-core)
 #   batched-first  issue 20's targets alone: the first batched call against the first batch-1
 #            request, each in a fresh process with empty caches, one prompt through the batched
 #            decoder against the batch-1 path, and the two throughput targets  (carry .whl-core)
@@ -121,6 +124,9 @@ case "$phase" in
     T=150 t tests/gpu/test_fast_gpu.py tests/gpu/test_batched_gpu.py -k "one_compiled_layer"
     T=200 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast,fast+whole,fast lora"
     NVKIT_FAST_REGIONAL=0 T=200 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast,fast lora" ;;
+  fold)
+    T=200 t tests/gpu/test_fast_session_gpu.py -k "adapter"
+    T=240 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast,fast lora,fast lora+fold" ;;
   batched-first)
     T=300 t tests/gpu/test_batched_gpu.py -k "first_batched_call"
     T=300 t tests/gpu/test_batched_gpu.py -k "batch_of_one or targets" ;;

@@ -50,10 +50,12 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # between inductor's kernels: pdl=True, the default where torch can; nopdl turns it off), combo
 # (inductor's combo_kernels: independent small kernels launched as one), regional (one decoder
 # layer compiled for every layer: regional=True, the default), whole (the whole unrolled step
-# compiled: regional=False), kN (N decode steps per graph replay).
+# compiled: regional=False), fold (an adapter's first product folded into the base one:
+# lora_fold=True), kN (N decode steps per graph replay).
 OPTIONAL_PATHS = ("fast eager", "fast without pdl")
 # The fast path with an unmerged LoRA adapter attached (PEFT, r=16 on every projection, random
-# weights): what a session decodes at after a fine-tune, beside the plain "fast" row.
+# weights): what a session decodes at after a fine-tune, beside the plain "fast" row; "fast
+# lora+OPT..." takes the options above (e.g. "fast lora+fold").
 ADAPTER_PATHS = ("fast lora",)
 _ALIASES = {"fast eager": "fast+eager", "fast without pdl": "fast+nopdl"}
 # Many prompts of mixed length (16–512 tokens) at several sizes: nvkit's batched fast path beside
@@ -69,7 +71,7 @@ MIXED_TOKENS = (16, 512)
 _FAST_OPTIONS = {"eager": ("compile", False), "matmul": ("attention", "matmul"),
                  "triton": ("attention", "triton"), "tfused": ("attention", "triton-fused"), "pdl": ("pdl", True),
                  "nopdl": ("pdl", False), "combo": ("inductor", {"combo_kernels": True}),
-                 "regional": ("regional", True), "whole": ("regional", False)}
+                 "regional": ("regional", True), "whole": ("regional", False), "fold": ("lora_fold", True)}
 
 
 def fast_options(path: str) -> dict | None:
@@ -80,7 +82,7 @@ def fast_options(path: str) -> dict | None:
     if path != "fast" and not path.startswith("fast+"):
         return None
     # None: the process's default (nvkit.generate.fast.default_options()), i.e. what users get
-    opts = dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None)
+    opts = dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None, lora_fold=None)
     for part in path.split("+")[1:]:
         part = part.strip()
         if part in _FAST_OPTIONS:
@@ -92,6 +94,13 @@ def fast_options(path: str) -> dict | None:
             raise NvkitError(f"Unknown fast-path option {part!r} in {path!r}: use {', '.join(_FAST_OPTIONS)} or kN "
                              "(e.g. 'fast+pdl+tfused+k16').")
     return opts
+
+
+def adapter_options(path: str) -> dict | None:
+    """``fast_options`` of an adapter path ("fast lora", "fast lora+fold", ...); None: not one."""
+    if path != "fast lora" and not path.startswith("fast lora+"):
+        return None
+    return fast_options("fast" + path[len("fast lora"):])
 
 
 def _session(model, dtype):
@@ -271,7 +280,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
         paths = [paths]
     require(isinstance(paths, (list, tuple)) and paths and all(isinstance(p, str) for p in paths),
             f"paths must be a non-empty list of benchmark path names, not {paths!r}.")
-    bad = [p for p in paths if p not in known and fast_options(p) is None]
+    bad = [p for p in paths if p not in known and fast_options(p) is None and adapter_options(p) is None]
     require(not bad, f"Unknown benchmark path(s) {bad}: choose from {list(known)}.")
     cells = _grid_cells(grid)
     if grid is not None and not any(p in BATCHED_PATHS for p in paths):
@@ -325,7 +334,8 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
 
     group1 = f"batch 1 · {new_tokens} new tokens"
     fast_paths = [p for p in paths if p not in SINGLE_PATHS and p not in ADAPTER_PATHS and fast_options(p) is not None]
-    for path in [p for p in SINGLE_PATHS if p in paths] + fast_paths + [p for p in ADAPTER_PATHS if p in paths]:
+    adapter_paths = [p for p in paths if adapter_options(p) is not None]
+    for path in [p for p in SINGLE_PATHS if p in paths] + fast_paths + adapter_paths:
         try:
             if path == "generate":
                 single(path, min(new_tokens, 8), fast=False)
@@ -334,14 +344,23 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                     skip(group1, path, "compiling the decode step is benchmarked on CUDA only")
                     continue
                 single(path, new_tokens, fast=False, cache_implementation="static")
-            elif path in ADAPTER_PATHS:
+            elif path in adapter_paths:
                 if not cuda:
                     skip(group1, path, "the fast path needs CUDA")
                     continue
+                own = path not in ADAPTER_PATHS  # options of its own: a decoder built for it
+                if own:
+                    opts = adapter_options(path)
+                    opts["k_steps"] = opts["k_steps"] or k_steps
+                    opts["inductor"] = tuple(sorted(opts["inductor"].items()))
+                    fast_mod.decoder(s, **opts)
                 _with_adapter(s, lambda: single(path, new_tokens, fast=True))
                 rows[-1]["note"] += f"; {s.last_stats.detail}"
                 timed = timed_runs[-1]["timed"]  # later rounds attach the adapter again around their run
                 timed_runs[-1]["timed"] = lambda timed=timed: _with_adapter(s, timed)
+                if own and repeats > 1:
+                    kept[path] = fast_debug.swap(s, None)
+                    timed_runs[-1]["timed"] = _on_decoder(s, kept[path], timed_runs[-1]["timed"])
             elif fast_options(path) is not None:
                 if not cuda:
                     skip(group1, path, "the fast path needs CUDA")

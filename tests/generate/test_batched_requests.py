@@ -121,13 +121,16 @@ def test_minimum_lengths_hold_eos_back_per_prompt(s):
     assert len(got[1]) > 3  # the minimum held this prompt's early EOS back
 
 
-def test_trained_adapter_decodes_as_peft_does(s):
+@pytest.mark.parametrize("fold", [False, True], ids=["apart", "spare rows"])
+def test_trained_adapter_decodes_as_peft_does(s, fold):
+    """Also on weights with spare rows for folded adapters (``lora_fold``: the rows' products
+    stay apart; only the batch-1 step folds)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
     base = AutoModelForCausalLM.from_pretrained(demo_model.path(), dtype=torch.float32).eval()
     torch.manual_seed(0)
     pm = get_peft_model(base, LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)).eval()
-    bd = _decoder(base, max_rows=2)
+    bd = _decoder(base, max_rows=2, lora_fold=fold)
     sampling, _ = fast.resolve(base, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
     with torch.inference_mode():
         got = bd.generate(_ids(s, PROMPTS[:3]), sampling)

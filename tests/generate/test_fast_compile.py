@@ -83,3 +83,40 @@ def test_the_regional_option_reads_its_variable():
         FastOptions(regional="yes")
     with pytest.raises(NvkitError, match="NVKIT_FAST_REGIONAL"):
         FastOptions.from_env({"NVKIT_FAST_REGIONAL": "perhaps"})
+
+
+def test_the_folded_adapter_layer_compiles_and_computes_the_unfolded_step():
+    """``FastOptions.lora_fold``: the layer with A folded below the weights traces whole, once for
+    every layer, and gives the unfolded step's logits; its compile artifacts are keyed apart."""
+    from peft import LoraConfig, get_peft_model
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from nvkit.errors import NvkitError
+    from nvkit.generate.fast.fused import decode_head, decode_layer, decode_step
+    from nvkit.generate.fast.options import FastOptions
+    torch.manual_seed(0)
+    m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
+    get_peft_model(m, LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)).eval()
+    plain = fast.FastDecoder(m, k_steps=2, graphs=False)
+    d = fast.FastDecoder(m, k_steps=2, graphs=False, lora_fold=True)  # fuses the weights again, with spare rows
+    fw = d._fw
+    with torch.inference_mode():
+        assert d._sync() and d._lora.folded and plain._sync() and not plain._lora.folded
+        c, pc = d._cache_for(100), plain._cache_for(100)
+        compiles = CompileCounterWithBackend("inductor")
+        layer = torch.compile(decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, d.attention), fullgraph=True,
+                              dynamic=False, backend=compiles)
+        head = torch.compile(decode_head(fw), fullgraph=True, dynamic=False, backend=compiles)
+        step = decode_step(fw, c, d.attention, d._lora, layer=layer, head=head)
+        c.pos.fill_(5)
+        c.tok.fill_(7)
+        got = step(c.tok)
+        assert compiles.frame_count == 2
+        pc.pos.fill_(5)
+        pc.tok.fill_(7)
+        want = plain._step(pc, True)(pc.tok)
+        assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (got - want).abs().max()
+        assert d._disk_key(c, True) != d._disk_key(c, False)
+    with pytest.raises(NvkitError, match="NVKIT_FAST_LORA_FOLD"):
+        FastOptions.from_env({"NVKIT_FAST_LORA_FOLD": "perhaps"})
+    assert FastOptions.from_env({"NVKIT_FAST_LORA_FOLD": "1"}).lora_fold and not FastOptions().lora_fold

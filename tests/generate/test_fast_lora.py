@@ -118,3 +118,70 @@ def test_what_the_fast_path_does_not_run_of_an_adapter_is_named(tok):
     assert fast.unsupported_reason(on_gpu, ["x"], dict(max_new_tokens=4, do_sample=False)) is None
     on_gpu.model = dora
     assert "DoRA" in fast.unsupported_reason(on_gpu, ["x"], dict(max_new_tokens=4, do_sample=False))
+
+
+def test_folded_adapters_decode_as_peft_does(tok):
+    """``lora_fold``: A folded into spare rows below the fused weights (batch-1 step) gives PEFT's
+    greedy tokens with a trained adapter, the base model's with it disabled, and the model itself
+    computes as before the spare rows; a rank past the spare rows runs its products apart."""
+    from peft import LoraConfig, get_peft_model
+
+    from nvkit.generate.fast.options import FOLD_RANK
+    base = _model()
+    ids = tok(PROMPTS[0], return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        before = base(input_ids=ids).logits
+    pm = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", lora_dropout=0.1))
+    _train(pm, tok)
+    d = fast.FastDecoder(base, k_steps=4, graphs=False, lora_fold=True)
+    fw = d._fw
+    assert fw.spare == 2 * FOLD_RANK and fw.layers[0].spare[0].shape[0] == fw.layers[0].qkv.shape[0] + 3 * fw.spare
+    # the model's own weights are the fused tensors' rows (no second copy kept)
+    from nvkit.generate.fast.fused import base_layer
+    layer0 = base.model.layers[0]
+    assert base_layer(layer0.self_attn.o_proj).weight.data_ptr() == fw.layers[0].o.data_ptr()
+    assert base_layer(layer0.mlp.down_proj).weight.data_ptr() == fw.layers[0].down.data_ptr()
+    with torch.inference_mode(), pm.disable_adapter():
+        assert torch.equal(base(input_ids=ids).logits, before)  # re-pointed weights, the same model
+    for p in PROMPTS:
+        ids, ref = _peft_greedy(pm, tok, p)
+        assert _fast(d, base, ids) == ref, p
+    assert d._lora.folded and "LoRA unmerged (rank ≤ 8, folded)" in d.describe()
+    # the high and low halves sum to A: what x A.T needs
+    a, b = d._lora.layers[0].qkv
+    stacked = d._lora.layers[0].folded[0]
+    n, r = b.shape[0], a.shape[0]
+    assert torch.equal(stacked[n:n + r].float() + stacked[n + r:].float(), a.float())
+    with pm.disable_adapter():
+        ids, ref = _peft_greedy(pm, tok, PROMPTS[1])
+        assert _fast(d, base, ids) == ref
+    pm.add_adapter("wide", LoraConfig(r=24, target_modules=["k_proj", "down_proj"], init_lora_weights=False))
+    pm.set_adapter("wide")
+    ids, ref = _peft_greedy(pm, tok, PROMPTS[2], n=8)
+    assert _fast(d, base, ids, n=8) == ref and d._lora.rank == 24 and not d._lora.folded
+
+
+def test_folded_products_keep_the_adapters_precision():
+    """In bf16 weights with a float32 adapter, the folded form computes what PEFT does (the base
+    output rounded to bf16, the adapter's products in float32 added, rounded again) up to the
+    last bit of a few outputs: A's two halves carry it to about 16 bits, not bf16's 8."""
+    from nvkit.generate.fast.fused import linear
+    torch.manual_seed(0)
+    n, h, r = 512, 256, 16
+    x = torch.randn(1, h).to(torch.bfloat16)
+    w = torch.randn(n, h).to(torch.bfloat16)
+    a, b = torch.randn(r, h) * 0.05, torch.randn(n, r) * 0.05
+    high = a.to(torch.bfloat16)
+    stacked = torch.cat([w, high, (a - high.float()).to(torch.bfloat16)])
+    y = (x.double() @ w.double().T).to(torch.bfloat16)
+    want = (y.double() + (x.double() @ a.double().T) @ b.double().T).to(torch.bfloat16)  # PEFT's order, exact sums
+    got = linear(x, w, None, (a, b, stacked))
+    assert got.dtype == torch.bfloat16 and got.shape == (1, n)
+    spacing = 2.0 ** (torch.floor(torch.log2(want.float().abs())) - 7)  # one bf16 step at each output
+    assert ((got.float() - want.float()).abs() <= spacing).all()
+    assert (got != want).float().mean() <= 0.05
+    # A rounded to bf16 alone would be off by far more in x A.T than the two halves are
+    exact = x.double() @ a.double().T
+    t_two = x.double() @ (high.double() + (a - high.float()).to(torch.bfloat16).double()).T
+    t_one = x.double() @ high.double().T
+    assert (t_two - exact).abs().max() < (t_one - exact).abs().max() / 50

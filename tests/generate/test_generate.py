@@ -432,15 +432,23 @@ def test_bench_decode_rejects_bad_values_and_runs_on_cpu(s):
 def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     opts = bench_decode.fast_options
     assert opts("generate") is None and opts("nvkit batch") is None
-    assert opts("fast") == dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None)
+    assert opts("fast") == dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None,
+                                lora_fold=None)
     assert opts("fast+matmul")["attention"] == "matmul"
     assert opts("fast eager")["compile"] is False
     assert opts("fast without pdl")["pdl"] is False
     assert opts("fast+triton")["attention"] == "triton"
     assert opts("fast+pdl+tfused+combo+k16") == dict(compile=True, attention="triton-fused", pdl=True,
-                                                  inductor={"combo_kernels": True}, k_steps=16, regional=None)
+                                                  inductor={"combo_kernels": True}, k_steps=16, regional=None,
+                                                  lora_fold=None)
     assert opts("fast+regional")["regional"] is True
     assert opts("fast+whole")["regional"] is False
+    # the adapter rows take the same options after "fast lora"
+    assert bench_decode.adapter_options("fast lora") == opts("fast")
+    assert bench_decode.adapter_options("fast lora+fold")["lora_fold"] is True and opts("fast lora+fold") is None
+    assert bench_decode.adapter_options("fast") is None and bench_decode.adapter_options("fast loraX") is None
+    with pytest.raises(NvkitError, match="fast-path option"):
+        bench_decode.adapter_options("fast lora+flod")
     for typo in ("fast+pld", "fast+k", "fast+kx2", "fast+"):
         with pytest.raises(NvkitError, match="fast-path option"):
             opts(typo)
@@ -449,6 +457,9 @@ def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     # variants are accepted by name and, on a CPU, skipped with the reason (not measured as the default)
     df = bench_decode.run(model=s, new_tokens=3, prompt_len=4, paths=["generate", "fast+pdl+k4"], show=False)
     assert list(df["path"]) == ["generate", "fast+pdl+k4"]
+    assert df["note"].iloc[1] == "skipped: the fast path needs CUDA"
+    df = bench_decode.run(model=s, new_tokens=3, prompt_len=4, paths=["generate", "fast lora+fold"], show=False)
+    assert list(df["path"]) == ["generate", "fast lora+fold"]
     assert df["note"].iloc[1] == "skipped: the fast path needs CUDA"
 
 

@@ -1,8 +1,9 @@
 """The fast path as a session meets it, on a real GPU (issue 19):
 
 - one compile serves every request length and sampling mode of a session, short ones included;
-- LoRA adapters run on the fast path unmerged, token-identical to PEFT's own greedy generate,
-  and switching them off and on compiles nothing;
+- LoRA adapters run on the fast path unmerged, token-identical to PEFT's own greedy generate
+  (their products apart, or the first folded into the base one), and switching them off and on
+  compiles nothing;
 - compile artifacts on disk make a second process's compile quick;
 - the prefill of a 64-token prompt on the Qwen3-0.6B shape (time to first token printed; the
   issue's target is 25 ms).
@@ -80,10 +81,12 @@ def _trained_adapter(tmp_path, s):
     return str(tmp_path / "adapter")
 
 
-def test_adapter_runs_on_the_fast_path_token_identical_to_peft(demo_cuda, tmp_path):
+@pytest.mark.parametrize("fold", [False, True], ids=["apart", "folded"])
+def test_adapter_runs_on_the_fast_path_token_identical_to_peft(demo_cuda, tmp_path, fold):
+    """Also with ``lora_fold`` (A below the weights, one reduction for both products)."""
     s = demo_cuda
+    d = fast.decoder(s, lora_fold=fold)
     s.generate(PROMPTS[0], max_new_tokens=8, fast=True)  # the base step compiled
-    d = fast.decoder(s)
     base_compiles = d.counts["compiles"]
     base_text = s.generate(PROMPTS[0], max_new_tokens=48)
     s.load_adapter(_trained_adapter(tmp_path, s))
@@ -92,7 +95,8 @@ def test_adapter_runs_on_the_fast_path_token_identical_to_peft(demo_cuda, tmp_pa
         for p in PROMPTS:
             peft_text = s.generate(p, max_new_tokens=48, fast=False)  # PEFT's own forward, plain greedy
             ours = tuned[p] = s.generate(p, max_new_tokens=48, fast=True)
-            assert "LoRA unmerged" in s.last_stats.detail, s.last_stats.detail
+            assert "LoRA unmerged" in s.last_stats.detail and ("folded" in s.last_stats.detail) == fold, \
+                s.last_stats.detail
             assert ours == peft_text, (p, ours, peft_text)
         assert tuned[PROMPTS[0]] != base_text  # the adapter changes the text: the comparison above meant something
         with_adapter = d.counts["compiles"]

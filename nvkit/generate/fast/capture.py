@@ -33,7 +33,7 @@ from . import artifacts, graphs as graphs_mod, lora as lora_mod
 from .cache import Cache, new_cache, prefill_class, set_request, size_class
 from .replay import replays, ticking
 from .fused import FusedWeights, decode_head, decode_layer, decode_step, fusable_why, prefill_step, qk_norm_why
-from .options import FastOptions, default_options
+from .options import FOLD_RANK, FastOptions, default_options
 from .sampling import Sampling, StopStrings, choose
 
 
@@ -79,7 +79,7 @@ class FastDecoder:
         self.fused_why = fusable_why(model)
         if opts.fused and self.fused_why:
             raise NvkitError(f"The fused decode step does not fit this model: {self.fused_why}. Use fused=None or False.")
-        self._fw = FusedWeights(model) if opts.fused is not False and self.fused_why is None else None
+        self._fw = self._fused_weights() if opts.fused is not False and self.fused_why is None else None
         self.attention, self.attention_why = self._choose_attention(opts.attention)
         self.pdl = self._choose_pdl(opts.pdl)
         import torch._inductor.config as inductor_config
@@ -161,11 +161,14 @@ class FastDecoder:
         if self._fw is not None:
             parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
         if self._lora is not None and lora_mod.active(self.model):
-            parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank})")
+            parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank}{', folded' if self._lora.folded else ''})")
         parts.append(f"{self.k} steps per replay")
         return ", ".join(parts)
 
     # --- the model's state -----------------------------------------------------------------------
+    def _fused_weights(self) -> FusedWeights:
+        return FusedWeights(self.model, spare=2 * FOLD_RANK if self.options.lora_fold else 0)
+
     def _sync(self) -> bool:
         """Weights and adapters as the model has them now; returns whether adapters run."""
         if self._fw is not None:
@@ -174,13 +177,14 @@ class FastDecoder:
                     events.record("compile", "fast decode: the model's weights changed; its graphs read the new ones")
             except ValueError as e:  # shapes changed: nothing captured fits any more
                 self._drop_cache()
-                self._fw = FusedWeights(self.model)
+                self._fw = self._fused_weights()
                 events.record("compile", f"fast decode: {e}; capturing again")
         if self._fw is None or not lora_mod.active(self.model):
             return False
         if self._lora is None or not self._lora.fits(self.model):
             rank = max(8, -(-lora_mod.needed_rank(self.model) // 8) * 8)
-            self._lora = lora_mod.LoraSlots(self._fw, rank, lora_mod.adapter_dtype(self.model))
+            self._lora = lora_mod.LoraSlots(self._fw, rank, lora_mod.adapter_dtype(self.model),
+                                            fold=self.options.lora_fold)
             if self._cache is not None:
                 self._cache.forget_lora()
         self._lora.load(self.model)
@@ -329,6 +333,8 @@ class FastDecoder:
         if not (self.options.disk_cache and self.options.compile):
             return None
         extra = {"regional": True} if self.regional else {}  # keys of the whole-step compile stay as they were
+        if lora_on and self._lora.folded:
+            extra["lora_fold"] = True
         return artifacts.key(self.model, dict(k=self.k, attention=self.attention, pdl=self.pdl, tune=self.options.tune,
                                               inductor=self.options.inductor, fused=self._fw is not None,
                                               length=c.length, lora=(self._lora.rank, str(self._lora.dtype))

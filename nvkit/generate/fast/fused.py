@@ -14,7 +14,9 @@ the cache. At batch 1 every kernel is tiny, so the number of kernels per token i
 this step has fewer than the model's own forward.
 
 LoRA adapters (``lora.LoraSlots``) add their low-rank products inside the same steps, from device
-buffers the host refills when the adapters change.
+buffers the host refills when the adapters change. With spare rows (``FusedWeights(spare=...)``,
+``FastOptions.lora_fold``) the batch-1 step can fold an adapter's first product into the base one:
+the A matrices sit below the weights they adapt, and one reduction gives both (``linear``).
 """
 
 from __future__ import annotations
@@ -116,14 +118,22 @@ class LayerWeights:
     down: Any
     down_bias: Any
     scaling: float
+    #: with spare rows: the qkv, o, gate_up and down tensors with those rows below the weights
+    #: (``qkv`` etc. are views of their first rows); None without
+    spare: tuple | None = None
 
 
 class FusedWeights:
-    """The tensors the fused steps read, kept in step with the model (``sync``)."""
+    """The tensors the fused steps read, kept in step with the model (``sync``).
 
-    def __init__(self, model):
+    ``spare``: rows of zeros allocated below each projection's weights (per projection of a
+    group), where ``lora.LoraSlots`` may fold adapters in; the o and down projections then get
+    tensors of their own too (the model's parameters re-pointed at them, as for q/k/v)."""
+
+    def __init__(self, model, spare: int = 0):
         import torch
         self.model = model
+        self.spare = spare
         inner = model.model
         self.nh, self.nkv, self.hd = attention_dims(model.config)
         self.dtype = model.dtype
@@ -144,11 +154,14 @@ class FusedWeights:
         return p.data
 
     def _fused(self, finds: list) -> Any:
-        """One tensor for weights that meet the same input, stacked by rows; each parameter is
-        re-pointed at its slice, so memory stays as it was and the modules compute what they did."""
+        """One tensor for weights that meet the same input, stacked by rows (and ``spare`` rows
+        of zeros per weight below them); each parameter is re-pointed at its slice, so memory
+        stays as it was and the modules compute what they did."""
         import torch
         params = [f() for f in finds]
-        fused = torch.cat([p.detach() for p in params])
+        spare = [torch.zeros(self.spare * len(params), params[0].shape[1], dtype=params[0].dtype,
+                             device=params[0].device)] if self.spare else []
+        fused = torch.cat([p.detach() for p in params] + spare)
         off = 0
         for f, p in zip(finds, params):
             n = p.shape[0]
@@ -168,20 +181,28 @@ class FusedWeights:
         gate_up = self._fused([lin(mlp, n) for n in ("gate_proj", "up_proj")])
         gate_up_bias = self._bias_group(mlp, ("gate_proj", "up_proj"), lin)
         has_qk = hasattr(attn, "q_norm")
+        spare = None
+        if self.spare:
+            o, down = self._fused([lin(attn, "o_proj")]), self._fused([lin(mlp, "down_proj")])
+            spare = (qkv, o, gate_up, down)
+            qkv, gate_up = qkv[:qkv.shape[0] - 3 * self.spare], gate_up[:gate_up.shape[0] - 2 * self.spare]
+            o, down = o[:o.shape[0] - self.spare], down[:down.shape[0] - self.spare]
+        else:
+            o, down = self._own(lin(attn, "o_proj")), self._own(lin(mlp, "down_proj"))
         return LayerWeights(
             in_norm=self._own(lambda: layer.input_layernorm.weight), in_eps=_norm_eps(layer.input_layernorm),
             qkv=qkv, qkv_bias=qkv_bias,
             q_norm=self._own(lambda: attn.q_norm.weight) if has_qk else None,
             k_norm=self._own(lambda: attn.k_norm.weight) if has_qk else None,
             qk_eps=_norm_eps(attn.q_norm) if has_qk else 0.0,
-            o=self._own(lin(attn, "o_proj")),
+            o=o,
             o_bias=self._own(lin(attn, "o_proj", "bias")) if lin(attn, "o_proj", "bias")() is not None else None,
             post_norm=self._own(lambda: layer.post_attention_layernorm.weight),
             post_eps=_norm_eps(layer.post_attention_layernorm),
             gate_up=gate_up, gate_up_bias=gate_up_bias,
-            down=self._own(lin(mlp, "down_proj")),
+            down=down,
             down_bias=self._own(lin(mlp, "down_proj", "bias")) if lin(mlp, "down_proj", "bias")() is not None else None,
-            scaling=float(getattr(attn, "scaling", self.hd ** -0.5)))
+            scaling=float(getattr(attn, "scaling", self.hd ** -0.5)), spare=spare)
 
     def _bias_group(self, parent, names, lin):
         """Stacked biases of projections that share an input (a missing one is zeros of its
@@ -258,8 +279,15 @@ def rope(x, cos, sin):
 
 def linear(x, weight, bias, lora=None):
     """``x @ weight.T + bias``, plus the LoRA products ``(x A.T) B.T`` when ``lora`` = (A, B) is
-    given (scaling folded into B), summed in the adapter's dtype as PEFT does."""
+    given (scaling folded into B), summed in the adapter's dtype as PEFT does.
+
+    ``lora`` = (A, B, stacked) folds the first product into the base one, for one token: stacked
+    holds the weight's rows, then A split into a high and a low half in the weight's dtype (their
+    sum is A to about 16 bits, the products are exact in float32), so one float32 reduction over
+    the input gives the output and x A.T at once, where the unfolded form launches a kernel more."""
     import torch.nn.functional as F
+    if lora is not None and len(lora) == 3:
+        return _folded(x, weight, bias, *lora)
     y = F.linear(x, weight, bias)
     if lora is None:
         return y
@@ -267,13 +295,30 @@ def linear(x, weight, bias, lora=None):
     return (y + F.linear(F.linear(x.to(a.dtype), a), b)).to(y.dtype)
 
 
-def layer_args(w: LayerWeights, lo) -> tuple:
+def _folded(x, weight, bias, a, b, stacked):
+    import torch
+    n, r = weight.shape[0], a.shape[0]
+    # written as products and a sum (what inductor makes of a one-row matrix product), in float32,
+    # so the rows of A keep their precision instead of rounding to the weight's dtype
+    full = (x.to(torch.float32).unsqueeze(-2) * stacked.to(torch.float32)).sum(-1)   # (1, n + 2r)
+    y = full[..., :n] if bias is None else full[..., :n] + bias.to(torch.float32)
+    y = y.to(x.dtype)
+    t = (full[..., n:n + r] + full[..., n + r:n + 2 * r]).to(a.dtype)               # x A.T
+    lo = (t.to(torch.float32).unsqueeze(-2) * b.to(torch.float32)).sum(-1).to(a.dtype)
+    return (y + lo).to(y.dtype)
+
+
+def layer_args(w: LayerWeights, lo, fold: bool = False) -> tuple:
     """The weights of layer ``w`` and its adapter buffers ``lo`` (a ``lora.LayerLora``, or None)
     in the order the per-layer functions (``decode_layer``, ``fused_rows.prefill_rows_layer``)
-    take them: tensors only, so one compile of such a function serves every layer."""
+    take them: tensors only, so one compile of such a function serves every layer. ``fold``:
+    the adapters folded into the base products where ``lo`` has them so (one token only)."""
+    if fold and lo is not None and lo.folded is not None:
+        loras = tuple(pair + (stacked,) for pair, stacked in zip((lo.qkv, lo.o, lo.gate_up, lo.down), lo.folded))
+    else:
+        loras = (lo and lo.qkv, lo and lo.o, lo and lo.gate_up, lo and lo.down)
     return (w.in_norm, w.in_eps, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, w.qk_eps, w.o, w.o_bias, w.post_norm,
-            w.post_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias, w.scaling,
-            lo and lo.qkv, lo and lo.o, lo and lo.gate_up, lo and lo.down)
+            w.post_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias, w.scaling, *loras)
 
 
 def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str) -> Callable:
@@ -357,7 +402,8 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, l
         delta = torch.zeros_like(h)
         for i, w in enumerate(fw.layers):
             lo = lora.layers[i] if lora is not None else None
-            h, delta = layer(h, delta, pos, where, cos, sin, mask, cache.keys[i], cache.values[i], *layer_args(w, lo))
+            h, delta = layer(h, delta, pos, where, cos, sin, mask, cache.keys[i], cache.values[i],
+                             *layer_args(w, lo, fold=True))
         cache.pos.add_(1)
         return head(h, delta)
 

@@ -7,6 +7,11 @@ one product pair per group adds every active adapter of every projection in it. 
 a fixed size (``rank`` columns per projection); the host refills them when the adapters change
 (another adapter set, one trained further, one disabled), so switching adapters needs no new
 capture. Only a larger total rank than the buffers hold makes new ones.
+
+``fold=True`` (``FastOptions.lora_fold``) also writes each group's A, split into a high and a low
+half in the weights' dtype, into the spare rows ``FusedWeights`` keeps below the group's weights,
+so the batch-1 step computes the base product and x A.T in one reduction (``fused.linear``). It
+takes effect where the spare rows hold the buffers' rank; else the products stay apart.
 """
 
 from __future__ import annotations
@@ -88,24 +93,31 @@ class LayerLora:
     o: tuple[Any, Any]
     gate_up: tuple[Any, Any]
     down: tuple[Any, Any]
+    #: folded: per group (qkv, o, gate_up, down), the weights with A's halves below them (views
+    #: of ``FusedWeights``' tensors, cut to this rank); None where the products stay apart
+    folded: tuple | None = None
 
 
 class LoraSlots:
     """The device buffers the fused steps read the adapters from (see the module docstring)."""
 
-    def __init__(self, fw: FusedWeights, rank: int, dtype):
+    def __init__(self, fw: FusedWeights, rank: int, dtype, fold: bool = False):
         import torch
         self.rank, self.dtype = rank, dtype
+        #: A folded into the weights' spare rows (see the module docstring)
+        self.folded = fold and fw.spare >= 2 * rank
         dev = fw.embed.device
         self.layers: list[LayerLora] = []
         with torch.inference_mode(False):
             for w in fw.layers:
-                pairs = {}
-                for group, weight in (("qkv", w.qkv), ("o", w.o), ("gate_up", w.gate_up), ("down", w.down)):
+                pairs, folded = {}, []
+                for group, weight, spare in zip(_GROUPS, (w.qkv, w.o, w.gate_up, w.down), w.spare or (None,) * 4):
                     n = len(_GROUPS[group][1])
                     pairs[group] = (torch.zeros(n * rank, weight.shape[1], dtype=dtype, device=dev),
                                     torch.zeros(weight.shape[0], n * rank, dtype=dtype, device=dev))
-                self.layers.append(LayerLora(**pairs))
+                    if self.folded:
+                        folded.append(spare[:weight.shape[0] + 2 * n * rank])
+                self.layers.append(LayerLora(**pairs, folded=tuple(folded) if self.folded else None))
         self._signature = None
 
     def fits(self, model) -> bool:
@@ -145,5 +157,12 @@ class LoraSlots:
                     a_buf[col:col + r].copy_(A)
                     b_buf[row0:row0 + rows, col:col + r].copy_(B.to(torch.float32) * float(m.scaling[ad]))
                     col += r
+            if self.folded:
+                for layer in self.layers:
+                    for (a, b), stacked in zip((layer.qkv, layer.o, layer.gate_up, layer.down), layer.folded):
+                        n = b.shape[0]
+                        high = a.to(stacked.dtype)
+                        stacked[n:n + a.shape[0]].copy_(high)
+                        stacked[n + a.shape[0]:].copy_((a.to(torch.float32) - high.to(torch.float32)).to(stacked.dtype))
         self._signature = sig
         return True

@@ -21,6 +21,9 @@ ATTENTION_KINDS = ("matmul", "triton", "triton-fused")
 DEFAULT_ATTENTION = "auto"
 #: the smallest KV-cache size class, in tokens: one capture serves every request that fits in it
 DEFAULT_CACHE_TOKENS = 4096
+#: with ``lora_fold``: the adapter rank per projection the fused weights keep spare rows for
+#: (nvkit.finetune's default rank; a larger one runs its products apart)
+FOLD_RANK = 16
 
 
 
@@ -48,6 +51,10 @@ class FastOptions:
       their head, and call them for every layer, instead of compiling the whole unrolled step: the
       compile is about as many times shorter as the model has layers, and on the GPU it decodes
       at least as fast (docs/benchmarks.md). False compiles the whole step.
+    - ``lora_fold``: the fused weights keep spare rows for adapters up to ``FOLD_RANK`` per
+      projection, and the batch-1 step computes each group's base product and its adapters' first
+      product in one reduction (one kernel fewer per group of projections with an adapter on);
+      off until the GPU benchmark says it decodes faster (docs/benchmarks.md).
     """
     k_steps: int = 8
     compile: bool = True
@@ -60,6 +67,7 @@ class FastOptions:
     cache_tokens: int = DEFAULT_CACHE_TOKENS
     disk_cache: bool = True
     regional: bool = True
+    lora_fold: bool = False
 
     def __post_init__(self):
         def whole(name, lo, hi=None):
@@ -72,7 +80,7 @@ class FastOptions:
         whole("cache_tokens", 16)
         if self.cache_tokens & (self.cache_tokens - 1):
             raise NvkitError(f"cache_tokens must be a power of two (the size classes double), not {self.cache_tokens}.")
-        for name in ("compile", "tune", "disk_cache", "regional"):
+        for name in ("compile", "tune", "disk_cache", "regional", "lora_fold"):
             if not isinstance(getattr(self, name), bool):
                 raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
         for name in ("fused", "pdl"):
@@ -137,6 +145,7 @@ _VARIABLES = {
     "NVKIT_FAST_CACHE_TOKENS": ("cache_tokens", _whole(1)),
     "NVKIT_FAST_DISK_CACHE": ("disk_cache", _flag),
     "NVKIT_FAST_REGIONAL": ("regional", _flag),
+    "NVKIT_FAST_LORA_FOLD": ("lora_fold", _flag),
 }
 ENVIRONMENT_VARIABLES = tuple(_VARIABLES)
 
