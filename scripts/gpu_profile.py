@@ -265,9 +265,12 @@ def prepare(model: str) -> None:
     import os
     import subprocess
     root = tempfile.mkdtemp(prefix="nvkit-prepare-")
-    for name, triton in (("cold", "triton-cold"), ("warm", "triton-warm"), ("warm, Triton's cache kept", "triton-cold")):
-        env = dict(os.environ, NVKIT_CACHE=os.path.join(root, "nvkit"), TRITON_CACHE_DIR=os.path.join(root, triton),
-                   TORCHINDUCTOR_CACHE_DIR=os.path.join(root, f"inductor-{name[:4]}{len(name)}"))
+    # (process, its Triton cache, its inductor cache): only nvkit's artifacts are shared, but the third
+    # process also keeps the cold one's Triton cache
+    for name, triton, inductor in (("cold", "cold", "cold"), ("warm", "warm", "warm"),
+                                   ("warm, Triton's cache kept", "cold", "kept")):
+        env = dict(os.environ, NVKIT_CACHE=os.path.join(root, "nvkit"), TRITON_CACHE_DIR=os.path.join(root, f"triton-{triton}"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(root, f"inductor-{inductor}"))
         print(f"\n##### prepare: {name}", flush=True)
         t = time.perf_counter()
         subprocess.run([sys.executable, "-c", _PREPARE, model], env=env, check=False)

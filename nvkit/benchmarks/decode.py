@@ -333,6 +333,17 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     kept = {}  # fast path -> its decoder, kept captured for the later rounds (repeats > 1)
 
     group1 = f"batch 1 · {new_tokens} new tokens"
+
+    def build(opts):  # the session's decoder built with a variant's options
+        opts["k_steps"] = opts["k_steps"] or k_steps
+        opts["inductor"] = tuple(sorted(opts["inductor"].items()))
+        fast_mod.decoder(s, **opts)
+
+    def keep(path):  # the variant's decoder kept for the later rounds; the next builds its own beside it
+        if repeats > 1:
+            kept[path] = fast_debug.swap(s, None)
+            timed_runs[-1]["timed"] = _on_decoder(s, kept[path], timed_runs[-1]["timed"])
+
     fast_paths = [p for p in paths if p not in SINGLE_PATHS and p not in ADAPTER_PATHS and fast_options(p) is not None]
     adapter_paths = [p for p in paths if adapter_options(p) is not None]
     for path in [p for p in SINGLE_PATHS if p in paths] + fast_paths + adapter_paths:
@@ -350,25 +361,18 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                     continue
                 own = path not in ADAPTER_PATHS  # options of its own: a decoder built for it
                 if own:
-                    opts = adapter_options(path)
-                    opts["k_steps"] = opts["k_steps"] or k_steps
-                    opts["inductor"] = tuple(sorted(opts["inductor"].items()))
-                    fast_mod.decoder(s, **opts)
+                    build(adapter_options(path))
                 _with_adapter(s, lambda: single(path, new_tokens, fast=True))
                 rows[-1]["note"] += f"; {s.last_stats.detail}"
                 timed = timed_runs[-1]["timed"]  # later rounds attach the adapter again around their run
                 timed_runs[-1]["timed"] = lambda timed=timed: _with_adapter(s, timed)
-                if own and repeats > 1:
-                    kept[path] = fast_debug.swap(s, None)
-                    timed_runs[-1]["timed"] = _on_decoder(s, kept[path], timed_runs[-1]["timed"])
+                if own:
+                    keep(path)
             elif fast_options(path) is not None:
                 if not cuda:
                     skip(group1, path, "the fast path needs CUDA")
                     continue
-                opts = fast_options(path)
-                opts["k_steps"] = opts["k_steps"] or k_steps
-                opts["inductor"] = tuple(sorted(opts["inductor"].items()))
-                fast_mod.decoder(s, **opts)
+                build(fast_options(path))
                 single(path, new_tokens, fast=True)
                 d = fast_mod.decoder(s)
                 rows[-1]["note"] += (f"; K={d.k}, {'fused' if d.fused else 'model-forward'} "
@@ -378,9 +382,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                     f" (compile failed: {d.compile_error})" if d.compile_error else "")
                 if d.compile_detail:  # the note holds one line; the whole cause goes to stderr
                     print(f"{path}: torch.compile failed:\n{d.compile_detail}", file=sys.stderr)
-                if repeats > 1:
-                    kept[path] = fast_debug.swap(s, None)  # the next variant builds its own beside it
-                    timed_runs[-1]["timed"] = _on_decoder(s, kept[path], timed_runs[-1]["timed"])
+                keep(path)
         except Exception as e:  # noqa: BLE001 - one broken path must not hide the others' figures
             skip(group1, path, error_summary(e))
     try:

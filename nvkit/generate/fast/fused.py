@@ -153,10 +153,11 @@ class FusedWeights:
         self._slots.append(_Slot(find, p.data))
         return p.data
 
-    def _fused(self, finds: list) -> Any:
+    def _fused(self, finds: list) -> tuple[Any, Any]:
         """One tensor for weights that meet the same input, stacked by rows (and ``spare`` rows
         of zeros per weight below them); each parameter is re-pointed at its slice, so memory
-        stays as it was and the modules compute what they did."""
+        stays as it was and the modules compute what they did. Returns (the weights' rows, the
+        whole tensor with the spare rows)."""
         import torch
         params = [f() for f in finds]
         spare = [torch.zeros(self.spare * len(params), params[0].shape[1], dtype=params[0].dtype,
@@ -168,7 +169,7 @@ class FusedWeights:
             p.data = fused[off:off + n]
             self._slots.append(_Slot(f, p.data))
             off += n
-        return fused
+        return fused[:off], fused
 
     def _layer(self, layer) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
@@ -176,17 +177,15 @@ class FusedWeights:
         def lin(parent, name, what="weight"):
             return lambda: getattr(base_layer(getattr(parent, name)), what)
 
-        qkv = self._fused([lin(attn, n) for n in ("q_proj", "k_proj", "v_proj")])
+        qkv, qkv_spare = self._fused([lin(attn, n) for n in ("q_proj", "k_proj", "v_proj")])
         qkv_bias = self._bias_group(attn, ("q_proj", "k_proj", "v_proj"), lin)
-        gate_up = self._fused([lin(mlp, n) for n in ("gate_proj", "up_proj")])
+        gate_up, gate_up_spare = self._fused([lin(mlp, n) for n in ("gate_proj", "up_proj")])
         gate_up_bias = self._bias_group(mlp, ("gate_proj", "up_proj"), lin)
         has_qk = hasattr(attn, "q_norm")
         spare = None
         if self.spare:
-            o, down = self._fused([lin(attn, "o_proj")]), self._fused([lin(mlp, "down_proj")])
-            spare = (qkv, o, gate_up, down)
-            qkv, gate_up = qkv[:qkv.shape[0] - 3 * self.spare], gate_up[:gate_up.shape[0] - 2 * self.spare]
-            o, down = o[:o.shape[0] - self.spare], down[:down.shape[0] - self.spare]
+            (o, o_spare), (down, down_spare) = self._fused([lin(attn, "o_proj")]), self._fused([lin(mlp, "down_proj")])
+            spare = (qkv_spare, o_spare, gate_up_spare, down_spare)
         else:
             o, down = self._own(lin(attn, "o_proj")), self._own(lin(mlp, "down_proj"))
         return LayerWeights(
