@@ -123,6 +123,20 @@ def env_int(name: str, default: int, lo: int = 1, hi: int | None = None, environ
     return v
 
 
+def env_number(name: str, default: float, lo: float = 0.0, environ=None) -> float:
+    """The finite number ≥ ``lo`` in ``$name`` (``default`` when unset or empty), else NvkitError naming it."""
+    raw = _env(name, environ)
+    if raw is None:
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        v = None
+    if v is None or not math.isfinite(v) or v < lo:
+        raise _env_error(name, raw, f"a number ≥ {lo:g}")
+    return v
+
+
 def env_flag(name: str, default: bool, environ=None) -> bool:
     """``$name`` as a switch: 1/true/yes/on or 0/false/no/off (``default`` when unset or empty)."""
     raw = _env(name, environ)

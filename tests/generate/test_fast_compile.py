@@ -97,8 +97,8 @@ def test_the_folded_adapter_layer_compiles_and_computes_the_unfolded_step():
     torch.manual_seed(0)
     m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
     get_peft_model(m, LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)).eval()
-    plain = fast.FastDecoder(m, k_steps=2, graphs=False)
-    d = fast.FastDecoder(m, k_steps=2, graphs=False, lora_fold=True)  # fuses the weights again, with spare rows
+    plain = fast.FastDecoder(m, k_steps=2, graphs=False, lora_fold=False)
+    d = fast.FastDecoder(m, k_steps=2, graphs=False, lora_fold=True)  # the default: fused weights with spare rows
     fw = d._fw
     with torch.inference_mode():
         assert d._sync() and d._lora.folded and plain._sync() and not plain._lora.folded
@@ -119,4 +119,21 @@ def test_the_folded_adapter_layer_compiles_and_computes_the_unfolded_step():
         assert d._disk_key(c, True) != d._disk_key(c, False)
     with pytest.raises(NvkitError, match="NVKIT_FAST_LORA_FOLD"):
         FastOptions.from_env({"NVKIT_FAST_LORA_FOLD": "perhaps"})
-    assert FastOptions.from_env({"NVKIT_FAST_LORA_FOLD": "1"}).lora_fold and not FastOptions().lora_fold
+    assert FastOptions().lora_fold and not FastOptions.from_env({"NVKIT_FAST_LORA_FOLD": "0"}).lora_fold
+
+
+@pytest.mark.parametrize("raw, ok", [("0", 0.0), ("2.5", 2.5), ("-1", None), ("soon", None), ("nan", None),
+                                     ("inf", None)])
+def test_prefill_after_from_the_environment(raw, ok):
+    """``NVKIT_FAST_PREFILL_AFTER``: seconds of eager prefill before the batched prefill compiles."""
+    from nvkit.errors import NvkitError
+    from nvkit.generate.fast.options import FastOptions
+    assert FastOptions().prefill_after == 1.0
+    if ok is None:
+        with pytest.raises(NvkitError, match="NVKIT_FAST_PREFILL_AFTER"):
+            FastOptions.from_env({"NVKIT_FAST_PREFILL_AFTER": raw})
+    else:
+        assert FastOptions.from_env({"NVKIT_FAST_PREFILL_AFTER": raw}).prefill_after == ok
+    for bad in (-0.5, "1", True, float("nan")):
+        with pytest.raises(NvkitError, match="prefill_after"):
+            FastOptions(prefill_after=bad)

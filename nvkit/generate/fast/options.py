@@ -13,7 +13,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ...checks import env_flag, env_int, env_set
+from ...checks import env_flag, env_int, env_number, env_set, number
 from ...errors import NvkitError
 
 #: the fused step's attention kinds ("auto": triton-fused where it fits, see ``FastDecoder``)
@@ -53,8 +53,15 @@ class FastOptions:
       at least as fast (docs/benchmarks.md). False compiles the whole step.
     - ``lora_fold``: the fused weights keep spare rows for adapters up to ``FOLD_RANK`` per
       projection, and the batch-1 step computes each group's base product and its adapters' first
-      product in one reduction (one kernel fewer per group of projections with an adapter on);
-      off until the GPU benchmark says it decodes faster (docs/benchmarks.md).
+      product in one reduction (one kernel fewer per group of projections with an adapter on),
+      which on the GPU decodes faster with an adapter than the products apart
+      (docs/benchmarks.md). False keeps them apart.
+    - ``prefill_after``: seconds of host time the batched path's prompt prefill runs eagerly in a
+      decoder before it is compiled (0: compiled at the first list). A list's first call already
+      compiles the rows' decode step; compiling the prefill with it would make that wait much
+      longer to save tenths of a second per list, so it waits until the eager prefill has cost
+      this much.
+      Compile artifacts of an earlier compile on disk make it compile at once.
     """
     k_steps: int = 8
     compile: bool = True
@@ -67,7 +74,8 @@ class FastOptions:
     cache_tokens: int = DEFAULT_CACHE_TOKENS
     disk_cache: bool = True
     regional: bool = True
-    lora_fold: bool = False
+    lora_fold: bool = True
+    prefill_after: float = 1.0
 
     def __post_init__(self):
         def whole(name, lo, hi=None):
@@ -83,6 +91,7 @@ class FastOptions:
         for name in ("compile", "tune", "disk_cache", "regional", "lora_fold"):
             if not isinstance(getattr(self, name), bool):
                 raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
+        object.__setattr__(self, "prefill_after", number("prefill_after", self.prefill_after, 0))
         for name in ("fused", "pdl"):
             if getattr(self, name) not in (None, True, False):
                 raise NvkitError(f"{name} must be True, False or None (where it fits), not {getattr(self, name)!r}.")
@@ -146,6 +155,7 @@ _VARIABLES = {
     "NVKIT_FAST_DISK_CACHE": ("disk_cache", _flag),
     "NVKIT_FAST_REGIONAL": ("regional", _flag),
     "NVKIT_FAST_LORA_FOLD": ("lora_fold", _flag),
+    "NVKIT_FAST_PREFILL_AFTER": ("prefill_after", lambda var, environ: env_number(var, 1.0, 0, environ=environ)),
 }
 ENVIRONMENT_VARIABLES = tuple(_VARIABLES)
 
