@@ -27,13 +27,17 @@
 #            identity against PEFT with and without it, then the decode rate of fast, fast lora and
 #            fast lora+fold in one process                                     (carry .whl-core)
 #   batched-first  issue 20's targets alone: the first batched call against the first batch-1
-#            request, each in a fresh process with empty caches, one prompt through the batched
+#            request, each in a fresh process with empty caches (FIRST_PAIRS pairs, default 3),
+#            identity with the eager and the compiled prefill, one prompt through the batched
 #            decoder against the batch-1 path, and the two throughput targets  (carry .whl-core)
 #   notebooks  every tutorial on the GPU (07's QLoRA included: carry .whl-bnb13 too, or its 4-bit
 #            cells skip), then the panels' compile progress              (carry .whl-core)
 #   lanes    several of the phases below at once, each in its own process on the one GPU, after one
 #            install: for correctness runs whose timings nobody reads (they share the GPU and the
 #            cores). Usage: bash scripts/gpu_session.sh lanes PHASE...
+#   seq      several phases one after the other, after one install: bash scripts/gpu_session.sh seq PHASE...
+#   plain    nvkit's plain path (fast=False) against transformers' generate called directly, in
+#            alternating rounds                                                 (carry .whl-core)
 #   nb-k     the tutorials that NBK names (a pytest -k expression, e.g. NBK="04 or 06")
 #   gpus     GPU discovery and selection, launch's process count
 #   loop-export / loop-short  the fine-tune loop's export test / its short-run timing (the two
@@ -73,6 +77,11 @@ case "$phase" in
     # the lanes by pid: a bare `wait` also waits for this script's own tee, which never ends
     wait "${pids[@]}"
     for p in "$@"; do echo "--- $p"; grep -E "^=== |passed|failed|error" "$out/$p.log" | tail -n 30; done ;;
+  seq)
+    shift
+    for p in "$@"; do bash "$0" "$p" > /dev/null 2>&1; grep -E "^=== |passed|failed|error" "$out/$p.log" | tail -n 30; done ;;
+  plain)
+    T=240 bench shape:qwen3-0.6b --decode --repeats 9 --new-tokens 64 --paths "generate,model.generate" ;;
   nb-a) nb 320 "00 or 01 or 02 or 03 or 04"; T=200 t tests/gpu/test_panels_gpu.py ;;
   nb-b) nb 540 "05 or 06 or 07 or 08 or 09" ;;
   nb-k) nb 540 "${NBK:?NBK: the notebooks to run, as pytest -k}" ;;
@@ -115,7 +124,7 @@ case "$phase" in
     unset PYTHONDONTWRITEBYTECODE
     export PYTHONPYCACHEPREFIX=/tmp/nvkit-pycache
     rm -rf /tmp/nvkit-session-bench
-    T=${T:-440} bench shape:qwen3-0.6b --session --phases cold,restart --static none --session-dir /tmp/nvkit-session-bench \
+    T=${T:-440} bench shape:qwen3-0.6b --session --phases ${PHASES:-cold,restart} --static none --session-dir /tmp/nvkit-session-bench \
       --csv "$out/session-restart.csv" ;;
   session-warm)
     [ -f /tmp/nvkit-session-bench/cold.json ] || echo "no cold phase on this machine: the warm one compiles from scratch"
@@ -128,8 +137,8 @@ case "$phase" in
     T=200 t tests/gpu/test_fast_session_gpu.py -k "adapter"
     T=240 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast,fast lora,fast lora+fold" ;;
   batched-first)
-    T=300 t tests/gpu/test_batched_gpu.py -k "first_batched_call"
-    T=300 t tests/gpu/test_batched_gpu.py -k "batch_of_one or targets" ;;
+    NVKIT_FIRST_CALL_PAIRS=${FIRST_PAIRS:-3} T=${TF:-400} t tests/gpu/test_batched_gpu.py -k "first_batched_call"
+    T=300 t tests/gpu/test_batched_gpu.py -k "each_prompt or batch_of_one or targets" ;;
   batched)
     T=${TB:-420} t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order -k "not first_batched_call"
     T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py

@@ -38,6 +38,7 @@ import time
 
 from ..checks import whole_number
 from ..errors import NvkitError, error_summary, require
+from ..generate.stats import GenerationStats
 from .tables import table_text
 
 SINGLE_PATHS = ("generate", "static+compile", "fast")
@@ -52,7 +53,10 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # layer compiled for every layer: regional=True, the default), whole (the whole unrolled step
 # compiled: regional=False), fold (an adapter's first product folded into the base one:
 # lora_fold=True), kN (N decode steps per graph replay).
-OPTIONAL_PATHS = ("fast eager", "fast without pdl")
+# "model.generate": transformers' generate called directly, with the arguments nvkit's plain path
+# passes, beside "generate" (nvkit's fast=False) in alternating rounds: what nvkit's plain path
+# adds per token, measured where host-bound rates drift between calls.
+OPTIONAL_PATHS = ("fast eager", "fast without pdl", "model.generate")
 # The fast path with an unmerged LoRA adapter attached (PEFT, r=16 on every projection, random
 # weights): what a session decodes at after a fine-tune, beside the plain "fast" row; "fast
 # lora+OPT..." takes the options above (e.g. "fast lora+fold").
@@ -221,6 +225,21 @@ def _on_decoder(session, d, timed):
     return run_on_d
 
 
+class _FirstToken:
+    """A transformers streamer that notes when the first new token arrives, into ``stats``."""
+
+    def __init__(self, stats, t0: float):
+        self.stats, self.t0, self.puts = stats, t0, 0
+
+    def put(self, value):
+        self.puts += 1
+        if self.puts == 2:  # the first put is the prompt
+            self.stats.time_to_first_token = time.perf_counter() - self.t0
+
+    def end(self):
+        pass
+
+
 def _with_adapter(session, run):
     """``run()`` with a LoRA adapter (PEFT, r=16, every projection, small random weights) attached
     to the session's model, unmerged; the model is as it was afterwards."""
@@ -330,6 +349,34 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
             rate=st.decode_tokens_per_second or 0.0)
         timed_runs.append(dict(row=rows[-1], timed=timed, runs=[(st, peak)], failed=False))
 
+    def transformers_single(path, warm_tokens):
+        # the model's own generate on the prompt nvkit's plain path tokenizes, with the arguments it
+        # passes; a streamer that only notes the first token's time gives the same two rates
+        enc = tok(one, return_tensors="pt").to(s.device)
+
+        def call(n):
+            st = GenerationStats(prompt_tokens=int(enc["input_ids"].shape[1]), path="model.generate")
+            t0 = time.perf_counter()
+            with torch.inference_mode():
+                out = hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                  pad_token_id=tok.pad_token_id, streamer=_FirstToken(st, t0))
+            st.seconds = time.perf_counter() - t0
+            st.new_tokens = int(out.shape[1] - enc["input_ids"].shape[1])
+            return st
+
+        warm_t = time.perf_counter()
+        call(warm_tokens)
+        warm_s = time.perf_counter() - warm_t
+
+        def timed():
+            _peak_reset()
+            return call(new_tokens), _peak()
+        st, peak = timed()
+        row("batch 1", path, st.new_tokens, st.seconds, st.time_to_first_token, peak, warm_s,
+            f"transformers generate, no nvkit; prompt {st.prompt_tokens} tokens" + _short(st.new_tokens, new_tokens),
+            rate=st.decode_tokens_per_second or 0.0)
+        timed_runs.append(dict(row=rows[-1], timed=timed, runs=[(st, peak)], failed=False))
+
     kept = {}  # fast path -> its decoder, kept captured for the later rounds (repeats > 1)
 
     group1 = f"batch 1 · {new_tokens} new tokens"
@@ -346,10 +393,13 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
 
     fast_paths = [p for p in paths if p not in SINGLE_PATHS and p not in ADAPTER_PATHS and fast_options(p) is not None]
     adapter_paths = [p for p in paths if adapter_options(p) is not None]
-    for path in [p for p in SINGLE_PATHS if p in paths] + fast_paths + adapter_paths:
+    plain_paths = [p for p in SINGLE_PATHS if p in paths] + [p for p in ("model.generate",) if p in paths]
+    for path in plain_paths + fast_paths + adapter_paths:
         try:
             if path == "generate":
                 single(path, min(new_tokens, 8), fast=False)
+            elif path == "model.generate":
+                transformers_single(path, min(new_tokens, 8))
             elif path == "static+compile":
                 if not cuda:
                     skip(group1, path, "compiling the decode step is benchmarked on CUDA only")
@@ -435,11 +485,12 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
             t = time.perf_counter()
             s.generate(many, max_new_tokens=batch_new_tokens, eos_token_id=never)  # the batched path compiles here
             warm_s = time.perf_counter() - t
+            settled = _settle_batched(s, lambda: s.generate(many, max_new_tokens=batch_new_tokens, eos_token_id=never))
             _peak_reset()
             s.generate(many, max_new_tokens=batch_new_tokens, eos_token_id=never)
             st = s.last_stats
             row(group2, "nvkit batch", st.new_tokens, st.seconds, st.time_to_first_token, _peak(), warm_s,
-                f"ran {st.how}" + _short(st.new_tokens, n_prompts * batch_new_tokens))
+                f"ran {st.how}" + _short(st.new_tokens, n_prompts * batch_new_tokens) + settled)
         except Exception as e:  # noqa: BLE001
             skip(group2, "nvkit batch", f"{type(e).__name__}: {e}")
 
@@ -499,6 +550,22 @@ def mixed_prompts(tok, n: int, seed: int, lo: int = MIXED_TOKENS[0], hi: int = M
     return out
 
 
+def _settle_batched(s, again) -> str:
+    """After a list's first (warm-up) call: where the batched path's prompt prefill still runs
+    eagerly (``FastOptions.prefill_after``), its compile is brought forward and ``again()`` runs
+    it, so the timed call runs what a session runs after a few lists. Returns the row's note."""
+    from ..generate.fast import attached
+    if s.device.type != "cuda":
+        return ""
+    bd = attached.batched_decoder(s)
+    if not bd.prefill_waiting:
+        return ""
+    bd.compile_prefill_next()
+    t = time.perf_counter()
+    again()
+    return f"; the prefill compiled after the warm-up call ({time.perf_counter() - t:.1f} s)"
+
+
 def _grid_rows(s, row, skip, n: int, n_new: int, which: list, never: int, seed: int, cuda: bool) -> None:
     """One grid cell: ``n`` mixed-length prompts × ``n_new`` new tokens on each path of ``which``.
     Each path runs once untimed first (compile, capture, the pool sized to the cell), then timed:
@@ -532,11 +599,13 @@ def _grid_rows(s, row, skip, n: int, n_new: int, which: list, never: int, seed: 
                 t = time.perf_counter()
                 s.generate(prompts, max_new_tokens=n_new, min_new_tokens=n_new, fast=True)
                 warm_s = time.perf_counter() - t
+                settled = _settle_batched(s, lambda: s.generate(prompts, max_new_tokens=n_new, min_new_tokens=n_new,
+                                                                fast=True))
                 _peak_reset()
                 s.generate(prompts, max_new_tokens=n_new, min_new_tokens=n_new, fast=True)
                 st = s.last_stats
                 row(group, path, st.new_tokens, st.seconds, st.time_to_first_token, _peak(), warm_s,
-                    f"ran {st.how}" + _short(st.new_tokens, asked))
+                    f"ran {st.how}" + _short(st.new_tokens, asked) + settled)
         except Exception as e:  # noqa: BLE001 - one broken path must not hide the others' figures
             skip(group, path, error_summary(e))
 

@@ -557,6 +557,19 @@ def test_bench_decode_rounds_alternate_and_report_the_median(s):
     assert row == dict(rounds=3, seconds=2.0, tokens_per_s=20.0, ttft_ms=200.0, peak_mem_gib=1.5, spread_pct=100.0)
 
 
+def test_bench_decode_model_generate_runs_transformers_beside_the_plain_path(s):
+    df = bench_decode.run(model=s, new_tokens=5, prompt_len=8, paths=["generate", "model.generate"], repeats=2,
+                          show=False)
+    ours, theirs = (df[df["path"] == p].iloc[0] for p in ("generate", "model.generate"))
+    # both rows time the same prompt and the same exact number of tokens, with a first-token time
+    assert ours["tokens"] == theirs["tokens"] == 5
+    assert theirs["rounds"] == 2 and theirs["ttft_ms"] > 0 and theirs["tokens_per_s"] > 0
+    assert "transformers generate" in theirs["note"]
+    assert theirs["note"].split("prompt ")[1] == ours["note"].split("prompt ")[1]
+    # the session is left as it was: nvkit's own generate still answers
+    assert s.generate("Hello", max_new_tokens=2) is not None
+
+
 def test_swap_keeps_decoders_side_by_side(s):
     model = s.model
     before = fast.swap(s, None)

@@ -102,3 +102,58 @@ def test_without_compile_it_is_the_eager_prefill(fw):
     with torch.inference_mode():
         assert torch.equal(pre(*_copy(args)), eager(*_copy(args)))
     assert not pre.compiled and pre.error is None
+
+
+class _Clock:
+    """A clock each eager prefill call advances by ``step`` seconds."""
+
+    def __init__(self, step):
+        self.t, self.step, self.reads = 0.0, step, 0
+
+    def __call__(self):
+        self.reads += 1
+        if self.reads % 2 == 0:  # the read after the call
+            self.t += self.step
+        return self.t
+
+
+def test_the_compile_waits_until_the_eager_prefill_has_cost_compile_after(fw):
+    eager = prefill_rows_step(fw)
+    stored, timings = [], Timings()
+    pre = RowsPrefill(eager, compile=True, page=PAGE, scratch=SCRATCH, timings=timings, compile_after=1.0,
+                      clock=_Clock(0.4), restore=lambda: False, store=lambda: stored.append(1))
+    for i, (rows, length) in enumerate(((2, 32), (3, 16), (1, 48), (2, 32), (4, 16))):
+        args = _inputs(fw, rows, length, 10 + i)
+        with torch.inference_mode():
+            ref = eager(*_copy(args))
+            got = pre(*_copy(args))
+        assert torch.allclose(got, ref, atol=1e-4)
+        if i < 3:  # 0.4, 0.8, 1.2 s of eager prefill: the compile is due after the third call
+            assert pre.waiting and not pre.compiled and timings["compile prefill"] == 0 and not stored
+    assert pre.compiled and not pre.waiting and stored == [1] and timings["compile prefill"] > 0
+    assert pre.eager_seconds == pytest.approx(1.2)
+
+
+def test_artifacts_on_disk_or_compile_next_make_it_compile_at_once(fw):
+    eager = prefill_rows_step(fw)
+    args = _inputs(fw, 2, 32, 20)
+    asked = []
+    pre = RowsPrefill(eager, compile=True, page=PAGE, scratch=SCRATCH, compile_after=1e9,
+                      restore=lambda: asked.append(1) or True)
+    with torch.inference_mode():
+        pre(*_copy(args))
+        pre(*_copy(args))
+    assert pre.compiled and asked == [1]  # the disk asked once, at the first call
+    pre = RowsPrefill(eager, compile=True, page=PAGE, scratch=SCRATCH, compile_after=1e9, restore=lambda: False)
+    with torch.inference_mode():
+        pre(*_copy(args))
+        assert pre.waiting
+        pre.compile_next()
+        pre(*_copy(args))
+    assert pre.compiled
+
+
+@pytest.mark.parametrize("bad", [-1, float("nan"), float("inf"), "1", True, None])
+def test_compile_after_must_be_seconds(fw, bad):
+    with pytest.raises(nvkit.NvkitError, match="compile_after"):
+        RowsPrefill(prefill_rows_step(fw), compile=True, page=PAGE, scratch=SCRATCH, compile_after=bad)

@@ -59,16 +59,20 @@ def test_each_prompt_decodes_as_it_does_alone(demo_cuda):
     first = time.perf_counter() - t
     st = s.last_stats
     print(f"\nfirst batched call (compile and capture included): {first:.1f} s; {st}")
-    assert st.path == "fast batch" and st.detail.startswith("fused step over rows, compiled, paged triton attention"), \
-        st.how
+    assert st.path == "fast batch" and st.detail.startswith("fused step over rows, compiled") \
+        and "paged triton attention" in st.detail, st.how
     for prompt, out in zip(PROMPTS, outs):
         assert out == s.generate(prompt, max_new_tokens=48, fast=False), prompt
     again = s.generate(PROMPTS, max_new_tokens=48)
     assert again == outs and s.last_stats.path == "fast batch"
     print(f"again: {s.last_stats}")
+    # the first lists prefill eagerly (FastOptions.prefill_after); the compiled prefill gives the same
+    fast.batched_decoder(s).compile_prefill_next()
+    assert s.generate(PROMPTS, max_new_tokens=48) == outs and "compiled prefill" in s.last_stats.detail, s.last_stats
     # through 4 rows: prompts wait for a row, finished rows refill, the last ones are packed
     eos = list({_plain_ids(s, p, max_new_tokens=8, eos_token_id=NEVER)[i] for p, i in zip(PROMPTS[:3], (2, 4, 6))})
     bd = BatchedDecoder(fast.decoder(s), max_rows=4)
+    bd.compile_prefill_next()  # the refills' prefill compiled
     sampling, why = fast.resolve(s.model, dict(max_new_tokens=40, do_sample=False, eos_token_id=eos))
     assert why is None
     with torch.inference_mode():
@@ -132,6 +136,10 @@ def test_targets_on_the_qwen3_shape(qwen, n, new, target):
     t = time.perf_counter()
     s.generate(prompts, max_new_tokens=new, min_new_tokens=new)  # compiles (first cell), sizes the pool
     warm = time.perf_counter() - t
+    bd = fast.batched_decoder(s)
+    if bd.prefill_waiting:  # the prefill compiles after a few lists (FastOptions.prefill_after): bring it forward
+        bd.compile_prefill_next()
+        s.generate(prompts, max_new_tokens=new, min_new_tokens=new)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     s.generate(prompts, max_new_tokens=new, min_new_tokens=new)
@@ -196,7 +204,9 @@ def test_attention_launch_shapes_agree_and_are_timed():
 def test_the_first_batched_call_compiles_no_longer_than_the_first_batch1_request(tmp_path):
     """Issue 20: the first call of 8 prompts on the batched path against the first request on the
     batch-1 fast path, both on the Qwen3-0.6B shape, each in a fresh process of its own with empty
-    caches (nvkit's artifacts, inductor's and Triton's), so neither compiles on the other's time."""
+    caches (nvkit's artifacts, inductor's and Triton's), so neither compiles on the other's time.
+    ``NVKIT_FIRST_CALL_PAIRS`` (default 1) runs that many pairs, each in the other order, and
+    compares the medians: a cold compile's time varies between processes."""
     code = textwrap.dedent("""
         import sys, time, nvkit
         from nvkit.benchmarks.decode import mixed_prompts
@@ -209,17 +219,21 @@ def test_the_first_batched_call_compiles_no_longer_than_the_first_batch1_request
         print(f"{sys.argv[1]}: {s.last_stats}")
     """)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    seconds, lines = {}, []
-    for which in ("batched", "batch-1"):
-        env = dict(os.environ, PYTHONPATH=root, NVKIT_CACHE=str(tmp_path / which / "nvkit"),
-                   TORCHINDUCTOR_CACHE_DIR=str(tmp_path / which / "inductor"),
-                   TRITON_CACHE_DIR=str(tmp_path / which / "triton"))
-        r = subprocess.run([sys.executable, "-c", code, which], env=env, capture_output=True, text=True, timeout=400,
-                           cwd=root)
-        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-        out = r.stdout.splitlines()
-        seconds[which] = float(next(ln for ln in out if ln.startswith("RESULT")).split()[1])
-        lines += [ln for ln in out if ln.startswith(which + ":")]
-    print(f"\nfirst calls, each in a fresh process: batched (8 prompts × 64) {seconds['batched']:.1f} s, batch-1 "
-          f"fast path {seconds['batch-1']:.1f} s\n" + "\n".join(lines))
-    assert seconds["batched"] <= seconds["batch-1"], seconds
+    pairs = int(os.environ.get("NVKIT_FIRST_CALL_PAIRS", "1"))
+    seconds, lines = {"batched": [], "batch-1": []}, []
+    for pair in range(pairs):
+        for which in (("batched", "batch-1") if pair % 2 == 0 else ("batch-1", "batched")):
+            where = tmp_path / f"{which}-{pair}"
+            env = dict(os.environ, PYTHONPATH=root, NVKIT_CACHE=str(where / "nvkit"),
+                       TORCHINDUCTOR_CACHE_DIR=str(where / "inductor"), TRITON_CACHE_DIR=str(where / "triton"))
+            r = subprocess.run([sys.executable, "-c", code, which], env=env, capture_output=True, text=True,
+                               timeout=400, cwd=root)
+            assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+            out = r.stdout.splitlines()
+            seconds[which].append(float(next(ln for ln in out if ln.startswith("RESULT")).split()[1]))
+            lines += [ln for ln in out if ln.startswith(which + ":")]
+    median = {k: statistics.median(v) for k, v in seconds.items()}
+    print(f"\nfirst calls, each in a fresh process: batched (8 prompts × 64) {seconds['batched']} s, median "
+          f"{median['batched']:.2f}; batch-1 fast path {seconds['batch-1']} s, median {median['batch-1']:.2f}\n"
+          + "\n".join(lines))
+    assert median["batched"] <= median["batch-1"], seconds

@@ -91,6 +91,7 @@ class BatchedDecoder:
         self._steps: dict = {}       # LoRA on? -> the eager rows step
         self._compiled: dict = {}    # LoRA on? -> its torch.compile wrapper
         self._prefills: dict = {}    # LoRA on? -> its RowsPrefill
+        self._prefill_now = False    # compile_prefill_next() was called
         self._restored: dict = {}    # artifacts digest -> whether they were found on disk (once per decoder)
         self._warm: set = set()      # LoRA on? values whose step was compiled (or captured eagerly) once
         self.compiled = False
@@ -146,6 +147,8 @@ class BatchedDecoder:
             parts.append(f"eager prefill: its compile failed ({next(p.error for p in prefills if p.error)})")
         elif any(p.compiled for p in prefills):
             parts.append("compiled prefill")
+        elif any(p.waiting for p in prefills):
+            parts.append(f"eager prefill (compiled once it has run {self.options.prefill_after:g} s)")
         if self._lora is not None:
             parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank})")
         if self.last_batches:
@@ -276,12 +279,30 @@ class BatchedDecoder:
                 # while the prefill's matrix products go to cuBLAS and its fused elementwise kernels
                 # are tuned well enough by inductor's heuristics; tuning them would only lengthen the compile
                 inductor=lambda: inductor_options(dataclasses.replace(self.options, tune=False), self.single.pdl, True),
-                restore=lambda: self._restore_artifacts(self._disk_key(lora_on)), timings=self.timings)
+                restore=lambda: self._restore_artifacts(self._disk_key(lora_on, "prefill")),
+                store=lambda: self._store_artifacts(self._disk_key(lora_on, "prefill")),
+                timings=self.timings, compile_after=0.0 if self._prefill_now else self.options.prefill_after)
         return self._prefills[lora_on]
 
+    @property
+    def prefill_waiting(self) -> bool:
+        """The prompt prefill still runs eagerly, its compile not yet due (``FastOptions.prefill_after``)."""
+        return any(p.waiting for p in self._prefills.values())
+
+    def compile_prefill_next(self) -> None:
+        """From now on the prompt prefill compiles at its next call, however little it has run
+        eagerly (``FastOptions.prefill_after``): for a warm-up that should leave everything compiled."""
+        self._prefill_now = True
+        for p in self._prefills.values():
+            p.compile_next()
+
+    def _store_artifacts(self, digest: str | None) -> None:
+        if digest is not None:
+            with self.timings.part("compile artifacts to disk"):
+                artifacts.store(digest)
+
     def _restore_artifacts(self, digest: str | None) -> bool:
-        """The compile artifacts of ``digest`` loaded from disk, once per decoder (the prefill's
-        compile and the step's share them)."""
+        """The compile artifacts of ``digest`` loaded from disk, once per decoder."""
         if digest is None:
             return False
         if digest not in self._restored:
@@ -361,9 +382,8 @@ class BatchedDecoder:
         self.compiled = self.options.compile and not self.compile_error
         self.counts["compiles" if expensive else "graphs"] += 1
         self._warm.add(lora_on)
-        if expensive and disk_key is not None and self.compiled:
-            with self.timings.part("compile artifacts to disk"):
-                artifacts.store(disk_key)
+        if expensive and self.compiled:
+            self._store_artifacts(disk_key)
         seconds = time.perf_counter() - t
         self.capture_seconds[(batch, key, lora_on)] = seconds
         events.record("compile", f"fast batch ready for {batch} rows in {seconds:.1f} s "
@@ -373,10 +393,14 @@ class BatchedDecoder:
         a.graphs[gkey] = graph.replay
         return a.graphs[gkey]
 
-    def _disk_key(self, lora_on: bool) -> str | None:
+    def _disk_key(self, lora_on: bool, part: str = "step") -> str | None:
+        """The artifacts' key of the rows step or ("prefill") of the prompt prefill: each is
+        compiled on a call of its own, so each has its own file."""
         if not (self.options.disk_cache and self.options.compile):
             return None
         extra = {"regional": True} if self.options.regional else {}  # the whole-step compile's keys stay as they were
+        if part != "step":
+            extra["part"] = part
         return artifacts.key(self.model, dict(batched=True, page=PAGE, k=self.k, attention=self.attention,
                                               pdl=self.single.pdl, tune=self.options.tune,
                                               inductor=self.options.inductor,

@@ -12,16 +12,25 @@ padded length and the pool are dynamic dimensions, so one compile serves every g
 one prompt runs with a second, empty row (its keys go to the scratch page) because torch
 specialises a size of 1 and would compile again.
 
+When the compile runs: the first call of a list compiles the rows' decode step already, and the
+prefill's compile would about double that wait, to save a few tenths of a second of host work
+per call. So the prefill runs eagerly until it has spent ``compile_after`` seconds of host time
+that way in this decoder (a few calls of dozens of prompts), and compiles at its next call;
+artifacts of an earlier compile on disk make that compile cheap, so then it compiles at once.
+``compile_after=0`` compiles at the first call.
+
 A compile that fails gives way to the eager prefill for the rest of the decoder's life (the
-reason stays in ``error``); the compile artifacts go to disk with the decode step's.
+reason stays in ``error``); the compile artifacts go to disk under a key of their own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Callable
 
 from ... import events
+from ...checks import number
 from ...errors import error_summary
 from .replay import ticking
 
@@ -32,18 +41,25 @@ class RowsPrefill:
 
     ``page`` and ``scratch`` (a page id whose contents are never read) place the keys of the empty
     row a one-prompt group gets. ``inductor``: a context-manager factory for the compile's inductor
-    settings; ``restore``: called once before the first compile (compile artifacts from disk);
-    ``timings``: where the first call's seconds are counted ("compile prefill")."""
+    settings; ``restore``: loads earlier compile artifacts from disk, True when there were some
+    (asked once, at the first call); ``store``: writes them after the compile; ``timings``: where
+    the compile's seconds are counted ("compile prefill"). ``compile_after``: seconds of eager
+    prefill before the compile (see the module docstring); ``clock``: where those seconds come from."""
 
     def __init__(self, eager: Callable, *, compile: bool, page: int, scratch: int,
                  inductor: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                 restore: Callable[[], object] | None = None, timings=None):
+                 restore: Callable[[], object] | None = None, store: Callable[[], object] | None = None,
+                 timings=None, compile_after: float = 0.0, clock: Callable[[], float] = time.perf_counter):
         self.eager = eager
         self.page, self.scratch = page, scratch
         self.error: str | None = None
-        self._inductor, self._restore, self._timings = inductor, restore, timings
+        self.compile_after = number("compile_after", compile_after, 0)
+        self.eager_seconds = 0.0  # host time spent in the eager prefill while the compile waited
+        self._inductor, self._restore, self._store, self._timings = inductor, restore, store, timings
+        self._clock = clock
         self._fn = None
         self._first = True
+        self._asked_disk = False
         if compile:
             import torch
             # fullgraph: a graph break would put the host back inside the layer
@@ -51,23 +67,45 @@ class RowsPrefill:
 
     @property
     def compiled(self) -> bool:
-        return self._fn is not None and self.error is None
+        """The compiled prefill runs (its compile is done and did not fail)."""
+        return self._fn is not None and self.error is None and not self._first
+
+    @property
+    def waiting(self) -> bool:
+        """The compile is wanted but has not run yet: the eager prefill runs meanwhile."""
+        return self._fn is not None and self.error is None and self._first
+
+    def compile_next(self) -> None:
+        """Compile at the next call, whatever the eager prefill has spent (a warm-up on purpose)."""
+        self.compile_after = 0.0
+
+    def _due(self) -> bool:
+        if not self._asked_disk:
+            self._asked_disk = True
+            if self._restore is not None and self._restore():
+                self.compile_after = 0.0  # an earlier compile's artifacts: it costs seconds, not tens
+        return self.eager_seconds >= self.compile_after
 
     def __call__(self, ids, last, where, cos, sin, keys, values, on_progress=None):
-        if not self.compiled:
+        if self._fn is None or self.error is not None:
             return self.eager(ids, last, where, cos, sin, keys, values)
+        if self._first and not self._due():
+            t = self._clock()
+            out = self.eager(ids, last, where, cos, sin, keys, values)
+            self.eager_seconds += self._clock() - t
+            return out
         rows = ids.shape[0]
         if rows == 1:
             ids, last, where = self._with_empty_row(ids, last, where)
         try:
             if self._first:
                 events.record("compile", "fast batch: compiling the prompt prefill (once per session)")
-                if self._restore is not None:
-                    self._restore()
                 timed = self._timings.part("compile prefill") if self._timings is not None else contextlib.nullcontext()
                 with ticking(on_progress), timed, self._inductor():
                     out = self._fn(ids, last, where, cos, sin, keys, values)
                 self._first = False
+                if self._store is not None:
+                    self._store()
             else:
                 out = self._fn(ids, last, where, cos, sin, keys, values)
         except Exception as e:  # noqa: BLE001 - the eager prefill computes the same; say why and go on
