@@ -38,6 +38,7 @@ import time
 
 from ..checks import whole_number
 from ..errors import NvkitError, error_summary, require
+from ..generate.paths import CallbackStreamer
 from ..generate.stats import GenerationStats
 from .tables import table_text
 
@@ -225,21 +226,6 @@ def _on_decoder(session, d, timed):
     return run_on_d
 
 
-class _FirstToken:
-    """A transformers streamer that notes when the first new token arrives, into ``stats``."""
-
-    def __init__(self, stats, t0: float):
-        self.stats, self.t0, self.puts = stats, t0, 0
-
-    def put(self, value):
-        self.puts += 1
-        if self.puts == 2:  # the first put is the prompt
-            self.stats.time_to_first_token = time.perf_counter() - self.t0
-
-    def end(self):
-        pass
-
-
 def _with_adapter(session, run):
     """``run()`` with a LoRA adapter (PEFT, r=16, every projection, small random weights) attached
     to the session's model, unmerged; the model is as it was afterwards."""
@@ -329,16 +315,21 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
 
     timed_runs = []  # per batch-1 row: dict(row, timed: () -> (stats, peak), runs: [(stats, peak)], failed)
 
-    def single(path, warm_tokens, **kw):
-        # The warm-up asks for as many tokens as the timed run where the cache size is compiled in.
+    def single(path, warm_tokens, call=None, **kw):
+        # ``call(n)`` runs one request of n new tokens and returns its stats (default: the
+        # session's generate with ``kw``). The warm-up asks for as many tokens as the timed run
+        # where the cache size is compiled in.
+        if call is None:
+            def call(n):
+                s.generate(one, max_new_tokens=n, min_new_tokens=n, **kw)
+                return s.last_stats
         warm_t = time.perf_counter()
-        s.generate(one, max_new_tokens=warm_tokens, min_new_tokens=warm_tokens, **kw)
+        call(warm_tokens)
         warm_s = time.perf_counter() - warm_t
 
         def timed():
             _peak_reset()
-            s.generate(one, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kw)
-            return s.last_stats, _peak()
+            return call(new_tokens), _peak()
         st, peak = timed()
         note = f"ran {st.path if st.path == 'fast' else st.how}; prompt {st.prompt_tokens} tokens"
         note += _short(st.new_tokens, new_tokens)
@@ -349,33 +340,23 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
             rate=st.decode_tokens_per_second or 0.0)
         timed_runs.append(dict(row=rows[-1], timed=timed, runs=[(st, peak)], failed=False))
 
-    def transformers_single(path, warm_tokens):
+    def transformers_generate(n):
         # the model's own generate on the prompt nvkit's plain path tokenizes, with the arguments it
-        # passes; a streamer that only notes the first token's time gives the same two rates
+        # passes; nvkit's streamer without a text callback only counts, which gives the first token's time
         enc = tok(one, return_tensors="pt").to(s.device)
+        st = GenerationStats(prompt_tokens=int(enc["input_ids"].shape[1]), path="model.generate",
+                             detail="transformers generate, no nvkit")
+        t0 = time.perf_counter()
 
-        def call(n):
-            st = GenerationStats(prompt_tokens=int(enc["input_ids"].shape[1]), path="model.generate")
-            t0 = time.perf_counter()
-            with torch.inference_mode():
-                out = hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                  pad_token_id=tok.pad_token_id, streamer=_FirstToken(st, t0))
-            st.seconds = time.perf_counter() - t0
-            st.new_tokens = int(out.shape[1] - enc["input_ids"].shape[1])
-            return st
-
-        warm_t = time.perf_counter()
-        call(warm_tokens)
-        warm_s = time.perf_counter() - warm_t
-
-        def timed():
-            _peak_reset()
-            return call(new_tokens), _peak()
-        st, peak = timed()
-        row("batch 1", path, st.new_tokens, st.seconds, st.time_to_first_token, peak, warm_s,
-            f"transformers generate, no nvkit; prompt {st.prompt_tokens} tokens" + _short(st.new_tokens, new_tokens),
-            rate=st.decode_tokens_per_second or 0.0)
-        timed_runs.append(dict(row=rows[-1], timed=timed, runs=[(st, peak)], failed=False))
+        def on_token(count):
+            if st.time_to_first_token is None:
+                st.time_to_first_token = time.perf_counter() - t0
+        with torch.inference_mode():
+            out = hf.generate(**enc, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                              pad_token_id=tok.pad_token_id, streamer=CallbackStreamer(tok, None, on_token))
+        st.seconds = time.perf_counter() - t0
+        st.new_tokens = int(out.shape[1] - enc["input_ids"].shape[1])
+        return st
 
     kept = {}  # fast path -> its decoder, kept captured for the later rounds (repeats > 1)
 
@@ -393,13 +374,13 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
 
     fast_paths = [p for p in paths if p not in SINGLE_PATHS and p not in ADAPTER_PATHS and fast_options(p) is not None]
     adapter_paths = [p for p in paths if adapter_options(p) is not None]
-    plain_paths = [p for p in SINGLE_PATHS if p in paths] + [p for p in ("model.generate",) if p in paths]
+    plain_paths = [p for p in SINGLE_PATHS + ("model.generate",) if p in paths]
     for path in plain_paths + fast_paths + adapter_paths:
         try:
             if path == "generate":
                 single(path, min(new_tokens, 8), fast=False)
             elif path == "model.generate":
-                transformers_single(path, min(new_tokens, 8))
+                single(path, min(new_tokens, 8), call=transformers_generate)
             elif path == "static+compile":
                 if not cuda:
                     skip(group1, path, "compiling the decode step is benchmarked on CUDA only")

@@ -130,6 +130,11 @@ def _whole(lo: int, hi: int | None = None):
     return lambda var, environ: env_int(var, lo, lo, hi, environ=environ)
 
 
+def _number(lo: float):
+    # read only when the variable is set, so no default is needed here
+    return lambda var, environ: env_number(var, lo, lo, environ=environ)
+
+
 def _flag(var: str, environ) -> bool:
     return env_flag(var, True, environ=environ)
 
@@ -155,7 +160,7 @@ _VARIABLES = {
     "NVKIT_FAST_DISK_CACHE": ("disk_cache", _flag),
     "NVKIT_FAST_REGIONAL": ("regional", _flag),
     "NVKIT_FAST_LORA_FOLD": ("lora_fold", _flag),
-    "NVKIT_FAST_PREFILL_AFTER": ("prefill_after", lambda var, environ: env_number(var, 1.0, 0, environ=environ)),
+    "NVKIT_FAST_PREFILL_AFTER": ("prefill_after", _number(0)),
 }
 ENVIRONMENT_VARIABLES = tuple(_VARIABLES)
 
