@@ -17,7 +17,12 @@ scripts/gpu_session.sh profile` runs it on the GPU machine):
   compile artifacts from the cold one, torch's and Triton's caches empty) and warm with Triton's
   cache kept too (a restarted kernel on the same machine); the top functions by cumulative time.
 
-Usage: python scripts/gpu_profile.py batched|lora|prepare|all [--model qwen3-0.6b]. On a machine without
+- ``variants``: the batch-1 fast path's cold preparation (every cache empty, a fresh process
+  each) and its decode rate afterwards, for the defaults and the ``NVKIT_FAST_*`` settings named in
+  ``NVKIT_VARIANTS`` ("default;NVKIT_FAST_TUNE=0;NVKIT_FAST_COMPILE=0"), with torch's compile
+  times by phase.
+
+Usage: python scripts/gpu_profile.py batched|lora|prepare|variants|all [--model qwen3-0.6b]. On a machine without
 CUDA it runs the ``lora`` part on the demo model (CPU ops only), to check the script itself.
 """
 
@@ -277,9 +282,52 @@ def prepare(model: str) -> None:
         print(f"##### {name}: process {time.perf_counter() - t:.1f} s", flush=True)
 
 
+_VARIANT = """
+import sys, time, torch, nvkit
+from nvkit.generate import fast
+from nvkit.demo import shaped
+s = nvkit.load(shaped(sys.argv[1]), device_map="cuda", dtype="bfloat16")
+t = time.perf_counter()
+fast.prepare(s)
+d = fast.decoder(s)
+print(f"PREPARE {time.perf_counter() - t:.2f} s; {d.describe()}; {d.timings.describe()}", flush=True)
+for n in (256, 256, 1000, 40):
+    t = time.perf_counter()
+    ids = torch.randint(100, 1000, (1, 24), device="cuda")
+    with torch.inference_mode():
+        out = d.generate(ids, fast.resolve(s.model, dict(max_new_tokens=n))[0])
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    print(f"DECODE n={n}: {len(out)} tokens in {dt:.3f} s, {len(out) / dt:.0f} tok/s", flush=True)
+try:
+    from torch._dynamo.utils import compile_times
+    print(compile_times(repr="str", aggregate=True))
+except Exception as e:
+    print("compile_times:", e)
+"""
+
+
+def variants(model: str) -> None:
+    import os
+    import subprocess
+    names = os.environ.get("NVKIT_VARIANTS", "default;NVKIT_FAST_TUNE=0;NVKIT_FAST_COMPILE=0").split(";")
+    for i, name in enumerate(names):
+        root = tempfile.mkdtemp(prefix=f"nvkit-variant{i}-")
+        env = dict(os.environ, NVKIT_CACHE=os.path.join(root, "nvkit"), TRITON_CACHE_DIR=os.path.join(root, "triton"),
+                   TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"))
+        for pair in name.split(","):
+            if "=" in pair:
+                k, v = pair.split("=", 1)
+                env[k.strip()] = v.strip()
+        print(f"\n##### variant: {name}", flush=True)
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", _VARIANT, model], env=env, check=False)
+        print(f"##### {name}: process {time.perf_counter() - t:.1f} s", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("batched", "lora", "prepare", "all"))
+    p.add_argument("part", choices=("batched", "lora", "prepare", "variants", "all"))
     p.add_argument("--model", default="qwen3-0.6b")
     a = p.parse_args(argv)
     print(f"torch {torch.__version__} · {torch.cuda.get_device_name() if CUDA else 'no CUDA'}")
@@ -289,6 +337,8 @@ def main(argv=None) -> int:
         lora(a.model)
     if a.part in ("prepare", "all"):
         prepare(a.model)
+    if a.part == "variants":
+        variants(a.model)
     return 0
 
 

@@ -365,7 +365,9 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     def build(opts):  # the session's decoder built with a variant's options
         opts["k_steps"] = opts["k_steps"] or k_steps
         opts["inductor"] = tuple(sorted(opts["inductor"].items()))
-        fast_mod.decoder(s, **opts)
+        # the rows compare the steps themselves: a compiling variant compiles at its first call
+        # rather than after FastOptions.compile_after seconds of decoding
+        fast_mod.decoder(s, **opts).compile_next()
 
     def keep(path):  # the variant's decoder kept for the later rounds; the next builds its own beside it
         if repeats > 1:
@@ -393,6 +395,8 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                 own = path not in ADAPTER_PATHS  # options of its own: a decoder built for it
                 if own:
                     build(adapter_options(path))
+                else:
+                    fast_mod.decoder(s).compile_next()
                 _with_adapter(s, lambda: single(path, new_tokens, fast=True))
                 rows[-1]["note"] += f"; {s.last_stats.detail}"
                 timed = timed_runs[-1]["timed"]  # later rounds attach the adapter again around their run
@@ -532,19 +536,26 @@ def mixed_prompts(tok, n: int, seed: int, lo: int = MIXED_TOKENS[0], hi: int = M
 
 
 def _settle_batched(s, again) -> str:
-    """After a list's first (warm-up) call: where the batched path's prompt prefill still runs
-    eagerly (``FastOptions.prefill_after``), its compile is brought forward and ``again()`` runs
-    it, so the timed call runs what a session runs after a few lists. Returns the row's note."""
+    """After a list's first (warm-up) call: where the batched path's rows step runs uncompiled
+    (``FastOptions.compile_after``) or its prompt prefill eagerly (``FastOptions.prefill_after``),
+    their compile is brought forward and ``again()`` runs it, so the timed call runs what a
+    session runs once it has decoded a while. Returns the row's note."""
     from ..generate.fast import attached
     if s.device.type != "cuda":
         return ""
     bd = attached.batched_decoder(s)
-    if not bd.prefill_waiting:
+    parts = []
+    if bd.options.compile and not bd.compiled and not bd.compile_error:
+        bd.compile_next()
+        parts.append("rows step")
+    if bd.prefill_waiting:
+        bd.compile_prefill_next()
+        parts.append("prefill")
+    if not parts:
         return ""
-    bd.compile_prefill_next()
     t = time.perf_counter()
     again()
-    return f"; the prefill compiled after the warm-up call ({time.perf_counter() - t:.1f} s)"
+    return f"; the {' and the '.join(parts)} compiled after the warm-up call ({time.perf_counter() - t:.1f} s)"
 
 
 def _grid_rows(s, row, skip, n: int, n_new: int, which: list, never: int, seed: int, cuda: bool) -> None:

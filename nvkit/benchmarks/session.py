@@ -225,7 +225,21 @@ def summary(df) -> "object":
     cold_plain = {part: v for (ph, part), v in plain.items() if ph == "cold"}
     out["plain_over_nvkit"] = [round(cold_plain[r.part] / r.seconds, 1) if r.path == "nvkit default"
                                and r.part in cold_plain and r.seconds else None for r in out.itertuples()]
-    return pd.DataFrame(out)
+    # every part of a phase together (the fine-tune itself left out: both sides would pay it)
+    whole = []
+    for phase in dict.fromkeys(out["phase"]):
+        ours = out[(out["phase"] == phase) & (out["path"] == "nvkit default")]
+        if len(ours) > 1 and set(ours["part"]) <= set(cold_plain):
+            base = sum(cold_plain[p] for p in ours["part"])
+            total = float(ours["seconds"].sum())
+            whole.append(dict(phase=phase, part="all parts", path="nvkit default", new_tokens=int(ours["new_tokens"].sum()),
+                              seconds=round(total, 3), compiles=None, note=" + ".join(ours["part"]),
+                              plain_over_nvkit=round(base / total, 1) if total else None))
+            if phase == "cold":
+                whole.append(dict(phase=phase, part="all parts", path="plain generate", new_tokens=None,
+                                  seconds=round(base, 3), compiles=None, note="padded generate for the list",
+                                  plain_over_nvkit=None))
+    return pd.concat([out, pd.DataFrame(whole)], ignore_index=True) if whole else pd.DataFrame(out)
 
 
 def _print(df) -> None:

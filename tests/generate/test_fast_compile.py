@@ -137,3 +137,19 @@ def test_prefill_after_from_the_environment(raw, ok):
     for bad in (-0.5, "1", True, float("nan")):
         with pytest.raises(NvkitError, match="prefill_after"):
             FastOptions(prefill_after=bad)
+
+
+@pytest.mark.parametrize("raw, ok", [("0", 0.0), ("45", 45.0), ("-1", None), ("later", None), ("inf", None)])
+def test_compile_after_from_the_environment(raw, ok):
+    """``NVKIT_FAST_COMPILE_AFTER``: seconds of uncompiled decoding before the batch-1 step compiles."""
+    from nvkit.errors import NvkitError
+    from nvkit.generate.fast.options import FastOptions
+    assert FastOptions().compile_after == 30.0
+    if ok is None:
+        with pytest.raises(NvkitError, match="NVKIT_FAST_COMPILE_AFTER"):
+            FastOptions.from_env({"NVKIT_FAST_COMPILE_AFTER": raw})
+    else:
+        assert FastOptions.from_env({"NVKIT_FAST_COMPILE_AFTER": raw}).compile_after == ok
+    for bad in (-1, "30", False, float("nan"), float("inf")):
+        with pytest.raises(NvkitError, match="compile_after"):
+            FastOptions(compile_after=bad)

@@ -369,7 +369,7 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
         c = d._cache_for(40)
         old_step = d._step(c, False)
         d._capture_with = capture_with(d)
-        assert d._captured(c, key, False, False) == "graph"
+        assert d._captured(c, key, False, False, True) == "graph"  # the compiled step's capture
         assert tried == ["triton-fused", "matmul"]
         assert d.attention == "matmul" and d.options.attention == "auto"
         assert "attention='triton-fused' failed on this GPU" in d.attention_why and "the cause" in d.attention_why
@@ -384,7 +384,7 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
         nc = named._cache_for(40)
         named._capture_with = capture_with(named)
         with pytest.raises(RuntimeError, match="ptxas"):
-            named._captured(nc, key, False, False)
+            named._captured(nc, key, False, False, False)
         assert named.attention == "triton-fused" and named.attention_why is None
     # the stats line says how the fast path ran (the panel shows the same words)
     st = GenerationStats(new_tokens=9, seconds=0.5, time_to_first_token=0.1, path="fast", detail=d.describe())

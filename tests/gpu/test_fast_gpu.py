@@ -58,7 +58,8 @@ def test_fast_is_token_identical_to_plain_greedy(demo_cuda):
         plain = s.generate(p, max_new_tokens=64, fast=False)
         assert s.last_stats.path == "generate"
         quick = s.generate(p, max_new_tokens=64)  # default: fast on CUDA
-        assert s.last_stats.path == "fast" and s.last_stats.detail.startswith("fused step, compiled, ")
+        # the default's first steps: uncompiled, with nvkit's kernels (FastOptions.compile_after)
+        assert s.last_stats.path == "fast" and s.last_stats.detail.startswith("fused step, uncompiled with nvkit kernels")
         assert quick == plain
         print(f"{p!r}: {s.last_stats}")
 
@@ -110,7 +111,7 @@ def test_triton_attention_is_token_identical(demo_cuda, kind):
     the q/k norms, RoPE and cache writes), compiled and captured: the same greedy tokens as plain
     generate on the demo model."""
     s = demo_cuda
-    d = fast.FastDecoder(s.model, attention=kind)
+    d = fast.FastDecoder(s.model, attention=kind, compile_after=0)
     for p in PROMPTS:
         _same_as_plain_greedy(s, d, p, 48)
     assert d.compiled, d.compile_detail
@@ -125,7 +126,7 @@ def test_one_compiled_layer_decodes_as_plain_greedy_and_compiles_sooner(demo_cud
     s = demo_cuda
     seconds = {}
     for regional in (True, False):
-        d = fast.FastDecoder(s.model, regional=regional, disk_cache=False)
+        d = fast.FastDecoder(s.model, regional=regional, disk_cache=False, compile_after=0)
         for p in PROMPTS:
             _same_as_plain_greedy(s, d, p, 48)
         assert d.compiled and d.regional == regional, d.compile_detail
@@ -146,7 +147,7 @@ def test_auto_attention_survives_a_failing_triton_kernel(demo_cuda, monkeypatch)
 
     s = demo_cuda
     monkeypatch.setattr(decode_attention, "decode_attention_rope", broken)
-    d = fast.FastDecoder(s.model, attention="auto")
+    d = fast.FastDecoder(s.model, attention="auto", compile_after=0)
     assert d.attention == "triton-fused"
     _same_as_plain_greedy(s, d, PROMPTS[0], 48)
     assert d.attention == "matmul" and (d.attention_why or "").startswith("attention='triton-fused' failed"), \

@@ -1,6 +1,8 @@
 """The fast path as a session meets it, on a real GPU (issue 19):
 
-- one compile serves every request length and sampling mode of a session, short ones included;
+- one capture serves every request length and sampling mode of a session, short ones included;
+- the step compiles once it has decoded ``compile_after`` seconds uncompiled, at a request long
+  enough to pay for it, and decodes the same tokens after;
 - LoRA adapters run on the fast path unmerged, token-identical to PEFT's own greedy generate
   (their products apart, or the first folded into the base one), and switching them off and on
   compiles nothing;
@@ -35,15 +37,16 @@ def demo_cuda():
     s.unload()
 
 
-def test_one_compile_serves_every_length(demo_cuda):
+def test_one_capture_serves_every_length(demo_cuda):
     s = demo_cuda
     t = time.perf_counter()
-    s.generate(PROMPTS[0], max_new_tokens=256)  # ≥ 128 new tokens: pays the one compile
+    s.generate(PROMPTS[0], max_new_tokens=256)  # ≥ 128 new tokens: pays the one capture
     first = time.perf_counter() - t
     d = fast.decoder(s)
-    assert s.last_stats.path == "fast" and d.counts["compiles"] == 1, d.counts
+    assert s.last_stats.path == "fast" and d.counts["compiles"] == 1 and not d.compiled, d.counts
     prepared = s.last_stats.prepared  # where the first request's wait went, in its stats line
-    assert "compile and warm-up" in prepared and "capture" in prepared and "prepared first" in str(s.last_stats), prepared
+    assert "warm-up" in prepared and "compile" not in prepared and "capture" in prepared \
+        and "prepared first" in str(s.last_stats), prepared
     seen = []
     for prompt, n in [(PROMPTS[1], 40), (PROMPTS[2], 100), (PROMPTS[0] * 20, 200), (PROMPTS[1], 16), (PROMPTS[2], 600)]:
         t = time.perf_counter()
@@ -59,6 +62,32 @@ def test_one_compile_serves_every_length(demo_cuda):
     print(f"\nfirst request (compile included) {first:.1f} s ({prepared}); then (n, s, path, ttft): {seen}; counts {dict(d.counts)}; "
           f"cache {d.cache_length} tokens")
     assert d.counts["compiles"] == 1, d.counts
+
+
+def test_the_step_compiles_once_decoding_has_paid_for_it(demo_cuda):
+    """``compile_after`` seconds of uncompiled decoding make the next long request compile the
+    step (a short one goes on replaying); the compiled step's text is the uncompiled one's."""
+    s = demo_cuda
+    d = fast.decoder(s, compile_after=0.5)
+    s.generate(PROMPTS[0], max_new_tokens=200)
+    assert s.last_stats.path == "fast" and not d.compiled and d.counts["compiles"] == 1, d.counts
+    assert "compiled once it has decoded 0.5 s" in s.last_stats.detail, s.last_stats.detail
+    for _ in range(40):
+        if d.uncompiled_seconds >= 0.5:
+            break
+        s.generate(PROMPTS[1], max_new_tokens=200, eos_token_id=10 ** 7)
+    assert d.uncompiled_seconds >= 0.5 and d.compile_due() and not d.compiled
+    short = [s.generate(p, max_new_tokens=64) for p in PROMPTS]  # bf16: long texts may flip a late near-tie
+    assert s.last_stats.path == "fast" and not d.compiled and d.counts["compiles"] == 1, (d.counts, s.last_stats)
+    t = time.perf_counter()
+    s.generate(PROMPTS[0], max_new_tokens=200)  # long enough: compiles now
+    print(f"
+compiled after {d.uncompiled_seconds:.2f} s uncompiled: {time.perf_counter() - t:.1f} s; {s.last_stats}")
+    assert d.compiled and d.counts["compiles"] == 2 and "compile and warm-up" in s.last_stats.prepared, \
+        (d.counts, s.last_stats.prepared, d.compile_detail)
+    assert s.last_stats.detail.startswith("fused step, compiled by layer"), s.last_stats.detail
+    assert [s.generate(p, max_new_tokens=64) for p in PROMPTS] == short
+    assert d.counts["compiles"] == 2, d.counts
 
 
 def _trained_adapter(tmp_path, s):
@@ -81,12 +110,16 @@ def _trained_adapter(tmp_path, s):
     return str(tmp_path / "adapter")
 
 
-@pytest.mark.parametrize("fold", [False, True], ids=["apart", "folded"])
-def test_adapter_runs_on_the_fast_path_token_identical_to_peft(demo_cuda, tmp_path, fold):
-    """Also with ``lora_fold`` (A below the weights, one reduction for both products)."""
+@pytest.mark.parametrize("fold,compile_after", [(False, 0.0), (True, 0.0), (True, 1e9)],
+                         ids=["apart", "folded", "uncompiled"])
+def test_adapter_runs_on_the_fast_path_token_identical_to_peft(demo_cuda, tmp_path, fold, compile_after):
+    """Compiled, with the products apart and with ``lora_fold`` (A below the weights, one
+    reduction for both products); and uncompiled (nvkit's kernel for the products)."""
     s = demo_cuda
-    d = fast.decoder(s, lora_fold=fold)
-    s.generate(PROMPTS[0], max_new_tokens=8, fast=True)  # the base step compiled
+    d = fast.decoder(s, lora_fold=fold, compile_after=compile_after)
+    fold = fold and not compile_after  # the uncompiled step runs the products apart
+    s.generate(PROMPTS[0], max_new_tokens=8, fast=True)  # the base step captured (compiled at once with 0)
+    assert d.compiled == (not compile_after), d.describe()
     base_compiles = d.counts["compiles"]
     base_text = s.generate(PROMPTS[0], max_new_tokens=48)
     s.load_adapter(_trained_adapter(tmp_path, s))

@@ -97,6 +97,12 @@ class BatchedDecoder:
         self.compiled = False
         self.compile_error: str | None = None
         self.compile_detail: str | None = None
+        #: the uncompiled rows step runs nvkit's Triton kernels (as the batch-1 decoder's does)
+        self.kernels = single.kernels
+        #: seconds of lists decoded on graphs of the uncompiled step (``FastOptions.compile_after``)
+        self.uncompiled_seconds = 0.0
+        self._compile_next = False
+        self._uncompiled: set = set()  # LoRA on? values whose graphs run the uncompiled step
         self.counts = collections.Counter()
         self.capture_seconds: dict = {}
         self.timings = graphs_mod.Timings()  # where the preparation's seconds went
@@ -139,8 +145,11 @@ class BatchedDecoder:
             how = "compiled by layer" if self.options.regional else "compiled"
         elif self.compile_error:
             how = f"eager: torch.compile failed ({self.compile_error})"
+        elif self.options.compile:
+            how = (f"uncompiled{' with nvkit kernels' if self.kernels else ''} "
+                   f"(compiled once it has decoded {self.options.compile_after:g} s)")
         else:
-            how = "eager"
+            how = "eager" + (" with nvkit kernels" if self.kernels else "")
         parts = [f"fused step over rows, {how}", f"paged {self.attention} attention"]
         prefills = list(self._prefills.values())
         if any(p.error for p in prefills):
@@ -178,6 +187,7 @@ class BatchedDecoder:
             for key in [k for k in d if lora_on is None or k == lora_on]:
                 del d[key]
         self._warm = {k for k in self._warm if lora_on is not None and k != lora_on}
+        self._uncompiled = {k for k in self._uncompiled if lora_on is not None and k != lora_on}
         a = self._arena
         if a is not None:
             for key in [g for g in a.graphs if lora_on is None or g[2] == lora_on]:
@@ -267,8 +277,21 @@ class BatchedDecoder:
     # --- the steps and their graphs ----------------------------------------------------------------
     def _step(self, lora_on: bool) -> Callable:
         if lora_on not in self._steps:
-            self._steps[lora_on] = decode_rows_step(self._fw, self.attention, PAGE, self._lora if lora_on else None)
+            self._steps[lora_on] = decode_rows_step(self._fw, self.attention, PAGE, self._lora if lora_on else None,
+                                                    kernels=self.kernels)
         return self._steps[lora_on]
+
+    def compile_due(self) -> bool:
+        """Whether the next list compiles the rows step (as ``FastDecoder.compile_due``: after
+        ``FastOptions.compile_after`` seconds of lists decoded uncompiled, after ``compile_next``,
+        or once a step was compiled)."""
+        if not (self.options.compile and self.graphs) or self.compile_error:
+            return False
+        return self._compile_next or self.compiled or self.uncompiled_seconds >= self.options.compile_after
+
+    def compile_next(self) -> None:
+        """Compile the rows step at the next list, whatever has been decoded."""
+        self._compile_next = True
 
     def _prefill_fn(self, lora_on: bool) -> Callable:
         if lora_on not in self._prefills:
@@ -311,9 +334,8 @@ class BatchedDecoder:
         return self._restored[digest]
 
     def _compiled_step(self, lora_on: bool):
-        step = self._step(lora_on)
         if not (self.options.compile and self.graphs) or self.compile_error:
-            return step, False
+            return self._step(lora_on), False
         if lora_on not in self._compiled:
             import torch
             # fullgraph: a graph break would mean host work per step. The sizes that change from one
@@ -325,7 +347,8 @@ class BatchedDecoder:
                 self._compiled[lora_on] = decode_rows_step(fw, self.attention, PAGE, self._lora if lora_on else None,
                                                            layer=torch.compile(layer, fullgraph=True),
                                                            head=torch.compile(decode_head(fw), fullgraph=True))
-            else:
+            else:  # the step of torch operations, for inductor to fuse
+                step = decode_rows_step(self._fw, self.attention, PAGE, self._lora if lora_on else None)
                 self._compiled[lora_on] = torch.compile(step, fullgraph=True)
         return self._compiled[lora_on], True
 
@@ -355,9 +378,18 @@ class BatchedDecoder:
     def _graph(self, a: Arena, batch: int, key: tuple, lora_on: bool, on_progress=None):
         import torch
         gkey = (batch, key, lora_on)
+        compiling = self.compile_due()
+        if compiling and lora_on in self._uncompiled:
+            # the compiled step replaces the uncompiled one's graphs
+            for g in [g for g in a.graphs if g[2] == lora_on]:
+                del a.graphs[g]
+            self._warm.discard(lora_on)
+            self._uncompiled.discard(lora_on)
         if gkey in a.graphs:
             return a.graphs[gkey]
         expensive = lora_on not in self._warm
+        if not expensive:  # another batch class or sampling mode: on the step the graphs already run
+            compiling = compiling and lora_on not in self._uncompiled
         if not self.graphs:
             a.graphs[gkey] = self._body(a, batch, key, self._step(lora_on), False)
             self._warm.add(lora_on)
@@ -365,29 +397,34 @@ class BatchedDecoder:
             return a.graphs[gkey]
         events.record("compile", f"fast batch: capturing {self.k} steps of {batch} rows per graph"
                                  f" ({key[0]}{', LoRA' if lora_on else ''})"
-                                 + (" with torch.compile, once per session" if expensive and self.options.compile else ""))
+                                 + (" with torch.compile, once per session" if expensive and compiling else ""))
         t = time.perf_counter()
         before = dict(self.timings)
-        disk_key = self._disk_key(lora_on) if expensive else None
+        disk_key = self._disk_key(lora_on) if expensive and compiling else None
         torch.cuda.synchronize(self.device)  # what is in flight ends before the rows are parked for the capture
         saved = a.save_and_park_all()
         restored = False
         try:
             with ticking(on_progress if expensive else None):
                 restored = self._restore_artifacts(disk_key)
-                graph = self._captured(a, batch, key, lora_on)
+                graph = self._captured(a, batch, key, lora_on, compiling)
         finally:
             torch.cuda.synchronize(self.device)
             a.restore(saved)
-        self.compiled = self.options.compile and not self.compile_error
+        compiled = compiling and not self.compile_error
+        if compiled:
+            self.compiled = True
+            self._compile_next = False
+        else:
+            self._uncompiled.add(lora_on)
         self.counts["compiles" if expensive else "graphs"] += 1
         self._warm.add(lora_on)
-        if expensive and self.compiled:
+        if expensive and compiled:
             self._store_artifacts(disk_key)
         seconds = time.perf_counter() - t
         self.capture_seconds[(batch, key, lora_on)] = seconds
         events.record("compile", f"fast batch ready for {batch} rows in {seconds:.1f} s "
-                                 f"({'compiled' if self.compiled else 'eager'} step"
+                                 f"({'compiled' if compiled else 'uncompiled'} step"
                                  f"{', compile artifacts from disk' if restored else ''}; "
                                  f"{self.timings.since(before).describe()})")
         a.graphs[gkey] = graph.replay
@@ -408,27 +445,36 @@ class BatchedDecoder:
                                               **extra),
                              self.device)
 
-    def _captured(self, a: Arena, batch: int, key: tuple, lora_on: bool):
-        """The class's graph: the compiled step, else the eager one; under attention="auto" a
-        Triton step that fails gives way to "matmul" first (as the batch-1 decoder does)."""
+    def _captured(self, a: Arena, batch: int, key: tuple, lora_on: bool, compiling: bool):
+        """The class's graph: the compiled step when ``compiling``, else (or when the compile
+        fails) the uncompiled one; a step whose nvkit kernels fail here is captured again without
+        them, and under attention="auto" a Triton step that fails gives way to "matmul" (as the
+        batch-1 decoder does)."""
         import torch
         try:
-            fn, dynamic = self._compiled_step(lora_on)
+            fn, dynamic = self._compiled_step(lora_on) if compiling else (self._step(lora_on), False)
             return self._capture_with(a, self._body(a, batch, key, fn, dynamic), compiling=dynamic)
         except Exception as e:  # noqa: BLE001 - compile problems fall back, as said above
+            kernels = not compiling and self.kernels
             retry_matmul = self.options.attention == "auto" and self.attention != "matmul"
-            if not retry_matmul and (not self.options.compile or self.compile_error):
+            if not (kernels or retry_matmul or compiling):
                 raise
             torch.cuda.synchronize(self.device)
             a.table.fill_(SCRATCH)  # a failed warm-up may have left rows anywhere
             a.pos.zero_()
+            if kernels:
+                self.kernels = False
+                self._steps.clear()
+                events.record("compile", f"fast batch: nvkit's kernels failed here ({error_summary(e)}); "
+                                         "the rows step runs torch's operations")
+                return self._captured(a, batch, key, lora_on, compiling)
             if retry_matmul:
                 self.attention_why = (f"the paged Triton attention failed on this GPU ({error_summary(e)}); "
                                       "nvkit uses 'matmul' here")
                 events.record("compile", f"fast batch: {self.attention_why}")
                 self.attention = "matmul"
                 self._forget_steps(None)
-                return self._captured(a, batch, key, lora_on)
+                return self._captured(a, batch, key, lora_on, compiling)
             self.compile_error = error_summary(e)
             self.compile_detail = str(e)
             events.record("compile", f"fast batch: torch.compile failed ({self.compile_error}); capturing the eager step")
@@ -553,7 +599,12 @@ class BatchedDecoder:
             a = self._arena_for(seqs, sampling.max_new_tokens, sampling.repetition_penalty != 1.0)
             self._set_request(a, sampling)
             sched = Scheduler(seqs, a.rows, a.pages, PAGE, self.k, sampling.eos)
+            before = dict(self.timings)
+            t = time.perf_counter()
             self._run(a, sched, sampling, lora_on, stop_event, on_progress, on_tokens)
+            if lora_on in self._uncompiled:  # the list's decoding, its captures left out
+                prepared = sum(self.timings.since(before).values())
+                self.uncompiled_seconds += max(0.0, time.perf_counter() - t - prepared)
             return [s.tokens if s.finished else None for s in seqs]
 
     def _run(self, a: Arena, sched: Scheduler, sampling: Sampling, lora_on: bool, stop_event, on_progress,

@@ -60,6 +60,7 @@ class Cache:
     steps: dict = field(default_factory=dict)     # lora on? -> the eager decode step
     compiled: dict = field(default_factory=dict)  # lora on? -> its torch.compile wrapper
     graphs: dict = field(default_factory=dict)    # (sampling key, lora on?, logits kept?) -> replay
+    uncompiled: set = field(default_factory=set)  # lora on? values whose graphs run the uncompiled step
     prefills: dict = field(default_factory=dict)  # (padded length, lora on?) -> replay
     pool: Any = None       # the memory pool the prefill graphs share (they never run at once)
     host: Any = None       # two (pinned K-id buffer, CUDA event) pairs the host reads replays through
@@ -70,6 +71,7 @@ class Cache:
         self.compiled.pop(True, None)
         for key in [k for k in self.graphs if k[1]]:
             del self.graphs[key]
+        self.uncompiled.discard(True)
         for key in [k for k in self.prefills if k[1]]:
             del self.prefills[key]
 

@@ -65,6 +65,9 @@ class FastDecoder:
         self._cache: Cache | None = None
         self._lora: lora_mod.LoraSlots | None = None
         self.compiled = False      # True once the inductor step was used for a capture
+        #: seconds of requests decoded on graphs of the uncompiled step (``FastOptions.compile_after``)
+        self.uncompiled_seconds = 0.0
+        self._compile_next = False
         self.compile_error: str | None = None
         self.compile_detail: str | None = None  # the whole message (inductor's carry the worker's traceback)
         #: expensive captures (a step compiled, or captured eagerly, for a cache), cheap ones
@@ -82,6 +85,8 @@ class FastDecoder:
         self._fw = self._fused_weights() if opts.fused is not False and self.fused_why is None else None
         self.attention, self.attention_why = self._choose_attention(opts.attention)
         self.pdl = self._choose_pdl(opts.pdl)
+        #: the uncompiled fused step runs its norms and activation in nvkit's Triton kernels
+        self.kernels = self._fw is not None and self.graphs and triton_cannot_run_on(self.device) is None
         import torch._inductor.config as inductor_config
         bad = [k for k, _ in opts.inductor if not _has_inductor_option(inductor_config, k)]
         if bad:
@@ -155,13 +160,18 @@ class FastDecoder:
             how = "compiled by layer" if self.regional else "compiled"
         elif self.compile_error:
             how = f"eager: torch.compile failed ({self.compile_error})"
+        elif self.options.compile:
+            how = (f"uncompiled{' with nvkit kernels' if self.kernels else ''} "
+                   f"(compiled once it has decoded {self.options.compile_after:g} s)")
         else:
-            how = "eager"
+            how = "eager" + (" with nvkit kernels" if self.kernels else "")
         parts = [f"{step}, {how}"]
         if self._fw is not None:
             parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
         if self._lora is not None and lora_mod.active(self.model):
-            parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank}{', folded' if self._lora.folded else ''})")
+            # the uncompiled step with nvkit's kernels runs the products apart
+            folded = self._lora.folded and (self.compiled or not self.kernels)
+            parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank}{', folded' if folded else ''})")
         parts.append(f"{self.k} steps per replay")
         return ", ".join(parts)
 
@@ -227,7 +237,8 @@ class FastDecoder:
     def _step(self, c: Cache, lora_on: bool) -> Callable:
         if lora_on not in c.steps:
             if self._fw is not None:
-                c.steps[lora_on] = decode_step(self._fw, c, self.attention, self._lora if lora_on else None)
+                c.steps[lora_on] = decode_step(self._fw, c, self.attention, self._lora if lora_on else None,
+                                               kernels=self.kernels)
             else:
                 c.steps[lora_on] = self._model_step(c)
         return c.steps[lora_on]
@@ -266,6 +277,9 @@ class FastDecoder:
                 c.compiled[lora_on] = decode_step(fw, c, self.attention, self._lora if lora_on else None,
                                                   layer=torch.compile(layer, fullgraph=True, dynamic=False),
                                                   head=torch.compile(decode_head(fw), fullgraph=True, dynamic=False))
+            elif self._fw is not None:  # the step of torch operations, for inductor to fuse
+                step = decode_step(self._fw, c, self.attention, self._lora if lora_on else None)
+                c.compiled[lora_on] = torch.compile(step, fullgraph=True, dynamic=False)
             else:
                 c.compiled[lora_on] = torch.compile(step, fullgraph=True, dynamic=False)
         return c.compiled[lora_on]
@@ -286,44 +300,70 @@ class FastDecoder:
                 c.tok.copy_(nxt.view(1, 1))
         return body
 
-    def _graph(self, c: Cache, key: tuple, lora_on: bool, keep_logits: bool, on_progress=None):
+    def compile_due(self) -> bool:
+        """Whether the next request long enough to pay for it compiles the step: the uncompiled one
+        has decoded ``FastOptions.compile_after`` seconds, ``compile_next`` asked for it, or a
+        step was compiled already (a new cache or the adapters' step then compiles too)."""
+        if not (self.options.compile and self.graphs) or self.compile_error:
+            return False
+        return self._compile_next or self.compiled or self.uncompiled_seconds >= self.options.compile_after
+
+    def compile_next(self) -> None:
+        """Compile the step at the next request (or ``prepare``), whatever has been decoded."""
+        self._compile_next = True
+
+    def _graph(self, c: Cache, key: tuple, lora_on: bool, keep_logits: bool, on_progress=None,
+               may_compile: bool = True):
         import torch
         gkey = (key, lora_on, keep_logits)
+        compiling = may_compile and self.compile_due()
+        if compiling and lora_on in c.uncompiled:
+            # the compiled step replaces the uncompiled one's graphs for this cache
+            for g in [g for g in c.graphs if g[1] == lora_on]:
+                del c.graphs[g]
+            c.uncompiled.discard(lora_on)
         if gkey in c.graphs:
             return c.graphs[gkey]
         if keep_logits and c.logits is None:
             c.logits = torch.zeros((self.k, self.vocab), dtype=torch.float32, device=self.device)
-        expensive = not any(g[1] == lora_on for g in c.graphs)  # nothing compiled for this cache and step yet
+        expensive = not any(g[1] == lora_on for g in c.graphs)  # nothing captured for this cache and step yet
+        if not expensive:  # another sampling mode: on the step the cache's graphs already run
+            compiling = lora_on not in c.uncompiled and lora_on in c.compiled
         if not self.graphs:
             c.graphs[gkey] = self._body(c, key, self._step(c, lora_on), keep_logits)
             self.counts["compiles" if expensive else "graphs"] += 1
             return c.graphs[gkey]
         what = (f"fast decode: capturing {self.k} steps per graph for a {c.length}-token cache "
                 f"({key[0]}{', LoRA' if lora_on else ''})")
-        events.record("compile", what + (" with torch.compile, once per session" if expensive and self.options.compile else ""))
+        events.record("compile", what + (" with torch.compile, once per session" if expensive and compiling else ""))
         t = time.perf_counter()
         before = dict(self.timings)
         # Warm-up and capture draw random numbers; keep the user's seeded stream as it was.
         rng = torch.cuda.get_rng_state(self.device)
-        disk_key = self._disk_key(c, lora_on) if expensive else None
+        disk_key = self._disk_key(c, lora_on) if expensive and compiling else None
         try:
             with ticking(on_progress if expensive else None):
                 with self.timings.part("compile artifacts from disk"):
                     restored = disk_key is not None and artifacts.restore(disk_key)
-                graph = self._captured(c, key, lora_on, keep_logits)
+                graph = self._captured(c, key, lora_on, keep_logits, compiling)
         finally:
             torch.cuda.set_rng_state(rng, self.device)
             if c.kv is not None:
                 c.kv.reset()
-        self.compiled = self.options.compile and not self.compile_error
+        compiled = compiling and not self.compile_error
+        if compiled:
+            self.compiled = True
+            self._compile_next = False
+        else:
+            c.uncompiled.add(lora_on)
         self.counts["compiles" if expensive else "graphs"] += 1
-        if expensive and disk_key is not None and self.compiled:
+        if expensive and disk_key is not None and compiled:
             with self.timings.part("compile artifacts to disk"):
                 artifacts.store(disk_key)
         seconds = time.perf_counter() - t
         self.capture_seconds[(c.length, key, lora_on, keep_logits)] = seconds
         events.record("compile", f"fast decode ready for a {c.length}-token cache in {seconds:.1f} s "
-                                 f"({'compiled' if self.compiled else 'eager'} step"
+                                 f"({'compiled' if compiled else 'uncompiled'} step"
                                  f"{', compile artifacts from disk' if expensive and restored else ''}, "
                                  f"{self.k} steps per replay; {self.timings.since(before).describe()})")
         c.graphs[gkey] = graph.replay
@@ -340,22 +380,31 @@ class FastDecoder:
                                               length=c.length, lora=(self._lora.rank, str(self._lora.dtype))
                                               if lora_on else None, **extra), self.device)
 
-    def _captured(self, c: Cache, key: tuple, lora_on: bool, keep_logits: bool):
-        """The cache's graph: the compiled step, else the eager one. Under ``attention="auto"`` a
-        Triton attention step that fails first gives way to "matmul", compiled: the eager Triton
-        step would be slower than compiled matmul."""
+    def _captured(self, c: Cache, key: tuple, lora_on: bool, keep_logits: bool, compiling: bool):
+        """The cache's graph: the compiled step when ``compiling``, else (or when the compile
+        fails) the uncompiled one. A step whose nvkit kernels fail to run here is captured again
+        without them; under ``attention="auto"`` a Triton attention step that fails gives way to
+        "matmul"."""
         import torch
+        step = self._compiled(c, lora_on) if compiling else self._step(c, lora_on)
         try:
-            return self._capture_with(c, self._body(c, key, self._compiled(c, lora_on), keep_logits), compiling=True)
+            return self._capture_with(c, self._body(c, key, step, keep_logits), compiling=compiling)
         except Exception as e:  # noqa: BLE001 - compile problems fall back, as said above
+            kernels = not compiling and self.kernels
             retry_matmul = self.options.attention == "auto" and self.attention != "matmul"
-            if not retry_matmul and (not self.options.compile or self.compile_error):
+            if not (kernels or retry_matmul or compiling):
                 raise
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # what the failed warm-up queued ends before the retry
+            if kernels:
+                self.kernels = False
+                c.steps.clear()
+                events.record("compile", f"fast decode: nvkit's kernels failed here ({error_summary(e)}); "
+                                         "the step runs torch's operations")
+                return self._captured(c, key, lora_on, keep_logits, compiling)
             if retry_matmul:
                 self._attention_failed(c, e)
-                return self._captured(c, key, lora_on, keep_logits)
+                return self._captured(c, key, lora_on, keep_logits, compiling)
             self.compile_error = error_summary(e)
             self.compile_detail = str(e)
             events.record("compile", f"fast decode: torch.compile failed ({self.compile_error}); capturing the eager step")
@@ -371,6 +420,7 @@ class FastDecoder:
         c.steps.clear()
         c.compiled.clear()
         c.graphs.clear()
+        c.uncompiled.clear()
 
     def _inductor_options(self, compiling: bool):
         return inductor_options(self.options, self.pdl, compiling)
@@ -430,12 +480,15 @@ class FastDecoder:
         return fits and any(g[1] == lora_on for g in c.graphs)
 
     def prepare(self, prompt_len: int, sampling: Sampling, on_progress: Callable[[float], None] | None = None,
-                prefill_up_to: int = 512) -> float:
+                prefill_up_to: int = 512, compile: bool = True) -> float:
         """Capture what a request of this size and sampling mode needs now, and the prefill
-        graphs of prompts up to ``prefill_up_to`` tokens; returns the seconds it took."""
+        graphs of prompts up to ``prefill_up_to`` tokens; returns the seconds it took.
+        ``compile``: the compiled step now (False: whichever step a request would run now)."""
         import torch
         with self._lock:
             t = time.perf_counter()
+            if compile:
+                self.compile_next()
             lora_on = self._sync()
             c = self._cache_for(self._positions(prompt_len, sampling))
             self._graph(c, sampling.key, lora_on, False, on_progress)
@@ -474,7 +527,12 @@ class FastDecoder:
             n = int(input_ids.shape[-1])
             lora_on = self._sync()
             c = self._cache_for(self._positions(n, sampling))
-            replay = self._graph(c, sampling.key, lora_on, keep_logits, on_progress)
+            # a short request does not stop for a compile that was due (compile_after > 0): it
+            # replays what is captured
+            replay = self._graph(c, sampling.key, lora_on, keep_logits, on_progress,
+                                 may_compile=sampling.max_new_tokens >= self.options.min_tokens
+                                 or not self.options.compile_after)
+            t = time.perf_counter()
             self._rewind(c)
             set_request(c, input_ids, sampling, self.vocab)
             logits = self._prefill(c, input_ids, lora_on)
@@ -485,6 +543,8 @@ class FastDecoder:
             stops = StopStrings(tokenizer, sampling.stop_strings, input_ids[0].tolist()) if sampling.stop_strings else None
             tokens = replays(c, replay, first, sampling, on_tokens, stop_event, stops, keep_logits, kept)
             self.last_logits = kept[:len(tokens)]
+            if lora_on in c.uncompiled:
+                self.uncompiled_seconds += time.perf_counter() - t
             return tokens
 
     def weights(self):

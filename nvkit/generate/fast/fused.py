@@ -320,15 +320,26 @@ def layer_args(w: LayerWeights, lo, fold: bool = False) -> tuple:
             w.post_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias, w.scaling, *loras)
 
 
-def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str) -> Callable:
+def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: bool = False) -> Callable:
     """One layer of the decode step for one token, on tensors only: ``layer(h, delta, pos, where,
     cos, sin, mask, keys, values, *layer_args(w, lo))`` -> (h, delta). The layer's input is
     ``h + delta`` (the residual and the previous layer's MLP output, added here so that the sum
     and this layer's norm stay one kernel when the layer is compiled on its own); its output is
-    the residual after attention and its MLP's output, added by the next layer or ``decode_head``."""
+    the residual after attention and its MLP's output, added by the next layer or ``decode_head``.
+
+    ``kernels``: the sums with their norms and the activation in nvkit's Triton kernels
+    (``kernels``; CUDA only), for a step that is not compiled."""
     import torch
     import torch.nn.functional as F
     groups = nh // nkv
+    if kernels:
+        from .kernels import add_rms_norm, lora_add, silu_mul
+
+        def proj(x, weight, bias, lora=None):  # the adapter's products in one kernel
+            y = F.linear(x, weight, bias)
+            return y if lora is None else lora_add(y, x, lora[0], lora[1])
+    else:
+        proj = linear
     if attention == "triton":
         from ..decode_attention import decode_attention
     if attention == "triton-fused":
@@ -337,9 +348,12 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str) -> Callable:
     def layer(h, delta, pos, where, cos, sin, mask, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm,
               qk_eps, o_w, o_bias, post_norm, post_eps, gate_up_w, gate_up_bias, down_w, down_bias, scaling,
               lo_qkv, lo_o, lo_gate_up, lo_down):
-        h = h + delta
-        x = rms_norm(h, in_norm, in_eps)
-        qkv = linear(x, qkv_w, qkv_bias, lo_qkv).view(nh + 2 * nkv, hd)  # keys, values: (nkv, length, hd)
+        if kernels:
+            h, x = add_rms_norm(h, delta, in_norm, in_eps)
+        else:
+            h = h + delta
+            x = rms_norm(h, in_norm, in_eps)
+        qkv = proj(x, qkv_w, qkv_bias, lo_qkv).view(nh + 2 * nkv, hd)  # keys, values: (nkv, length, hd)
         if attention == "triton-fused":
             o = decode_attention_rope(qkv, q_norm, k_norm, cos.view(hd), sin.view(hd), keys, values, pos,
                                       scaling, qk_eps)
@@ -355,17 +369,27 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str) -> Callable:
             else:
                 scores = torch.matmul(q.view(nkv, groups, hd), keys.transpose(1, 2)).float() * scaling + mask
                 o = torch.matmul(scores.softmax(-1).to(dtype), values)
-        h = h + linear(o.reshape(1, nh * hd), o_w, o_bias, lo_o)
+        if kernels:
+            h, x = add_rms_norm(h, proj(o.reshape(1, nh * hd), o_w, o_bias, lo_o), post_norm, post_eps)
+            return h, proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down)
+        h = h + proj(o.reshape(1, nh * hd), o_w, o_bias, lo_o)
         x = rms_norm(h, post_norm, post_eps)
-        gate, up = linear(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
-        return h, linear(F.silu(gate) * up, down_w, down_bias, lo_down)
+        gate, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
+        return h, proj(F.silu(gate) * up, down_w, down_bias, lo_down)
 
     return layer
 
 
-def decode_head(fw: FusedWeights) -> Callable:
-    """``head(h, delta)`` -> (1, vocab) float logits: the last layer's sum, the final norm, the LM head."""
+def decode_head(fw: FusedWeights, kernels: bool = False) -> Callable:
+    """``head(h, delta)`` -> (1, vocab) float logits: the last layer's sum, the final norm, the LM
+    head (``kernels``: the sum and norm in nvkit's Triton kernel, as ``decode_layer``)."""
     import torch.nn.functional as F
+    if kernels:
+        from .kernels import add_rms_norm
+
+        def head(h, delta):
+            return F.linear(add_rms_norm(h, delta, fw.norm, fw.norm_eps)[1], fw.lm_head).float()
+        return head
 
     def head(h, delta):
         return F.linear(rms_norm(h + delta, fw.norm, fw.norm_eps), fw.lm_head).float()
@@ -374,7 +398,7 @@ def decode_head(fw: FusedWeights) -> Callable:
 
 
 def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, layer: Callable | None = None,
-                head: Callable | None = None) -> Callable:
+                head: Callable | None = None, kernels: bool = False) -> Callable:
     """One decode step for one token: reads ``cache.tok`` at position ``cache.pos``, writes its key
     and value into the cache, advances ``cache.pos`` and returns (1, vocab) float logits.
 
@@ -384,12 +408,14 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, l
     value into the cache, which the other kinds do in kernels of their own). ``lora``: a
     ``lora.LoraSlots`` whose products are added to every projection. ``layer`` and ``head``: the
     functions of ``decode_layer`` and ``decode_head`` to run (default: those, eager), e.g.
-    compiled on their own."""
+    compiled on their own. ``kernels``: the default layer and head with nvkit's Triton kernels,
+    and the adapters' products apart (their folded form is written for inductor to fuse)."""
     import torch
     import torch.nn.functional as F
     neg = torch.finfo(torch.float32).min
-    layer = layer or decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention)
-    head = head or decode_head(fw)
+    layer = layer or decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, kernels)
+    head = head or decode_head(fw, kernels)
+    fold = not kernels
     matmul = attention not in ("triton", "triton-fused")
 
     def step(tok):
@@ -402,7 +428,7 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, l
         for i, w in enumerate(fw.layers):
             lo = lora.layers[i] if lora is not None else None
             h, delta = layer(h, delta, pos, where, cos, sin, mask, cache.keys[i], cache.values[i],
-                             *layer_args(w, lo, fold=True))
+                             *layer_args(w, lo, fold=fold))
         cache.pos.add_(1)
         return head(h, delta)
 

@@ -27,25 +27,38 @@ def paged_positions(table, page: int, length: int):
     return table.long().gather(1, (offsets // page).expand(table.shape[0], -1)) * page + offsets % page
 
 
-def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: int) -> Callable:
+def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: int, kernels: bool = False) -> Callable:
     """One layer of the rows decode step, on tensors only: ``layer(h, delta, pos, table, cos, sin,
     c, s, where, here, mask, keys, values, *layer_args(w, lo))`` -> (h, delta), the residual
     carried as ``fused.decode_layer`` carries it (the layer's input is ``h + delta``). "triton"
     reads ``pos``, ``table`` and the rotary tables ``cos``/``sin``; "matmul" reads the rows'
     rotary values ``c``/``s``, their pool indices ``where``, new positions ``here`` and ``mask``
-    (``decode_rows_step`` makes them once per step)."""
+    (``decode_rows_step`` makes them once per step). ``kernels``: the sums with their norms, the
+    activation and the adapters' products in nvkit's Triton kernels (``kernels``), for a step that
+    is not compiled."""
     import torch
     import torch.nn.functional as F
     groups = nh // nkv
     if attention == "triton":
         from ..decode_attention import paged_decode_attention
+    if kernels:
+        from .kernels import add_rms_norm, lora_add, silu_mul
+
+        def proj(x, weight, bias, lora=None):
+            y = F.linear(x, weight, bias)
+            return y if lora is None else lora_add(y, x, lora[0], lora[1])
+    else:
+        proj = linear
 
     def layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys, values, in_norm, in_eps, qkv_w,
               qkv_bias, q_norm, k_norm, qk_eps, o_w, o_bias, post_norm, post_eps, gate_up_w, gate_up_bias, down_w,
               down_bias, scaling, lo_qkv, lo_o, lo_gate_up, lo_down):
-        h = h + delta
-        x = rms_norm(h, in_norm, in_eps)
-        qkv = linear(x, qkv_w, qkv_bias, lo_qkv).view(-1, nh + 2 * nkv, hd)
+        if kernels:
+            h, x = add_rms_norm(h, delta, in_norm, in_eps)
+        else:
+            h = h + delta
+            x = rms_norm(h, in_norm, in_eps)
+        qkv = proj(x, qkv_w, qkv_bias, lo_qkv).view(-1, nh + 2 * nkv, hd)
         if attention == "triton":
             o = paged_decode_attention(qkv, q_norm, k_norm, cos, sin, keys, values, pos, table, page, scaling, qk_eps)
         else:
@@ -60,16 +73,19 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
             scores = torch.matmul(q.view(-1, nkv, groups, hd), kk.transpose(2, 3)).float() * scaling
             scores = scores + mask[:, None, None, :]
             o = torch.matmul(scores.softmax(-1).to(dtype), vv)         # (rows, nkv, groups, hd)
-        h = h + linear(o.reshape(-1, nh * hd), o_w, o_bias, lo_o)
+        if kernels:
+            h, x = add_rms_norm(h, proj(o.reshape(-1, nh * hd), o_w, o_bias, lo_o), post_norm, post_eps)
+            return h, proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down)
+        h = h + proj(o.reshape(-1, nh * hd), o_w, o_bias, lo_o)
         x = rms_norm(h, post_norm, post_eps)
-        gate, up = linear(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
-        return h, linear(F.silu(gate) * up, down_w, down_bias, lo_down)
+        gate, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
+        return h, proj(F.silu(gate) * up, down_w, down_bias, lo_down)
 
     return layer
 
 
 def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, layer: Callable | None = None,
-                     head: Callable | None = None) -> Callable:
+                     head: Callable | None = None, kernels: bool = False) -> Callable:
     """``step(tok, pos, table, cos, sin, keys, values)`` -> (rows, vocab) float logits: one decode
     step of every row (``tok``, ``pos``: (rows,) int64; ``table``: (rows, blocks) int32 page ids;
     ``cos``/``sin``: (positions, head_dim); ``keys``/``values``: one pool tensor per layer). Writes
@@ -77,14 +93,15 @@ def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, lay
 
     ``layer`` and ``head``: the functions of ``decode_rows_layer`` and ``fused.decode_head`` to run
     (default: those, eager). Given, they are compiled ones, and the sizes that change from one
-    batch class or pool to the next are marked dynamic before each call."""
+    batch class or pool to the next are marked dynamic before each call. ``kernels``: the default
+    layer and head with nvkit's Triton kernels (``decode_rows_layer``)."""
     import torch
     import torch.nn.functional as F
     from .fused import decode_head
     neg = torch.finfo(torch.float32).min
     regional = layer is not None
-    layer = layer or decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, page)
-    head = head or decode_head(fw)
+    layer = layer or decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, page, kernels)
+    head = head or decode_head(fw, kernels)
 
     def step(tok, pos, table, cos, sin, keys, values):
         h = F.embedding(tok, fw.embed)                                 # (rows, hidden)

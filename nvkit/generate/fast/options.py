@@ -33,8 +33,14 @@ class FastOptions:
 
     - ``k_steps``: decode steps per CUDA-graph replay. More steps mean fewer host wake-ups; the
       host reads a chunk of K ids at a time, so streaming moves in chunks of K tokens.
-    - ``compile``: fuse the decode step with inductor before capture (the eager step is captured
-      when compiling fails).
+    - ``compile``: fuse the decode step with inductor (the uncompiled step is captured when
+      compiling fails); when, ``compile_after`` says.
+    - ``compile_after``: seconds a decoder decodes on its uncompiled step (nvkit's Triton kernels
+      for the norms and the activation, captured in seconds) before a request of ``min_tokens``
+      or more compiles it. A cold compile costs more than a notebook's first few answers take on
+      the uncompiled step, and the compiled one decodes faster only by a fraction, so the compile
+      waits until the decoding it speeds up has shown it will pay. 0: compile at the first
+      request. ``fast.prepare`` compiles at once.
     - ``tune``: inductor's coordinate-descent tuning, which turns the batch-1 matrix-vector
       products into reductions tuned to the memory bandwidth and fused with their neighbours.
     - ``fused``: nvkit's own decode step for the Llama family (None: where the model fits it).
@@ -76,6 +82,7 @@ class FastOptions:
     regional: bool = True
     lora_fold: bool = True
     prefill_after: float = 1.0
+    compile_after: float = 30.0
 
     def __post_init__(self):
         def whole(name, lo, hi=None):
@@ -92,6 +99,7 @@ class FastOptions:
             if not isinstance(getattr(self, name), bool):
                 raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
         object.__setattr__(self, "prefill_after", number("prefill_after", self.prefill_after, 0))
+        object.__setattr__(self, "compile_after", number("compile_after", self.compile_after, 0))
         for name in ("fused", "pdl"):
             if getattr(self, name) not in (None, True, False):
                 raise NvkitError(f"{name} must be True, False or None (where it fits), not {getattr(self, name)!r}.")
@@ -161,6 +169,7 @@ _VARIABLES = {
     "NVKIT_FAST_REGIONAL": ("regional", _flag),
     "NVKIT_FAST_LORA_FOLD": ("lora_fold", _flag),
     "NVKIT_FAST_PREFILL_AFTER": ("prefill_after", _number(0)),
+    "NVKIT_FAST_COMPILE_AFTER": ("compile_after", _number(0)),
 }
 ENVIRONMENT_VARIABLES = tuple(_VARIABLES)
 
