@@ -4,24 +4,11 @@ kernels is tests/gpu/test_fast_gpu.py and the "fast+triton" decode benchmark."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 pytest.importorskip("triton", reason="triton is part of the test extra on Linux (pyproject)")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _interpret(code: str) -> str:
-    env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    return r.stdout
+from tests.triton_interpreter import interpret as _interpret  # noqa: E402
 
 
 def test_kernel_matches_reference_at_every_kind_of_position():

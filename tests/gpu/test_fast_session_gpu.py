@@ -45,8 +45,7 @@ def test_one_capture_serves_every_length(demo_cuda):
     d = fast.decoder(s)
     assert s.last_stats.path == "fast" and d.counts["compiles"] == 1 and not d.compiled, d.counts
     prepared = s.last_stats.prepared  # where the first request's wait went, in its stats line
-    assert "warm-up" in prepared and "compile" not in prepared and "capture" in prepared \
-        and "prepared first" in str(s.last_stats), prepared
+    assert "warm-up" in prepared and "compile" not in prepared and "prepared first" in str(s.last_stats), prepared
     seen = []
     for prompt, n in [(PROMPTS[1], 40), (PROMPTS[2], 100), (PROMPTS[0] * 20, 200), (PROMPTS[1], 16), (PROMPTS[2], 600)]:
         t = time.perf_counter()
@@ -81,8 +80,7 @@ def test_the_step_compiles_once_decoding_has_paid_for_it(demo_cuda):
     assert s.last_stats.path == "fast" and not d.compiled and d.counts["compiles"] == 1, (d.counts, s.last_stats)
     t = time.perf_counter()
     s.generate(PROMPTS[0], max_new_tokens=200)  # long enough: compiles now
-    print(f"
-compiled after {d.uncompiled_seconds:.2f} s uncompiled: {time.perf_counter() - t:.1f} s; {s.last_stats}")
+    print(f"\ncompiled after {d.uncompiled_seconds:.2f} s uncompiled: {time.perf_counter() - t:.1f} s; {s.last_stats}")
     assert d.compiled and d.counts["compiles"] == 2 and "compile and warm-up" in s.last_stats.prepared, \
         (d.counts, s.last_stats.prepared, d.compile_detail)
     assert s.last_stats.detail.startswith("fused step, compiled by layer"), s.last_stats.detail
@@ -95,6 +93,7 @@ def _trained_adapter(tmp_path, s):
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
     base = AutoModelForCausalLM.from_pretrained(demo_model.path(), dtype=s.model.dtype).to("cuda")
+    torch.manual_seed(0)  # the same adapter in every run: its near-ties, if any, the same too
     pm = get_peft_model(base, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear"))
     batch = s.tokenizer(["NVIDIA GPUs are built for parallel work: thousands of cores share the memory."] * 4,
                         return_tensors="pt").to("cuda")

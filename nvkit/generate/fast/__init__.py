@@ -6,7 +6,8 @@ request may ask for, the token pick), ``fused`` (the Llama-family steps), ``lora
 the fused steps), ``cache`` (the KV cache of a size class and its buffers), ``capture``
 (``FastDecoder``), ``artifacts`` (compile artifacts on disk), ``attached`` (the decoder a session
 uses, ``prepare``), ``debug`` (side-by-side decoders); for many prompts at once ``batched``
-(``BatchedDecoder``), ``fused_rows`` (its steps over rows), ``schedule`` (rows, pages, refill)."""
+(``BatchedDecoder``), ``fused_rows`` (its steps over rows), ``schedule`` (rows, pages, refill);
+``step_kernels`` (the Triton kernels of the uncompiled steps)."""
 
 from ...lazy import lazy_names
 

@@ -48,6 +48,7 @@ from .prefill_rows import RowsPrefill
 from .replay import ticking
 from .sampling import RowParams, Sampling, StopStrings, choose_rows
 from .schedule import SCRATCH, Scheduler, Sequence, pages_for
+from .tier import CompileTier
 
 def _to(device, data, dtype):
     """A host list as a tensor on ``device``, copied without waiting for the GPU's queue."""
@@ -56,7 +57,7 @@ def _to(device, data, dtype):
     return t.to(device, non_blocking=True) if device.type == "cuda" else t
 
 
-class BatchedDecoder:
+class BatchedDecoder(CompileTier):
     """Decoding of many prompts at once on one GPU (see the module docstring).
 
     ``single``: the session's batch-1 ``FastDecoder``, whose options, fused weights and adapter
@@ -99,9 +100,7 @@ class BatchedDecoder:
         self.compile_detail: str | None = None
         #: the uncompiled rows step runs nvkit's Triton kernels (as the batch-1 decoder's does)
         self.kernels = single.kernels
-        #: seconds of lists decoded on graphs of the uncompiled step (``FastOptions.compile_after``)
-        self.uncompiled_seconds = 0.0
-        self._compile_next = False
+        self.uncompiled_seconds = 0.0  # when the rows step compiles: CompileTier
         self._uncompiled: set = set()  # LoRA on? values whose graphs run the uncompiled step
         self.counts = collections.Counter()
         self.capture_seconds: dict = {}
@@ -281,18 +280,6 @@ class BatchedDecoder:
                                                     kernels=self.kernels)
         return self._steps[lora_on]
 
-    def compile_due(self) -> bool:
-        """Whether the next list compiles the rows step (as ``FastDecoder.compile_due``: after
-        ``FastOptions.compile_after`` seconds of lists decoded uncompiled, after ``compile_next``,
-        or once a step was compiled)."""
-        if not (self.options.compile and self.graphs) or self.compile_error:
-            return False
-        return self._compile_next or self.compiled or self.uncompiled_seconds >= self.options.compile_after
-
-    def compile_next(self) -> None:
-        """Compile the rows step at the next list, whatever has been decoded."""
-        self._compile_next = True
-
     def _prefill_fn(self, lora_on: bool) -> Callable:
         if lora_on not in self._prefills:
             self._prefills[lora_on] = RowsPrefill(
@@ -411,11 +398,8 @@ class BatchedDecoder:
         finally:
             torch.cuda.synchronize(self.device)
             a.restore(saved)
-        compiled = compiling and not self.compile_error
-        if compiled:
-            self.compiled = True
-            self._compile_next = False
-        else:
+        compiled = self._settle(compiling)
+        if not compiled:
             self._uncompiled.add(lora_on)
         self.counts["compiles" if expensive else "graphs"] += 1
         self._warm.add(lora_on)

@@ -8,12 +8,14 @@ per K tokens, reads K ids with one copy, checks EOS, stop strings and the stop e
 the K tokens at once (up to K-1 extra steps are computed past an EOS and dropped).
 
 The step is nvkit's fused one for the Llama family (``fused``), else the model's own forward over a
-``StaticCache``. It is compiled with inductor (``torch.compile(fullgraph=True)``, no cudagraphs of
-its own) so the many small elementwise kernels are fused, and then captured K times into one
-graph; if compiling fails, the eager step is captured instead (more kernels per token, still no
-host work between them). Compiling is the expensive part: it happens once per session and cache
-size class (``cache``), and with ``FastOptions.disk_cache`` its artifacts are kept on disk
-(``artifacts``) so another process compiles in seconds. A graph for another sampling mode reuses
+``StaticCache``. A decoder first captures it uncompiled, K steps into one graph, the fused step's
+norms, activation and adapter products in nvkit's Triton kernels (``step_kernels``): that takes
+seconds. Once it has decoded ``FastOptions.compile_after`` seconds (or ``compile_next``,
+``prepare``), the next long request compiles the step with inductor
+(``torch.compile(fullgraph=True)``, no cudagraphs of its own), which fuses it further, and captures
+that instead; if compiling fails, the uncompiled step stays. Compiling is the expensive part: it
+happens once per session and cache size class (``cache``), and with ``FastOptions.disk_cache``
+its artifacts are kept on disk (``artifacts``) so another process compiles in seconds. A graph for another sampling mode reuses
 the compiled step and costs a second. The fused step's prompt prefill is captured too, once per
 prompt-length class, without compiling.
 """
@@ -35,6 +37,7 @@ from .replay import replays, ticking
 from .fused import FusedWeights, decode_head, decode_layer, decode_step, fusable_why, prefill_step, qk_norm_why
 from .options import FOLD_RANK, FastOptions, default_options
 from .sampling import Sampling, StopStrings, choose
+from .tier import CompileTier
 
 
 def triton_cannot_run_on(device) -> str | None:
@@ -46,7 +49,7 @@ def triton_cannot_run_on(device) -> str | None:
     return None
 
 
-class FastDecoder:
+class FastDecoder(CompileTier):
     """Greedy/sampled decoding of one sequence on one GPU, K steps per CUDA-graph replay.
 
     ``model``: the causal LM (a PEFT wrapper's base model; adapters injected into it are run by the
@@ -65,9 +68,7 @@ class FastDecoder:
         self._cache: Cache | None = None
         self._lora: lora_mod.LoraSlots | None = None
         self.compiled = False      # True once the inductor step was used for a capture
-        #: seconds of requests decoded on graphs of the uncompiled step (``FastOptions.compile_after``)
-        self.uncompiled_seconds = 0.0
-        self._compile_next = False
+        self.uncompiled_seconds = 0.0  # when the step compiles: CompileTier
         self.compile_error: str | None = None
         self.compile_detail: str | None = None  # the whole message (inductor's carry the worker's traceback)
         #: expensive captures (a step compiled, or captured eagerly, for a cache), cheap ones
@@ -300,18 +301,6 @@ class FastDecoder:
                 c.tok.copy_(nxt.view(1, 1))
         return body
 
-    def compile_due(self) -> bool:
-        """Whether the next request long enough to pay for it compiles the step: the uncompiled one
-        has decoded ``FastOptions.compile_after`` seconds, ``compile_next`` asked for it, or a
-        step was compiled already (a new cache or the adapters' step then compiles too)."""
-        if not (self.options.compile and self.graphs) or self.compile_error:
-            return False
-        return self._compile_next or self.compiled or self.uncompiled_seconds >= self.options.compile_after
-
-    def compile_next(self) -> None:
-        """Compile the step at the next request (or ``prepare``), whatever has been decoded."""
-        self._compile_next = True
-
     def _graph(self, c: Cache, key: tuple, lora_on: bool, keep_logits: bool, on_progress=None,
                may_compile: bool = True):
         import torch
@@ -350,11 +339,8 @@ class FastDecoder:
             torch.cuda.set_rng_state(rng, self.device)
             if c.kv is not None:
                 c.kv.reset()
-        compiled = compiling and not self.compile_error
-        if compiled:
-            self.compiled = True
-            self._compile_next = False
-        else:
+        compiled = self._settle(compiling)
+        if not compiled:
             c.uncompiled.add(lora_on)
         self.counts["compiles" if expensive else "graphs"] += 1
         if expensive and disk_key is not None and compiled:

@@ -328,14 +328,14 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
     the residual after attention and its MLP's output, added by the next layer or ``decode_head``.
 
     ``kernels``: the sums with their norms and the activation in nvkit's Triton kernels
-    (``kernels``; CUDA only), for a step that is not compiled."""
+    (``step_kernels``; CUDA only), for a step that is not compiled."""
     import torch
     import torch.nn.functional as F
     groups = nh // nkv
     if kernels:
-        from .kernels import add_rms_norm, lora_add, silu_mul
+        from .step_kernels import add_rms_norm, lora_add, silu_mul
 
-        def proj(x, weight, bias, lora=None):  # the adapter's products in one kernel
+        def proj(x, weight, bias, lora=None):  # the adapter's products in two kernels
             y = F.linear(x, weight, bias)
             return y if lora is None else lora_add(y, x, lora[0], lora[1])
     else:
@@ -385,7 +385,7 @@ def decode_head(fw: FusedWeights, kernels: bool = False) -> Callable:
     head (``kernels``: the sum and norm in nvkit's Triton kernel, as ``decode_layer``)."""
     import torch.nn.functional as F
     if kernels:
-        from .kernels import add_rms_norm
+        from .step_kernels import add_rms_norm
 
         def head(h, delta):
             return F.linear(add_rms_norm(h, delta, fw.norm, fw.norm_eps)[1], fw.lm_head).float()

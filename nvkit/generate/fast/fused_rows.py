@@ -34,7 +34,7 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     reads ``pos``, ``table`` and the rotary tables ``cos``/``sin``; "matmul" reads the rows'
     rotary values ``c``/``s``, their pool indices ``where``, new positions ``here`` and ``mask``
     (``decode_rows_step`` makes them once per step). ``kernels``: the sums with their norms, the
-    activation and the adapters' products in nvkit's Triton kernels (``kernels``), for a step that
+    activation and the adapters' products in nvkit's Triton kernels (``step_kernels``), for a step that
     is not compiled."""
     import torch
     import torch.nn.functional as F
@@ -42,7 +42,7 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     if attention == "triton":
         from ..decode_attention import paged_decode_attention
     if kernels:
-        from .kernels import add_rms_norm, lora_add, silu_mul
+        from .step_kernels import add_rms_norm, lora_add, silu_mul
 
         def proj(x, weight, bias, lora=None):
             y = F.linear(x, weight, bias)

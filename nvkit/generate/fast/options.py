@@ -36,7 +36,7 @@ class FastOptions:
     - ``compile``: fuse the decode step with inductor (the uncompiled step is captured when
       compiling fails); when, ``compile_after`` says.
     - ``compile_after``: seconds a decoder decodes on its uncompiled step (nvkit's Triton kernels
-      for the norms and the activation, captured in seconds) before a request of ``min_tokens``
+      for the norms, the activation and the adapters' products, captured in seconds) before a request of ``min_tokens``
       or more compiles it. A cold compile costs more than a notebook's first few answers take on
       the uncompiled step, and the compiled one decodes faster only by a fraction, so the compile
       waits until the decoding it speeds up has shown it will pay. 0: compile at the first

@@ -1,4 +1,4 @@
-"""nvkit's Triton kernels for the uncompiled decode step (``nvkit.generate.fast.kernels``), run by
+"""nvkit's Triton kernels for the uncompiled decode step (``nvkit.generate.fast.step_kernels``), run by
 Triton's interpreter on the CPU (TRITON_INTERPRET=1 must be set before triton is imported: hence a
 child process): each against its torch reference, in float16 and float32 (the interpreter rounds
 bfloat16 by truncation, so bf16 is checked on the GPU: tests/gpu/test_fast_gpu.py), and the whole
@@ -7,30 +7,17 @@ without an adapter. The GPU run is tests/gpu (the default batch-1 path runs thes
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import textwrap
-
 import pytest
 
 pytest.importorskip("triton", reason="triton is part of the test extra on Linux (pyproject)")
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _interpret(code: str) -> str:
-    env = dict(os.environ, TRITON_INTERPRET="1", HF_HUB_OFFLINE="1", PYTHONPATH=ROOT)
-    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
-    return r.stdout
+from tests.triton_interpreter import interpret as _interpret  # noqa: E402
 
 
 def test_kernels_match_their_torch_references():
     out = _interpret("""
         import torch
-        from nvkit.generate.fast import kernels as k
+        from nvkit.generate.fast import step_kernels as k
         torch.manual_seed(0)
         for dtype in (torch.float16, torch.float32):
             for shape in ((1, 1024), (3, 1000), (2, 2, 64)):   # one token; rows; a width not a power of two

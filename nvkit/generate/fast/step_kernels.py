@@ -10,9 +10,8 @@ into its own kernels.
 Each kernel rounds where transformers' operations round (the sum and the normalised row to the
 input's dtype before the weight multiplies it; SiLU's output before the product with ``up``),
 so the results match the eager operations up to the order of the sums. The adapter's products
-(``lora_add``) are one kernel where torch launches five (the input's cast, two products, the sum,
-the cast back); every program of it recomputes the rank's few dot products, which costs less
-than a launch. ``*_reference`` are the same in torch.
+(``lora_add``) are two kernels where torch launches five (the input's cast, two products, the sum,
+the cast back): the rank's dot products, one program each, then the second product with the sum. ``*_reference`` are the same in torch.
 """
 
 from __future__ import annotations
@@ -51,19 +50,25 @@ def _silu_mul_kernel(GU, OUT, n, stride_gu, stride_o, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _lora_add_kernel(Y, X, A, B, OUT, n_in, n_out, r, stride_y, stride_x, stride_a, stride_b, stride_o,
-                     R: tl.constexpr, BK: tl.constexpr, BN: tl.constexpr):
+def _lora_down_kernel(X, A, T, n_in, r, stride_x, stride_a, stride_t, BK: tl.constexpr):
+    row = tl.program_id(0)
+    j = tl.program_id(1)  # one row of A per program: the rank's dot products run side by side
+    acc = tl.zeros((BK,), tl.float32)
+    for k0 in range(0, n_in, BK):
+        ks = k0 + tl.arange(0, BK)
+        ok = ks < n_in
+        xk = tl.load(X + row * stride_x + ks, mask=ok, other=0.0).to(A.dtype.element_ty).to(tl.float32)
+        acc += xk * tl.load(A + j * stride_a + ks, mask=ok, other=0.0).to(tl.float32)
+    tl.store(T + row * stride_t + j, tl.sum(acc, axis=0).to(A.dtype.element_ty))  # x A.T in the adapter's dtype
+
+
+@triton.jit
+def _lora_up_add_kernel(Y, T, B, OUT, n_out, r, stride_y, stride_t, stride_b, stride_o,
+                        R: tl.constexpr, BN: tl.constexpr):
     row = tl.program_id(0)
     cols = tl.program_id(1) * BN + tl.arange(0, BN)
     rr = tl.arange(0, R)
-    t = tl.zeros((R,), tl.float32)
-    for k0 in range(0, n_in, BK):
-        ks = k0 + tl.arange(0, BK)
-        xk = tl.load(X + row * stride_x + ks, mask=ks < n_in, other=0.0).to(A.dtype.element_ty).to(tl.float32)
-        a = tl.load(A + rr[:, None] * stride_a + ks[None, :], mask=(rr[:, None] < r) & (ks[None, :] < n_in),
-                    other=0.0).to(tl.float32)
-        t += tl.sum(a * xk[None, :], axis=1)
-    t = t.to(A.dtype.element_ty).to(tl.float32)  # x A.T in the adapter's dtype, as PEFT has it
+    t = tl.load(T + row * stride_t + rr, mask=rr < r, other=0.0).to(tl.float32)
     ok = cols < n_out
     b = tl.load(B + cols[:, None] * stride_b + rr[None, :], mask=ok[:, None] & (rr[None, :] < r),
                 other=0.0).to(tl.float32)
@@ -115,11 +120,14 @@ def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor)
     b = b if b.stride(-1) == 1 else b.contiguous()
     rows, n_out = y2.shape
     n_in, r = x2.shape[1], a.shape[0]
+    t = torch.empty((rows, r), dtype=a.dtype, device=y.device)
+    _lora_down_kernel[(rows, r)](x2, a, t, n_in, r, x2.stride(0), a.stride(0), t.stride(0),
+                                 BK=min(1024, triton.next_power_of_2(n_in)))
     out = torch.empty((rows, n_out), dtype=y.dtype, device=y.device)
     bn = 128
-    _lora_add_kernel[(rows, triton.cdiv(n_out, bn))](y2, x2, a, b, out, n_in, n_out, r, y2.stride(0), x2.stride(0),
-                                                      a.stride(0), b.stride(0), out.stride(0),
-                                                      R=max(16, triton.next_power_of_2(r)), BK=128, BN=bn)
+    _lora_up_add_kernel[(rows, triton.cdiv(n_out, bn))](y2, t, b, out, n_out, r, y2.stride(0), t.stride(0),
+                                                         b.stride(0), out.stride(0),
+                                                         R=max(16, triton.next_power_of_2(r)), BN=bn)
     return out.view(y.shape)
 
 
