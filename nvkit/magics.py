@@ -218,7 +218,7 @@ def _cmd_generate(args, cell):
 
 
 class ProgressLine:
-    """``%nvkit generate``'s output: while the fast path compiles, "(preparing fast decode… 12 s)"
+    """``%nvkit generate``'s output: while the fast path captures or compiles, "(preparing fast decode… 12 s)"
     on one line that updates in place; the prompt is echoed when the first piece of text arrives
     (the progress line is cleared first), then the pieces as they come."""
 

@@ -146,15 +146,18 @@ assert gen.text and gen.last_error is None
 # For one prompt on a CUDA GPU nvkit decodes with a static KV cache and replays a CUDA graph that
 # holds several decode steps, so the GPU is not kept waiting by Python between tokens. It is used
 # automatically when it applies (`fast=None`); `fast=True` insists and says why when it can't.
-# Compiling the decode step costs tens of seconds once per session (less when nvkit's on-disk
-# compile cache already holds it, e.g. after a kernel restart). One KV cache of 4096
-# tokens (doubled only when a request needs more) then serves every request that fits it: any
-# prompt length, any number of new tokens; another sampling mode adds a quick graph capture, not
-# another compile. Until that compile has happened, a short request (under 128 new tokens) runs
-# plain `generate` rather than wait for it, and the stats line says so; `fast=True`, a longer
-# request or `nvkit.generate.fast.prepare(s)` (a warm-up cell, as below) compiles it, and from
-# then on every request takes the fast path. While it compiles, `on_progress` (the Generate
-# panel's status line, `%nvkit generate`) shows "preparing fast decode… N s".
+# The first capture takes a few seconds: the decode step runs uncompiled, with nvkit's Triton
+# kernels for its norms and activation. Once the session has decoded 30 s on it, the next long
+# request compiles the step with `torch.compile` (tens of seconds the first time, less when
+# nvkit's on-disk compile cache already holds it, e.g. after a kernel restart), which decodes a
+# fifth or so faster; `nvkit.generate.fast.prepare(s)` (a warm-up cell, as below) compiles it at
+# once. One KV cache of 4096 tokens (doubled only when a request needs more) serves every request
+# that fits it: any prompt length, any number of new tokens; another sampling mode adds a quick
+# graph capture. Until the first capture, a short request (under 128 new tokens) runs plain
+# `generate` rather than wait for it, and the stats line says so; `fast=True` or a longer request
+# captures it, and from then on every request takes the fast path. While it captures or compiles,
+# `on_progress` (the Generate panel's status line, `%nvkit generate`) shows "preparing fast
+# decode… N s".
 
 # %%
 if not HAS_CUDA:
@@ -163,7 +166,7 @@ else:
     slow = s.generate(prompt, max_new_tokens=64, fast=False)
     slow_stats = s.last_stats
     from nvkit.generate.fast import prepare
-    print(f"fast path ready in {prepare(s):.1f} s")  # compiles once for the session
+    print(f"fast path ready in {prepare(s):.1f} s")  # compiled now, once for the session
     fast = s.generate(prompt, max_new_tokens=64)  # short, and on the fast path: it is compiled now
     print("plain:", slow_stats)
     print("fast: ", s.last_stats)

@@ -165,7 +165,7 @@ def _as_list(x):
 
 def run_fast(session, req: Request) -> list[str]:
     """One prompt through the fast path, streamed; fills ``stats`` like the plain path. While the
-    fast path compiles (once per session), ``stats.detail`` says so and ``on_progress`` hears it
+    fast path captures or compiles (once per session each), ``stats.detail`` says so and ``on_progress`` hears it
     about once a second."""
     import torch
     text, gen, stats, t0 = req.texts[0], req.gen, req.stats, req.t0
@@ -211,7 +211,7 @@ def run_fast(session, req: Request) -> list[str]:
 def run_batched(session, req: Request) -> list[str]:
     """Several prompts through the batched fast path (``fast.batched``): outputs in input order,
     "" for a prompt not finished when Stop came; ``on_progress`` hears prompts done and tokens so
-    far after each replay (a few times a second at most), and "preparing…" while it compiles."""
+    far after each replay (a few times a second at most), and "preparing…" while it captures or compiles."""
     import torch
     texts, gen, stats, t0 = req.texts, req.gen, req.stats, req.t0
     sampling, why = fast_sampling.resolve(fast_attached.base_model(session.model), gen)

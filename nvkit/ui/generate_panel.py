@@ -7,7 +7,7 @@ clicks (Stop) whether or not a cell is awaiting. Streamed text goes into one bou
 HTML-escaped, wrapped at word boundaries, refreshed a few times a second; in chat mode it is a
 transcript (one block per turn). If no model is loaded, Generate loads nvkit's demo model first
 and says so; a model loaded anywhere else shows up in the model line (nvkit's load events).
-While the fast path compiles (once per session) the status line counts the seconds
+While the fast path captures or compiles (once per session each) the status line counts the seconds
 (``on_progress``); the stats line gives the rate over the whole request and the decode rate.
 """
 
@@ -315,7 +315,7 @@ class GeneratePanel(w.VBox):
 
     def _on_progress(self, st) -> None:
         """``on_progress`` of the panel's requests (the worker thread, per token or chunk, and about
-        once a second while the fast path compiles): the status line says what is happening."""
+        once a second while the fast path captures or compiles): the status line says what is happening."""
         detail = str(getattr(st, "detail", "") or "")
         preparing = detail.startswith("preparing fast decode")
         now = time.perf_counter()
