@@ -15,9 +15,9 @@ seconds. Once it has decoded ``FastOptions.compile_after`` seconds (or ``compile
 (``torch.compile(fullgraph=True)``, no cudagraphs of its own), which fuses it further, and captures
 that instead; if compiling fails, the uncompiled step stays. Compiling is the expensive part: it
 happens once per session and cache size class (``cache``), and with ``FastOptions.disk_cache``
-its artifacts are kept on disk (``artifacts``) so another process compiles in seconds. A graph for another sampling mode reuses
-the compiled step and costs a second. The fused step's prompt prefill is captured too, once per
-prompt-length class, without compiling.
+its artifacts are kept on disk (``artifacts``) so another process compiles in seconds. A graph
+for another sampling mode reuses the step the cache's graphs run and costs a second. The fused
+step's prompt prefill is captured too, once per prompt-length class, without compiling.
 """
 
 from __future__ import annotations
