@@ -545,7 +545,7 @@ def _settle_batched(s, again) -> str:
         return ""
     bd = attached.batched_decoder(s)
     parts = []
-    if bd.options.compile and not bd.compiled and not bd.compile_error:
+    if bd.compile_waiting:
         bd.compile_next()
         parts.append("rows step")
     if bd.prefill_waiting:

@@ -144,11 +144,8 @@ class BatchedDecoder(CompileTier):
             how = "compiled by layer" if self.options.regional else "compiled"
         elif self.compile_error:
             how = f"eager: torch.compile failed ({self.compile_error})"
-        elif self.options.compile:
-            how = (f"uncompiled{' with nvkit kernels' if self.kernels else ''} "
-                   f"(compiled once it has decoded {self.options.compile_after:g} s)")
         else:
-            how = "eager" + (" with nvkit kernels" if self.kernels else "")
+            how = self._uncompiled_words()
         parts = [f"fused step over rows, {how}", f"paged {self.attention} attention"]
         prefills = list(self._prefills.values())
         if any(p.error for p in prefills):

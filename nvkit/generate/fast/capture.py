@@ -161,11 +161,8 @@ class FastDecoder(CompileTier):
             how = "compiled by layer" if self.regional else "compiled"
         elif self.compile_error:
             how = f"eager: torch.compile failed ({self.compile_error})"
-        elif self.options.compile:
-            how = (f"uncompiled{' with nvkit kernels' if self.kernels else ''} "
-                   f"(compiled once it has decoded {self.options.compile_after:g} s)")
         else:
-            how = "eager" + (" with nvkit kernels" if self.kernels else "")
+            how = self._uncompiled_words()
         parts = [f"{step}, {how}"]
         if self._fw is not None:
             parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
@@ -264,9 +261,8 @@ class FastDecoder(CompileTier):
         return step
 
     def _compiled(self, c: Cache, lora_on: bool):
-        step = self._step(c, lora_on)
         if not (self.options.compile and self.graphs) or self.compile_error:
-            return step
+            return self._step(c, lora_on)
         if lora_on not in c.compiled:
             import torch
             # dynamic=False: one specialised kernel set per cache; fullgraph: a graph break would mean host work per step
@@ -278,10 +274,9 @@ class FastDecoder(CompileTier):
                 c.compiled[lora_on] = decode_step(fw, c, self.attention, self._lora if lora_on else None,
                                                   layer=torch.compile(layer, fullgraph=True, dynamic=False),
                                                   head=torch.compile(decode_head(fw), fullgraph=True, dynamic=False))
-            elif self._fw is not None:  # the step of torch operations, for inductor to fuse
-                step = decode_step(self._fw, c, self.attention, self._lora if lora_on else None)
-                c.compiled[lora_on] = torch.compile(step, fullgraph=True, dynamic=False)
-            else:
+            else:  # the whole step of torch operations (without nvkit's kernels), for inductor to fuse
+                step = (decode_step(self._fw, c, self.attention, self._lora if lora_on else None)
+                        if self._fw is not None else self._step(c, lora_on))
                 c.compiled[lora_on] = torch.compile(step, fullgraph=True, dynamic=False)
         return c.compiled[lora_on]
 
@@ -466,15 +461,13 @@ class FastDecoder(CompileTier):
         return fits and any(g[1] == lora_on for g in c.graphs)
 
     def prepare(self, prompt_len: int, sampling: Sampling, on_progress: Callable[[float], None] | None = None,
-                prefill_up_to: int = 512, compile: bool = True) -> float:
-        """Capture what a request of this size and sampling mode needs now, and the prefill
-        graphs of prompts up to ``prefill_up_to`` tokens; returns the seconds it took.
-        ``compile``: the compiled step now (False: whichever step a request would run now)."""
+                prefill_up_to: int = 512) -> float:
+        """Compile and capture what a request of this size and sampling mode needs now, and the
+        prefill graphs of prompts up to ``prefill_up_to`` tokens; returns the seconds it took."""
         import torch
         with self._lock:
             t = time.perf_counter()
-            if compile:
-                self.compile_next()
+            self.compile_next()
             lora_on = self._sync()
             c = self._cache_for(self._positions(prompt_len, sampling))
             self._graph(c, sampling.key, lora_on, False, on_progress)

@@ -332,14 +332,10 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
     import torch
     import torch.nn.functional as F
     groups = nh // nkv
+    proj = linear
     if kernels:
-        from .step_kernels import add_rms_norm, lora_add, silu_mul
-
-        def proj(x, weight, bias, lora=None):  # the adapter's products in two kernels
-            y = F.linear(x, weight, bias)
-            return y if lora is None else lora_add(y, x, lora[0], lora[1])
-    else:
-        proj = linear
+        from .step_kernels import add_rms_norm, silu_mul
+        from .step_kernels import linear as proj
     if attention == "triton":
         from ..decode_attention import decode_attention
     if attention == "triton-fused":

@@ -34,21 +34,17 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     reads ``pos``, ``table`` and the rotary tables ``cos``/``sin``; "matmul" reads the rows'
     rotary values ``c``/``s``, their pool indices ``where``, new positions ``here`` and ``mask``
     (``decode_rows_step`` makes them once per step). ``kernels``: the sums with their norms, the
-    activation and the adapters' products in nvkit's Triton kernels (``step_kernels``), for a step that
-    is not compiled."""
+    activation and the adapters' products in nvkit's Triton kernels (``step_kernels``), for a
+    step that is not compiled."""
     import torch
     import torch.nn.functional as F
     groups = nh // nkv
     if attention == "triton":
         from ..decode_attention import paged_decode_attention
+    proj = linear
     if kernels:
-        from .step_kernels import add_rms_norm, lora_add, silu_mul
-
-        def proj(x, weight, bias, lora=None):
-            y = F.linear(x, weight, bias)
-            return y if lora is None else lora_add(y, x, lora[0], lora[1])
-    else:
-        proj = linear
+        from .step_kernels import add_rms_norm, silu_mul
+        from .step_kernels import linear as proj
 
     def layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys, values, in_norm, in_eps, qkv_w,
               qkv_bias, q_norm, k_norm, qk_eps, o_w, o_bias, post_norm, post_eps, gate_up_w, gate_up_bias, down_w,

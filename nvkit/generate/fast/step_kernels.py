@@ -11,7 +11,8 @@ Each kernel rounds where transformers' operations round (the sum and the normali
 input's dtype before the weight multiplies it; SiLU's output before the product with ``up``),
 so the results match the eager operations up to the order of the sums. The adapter's products
 (``lora_add``) are two kernels where torch launches five (the input's cast, two products, the sum,
-the cast back): the rank's dot products, one program each, then the second product with the sum. ``*_reference`` are the same in torch.
+the cast back): the rank's dot products, one program each, then the second product with the sum;
+``linear`` is a projection with them. ``*_reference`` are the same in torch.
 """
 
 from __future__ import annotations
@@ -129,6 +130,12 @@ def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor)
                                                          b.stride(0), out.stride(0),
                                                          R=max(16, triton.next_power_of_2(r)), BN=bn)
     return out.view(y.shape)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias, lora=None) -> torch.Tensor:
+    """``fused.linear`` with an adapter's products (``lora`` = (A, B)) in ``lora_add``'s kernels."""
+    y = torch.nn.functional.linear(x, weight, bias)
+    return y if lora is None else lora_add(y, x, lora[0], lora[1])
 
 
 def lora_add_reference(y, x, a, b):

@@ -11,11 +11,24 @@ from __future__ import annotations
 
 
 class CompileTier:
-    """Mixed into a decoder that has ``options``, ``graphs``, ``compiled`` and ``compile_error``."""
+    """Mixed into a decoder that has ``options``, ``graphs``, ``compiled``, ``compile_error`` and
+    ``kernels`` (whether its uncompiled step runs nvkit's Triton kernels)."""
 
     #: seconds of requests decoded on graphs of the uncompiled step
     uncompiled_seconds: float = 0.0
     _compile_next: bool = False
+
+    @property
+    def compile_waiting(self) -> bool:
+        """The step runs uncompiled and would compile once due (not compiled yet, not turned off,
+        no failed compile)."""
+        return bool(self.options.compile and self.graphs and not self.compiled and not self.compile_error)
+
+    def _uncompiled_words(self) -> str:
+        """How the uncompiled step runs, for the stats line (``describe``)."""
+        how = "uncompiled" if self.options.compile else "eager"
+        how += " with nvkit kernels" if self.kernels else ""
+        return how + (f" (compiled once it has decoded {self.options.compile_after:g} s)" if self.options.compile else "")
 
     def compile_due(self) -> bool:
         """Whether the next capture compiles the step: the uncompiled one has decoded
