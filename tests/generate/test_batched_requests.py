@@ -327,3 +327,30 @@ class _Spread:
     def __init__(self, model):
         self.hf_device_map = {"model.layers.0": 0, "model.layers.1": 1}
         self.config = model.config
+
+
+def test_graph_pools_go_with_the_last_graph_that_shares_them():
+    """The allocator frees a graph pool once its graphs are gone, and a capture into that handle
+    again fails inside torch: an arena (the batched path's graphs) and a cache (the batch-1 prefill
+    graphs) forget the handle with their last graph and keep it while one is left."""
+    from nvkit.generate.fast.arena import Arena
+    from nvkit.generate.fast.cache import Cache
+    none = dict.fromkeys(["keys", "values", "cos", "sin", "tok", "pos", "table", "seed", "min_pos", "temperature",
+                          "top_p", "penalty", "eos_mask", "out"])
+    a = Arena(pages=2, rows=1, width=1, **none)
+    a.pool = pool = object()
+    a.graphs = {(1, "greedy", False): print, (8, "greedy", False): print, (1, "greedy", True): print}
+    a.drop_graphs(lambda g: g[2])  # the adapter's graphs: the base ones still share the pool
+    assert a.pool is pool and set(a.graphs) == {(1, "greedy", False), (8, "greedy", False)}
+    a.drop_graphs(lambda g: g[0] == 8)
+    assert a.pool is pool and list(a.graphs) == [(1, "greedy", False)]
+    a.drop_graphs()
+    assert a.pool is None and not a.graphs
+    c = Cache(length=64, k=8)
+    c.pool = pool
+    c.prefills = {(64, False): print, (64, True): print}
+    c.forget_lora()
+    assert c.pool is pool and list(c.prefills) == [(64, False)]
+    c.prefills = {(64, True): print}
+    c.forget_lora()  # the adapter's prefill graphs were the only ones
+    assert c.pool is None and not c.prefills

@@ -89,6 +89,43 @@ def test_each_prompt_decodes_as_it_does_alone(demo_cuda):
     bd.release()
 
 
+def test_a_failed_capture_leaves_the_stream_and_random_draws_as_they_were():
+    """A capture into a pool handle whose graphs are all gone fails inside torch (the allocator's
+    assert) after the generator was told a capture began; ``graphs.capture`` puts the current
+    stream and the generator back, so the fallbacks and the user's next draws still run."""
+    import contextlib
+    import gc
+    from nvkit.generate.fast import graphs
+    dev = torch.device("cuda")
+    x = torch.ones(1 << 16, device=dev)
+    kept = []
+
+    def body():
+        kept[:] = [x * 2]  # allocated in the pool and held past the graph, as a step's outputs are
+
+    def capture(pool):
+        return graphs.capture(dev, body, lambda: None, compiling=False, warmups=1, inductor=contextlib.nullcontext(),
+                              pool=pool)
+    pool = torch.cuda.graph_pool_handle()
+    g = capture(pool)
+    g.replay()
+    held = kept[0]  # the graph's output outlives it: the freed pool keeps a block, and its entry
+    del g
+    gc.collect()
+    torch.cuda.synchronize()
+    stream = torch.cuda.current_stream(dev)
+    with pytest.raises(RuntimeError):
+        capture(pool)  # the handle of a freed pool
+    assert torch.cuda.current_stream(dev) == stream
+    torch.manual_seed(0)
+    a = torch.rand(8, device=dev)  # "Offset increment outside graph capture" if the generator were left capturing
+    torch.manual_seed(0)
+    assert torch.equal(a, torch.rand(8, device=dev))
+    capture(torch.cuda.graph_pool_handle()).replay()  # a new pool captures as ever
+    torch.cuda.synchronize()
+    assert torch.equal(held, torch.full_like(held, 2.0))
+
+
 def test_one_compiled_layer_decodes_each_prompt_as_alone(demo_cuda):
     """``regional=True`` on the batched path (one rows layer compiled for every layer, class and
     pool): every prompt's greedy tokens as plain generate gives them alone; the preparation's

@@ -6,7 +6,7 @@ of captures serve every batch size). Plain data and tensors: ``batched`` schedul
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .schedule import SCRATCH
 
@@ -89,6 +89,15 @@ class Arena:
         self.table.fill_(SCRATCH)
         self.pos.zero_()
         return saved
+
+    def drop_graphs(self, which: Callable[[tuple], bool] | None = None) -> None:
+        """Drop the graphs whose key ``which`` accepts (None: all). Once none is left the pool
+        handle goes too: the allocator frees a pool whose graphs are all gone, and a capture into
+        that handle again fails inside torch (an internal assert in the caching allocator)."""
+        for key in [k for k in self.graphs if which is None or which(k)]:
+            del self.graphs[key]
+        if not self.graphs:
+            self.pool = None
 
     def restore(self, saved: list) -> None:
         for b, s in zip(self.row_buffers(), saved):

@@ -186,8 +186,7 @@ class BatchedDecoder(CompileTier):
         self._uncompiled = {k for k in self._uncompiled if lora_on is not None and k != lora_on}
         a = self._arena
         if a is not None:
-            for key in [g for g in a.graphs if lora_on is None or g[2] == lora_on]:
-                del a.graphs[key]
+            a.drop_graphs(lambda g: lora_on is None or g[2] == lora_on)
 
     # --- memory ----------------------------------------------------------------------------------
     def _page_bytes(self) -> int:
@@ -268,7 +267,7 @@ class BatchedDecoder(CompileTier):
     def _drop_arena(self) -> None:
         a, self._arena = self._arena, None
         if a is not None:
-            a.graphs.clear()  # uncaptured bodies (graphs=False) hold the arena: no cycle left behind
+            a.drop_graphs()  # uncaptured bodies (graphs=False) hold the arena: no cycle left behind
 
     # --- the steps and their graphs ----------------------------------------------------------------
     def _step(self, lora_on: bool) -> Callable:
@@ -365,8 +364,7 @@ class BatchedDecoder(CompileTier):
         compiling = self.compile_due()
         if compiling and lora_on in self._uncompiled:
             # the compiled step replaces the uncompiled one's graphs
-            for g in [g for g in a.graphs if g[2] == lora_on]:
-                del a.graphs[g]
+            a.drop_graphs(lambda g: g[2] == lora_on)
             self._warm.discard(lora_on)
             self._uncompiled.discard(lora_on)
         if gkey in a.graphs:

@@ -74,6 +74,10 @@ class Cache:
         self.uncompiled.discard(True)
         for key in [k for k in self.prefills if k[1]]:
             del self.prefills[key]
+        if not self.prefills:
+            # the allocator frees a pool whose graphs are all gone: a capture into that handle again
+            # fails inside torch, so the next prefill graph gets a new pool
+            self.pool = None
 
 
 def new_cache(model, fw, length: int, k: int, device) -> Cache:

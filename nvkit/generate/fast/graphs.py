@@ -67,7 +67,30 @@ def capture(device, body: Callable[[], None], rewind: Callable[[], None], *, com
     with timings.part(capture_part):
         rewind()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool):
-            body()
+        stream = torch.cuda.current_stream(device)
+        try:
+            with torch.cuda.graph(graph, pool=pool):
+                body()
+        except BaseException:
+            # torch.cuda.graph leaves its capture stream current when the capture fails to begin
+            # or to end, and the generator in capture mode (release_generator): both put back, so
+            # what the session runs next (a fallback, the user's next cell) runs as before
+            torch.cuda.set_stream(stream)
+            release_generator(device)
+            raise
         torch.cuda.synchronize(device)
     return graph
+
+
+def release_generator(device) -> None:
+    """The device's default random generator out of capture mode after a capture that failed.
+
+    A capture tells the generator it has begun before the allocator and the stream start it; when
+    either fails there, nothing tells the generator it has ended, and every random draw on the
+    device afterwards (sampling, dropout, transformers' own set-up) fails with "Offset increment
+    outside graph capture". A clone of the generator's state (same seed and offset, not capturing)
+    put in its place ends that; it changes nothing for a generator that was not stuck."""
+    import torch
+    index = torch.device(device).index
+    gen = torch.cuda.default_generators[torch.cuda.current_device() if index is None else index]
+    gen.graphsafe_set_state(gen.clone_state())
