@@ -4,7 +4,8 @@
 - the step compiles once it has decoded ``compile_after`` seconds uncompiled, at a request long
   enough to pay for it, and decodes the same tokens after;
 - LoRA adapters run on the fast path unmerged, token-identical to PEFT's own greedy generate
-  (their products apart, or the first folded into the base one), and switching them off and on
+  (their products apart, or the first folded into the base one; where a bf16 near-tie parts the
+  texts, each token is still PEFT's choice or ties with it), and switching them off and on
   compiles nothing;
 - compile artifacts on disk make a second process's compile quick;
 - the prefill of a 64-token prompt on the Qwen3-0.6B shape (time to first token printed; the
@@ -109,6 +110,32 @@ def _trained_adapter(tmp_path, s):
     return str(tmp_path / "adapter")
 
 
+def _each_token_is_pefts_choice(s, prompt: str, text: str, n: int) -> None:
+    """Every token of ``text`` (nvkit's greedy answer of at most ``n`` tokens to ``prompt``) is
+    PEFT's own argmax given the tokens before it, or ties with it within two bf16 steps of the top
+    logit, and an answer that stopped short stopped at an end token PEFT chooses too: where greedy
+    texts part at a near-tie, the tokens after still get checked against PEFT's forward."""
+    ids = s.tokenizer(prompt, return_tensors="pt").to("cuda")["input_ids"]
+    ours = s.tokenizer(prompt + text, return_tensors="pt").to("cuda")["input_ids"]
+    assert ours[0, :ids.shape[1]].tolist() == ids[0].tolist(), "the answer re-tokenized across the prompt"
+    with torch.inference_mode():
+        logits = s.model(input_ids=ours).logits[0, ids.shape[1] - 1:].float()
+    chosen = ours[0, ids.shape[1]:]
+    top = logits.max(dim=-1).values
+    tol = 2 * torch.exp2(torch.floor(torch.log2(top.abs().clamp_min(1e-3))) - 7)  # two bf16 steps
+    gap = top[:-1] - logits[:-1].gather(1, chosen[:, None])[:, 0]
+    if len(chosen) < n:  # it stopped: at one of the model's end tokens
+        eos = s.model.generation_config.eos_token_id
+        eos = torch.tensor(eos if isinstance(eos, list) else [eos], device="cuda")
+        gap = torch.cat([gap, (top[-1] - logits[-1, eos].max())[None]])
+    else:
+        tol = tol[:-1]
+    parted = (gap > 0).nonzero()[:, 0].tolist()
+    print(f"\n{prompt!r}: greedy texts part; tokens not PEFT's argmax at {parted}, gaps "
+          f"{[round(gap[i].item(), 4) for i in parted]} (tolerance {[round(tol[i].item(), 4) for i in parted]})")
+    assert len(parted) <= 2 and bool((gap <= tol).all()), (prompt, text, parted, gap[parted].tolist())
+
+
 @pytest.mark.parametrize("fold,compile_after", [(False, 0.0), (True, 0.0), (True, 1e9)],
                          ids=["apart", "folded", "uncompiled"])
 def test_adapter_runs_on_the_fast_path_token_identical_to_peft(demo_cuda, tmp_path, fold, compile_after):
@@ -129,7 +156,8 @@ def test_adapter_runs_on_the_fast_path_token_identical_to_peft(demo_cuda, tmp_pa
             ours = tuned[p] = s.generate(p, max_new_tokens=48, fast=True)
             assert "LoRA unmerged" in s.last_stats.detail and ("folded" in s.last_stats.detail) == fold, \
                 s.last_stats.detail
-            assert ours == peft_text, (p, ours, peft_text)
+            if ours != peft_text:  # bf16: a near-tie may flip between two kernels; a real error is no tie
+                _each_token_is_pefts_choice(s, p, ours, 48)
         assert tuned[PROMPTS[0]] != base_text  # the adapter changes the text: the comparison above meant something
         with_adapter = d.counts["compiles"]
         assert with_adapter == base_compiles + 1, d.counts  # the adapter step: one more compile, once
