@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .graphs import drop
 from .schedule import SCRATCH
 
 PAGE = 32                     # positions per KV page (one block of the attention kernel's loop)
@@ -91,13 +92,9 @@ class Arena:
         return saved
 
     def drop_graphs(self, which: Callable[[tuple], bool] | None = None) -> None:
-        """Drop the graphs whose key ``which`` accepts (None: all). Once none is left the pool
-        handle goes too: the allocator frees a pool whose graphs are all gone, and a capture into
-        that handle again fails inside torch (an internal assert in the caching allocator)."""
-        for key in [k for k in self.graphs if which is None or which(k)]:
-            del self.graphs[key]
-        if not self.graphs:
-            self.pool = None
+        """Drop the graphs whose key ``which`` accepts (None: all), and the pool handle with the
+        last of them (``graphs.drop``)."""
+        self.pool = drop(self.graphs, self.pool, which)
 
     def restore(self, saved: list) -> None:
         for b, s in zip(self.row_buffers(), saved):

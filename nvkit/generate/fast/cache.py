@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .graphs import drop
+
 MIN_PREFILL = 16
 MAX_PREFILL = 2048
 
@@ -72,12 +74,7 @@ class Cache:
         for key in [k for k in self.graphs if k[1]]:
             del self.graphs[key]
         self.uncompiled.discard(True)
-        for key in [k for k in self.prefills if k[1]]:
-            del self.prefills[key]
-        if not self.prefills:
-            # the allocator frees a pool whose graphs are all gone: a capture into that handle again
-            # fails inside torch, so the next prefill graph gets a new pool
-            self.pool = None
+        self.pool = drop(self.prefills, self.pool, lambda k: k[1])  # the pool goes with the last prefill graph
 
 
 def new_cache(model, fw, length: int, k: int, device) -> Cache:

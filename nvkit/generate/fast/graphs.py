@@ -82,6 +82,16 @@ def capture(device, body: Callable[[], None], rewind: Callable[[], None], *, com
     return graph
 
 
+def drop(graphs: dict, pool, which: Callable[[tuple], bool] | None = None):
+    """Drop the graphs (key -> replay) whose key ``which`` accepts (None: all) from ``graphs``,
+    which share the memory pool ``pool``; returns the pool handle to keep: None once no graph is
+    left, since the allocator frees a pool whose graphs are all gone and a capture into that
+    handle again fails inside torch (an internal assert in the caching allocator)."""
+    for key in [k for k in graphs if which is None or which(k)]:
+        del graphs[key]
+    return pool if graphs else None
+
+
 def release_generator(device) -> None:
     """The device's default random generator out of capture mode after a capture that failed.
 
