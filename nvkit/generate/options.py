@@ -97,12 +97,40 @@ def _validate(config) -> None:
         config.validate()
 
 
-def check(model, settings: dict, base: dict | None = None) -> dict:
+# Arguments of transformers' generate() that nvkit passes itself where they are needed: a user who
+# copies transformers' documented form (``stop_strings=[...], tokenizer=tok``) passes the same object.
+SUPPLIED = ("tokenizer",)
+
+
+def _supplied(name: str, value, tokenizer) -> None:
+    if value is tokenizer:
+        return
+    raise NvkitError(f"generate() takes {name}= only as the session's own tokenizer (s.tokenizer), which nvkit passes "
+                     f"to transformers itself wherever it is needed (stop_strings); this is another "
+                     f"{type(value).__name__}. Drop {name}=, or load the model with the tokenizer you want.")
+
+
+def _greedy_when_it_is(out: dict, base: dict | None) -> dict:
+    """Sampling from the single most likely token is greedy decoding: say so, so that every path
+    (plain, fast, batched) picks that token the same way instead of each drawing from one token with
+    its own arithmetic (and a seed that changes nothing)."""
+    if (base or {}).get("do_sample") and out.get("top_k") == 1:
+        out = {k: v for k, v in out.items() if k not in ("top_k", "top_p", "temperature", "min_p", "typical_p")}
+        out["do_sample"] = False
+    return out
+
+
+def check(model, settings: dict, base: dict | None = None, tokenizer=None) -> dict:
     """``settings`` (keywords beyond nvkit's own) checked for ``model``: unknown or refused names,
     values out of range, and what transformers' ``GenerationConfig.validate`` rejects together with
-    ``base`` (the settings nvkit passes anyway: max_new_tokens, do_sample)."""
+    ``base`` (the settings nvkit passes anyway: max_new_tokens, do_sample). ``tokenizer`` is the
+    session's own, the one value :data:`SUPPLIED` names may take. Settings that make sampling pick
+    the most likely token come back as ``do_sample=False``."""
     out = {}
     for name, value in settings.items():
+        if name in SUPPLIED:
+            _supplied(name, value, tokenizer)
+            continue
         if name in REFUSED:
             raise NvkitError(f"generate() does not take {name!r}: {REFUSED[name]}.")
         if name not in config_fields():
@@ -127,4 +155,4 @@ def check(model, settings: dict, base: dict | None = None) -> dict:
             _validate(trial)
         except (ValueError, TypeError, AttributeError) as e:  # AttributeError: a config field given a plain value
             raise NvkitError(f"transformers refuses these generation settings: {str(e).strip().splitlines()[0]}") from e
-    return out
+    return _greedy_when_it_is(out, base)

@@ -279,7 +279,7 @@ class Session:
         flag("do_sample", do_sample)
         g = dict(max_new_tokens=max_new_tokens, do_sample=do_sample)
         # unknown names are refused with the accepted ones; the values are range-checked
-        g.update(generation_options.check(self.model, kw, base=g))
+        g.update(generation_options.check(self.model, kw, base=g, tokenizer=self.tokenizer))
         if self.tokenizer.pad_token_id is not None:
             g.setdefault("pad_token_id", self.tokenizer.pad_token_id)
         return g

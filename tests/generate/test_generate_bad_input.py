@@ -52,6 +52,7 @@ CASES = [
     ((PROMPT,), dict(stopping_criteria=None), ["s.stop()"]),
     ((PROMPT,), dict(input_ids=[1, 2]), ["pass the prompt as text"]),
     ((PROMPT,), dict(generation_config=None), ["pass its fields as keywords"]),
+    ((PROMPT,), dict(stop_strings=["."], tokenizer=object()), ["tokenizer= only as the session's own", "object"]),
     ((PROMPT,), dict(max_length=20), ["use max_new_tokens"]),
     ((PROMPT,), dict(num_return_sequences=2), ["one text per prompt"]),
     ((PROMPT,), dict(return_dict_in_generate=True), ["s.model.generate"]),
@@ -107,4 +108,26 @@ def test_good_chat_history_and_settings_still_work(survivor):
     assert isinstance(out, str)
     assert isinstance(s.generate(PROMPT, max_new_tokens=3, do_sample=True, temperature=0.7, top_p=0.9, top_k=5,
                                  seed=1, min_new_tokens=1, no_repeat_ngram_size=2, eos_token_id=10**7), str)
+    survivor.check()
+
+
+def test_transformers_documented_stop_strings_form_takes_the_sessions_tokenizer(survivor):
+    # transformers documents stop_strings with tokenizer=: the session's own tokenizer is the one
+    # nvkit passes anyway, so the same request with or without it gives the same text.
+    s = survivor.session
+    plain = s.generate(PROMPT, max_new_tokens=12, stop_strings=["."])
+    assert s.generate(PROMPT, max_new_tokens=12, stop_strings=["."], tokenizer=s.tokenizer) == plain
+    survivor.check()
+
+
+@pytest.mark.parametrize("extra", [{}, {"temperature": 0.3}, {"top_p": 0.5, "temperature": 5.0}])
+def test_sampling_from_the_top_token_is_greedy(survivor, extra):
+    # top_k=1 keeps one token, so the draw is the argmax whatever the seed, temperature or top_p:
+    # the text equals greedy token for token, and the request runs as greedy (no seed, no sampling).
+    s = survivor.session
+    greedy = s.generate(PROMPT, max_new_tokens=24)
+    for seed in (7, 8):
+        assert s.generate(PROMPT, max_new_tokens=24, do_sample=True, top_k=1, seed=seed, **extra) == greedy
+    gen = s._generation_kwargs(24, True, dict(top_k=1, **extra))
+    assert gen["do_sample"] is False and "top_k" not in gen and "temperature" not in gen
     survivor.check()
