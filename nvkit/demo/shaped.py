@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -84,6 +85,7 @@ SHAPES: dict[str, dict] = {
 }
 
 _MARKER = "nvkit_shaped.json"
+_WHAT = "shaped models"
 _BUILD = 3  # 3: rows past the demo tokenizer share one small row (2: they were zero; see fill_unspellable)
 
 
@@ -117,13 +119,20 @@ def _fingerprint(name: str) -> str:
 
 
 def _is_built(target: Path, fingerprint: str) -> bool:
+    # ownership before the fingerprint: a folder another user made (or can write to) holds weights
+    # and a tokenizer of their choosing however right its marker looks (the rule: nvkit.cache)
+    if cache.trusted_folder(target, _WHAT) is None:
+        return False
+    raw = cache.read_trusted_bytes(target / _MARKER, _WHAT, limit=64 * 1024)
+    if raw is None:
+        return False
     try:
-        marker = json.loads((target / _MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        marker = json.loads(raw.decode("utf-8"))
+    except ValueError:
         return False
     # a marker that is not nvkit's object (edited, truncated to a list or a number) means stale
     return (isinstance(marker, dict) and marker.get("fingerprint") == fingerprint
-            and (target / "config.json").is_file())
+            and cache.trusted_file(target / "config.json", _WHAT) is not None)
 
 
 def shaped(name: str, cache_dir: str | os.PathLike | None = None) -> str:
@@ -132,7 +141,8 @@ def shaped(name: str, cache_dir: str | os.PathLike | None = None) -> str:
     The cache lives in ``cache_dir/<name>``; by default ``$NVKIT_CACHE/shaped/<name>``, and without
     ``NVKIT_CACHE`` ``~/.cache/nvkit/shaped/<name>``. A build goes to a temporary directory that is
     renamed into place when complete, so an interrupted build never leaves a half checkpoint and
-    concurrent builders end with one copy.
+    concurrent builders end with one copy. A built folder is reused only when it and its marker are
+    this user's and no one else can write them (:mod:`nvkit.cache`); otherwise it is built afresh.
     """
     key = name.lower()
     _spec(key)
@@ -157,7 +167,9 @@ def shaped(name: str, cache_dir: str | os.PathLike | None = None) -> str:
             if _is_built(target, fingerprint):
                 return str(target)
             old = Path(tempfile.mkdtemp(prefix=f".{key}-old-", dir=root))
-            os.replace(target, old / key)
+            # onto that empty folder, in the same parent: a folder another user planted can be moved
+            # aside too (moving it into another folder would need write access to it)
+            os.replace(target, old)
             shutil.rmtree(old, ignore_errors=True)
         try:
             os.replace(tmp, target)
@@ -217,10 +229,14 @@ def _build(name: str, out: Path, fingerprint: str) -> None:
     n_params = sum(p.numel() for p in model.parameters())
     del model
     AutoTokenizer.from_pretrained(demo_path()).save_pretrained(out)
-    (out / _MARKER).write_text(json.dumps({
+    # with a umask such as 002 the files come out group-writable, which nvkit.cache's rule refuses to
+    # read back; the folder is this user's alone anyway
+    for f in out.iterdir():
+        f.chmod(stat.S_IMODE(f.lstat().st_mode) & ~0o022)
+    cache.write_atomic(out / _MARKER, json.dumps({
         "name": name, "fingerprint": fingerprint, "parameters": n_params,
         "what": "random bf16 weights with the exact shape of the real model; for memory and speed "
                 "measurements only (the text it writes is noise). Tokenizer: the nvkit demo tokenizer; "
                 "the LM-head rows past its ids are one shared small row, so greedy decoding picks ids it "
                 "can spell.",
-    }, indent=2) + "\n", encoding="utf-8")
+    }, indent=2) + "\n")

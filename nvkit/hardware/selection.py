@@ -13,6 +13,7 @@ nvkit or loads the extension, before any CUDA work, and prints one line when it 
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import re
@@ -404,9 +405,13 @@ def _save(kid: str, choice: tuple[int, ...] | None, gs: list[GPU]) -> Path:
 
 
 def _read_saved(path: Path) -> dict:
-    """The saved choice in ``path`` (FileNotFoundError when there is none; ValueError or OSError
-    when the file is not one nvkit wrote: a link, JSON of another shape, wrong types)."""
-    data = json.loads(cache.read_private(path, limit=64 * 1024))
+    """The saved choice in ``path``. FileNotFoundError when there is none, or none nvkit may read
+    (nvkit.cache's rule: a folder and a file of this user that no one else can write, never through a
+    link; it has said why); ValueError when the file holds JSON of another shape or wrong types."""
+    raw = cache.read_trusted_bytes(path, "saved GPU choices", limit=64 * 1024)
+    if raw is None:
+        raise FileNotFoundError(errno.ENOENT, "no saved GPU choice of this user", str(path))
+    data = json.loads(raw.decode("utf-8"))
     if not isinstance(data, dict):
         raise ValueError(f"it holds a JSON {type(data).__name__}, not a saved choice")
     choice, uuids = data.get("choice"), data.get("uuids")

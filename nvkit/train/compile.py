@@ -15,7 +15,6 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
 
 from .. import cache
 from .loss import causal_lm
@@ -100,6 +99,10 @@ def compile_decision(compile, device_type: str, total_steps: int, cache_warm: bo
 
 # --- the compile cache -----------------------------------------------------------------------------
 
+_WHAT = "compile caches"
+_LIMIT = 1 << 34   # far above any real blob; only a planted giant is refused
+
+
 def _cache_root() -> str:
     return str(cache.root() / "compile")
 
@@ -111,11 +114,14 @@ class CompileCache:
     AOTAutograd caches in one blob). The key holds everything that changes the compiled code:
     the model config, dtype, LoRA settings, batch shape, activation budget, GPU capability and the
     torch/transformers/peft versions. The folder is 0700 and the files 0600, written through a
-    temporary file and renamed; a symlinked folder or an unreadable file is not used."""
+    temporary file and renamed. The artifacts hold pickles, so a file is loaded only under
+    :mod:`nvkit.cache`'s rule (a folder and a file of this user that no one else can write,
+    never through a link); anything else, or an unreadable file, is a cold compile."""
 
     def __init__(self, facts: dict, root: str | None = None):
         blob = json.dumps(facts, sort_keys=True, default=str).encode()
         self.key = hashlib.sha256(blob).hexdigest()[:24]
+        self._own = root is None   # nvkit's own folder under NVKIT_CACHE, else one the caller named
         self.root = root or _cache_root()
         self.path = os.path.join(self.root, f"lora-{self.key}.bin")
 
@@ -133,21 +139,24 @@ class CompileCache:
                 "peft": peft.__version__}
 
     def _usable_root(self) -> bool:
-        if os.path.islink(self.root) or (os.path.exists(self.root) and not os.path.isdir(self.root)):
-            return False
         try:
-            os.makedirs(self.root, mode=0o700, exist_ok=True)
+            if self._own:
+                cache.own_dir("compile")
+            else:
+                os.makedirs(os.path.dirname(os.path.abspath(self.root)), exist_ok=True)
+                cache.private_dir(self.root)
         except OSError:
             return False
-        return not os.path.islink(self.root)
+        return True
 
     @property
     def warm(self) -> bool:
-        return os.path.isfile(self.path) and not os.path.islink(self.path)
+        return cache.trusted_file(self.path, _WHAT) is not None
 
     def load(self) -> str:
         """Load the artifacts into this process's compile caches; returns what happened."""
-        if not self.warm:
+        blob = cache.read_trusted_bytes(self.path, _WHAT, limit=_LIMIT)
+        if blob is None:  # none, or not one this user wrote (nvkit.cache said why)
             return "cold (no saved artifacts)"
         import torch
         # torch logs a corrupt blob with a traceback; nvkit says it in one line of its own instead
@@ -155,8 +164,6 @@ class CompileCache:
         level = torch_log.level
         torch_log.setLevel(logging.CRITICAL)
         try:
-            with open(self.path, "rb") as f:
-                blob = f.read()
             loaded = torch.compiler.load_cache_artifacts(blob)
         except Exception as e:  # noqa: BLE001 - a bad cache file costs a cold compile, never the run
             loaded, why = None, f"{type(e).__name__}: {e}"
@@ -181,15 +188,8 @@ class CompileCache:
         if not self._usable_root():
             return f"not saved ({self.root} is not a folder nvkit can write)"
         blob = got[0]
-        fd, tmp = tempfile.mkstemp(prefix=".lora-", suffix=".tmp", dir=self.root)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, self.path)
+            cache.write_atomic(self.path, blob)
         except OSError as e:
-            try:
-                os.remove(tmp)
-            except OSError:
-                pass
             return f"not saved ({e})"
         return f"saved ({len(blob) / 2**20:.1f} MiB) for the next run"

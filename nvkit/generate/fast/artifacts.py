@@ -9,6 +9,10 @@ on: the model's shape (its config without names), dtype, the fast path's options
 class, the adapters' buffer rank, torch/transformers/triton/nvkit versions and the GPU. Weights
 are not in it: the compiled step reads them as inputs, so a fine-tuned or random-weight model of
 the same shape shares the artifacts.
+
+Loading artifacts unpickles them, so a file is loaded only under :mod:`nvkit.cache`'s rule (a
+folder and a file of this user that no one else can write, never through a link): under a shared
+``NVKIT_CACHE`` another user's planted file is ignored and the compile runs in full.
 """
 
 from __future__ import annotations
@@ -16,14 +20,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import tempfile
 from pathlib import Path
 
 from ... import cache
 
 log = logging.getLogger(__name__)
 
+_LIMIT = 1 << 34   # far above any real blob; only a planted giant is refused
 _NAMES = ("_name_or_path", "name_or_path", "_commit_hash", "transformers_version", "torch_dtype", "dtype")
 
 
@@ -65,14 +68,16 @@ def path(digest: str) -> Path:
 
 
 def restore(digest: str) -> bool:
-    """Load the artifacts of ``digest`` into torch's compile caches; False when there are none or
-    they cannot be read (the compile then runs in full, as without them)."""
+    """Load the artifacts of ``digest`` into torch's compile caches; False when there are none,
+    they are not this user's (see the module docstring) or they cannot be read (the compile then
+    runs in full, as without them)."""
     p = path(digest)
-    if not p.is_file():
+    blob = cache.read_trusted_bytes(p, "fast-decode compile artifacts", limit=_LIMIT)
+    if blob is None:
         return False
     try:
         import torch
-        return torch.compiler.load_cache_artifacts(p.read_bytes()) is not None
+        return torch.compiler.load_cache_artifacts(blob) is not None
     except Exception as e:  # noqa: BLE001 - a stale or damaged file only costs the compile it would save
         log.debug("nvkit fast decode: could not load compile artifacts %s: %s", p, e)
         return False
@@ -92,11 +97,8 @@ def store(digest: str) -> Path | None:
     data = saved[0]
     target = path(digest)
     try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, target)
+        cache.own_dir("fast-decode")   # made 0700 (the cache root too, when missing); refused if not ours
+        cache.write_atomic(target, data)
     except OSError as e:
         log.debug("nvkit fast decode: could not write %s: %s", target, e)
         return None
