@@ -70,12 +70,17 @@ def _print_doctor(r: dict) -> None:
     for g in r["gpus"]:
         print(f"  GPU {g['index']}: {g['name']} · {g.get('architecture', '?')} (capability {g.get('capability')}) · "
               f"{g['memory_used'] / 2**30:.1f}/{g['memory_total'] / 2**30:.1f} GiB used · bus {g.get('pci_bus_id')}")
+    from .model.backends import fold_kernel_gaps
     for title, key in (("attention backends", "attention_backends"), ("quantization", "quantization_methods")):
         if r.get(key):
             print(f"  {title}:")
+            # the flash backends share one Hub-kernel explanation: said once, after them
+            reasons, note = fold_kernel_gaps({e["name"]: e["reason"] for e in r[key]})
             for e in r[key]:
                 mark = "yes" if e["available"] else "no "
-                print(f"    {mark} {e['name']:<22} {e['reason'] or ''}")
+                print(f"    {mark} {e['name']:<22} {reasons[e['name']] or ''}")
+            if note:
+                print(f"  {note}")
 
 
 def main(argv=None) -> int:
@@ -92,7 +97,11 @@ def main(argv=None) -> int:
     if argv[:1] == ["bench"]:  # its options, --help included, are the benchmark's own (nvkit.bench.cli_main)
         from .benchmarks.backends import cli_main
         return cli_main(argv[1:])
-    args = parser.parse_args(argv)
+    # `nvkit lab`'s options other than --dir are JupyterLab's (`nvkit lab --port 9999`): argparse
+    # knows none of them, and its REMAINDER only starts at the first word that is not an option
+    args, extra = parser.parse_known_args(argv)
+    if extra and args.cmd != "lab":
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         if args.cmd == "doctor":
             r = doctor_report()
@@ -103,7 +112,8 @@ def main(argv=None) -> int:
                 _print_doctor(r)
             return 0
         if args.cmd == "lab":
-            return _lab(args.dir, args.lab_args)
+            rest = args.lab_args[1:] if args.lab_args[:1] == ["--"] else args.lab_args
+            return _lab(args.dir, extra + rest)
         if args.cmd == "bench":
             from .benchmarks.backends import cli_main
             return cli_main(args.bench_args)
@@ -123,13 +133,56 @@ def tutorials_dir() -> str:
     raise NvkitError("nvkit's tutorial notebooks were not found (neither notebooks/ in a checkout nor nvkit/tutorials in the package).")
 
 
-def _lab(target: str | None, lab_args: list[str]) -> int:
+def copy_new(src: str, dst: str) -> bool:
+    """Copy ``src`` to ``dst`` only when nothing is at ``dst``, not even a link to a missing file
+    (``os.path.exists`` is False for one, and a plain copy would create the file it points to):
+    the create is exclusive and does not follow a link. False when something is there."""
+    if os.path.lexists(dst):
+        return False
+    try:
+        fd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except FileExistsError:  # appeared since the check
+        return False
+    try:
+        with os.fdopen(fd, "wb") as out, open(src, "rb") as f:
+            shutil.copyfileobj(f, out)
+    except BaseException:
+        os.unlink(dst)  # the half copy is the file created just above, nobody else's
+        raise
+    return True
+
+
+def copy_tutorials(dest: str) -> list[str]:
+    """Copy the tutorial notebooks into ``dest``, never over anything already there (the user's
+    edited copy, or a link); returns a line for each name that holds no tutorial because of that
+    (a link, or something other than a file); a file already there is the user's copy, kept."""
     src = tutorials_dir()
-    dest = os.path.abspath(target or "nvkit-tutorials")
-    os.makedirs(dest, exist_ok=True)
+    try:
+        os.makedirs(dest, exist_ok=True)
+    except OSError as e:
+        raise NvkitError(f"Cannot create {dest} for the tutorials: {e.strerror or e}. Give another --dir.") from e
+    missing = []
     for name in sorted(os.listdir(src)):
-        if name.endswith(".ipynb") and not os.path.exists(os.path.join(dest, name)):
-            shutil.copy2(os.path.join(src, name), dest)  # never overwrite the user's edited copy
+        if not name.endswith(".ipynb"):
+            continue
+        target = os.path.join(dest, name)
+        try:
+            if copy_new(os.path.join(src, name), target):
+                continue
+        except OSError as e:
+            raise NvkitError(f"Cannot copy the tutorial {name} into {dest}: {e.strerror or e}.") from e
+        if os.path.islink(target):
+            missing.append(f"{target} is a symbolic link: nvkit does not copy through links, so this tutorial is not "
+                        "there; remove the link to get it.")
+        elif not os.path.isfile(target):
+            missing.append(f"{target} is not a file: this tutorial is not there; move it away to get it.")
+    return missing
+
+
+def _lab(target: str | None, lab_args: list[str]) -> int:
+    dest = os.path.abspath(target or "nvkit-tutorials")
+    for line in copy_tutorials(dest):
+        print(f"nvkit: {line}", file=sys.stderr)
     print(f"Tutorials in {dest}")
     return subprocess.call([sys.executable, "-m", "jupyterlab", f"--notebook-dir={dest}", *lab_args])
 

@@ -19,6 +19,7 @@ import os
 import time
 from pathlib import Path
 
+from ..errors import NvkitError
 from .corpus import EOS, IM_END, IM_START, SPECIAL_TOKENS, make_corpus
 
 HERE = Path(__file__).resolve().parent
@@ -167,10 +168,23 @@ _OUTPUT_FILES = ["config.json", "generation_config.json", "model.safetensors", "
                  "nvkit_demo.json"]
 
 
+def _check_out(out: Path) -> None:
+    """A build replaces its own files in ``out``: a folder holding files of those names that no
+    build wrote (no nvkit_demo.json) is another model, which it must not delete."""
+    info = out / "nvkit_demo.json"
+    if info.is_file() and not info.is_symlink():
+        return
+    theirs = [name for name in _OUTPUT_FILES if os.path.lexists(out / name)]
+    if theirs:
+        raise NvkitError(f"{out} holds {', '.join(theirs)} and no nvkit_demo.json: it is not a demo model a build "
+                         "wrote, and a build would replace those files. Give --out a new or empty folder.")
+
+
 def build(out: Path, *, steps: int, seed: int, vocab_size: int, batch_size: int, seq_len: int, lr: float,
           corpus_path: Path = CORPUS, log=print) -> dict:
     import torch
 
+    _check_out(out)
     documents = read_documents(corpus_path)
     tokenizer = train_tokenizer(documents, vocab_size)
     model, seconds = train_model(tokenizer, documents, steps=steps, seed=seed, batch_size=batch_size,
@@ -182,8 +196,9 @@ def build(out: Path, *, steps: int, seed: int, vocab_size: int, batch_size: int,
         (out / stale).unlink(missing_ok=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-    for f in out.iterdir():  # safetensors writes 0600; the shipped files are world-readable like the rest
-        f.chmod(0o644)
+    for name in _OUTPUT_FILES:  # safetensors writes 0600; the shipped files are world-readable like the rest
+        if (out / name).is_file() and not (out / name).is_symlink():
+            (out / name).chmod(0o644)
     info = {
         "what": "nvkit demo model: tiny Qwen3 trained on nvkit/demo/corpus.txt; rebuild with python -m nvkit.demo.build",
         "steps": steps, "seed": seed, "vocab_size": len(tokenizer), "batch_size": batch_size, "seq_len": seq_len,

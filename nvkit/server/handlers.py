@@ -1,8 +1,11 @@
 """REST routes under ``{base_url}nvkit/api/``. Every handler is an ``APIHandler`` whose methods are
-``@tornado.web.authenticated``; POST is XSRF-checked by jupyter_server (cookie-authenticated
-requests must carry ``X-XSRFToken``). Nothing from a request becomes a path except through the
-contents manager, and a write target's real path (links resolved) must lie inside the served root.
-Errors are JSON 4xx answers with a message that names no absolute server path.
+``@tornado.web.authenticated`` and ``@authorized`` under the resource Jupyter's own routes use for
+the same data ("kernels" for the GPU list with its kernels, "contents" for the tutorials), so a
+server's ``Authorizer`` governs them as it governs Jupyter's. POST is XSRF-checked by
+jupyter_server (cookie-authenticated requests must carry ``X-XSRFToken``). Nothing from a request
+becomes a path except through the contents manager, and a write target's real path (links
+resolved) must lie inside the served root. Errors are JSON 4xx answers with a message that names
+no absolute server path.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from jupyter_server.utils import ensure_async, url_path_join
 
-from . import attribution, tutorials
+from . import attribution, tutorial_copy, tutorials
 
 # the copy route's body is {"dir": "sub/folder"}: anything much larger is not a request of ours
 MAX_BODY_BYTES = 16 * 1024
@@ -73,7 +76,12 @@ def attribute(status: dict, kernels: list) -> dict:
 
 
 class GpusHandler(APIHandler):
+    # the answer names kernels, their notebooks, pids and execution state: what Jupyter's own
+    # kernel routes show, under the same permission (an authorizer that denies kernels denies this)
+    auth_resource = "kernels"
+
     @tornado.web.authenticated
+    @authorized
     async def get(self):
         loop = asyncio.get_running_loop()
         # NVML is quick (~10 µs a call) but its first init can take a while: keep the loop free.
@@ -86,7 +94,11 @@ class GpusHandler(APIHandler):
 
 
 class TutorialsHandler(APIHandler):
+    # the list only serves the copy route, which writes contents: reading it is a contents read
+    auth_resource = "contents"
+
     @tornado.web.authenticated
+    @authorized
     def get(self):
         # name and title only: where the files lie on the server's disk is none of the page's business
         self.finish(json.dumps({"tutorials": [{"name": t["name"], "title": t["title"]}
@@ -174,20 +186,20 @@ class TutorialCopyHandler(APIHandler):
         if await ensure_async(cm.dir_exists(dest)):
             raise tornado.web.HTTPError(409, f"{dest} is a folder: rename it, or copy the tutorial "
                                              "into another folder")
+        try:
+            content = tutorial_copy.read_tutorial(src)
+        except (OSError, ValueError) as e:
+            raise tornado.web.HTTPError(404, f"the tutorial {src.name} could not be read "
+                                             f"({type(e).__name__}); reinstall nvkit") from None
         exists = await ensure_async(cm.file_exists(dest))
         if exists and not overwrite:
             self.set_status(409)
             self.finish(json.dumps({"message": f"{dest} already exists", "path": dest,
-                                    "exists": True}))
+                                    "exists": True,
+                                    "unchanged": await self._unchanged(cm, dest, content)}))
             return
         try:
-            content = json.loads(src.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            raise tornado.web.HTTPError(404, f"the tutorial {src.name} could not be read "
-                                             f"({type(e).__name__}); reinstall nvkit") from None
-        try:
-            model = await ensure_async(cm.save({"type": "notebook", "format": "json",
-                                                "content": content}, dest))
+            model = await tutorial_copy.save_or_undo(cm, content, dest, _os_root(cm))
         except tornado.web.HTTPError as e:
             # the contents manager's 5xx texts carry absolute paths: say it as a 4xx without them
             code = e.status_code if 400 <= e.status_code < 500 else 409
@@ -198,6 +210,16 @@ class TutorialCopyHandler(APIHandler):
         self.set_status(200 if exists else 201)
         self.finish(json.dumps({"path": model["path"], "name": model["name"],
                                 "overwritten": bool(exists)}))
+
+    @staticmethod
+    async def _unchanged(cm, dest: str, tutorial) -> bool:
+        """Whether the existing copy is still the tutorial as shipped (then the page opens it
+        without asking: there are no changes of the user's to lose or keep)."""
+        try:
+            model = await ensure_async(cm.get(dest, content=True, type="notebook"))
+        except Exception:      # unreadable as a notebook: the user decides what to do with it
+            return False
+        return tutorial_copy.same_as_tutorial(model.get("content"), tutorial)
 
 
 def setup_handlers(web_app) -> None:

@@ -108,6 +108,13 @@ def _read_csv(f, path: str, delimiter: str) -> Rows:
     return Rows(rows, os.path.basename(path), lines)
 
 
+def _too_deep(where: str) -> str:
+    # Python's json parser recurses once per level: a file nested deeper than the interpreter's
+    # stack raises RecursionError, which is no answer to give about a data file.
+    return (f"{where}: the JSON is nested too deeply to read (lists or objects inside each other thousands of "
+            "levels down). An example is a string, {'text'}, {'prompt','response'} or {'messages'}: fix the file.")
+
+
 def _read_file(path: str) -> Rows:
     p = os.path.expanduser(path)
     if not os.path.isfile(p):
@@ -125,6 +132,8 @@ def _read_file(path: str) -> Rows:
                         except json.JSONDecodeError as e:
                             raise NvkitError(f"{path}, line {i}: not valid JSON ({e.msg}). Each line must be one JSON "
                                              "example: a string, {'text'}, {'prompt','response'} or {'messages'}.") from e
+                        except RecursionError as e:
+                            raise NvkitError(_too_deep(f"{path}, line {i}")) from e
                         lines.append(i)
                 rows = Rows(items, base, lines)
             elif ext == ".json":
@@ -132,6 +141,8 @@ def _read_file(path: str) -> Rows:
                     items = json.load(f)
                 except json.JSONDecodeError as e:
                     raise NvkitError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}).") from e
+                except RecursionError as e:
+                    raise NvkitError(_too_deep(path)) from e
                 require(isinstance(items, list), f"{path} must hold a JSON list of examples, not a {type(items).__name__}.")
                 rows = Rows(items, base)
             elif ext in (".csv", ".tsv"):
@@ -465,6 +476,8 @@ def parse_examples(text: str) -> list:
             try:
                 out.append(json.loads(line))
                 continue
+            except RecursionError as e:
+                raise NvkitError(_too_deep(f"Line {i + 1}")) from e
             except ValueError as e:
                 raise NvkitError(f"Line {i + 1} looks like JSON but does not parse ({e}). Fix it or drop the "
                                  "leading brace to use it as plain text.") from e

@@ -17,6 +17,7 @@ import subprocess
 import threading
 
 from .. import events
+from ..cache import write_atomic
 from ..errors import NvkitError, require
 from .worker import RECORD_START
 
@@ -260,8 +261,7 @@ class LaunchRun:
         if self.proc is None or self.done:
             return
         self.stopped = True
-        with open(os.path.join(self.run_dir, "STOP"), "w") as f:
-            f.write("stop\n")
+        write_atomic(os.path.join(self.run_dir, "STOP"), "stop\n", 0o644)  # never through a link at the name
         events.record("stop", "launch stopped by the user")
 
         def escalate():
