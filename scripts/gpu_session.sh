@@ -52,6 +52,11 @@
 #            (python -m nvkit.benchmarks.attention); PROFILE_PART=prepare: the batch-1 path's
 #            preparation, cold and warm, by function                              (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
+#   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
+#            $OUT/strategies-one-gpu.json, ZeRO-3's speed against DDP
+#                                   (carry .whl-core and .whl-ds: scripts/gpu_wheels_ds.sh)
+#   zero3-profile  where one ZeRO-3 step's time goes, DeepSpeed's default hooking against nvkit's
+#            settings (scripts/zero3_profile.py)                  (carry .whl-core and .whl-ds)
 # Install once per call: two pip installs at once corrupted the site folder.
 set -uo pipefail
 phase=${1:?phase}
@@ -159,5 +164,13 @@ case "$phase" in
     python3 -c 'import importlib.metadata as m; print("deepspeed", m.version("deepspeed"))' || echo "deepspeed missing: the ZeRO tests skip"
     if [ "$phase" = x2a ]; then T=540 t tests/gpu/test_parallel_gpu.py -k "strategy_trains or comparison"
     else T=540 t tests/gpu/test_parallel_gpu.py tests/gpu/test_finetune_gpu.py -k "ddp or (parallel and not strategy_trains and not comparison)"; fi ;;
+  one-gpu|zero3-profile)
+    python3 -c 'import importlib.metadata as m; print("deepspeed", m.version("deepspeed"), "peft", m.version("peft"))' \
+      || echo "deepspeed missing: the ZeRO runs skip (carry .whl-ds)"
+    if [ "$phase" = one-gpu ]; then NVKIT_GPU_OUT="$out/strategies-one-gpu.json" T=${TS:-480} t tests/gpu/test_strategies_one_gpu.py
+    else
+      echo "=== zero3 profile ($(date +%T))"
+      timeout "${TZP:-400}" python3 scripts/zero3_profile.py --out /tmp/nvkit-zero3-profile; echo "=== exit $? ($(date +%T))"
+    fi ;;
   *) echo "unknown phase $phase"; exit 2 ;;
 esac

@@ -17,6 +17,13 @@ from dataclasses import dataclass
 from ..errors import NvkitError, require
 
 
+#: the first PEFT release that puts LoRA adapters on tensor-parallel (DTensor) layers: it added
+#: ``peft.tuners.lora.model.get_tp_plan_and_mesh``, which ``tp_lora_problem`` looks for. pyproject's
+#: ``tp`` extra pins ``peft>=`` this (tests/train/test_strategy_needs.py keeps the two equal).
+TP_LORA_PEFT = "0.21.1"
+TP_INSTALL = "pip install 'nvkit[tp]'"
+
+
 @dataclass(frozen=True)
 class Strategy:
     name: str
@@ -55,14 +62,19 @@ STRATEGIES = {
         "(offload='all') can live in CPU memory.",
         "DeepSpeed (pip install 'nvkit[deepspeed]'). QLoRA with the 4-bit weights stored in the compute "
         "dtype (set by nvkit).",
-        "The model does not fit one GPU, or not even all of them: offload to CPU memory."),
+        "The model does not fit one GPU, or not even all of them: offload to CPU memory. Where the model fits one GPU, "
+        "ZeRO-3 mostly costs time: every layer is gathered before it runs and released after, in the forward and "
+        "the backward pass, so on one or two GPUs it is slower than DDP: about half of DDP's steps per second on one "
+        "H200 with a LoRA fine-tune of a 0.6B model (docs/benchmarks.md). nvkit gathers each decoder layer whole, "
+        "one gather per layer instead of one per weight, to keep that cost small."),
     "tp": Strategy(
         "tp", "Tensor parallel",
         "Each weight matrix is cut across the GPUs (attention heads and MLP columns): every GPU computes "
         "its slice of every layer on the same batch and the slices are summed over NCCL inside each layer.",
         "A model transformers has a tensor-parallel plan for (Llama, Qwen, Mistral, ...), attention heads "
         "and KV heads divisible by the GPU count, fast links between the GPUs (NVLink); training needs CUDA "
-        "GPUs, generation also runs on the CPU. No 4-bit/8-bit weights.",
+        f"GPUs and PEFT ≥ {TP_LORA_PEFT} ({TP_INSTALL}), generation also runs on the CPU. No 4-bit/8-bit "
+        "weights.",
         "One layer is too big, or latency matters: generation over several GPUs.",
         data_parallel=False),
 }
@@ -114,16 +126,25 @@ def tp_problem(config, nproc: int, mode: str = "train") -> str | None:
     except ImportError:
         return "this transformers has no DistributedConfig (tensor-parallel loading needs transformers ≥ 5.17)"
     if mode == "train":
-        from ..quiet import routed
-        try:
-            with routed():  # peft's first import brings in bitsandbytes (see nvkit.quiet)
-                from peft.tuners.lora import model as lora_model
-        except ImportError:
-            return "PEFT is not installed"
-        if not hasattr(lora_model, "get_tp_plan_and_mesh"):
+        return tp_lora_problem()
+    return None
+
+
+def tp_lora_problem() -> str | None:
+    """Why this PEFT cannot train LoRA on tensor-parallel layers, or None. It looks for the hook
+    PEFT gained in ``TP_LORA_PEFT`` (a release number alone would say nothing of a patched or
+    development build)."""
+    from ..quiet import routed
+    try:
+        with routed():  # peft's first import brings in bitsandbytes (see nvkit.quiet)
             import peft
-            return (f"PEFT {peft.__version__} cannot put LoRA adapters on tensor-parallel layers (PEFT ≥ 0.19 can); "
-                    "upgrade peft or use strategy='fsdp'")
+            from peft.tuners.lora import model as lora_model
+    except ImportError:
+        return f"PEFT is not installed (tensor-parallel LoRA needs peft ≥ {TP_LORA_PEFT}: {TP_INSTALL})"
+    if not hasattr(lora_model, "get_tp_plan_and_mesh"):
+        return (f"PEFT {getattr(peft, '__version__', '(unknown version)')} cannot put LoRA adapters on "
+                f"tensor-parallel layers; PEFT {TP_LORA_PEFT} and newer can: {TP_INSTALL} (peft>={TP_LORA_PEFT}), "
+                "or use strategy='fsdp'")
     return None
 
 
@@ -205,9 +226,59 @@ def fused_loss_allowed(strategy: str) -> bool:
 
 # --- files a run needs --------------------------------------------------------------------------------
 
-def deepspeed_config(strategy: str, offload=None, cuda: bool = True) -> dict:
+#: DeepSpeed's own defaults for the two ZeRO-3 sizes ``zero3_settings`` raises (elements)
+DS_PREFETCH_BUCKET = 50_000_000
+DS_PERSISTENCE_THRESHOLD = 100_000
+#: the first DeepSpeed whose config names leaf modules (``zero_optimization.leaf_module``)
+DS_LEAF_CONFIG = (0, 18)
+
+
+def _deepspeed_version() -> tuple[int, ...] | None:
+    import importlib.metadata
+    import re
+    try:
+        return tuple(int(x) for x in re.findall(r"\d+", importlib.metadata.version("deepspeed"))[:2])
+    except (importlib.metadata.PackageNotFoundError, ValueError):
+        return None
+
+
+def zero3_settings(layer_class: str | None, layer_params: int = 0, adapter_matrix: int = 0) -> dict:
+    """The ZeRO-3 settings nvkit adds for one model (merged into ``zero_optimization``), from its
+    decoder layer's class name and parameter count and its largest LoRA matrix (elements).
+
+    ZeRO-3 hooks every module: before a module runs, its parameters are gathered, and after, released,
+    in the forward and again in the backward pass. That is Python work per module on the CPU, and a
+    LoRA model has many small modules (each adapted linear layer brings its base layer, lora_A,
+    lora_B and a dropout), so with DeepSpeed's defaults the hooks, not the GPU, set the pace. So:
+
+    - the decoder layer is a *leaf module*: gathered whole by one hook, its inside left unhooked:
+      the unit FSDP2 shards by in nvkit, and the two gathered layers ``per_gpu_estimate`` counts;
+    - the prefetch bucket holds at least one whole layer, so the next layer's gather is under way
+      while one runs (DeepSpeed's fixed default is smaller than a layer of a large model);
+    - every LoRA matrix stays whole on every GPU (persistent: the adapter is small beside the model),
+      updated once per step instead of gathered in every layer's forward and backward; base
+      weights are larger than the threshold and stay sharded.
+
+    - with whole layers gathered, torch's own ``F.linear`` is kept (``memory_efficient_linear``
+      off): DeepSpeed's replacement is an autograd function of its own around every linear call,
+      which only pays when single linears are gathered and released one by one; the layer's
+      backward hook gathers it again before its linears' backward, so the gradients are the same.
+
+    These apply at any GPU count: they cut host work per step, which ZeRO-3 pays on every GPU."""
+    out: dict = {}
+    version = _deepspeed_version()
+    if layer_class and (version is None or version >= DS_LEAF_CONFIG):
+        out["leaf_module"] = {"classes": [layer_class]}
+        out["memory_efficient_linear"] = False
+    out["stage3_prefetch_bucket_size"] = max(DS_PREFETCH_BUCKET, int(layer_params))
+    out["stage3_param_persistence_threshold"] = max(DS_PERSISTENCE_THRESHOLD, int(adapter_matrix))
+    return out
+
+
+def deepspeed_config(strategy: str, offload=None, cuda: bool = True, zero3: dict | None = None) -> dict:
     """The DeepSpeed config for Trainer's DeepSpeed integration ("auto" values are filled by Trainer
-    from its own arguments, so the batch size, accumulation, clipping and precision agree)."""
+    from its own arguments, so the batch size, accumulation, clipping and precision agree).
+    ``zero3``: the model's ZeRO-3 settings (``zero3_settings``), added for strategy='zero3'."""
     require(strategy in ("zero2", "zero3"), f"no DeepSpeed config for strategy {strategy!r}")
     zero: dict = {"stage": 2 if strategy == "zero2" else 3, "overlap_comm": cuda, "contiguous_gradients": True}
     if offload in ("optimizer", "all"):
@@ -217,6 +288,7 @@ def deepspeed_config(strategy: str, offload=None, cuda: bool = True) -> dict:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
         if offload == "all":
             zero["offload_param"] = {"device": "cpu", "pin_memory": cuda}
+        zero.update(zero3 or {})
     return {
         "zero_optimization": zero,
         # Trainer's torch AdamW steps the offloaded state on the CPU; DeepSpeed's own CPU Adam is a
@@ -309,10 +381,10 @@ def _tp_local_config(config, nproc: int):
 
 def per_gpu_estimate(model="demo", strategy: str = "ddp", nproc: int = 2, *, dtype="bfloat16", quantization=None,
                      batch_size: int = 8, seq_len: int = 512, lora_r: int = 16, gradient_checkpointing: bool = False,
-                     offload=None, device: str = "cuda"):
+                     offload=None, device: str = "cuda", lora_dropout: float = 0.05):
     """``nvkit.estimate`` (mode="lora") for one GPU of a ``strategy`` run over ``nproc`` GPUs, each
     part split the way the strategy splits it (``.formulas`` say how). ``batch_size`` is per GPU."""
-    from ..memory.estimate import Estimate, estimate
+    from ..memory.estimate import Estimate, estimate, in_fresh_process
     strategy_info(strategy)
     require(isinstance(nproc, int) and not isinstance(nproc, bool) and nproc >= 1,
             f"nproc must be a whole number ≥ 1, not {nproc!r}.")
@@ -320,7 +392,7 @@ def per_gpu_estimate(model="demo", strategy: str = "ddp", nproc: int = 2, *, dty
     config = _config(model)
     kw = dict(dtype=dtype, quantization=quantization, mode="lora", batch_size=batch_size, seq_len=seq_len,
               lora_r=lora_r, gradient_checkpointing=gradient_checkpointing, device=device, path="nvkit",
-              compiled=False)  # launched runs do not compile their layers
+              compiled=False, lora_dropout=lora_dropout)  # launched runs do not compile their layers
     if strategy == "tp":
         base = estimate(_tp_local_config(config, nproc), **kw)
         base.model = getattr(config, "name_or_path", "") or config.model_type
@@ -369,10 +441,12 @@ def per_gpu_estimate(model="demo", strategy: str = "ddp", nproc: int = 2, *, dty
         plain = estimate(config, **{**kw, "path": "plain"})
         parts["logits"] = plain.parts["logits"]
         formulas["logits"] = plain.formulas["logits"] + " (the model's own loss under ZeRO-3)"
-    return Estimate(model=base.model, mode=base.mode, dtype=base.dtype, quantization=base.quantization,
-                    batch_size=base.batch_size, seq_len=base.seq_len, parameters=base.parameters,
-                    parts={k: int(v) for k, v in parts.items()}, formulas=formulas, device=base.device,
-                    lora_r=base.lora_r, gradient_checkpointing=base.gradient_checkpointing)
+    est = Estimate(model=base.model, mode=base.mode, dtype=base.dtype, quantization=base.quantization,
+                   batch_size=base.batch_size, seq_len=base.seq_len, parameters=base.parameters,
+                   parts={k: int(v) for k, v in parts.items()}, formulas=formulas, device=base.device,
+                   lora_r=base.lora_r, gradient_checkpointing=base.gradient_checkpointing)
+    # every rank is a fresh process: on the CPU its first step's buffers are part of its run
+    return in_fresh_process(est) if device == "cpu" else est
 
 
 def _fmt(n: int) -> str:

@@ -26,6 +26,7 @@ import os
 import signal
 import sys
 import time
+from typing import NamedTuple
 
 USAGE = "usage: python -m torch.distributed.run [torchrun options] -m nvkit.train.worker RUN_DIR"
 
@@ -60,7 +61,31 @@ def read_rows(run_dir: str) -> list:
     return rows
 
 
-def _stream_callback(emit, cuda: bool, counter: dict, stop_file: str, stop_flag: dict):
+def cpu_baseline(model) -> dict:
+    """Where a CPU rank's training begins, for ``cpu_memory``: its RSS once freed memory is given
+    back, its model's resident bytes (weights and adapter), and whether the kernel's peak-RSS
+    record restarted here."""
+    from ..memory.usage import fast_rss, release, reset_rss_peak
+    release()
+    hwm = reset_rss_peak()
+    try:
+        resident = int(model.get_memory_footprint())
+    except Exception:  # noqa: BLE001 - a model without the method: the growth alone
+        resident = 0
+    return {"rss": fast_rss(), "resident": resident, "hwm": hwm}
+
+
+def cpu_memory(base: dict) -> tuple[int, int]:
+    """(now, peak) of a CPU rank as ``nvkit.estimate(device="cpu")`` predicts it and the kernel's own
+    fine-tunes measure it (``nvkit.memory.peaks.cpu_measured``): the RSS gained since ``base`` plus
+    the resident model. The whole RSS would count Python, torch and every import."""
+    from ..memory.usage import fast_rss, rss_peak
+    now = fast_rss()
+    peak = max(now, (rss_peak() or 0) if base["hwm"] else 0)
+    return (max(0, now - base["rss"]) + base["resident"], max(0, peak - base["rss"]) + base["resident"])
+
+
+def _stream_callback(emit, cuda: bool, counter: dict, stop_file: str, stop_flag: dict, cpu_base: dict):
     import torch
     import torch.distributed as dist
     from transformers import TrainerCallback
@@ -80,7 +105,7 @@ def _stream_callback(emit, cuda: bool, counter: dict, stop_file: str, stop_flag:
             now = time.time()
             rate = (counter["tokens"] - self.tokens) / max(now - self.t, 1e-9)
             self.t, self.tokens = now, counter["tokens"]
-            mem, peak = memory_now("cuda" if cuda else "cpu")
+            mem, peak = memory_now("cuda") if cuda else cpu_memory(cpu_base)
             emit(event="step", step=state.global_step, total_steps=state.max_steps, tokens_per_s=rate,
                  memory=mem, peak_memory=peak)
             flag = torch.tensor([1.0 if (stop_flag["signal"] or os.path.exists(stop_file)) else 0.0],
@@ -140,6 +165,10 @@ def load_model(cfg: dict, strategy: str, dtype, device_type: str, local_rank: in
     if strategy == "tp":
         from transformers.distributed import DistributedConfig
         kw["distributed_config"] = DistributedConfig(tp_size=world)
+        if device_type == "cuda" and world == 1:
+            # transformers cuts nothing for one process and then places nothing either: without a
+            # device map the model would stay on the CPU while the rank works on its GPU
+            kw["device_map"] = {"": local_rank}
     elif device_type == "cuda" and (strategy == "ddp" or (quant and strategy != "zero3")):
         # ZeRO-3 refuses a device_map; bitsandbytes then quantizes onto the current device
         kw["device_map"] = {"": local_rank}
@@ -170,6 +199,20 @@ def fix_tp_lora(model) -> int:
     return fixed
 
 
+def strategy_ready(model, strategy: str, layer: DecoderLayer | None) -> None:
+    """What the LoRA model needs for ``strategy`` once its adapters are on (``layer``: the decoder
+    layer that ``_strategy_arguments`` built the strategy's settings from, or None)."""
+    if strategy == "tp":
+        fix_tp_lora(model)
+    if strategy == "zero3" and layer is not None:
+        # ZeRO-3 reduces a leaf module's gradients (the decoder layer: see zero3_settings) in the
+        # layer's full backward hook, which fires when the gradient of the layer's input is done, or,
+        # where no input needs one, as the layer's backward *starts*: the first layer, fed by the
+        # frozen embedding, would have its LoRA gradients reduced before they exist. An embedding
+        # output that needs a gradient moves that hook to the end of the first layer's backward.
+        model.enable_input_require_grads()
+
+
 def tp_optimizer(model, learning_rate: float):
     """AdamW for a tensor-parallel LoRA model. Its adapters are a mix of sharded (DTensor) and whole
     (plain) tensors, and torch's multi-tensor ("foreach") AdamW, its default on CUDA, refuses such a
@@ -179,27 +222,38 @@ def tp_optimizer(model, learning_rate: float):
     return torch.optim.AdamW(params, lr=learning_rate, foreach=False)
 
 
-def _strategy_arguments(cfg: dict, model_layer: str | None, cuda: bool) -> dict:
+def _strategy_arguments(cfg: dict, layer: DecoderLayer | None, cuda: bool) -> dict:
     """Trainer arguments that set up the strategy (DDP is Trainer's default under torchrun)."""
-    from .strategies import deepspeed_config
+    from .strategies import deepspeed_config, zero3_settings
     strategy = cfg["strategy"]
     extra = dict(ddp_backend="nccl" if cuda else "gloo", ddp_find_unused_parameters=False)
     if strategy == "fsdp":
         extra["fsdp"] = "full_shard auto_wrap"
-        extra["fsdp_config"] = {"fsdp_version": 2, "transformer_layer_cls_to_wrap": [model_layer],
+        extra["fsdp_config"] = {"fsdp_version": 2, "transformer_layer_cls_to_wrap": [layer.name],
                                 "reshard_after_forward": True}
     elif strategy in ("zero2", "zero3"):
-        extra["deepspeed"] = deepspeed_config(strategy, cfg.get("offload"), cuda)
+        tuning = None
+        if strategy == "zero3" and layer is not None:
+            tuning = zero3_settings(layer.name, layer.params, layer.widest * int(cfg["lora"]["r"]))
+        extra["deepspeed"] = deepspeed_config(strategy, cfg.get("offload"), cuda, zero3=tuning)
     return extra
 
 
-def _decoder_layer_class(path: str) -> str:
-    """The decoder layer's class name (FSDP wraps one unit per layer), read on the meta device."""
+class DecoderLayer(NamedTuple):
+    name: str     # class name: the unit FSDP2 wraps and ZeRO-3 gathers whole
+    params: int   # parameters of one layer
+    widest: int   # the widest side of its linear layers (a LoRA matrix is r × at most this)
+
+
+def decoder_layer(path: str) -> DecoderLayer:
+    """The model's decoder layer, read on the meta device (no memory, no weights)."""
+    from torch import nn
     from transformers import AutoConfig
 
     from ..memory.estimate import meta_model
-    m = meta_model(AutoConfig.from_pretrained(path))
-    return type(m.get_decoder().layers[0]).__name__
+    layer = meta_model(AutoConfig.from_pretrained(path)).get_decoder().layers[0]
+    widths = [max(m.in_features, m.out_features) for m in layer.modules() if isinstance(m, nn.Linear)]
+    return DecoderLayer(type(layer).__name__, sum(p.numel() for p in layer.parameters()), max(widths, default=0))
 
 
 def train(run_dir: str) -> None:
@@ -240,26 +294,32 @@ def train(run_dir: str) -> None:
         deepspeed.init_distributed(dist_backend="gloo")
     # The arguments come before the model: with ZeRO-3 they put DeepSpeed's config in force, and
     # the model then loads partitioned across the ranks instead of whole on each.
-    layer_cls = _decoder_layer_class(cfg["model"]) if strategy == "fsdp" else None
+    layer = decoder_layer(cfg["model"]) if strategy == "fsdp" else None
+    if strategy == "zero3":
+        try:
+            layer = decoder_layer(cfg["model"])
+        except (AttributeError, IndexError, TypeError, ValueError):
+            layer = None  # no decoder layers where transformers keeps them: DeepSpeed's own hooking, slower
     args = training_arguments(os.path.join(run_dir, "trainer"), prec, device_type, max_steps=cfg.get("max_steps"),
                               epochs=cfg.get("epochs"), learning_rate=cfg["learning_rate"],
                               batch_size=cfg["batch_size"], grad_accum=cfg["grad_accum"], log_every=cfg["log_every"],
                               seed=cfg["seed"], gradient_checkpointing=bool(cfg.get("gradient_checkpointing")),
-                              fused_adamw=cuda and strategy == "ddp", **_strategy_arguments(cfg, layer_cls, cuda))
+                              fused_adamw=cuda and strategy == "ddp", **_strategy_arguments(cfg, layer, cuda))
     model = load_model(cfg, strategy, dtype, device_type, local_rank, world)
     model, kbit, _ = prepare_lora_model(model, cfg["lora"], bool(cfg.get("gradient_checkpointing")))
-    if strategy == "tp":
-        fix_tp_lora(model)
+    strategy_ready(model, strategy, layer)
     fused, loss_why = fused_loss_supported(model)
     if fused and not fused_loss_allowed(strategy):
         fused, loss_why = False, f"the model's own loss ({strategy}: the LM head is not whole on every rank)"
     emit(event="setup", strategy=strategy, precision=prec, dtype=str(dtype).replace("torch.", ""),
          attention=getattr(model.config, "_attn_implementation", None), qlora=kbit, loss=loss_why,
-         kernels=bool(cfg.get("kernels")), device=device_type)
+         kernels=bool(cfg.get("kernels")), device=device_type,
+         unit=layer.name if layer is not None else None)  # what FSDP2 / ZeRO-3 gather whole
 
     pad = cfg.get("pad_token_id")
     counter = {"tokens": 0}
-    stream = _stream_callback(emit, cuda, counter, os.path.join(run_dir, "STOP"), stop_flag)
+    cpu_base: dict = {}   # filled as training begins (cpu_baseline)
+    stream = _stream_callback(emit, cuda, counter, os.path.join(run_dir, "STOP"), stop_flag, cpu_base)
     extra = {"optimizers": (tp_optimizer(model, cfg["learning_rate"]), None)} if strategy == "tp" else {}
     trainer = NvkitTrainer(model=model, args=args, train_dataset=ListDataset(read_rows(run_dir)),
                            data_collator=Collator(0 if pad is None else pad, pad_to=8), callbacks=[stream],
@@ -267,6 +327,8 @@ def train(run_dir: str) -> None:
     quiet_trainer(trainer)
     if cuda:
         torch.cuda.reset_peak_memory_stats()
+    else:
+        cpu_base.update(cpu_baseline(model))
     trainer.train()
     target = os.path.join(run_dir, "adapter")
     if rank == 0:

@@ -227,6 +227,8 @@ def test_deepspeed_zero_on_two_cpu_ranks(path, tmp_path, strategy, offload):
                            run_dir=str(tmp_path / strategy)))
     assert run.ranks == [0, 1]
     assert run.setup(0)["strategy"] == strategy and run.setup(1)["precision"] == "fp32"
+    # ZeRO-3 gathers a whole decoder layer at a time (strategies.zero3_settings), ZeRO-2 gathers nothing
+    assert run.setup(0)["unit"] == ("Qwen3DecoderLayer" if strategy == "zero3" else None)
     logs = {(r["rank"], r["step"]): r["loss"] for r in run.history if r.get("event") == "log"}
     assert sorted(logs) == [(0, 1), (0, 2), (0, 3), (1, 1), (1, 2), (1, 3)]
     assert logs[(0, 3)] == pytest.approx(logs[(1, 3)], rel=1e-4)  # one reduced loss on both ranks
