@@ -15,6 +15,7 @@ from typing import Callable
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 
 from .errors import NvkitError
+from .units import counted
 
 
 class _Parser(argparse.ArgumentParser):
@@ -312,7 +313,7 @@ def _cmd_finetune(args, cell):
                    eval_every=args.eval_every,
                    resume=args.resume_from or args.resume)
     resumed = f", resuming at step {run.first_step} from {run.info['resumed_from']}" if run.info.get("resumed_from") else ""
-    print(f"Fine-tuning {s.model_id}: {run.total_steps} steps, {run.info['precision']}, "
+    print(f"Fine-tuning {s.model_id}: {counted(run.total_steps, 'step')}, {run.info['precision']}, "
           f"LoRA r={args.r}{resumed} → {run.adapter_dir}")
     if args.background:
         return run
@@ -330,7 +331,7 @@ def _cmd_finetune(args, cell):
     run.result()
     _print_evals(run, evals)
     sm = run.summary()
-    print(f"{'Stopped' if run.stopped else 'Done'}: {sm['steps']} steps in {sm['seconds']:.1f} s · "
+    print(f"{'Stopped' if run.stopped else 'Done'}: {counted(sm['steps'], 'step')} in {sm['seconds']:.1f} s · "
           f"{sm['tokens_per_s']:.0f} tok/s · adapter {sm['adapter_dir']}")
     if sm["eval_loss_before"] is not None:
         print(f"eval loss {sm['eval_loss_before']:.4f} → {sm['eval_loss_after']:.4f} · perplexity "

@@ -1,4 +1,5 @@
-"""Sizes as people read them. One formatter, so every face prints a byte count the same way."""
+"""Sizes and counts as people read them. One formatter each, so every face prints a byte count the
+same way and says "1 step", never "1 steps"."""
 
 from __future__ import annotations
 
@@ -17,3 +18,9 @@ def fmt_bytes(n: float | int | None) -> str:
             return f"{sign}{n:.0f} {unit}" if unit == "B" else f"{sign}{n:.2f} {unit}"
         n /= 1024
     return f"{sign}{n:.2f} TiB"
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``counted(1, "step")`` → ``"1 step"``; ``counted(3, "step")`` → ``"3 steps"`` (``plural`` for
+    nouns that don't take an s)."""
+    return f"{n} {noun if n == 1 else (plural or noun + 's')}"

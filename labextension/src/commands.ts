@@ -7,6 +7,7 @@ import {
   NotebookPanel
 } from '@jupyterlab/notebook';
 import { lineFormIcon } from '@jupyterlab/ui-components';
+import { Widget } from '@lumino/widgets';
 
 import { ApiError, copyTutorial, GpuModel } from './api';
 import { gpuIcon } from './icons';
@@ -120,6 +121,30 @@ async function restartWithSelection(deps: ICommandDeps): Promise<void> {
   void deps.model.refresh();
 }
 
+/** A failed copy: a dialog that says why (a notification alone is easy to miss while the
+ * notebook the user asked for does not open). The server removed what the copy had made. */
+async function copyFailed(name: string, dir: string, e: unknown): Promise<void> {
+  const reason = e instanceof Error ? e.message : String(e);
+  const where = dir ? `the folder ${dir}` : 'the top folder';
+  const body = document.createElement('div');
+  body.className = 'nvkit-CopyFailed';
+  for (const text of [
+    `${name} could not be copied into ${where}:`,
+    reason,
+    'Nothing of the copy was kept. Fix the cause, or open another folder in the file ' +
+      'browser, and click the tutorial again.'
+  ]) {
+    const p = body.appendChild(document.createElement('p'));
+    p.textContent = text;
+    p.style.margin = '0 0 8px'; // inline: the rule belongs to this one dialog
+  }
+  await showDialog({
+    title: 'Could not copy the tutorial',
+    body: new Widget({ node: body }),
+    buttons: [Dialog.okButton({ label: 'Close' })]
+  });
+}
+
 async function openTutorial(deps: ICommandDeps, name: string): Promise<void> {
   const settings = deps.app.serviceManager.serverSettings;
   const dir = deps.fileBrowser?.model.path ?? '';
@@ -129,24 +154,32 @@ async function openTutorial(deps: ICommandDeps, name: string): Promise<void> {
   } catch (e) {
     // a 409 with `exists` is the user's earlier copy; any other 409 (a folder of that name) is an error
     if (!(e instanceof ApiError && e.status === 409 && e.body?.exists)) {
-      Notification.error(`Could not copy the tutorial ${name}: ${(e as Error).message}`);
+      await copyFailed(name, dir, e);
       return;
     }
     path = e.body.path as string;
-    const answer = await showDialog({
-      title: 'Tutorial already copied',
-      body: `${path} exists. Open your copy, or replace it with a fresh one (your changes are lost)?`,
-      buttons: [
-        Dialog.cancelButton(),
-        Dialog.warnButton({ label: 'Replace', displayType: 'warn' }),
-        Dialog.okButton({ label: 'Open my copy' })
-      ]
-    });
-    if (!answer.button.accept) {
-      return;
-    }
-    if (answer.button.label === 'Replace') {
-      path = (await copyTutorial(settings, name, dir, true)).path;
+    // a copy still as shipped holds nothing of the user's: open it without a question
+    if (!e.body.unchanged) {
+      const answer = await showDialog({
+        title: 'Tutorial already copied',
+        body: `${path} exists. Open your copy, or replace it with a fresh one (your changes are lost)?`,
+        buttons: [
+          Dialog.cancelButton(),
+          Dialog.warnButton({ label: 'Replace', displayType: 'warn' }),
+          Dialog.okButton({ label: 'Open my copy' })
+        ]
+      });
+      if (!answer.button.accept) {
+        return;
+      }
+      if (answer.button.label === 'Replace') {
+        try {
+          path = (await copyTutorial(settings, name, dir, true)).path;
+        } catch (e2) {
+          await copyFailed(name, dir, e2);
+          return;
+        }
+      }
     }
   }
   await deps.app.commands.execute('docmanager:open', { path });

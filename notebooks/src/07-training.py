@@ -35,7 +35,9 @@ STEPS = int(os.environ.get("NVKIT_STEPS", "4"))  # training steps per run; a few
 #
 # Data (examples inline or a `.jsonl`/`.json`/`.csv`/`.txt` file), LoRA and training settings, an
 # estimate of the peak memory, Start and Stop, then loss and memory on one time axis. Start
-# returns at once; `await` the run (or `run.result()`) to wait for it.
+# returns at once; `await` the run (or `run.result()`) to wait for it. The panel's examples are
+# nvkit's demo lesson (`nvkit.demo.lesson`): questions the demo model already answers, each answer
+# ending with one more sentence, which a short run teaches (below, on questions it never saw).
 
 # %%
 import nvkit
@@ -72,16 +74,23 @@ assert os.path.isdir(run.adapter_dir)
 # compiled under an activation-memory budget, so the compiler keeps half of what the backward
 # needs and recomputes the cheapest rest. Measured on an H200 (Qwen3-0.6B shape, LoRA r=16,
 # 8 × 512): 27.8 k tokens/s at 4.8 GiB peak against 16.9 k at 17.0 GiB; `nvkit bench --lora`
-# measures it on your GPU. The run predicted its own peak beforehand (`nvkit.estimate(...,
-# path="nvkit")`), and the prediction stands beside the measurement:
+# measures it on your GPU. The run predicted its own peak before it started, for the batches its
+# rows make: `run.estimate`, the number the panel showed (`nvkit.train.finetune.run_estimate` gives
+# it for any data and settings), and the prediction stands beside the measurement. On a GPU that is
+# the device's memory, CUDA context included; on the CPU it is the process memory the run adds (its
+# tensors, what the C allocator keeps between steps, the model), measured from where training
+# starts, since the whole process also holds Python, torch and every import.
 
 # %%
 from nvkit.memory import comparisons
+from nvkit.units import fmt_bytes
 
 train = [c for c in comparisons(frame=False) if c.what == "train"][-1]
+print(run.estimate)
 print(train)
 print({k: run.info.get(k) for k in ("compile", "activation_budget", "loss")})
-assert train.estimate is not None and "fused loss" in train.estimate.formulas["logits"]
+assert train.estimate is run.estimate and "fused loss" in train.estimate.formulas["logits"]
+assert f"<b>{fmt_bytes(run.estimate.total)}</b>" in panel.estimate.value  # the panel's number is the run's
 
 # %% [markdown]
 # After the run the session generates with the adapter attached. `s.merge_adapter()` folds it into
@@ -98,26 +107,22 @@ assert not s.info["adapters"]
 # %% [markdown]
 # ## See the data first
 #
+# The lesson: questions about GPUs and nvkit that the demo model already answers, each answer
+# followed by the same sentence. It teaches a habit rather than facts, so what the run learned
+# shows on questions that are not in the data: `lesson.HELD_OUT` keeps some aside for that.
+#
 # `nvkit.train.data.preview` shows each example as the model will see it: the chat template
 # applied, its token count, whether it is longer than `seq_len`, and the tokens that carry the loss
 # (between ⟦ ⟧; highlighted in the HTML view). The totals say how many sequences a run packs and
 # how many steps one epoch takes, before any time is spent training.
 
 # %%
+from nvkit.demo import lesson
 from nvkit.train.data import preview
 
-data = [
-    {"prompt": "Which GPUs support bf16?", "response": "Ampere and newer: compute capability 8.0 and up."},
-    {"prompt": "What does QLoRA train?", "response": "LoRA adapters on top of a 4-bit base model."},
-    {"prompt": "How does PyTorch reach an NVIDIA GPU?", "response": "Through CUDA, as the device 'cuda'."},
-    {"prompt": "What does CUDA_VISIBLE_DEVICES do?", "response": "It chooses which GPUs a process can see."},
-    {"prompt": "Which attention is the default?", "response": "SDPA, PyTorch's scaled dot-product attention."},
-    {"prompt": "What does FSDP shard?", "response": "Parameters, gradients and optimizer state."},
-    {"prompt": "What is NCCL?", "response": "NVIDIA's library for collective communication between GPUs."},
-    {"prompt": "What holds the KV cache?", "response": "GPU memory: keys and values of every layer."},
-    {"prompt": "What is a CUDA graph?", "response": "Recorded GPU work replayed with one launch."},
-    {"prompt": "Why pack rows?", "response": "Fewer pad tokens, so fewer wasted FLOPs."},
-]
+data = lesson.TRAIN
+print(len(data), "examples; each answer ends with", repr(lesson.SIGN_OFF))
+print(len(lesson.HELD_OUT), "held out:", [row["prompt"] for row in lesson.HELD_OUT])
 p = preview(data, s.tokenizer, seq_len=64, n=2, batch_size=4)
 print(p)
 assert p.totals["rows"] == len(data) and p.totals["too_long"] == 0 and "⟦" in p.rows[0].marked
@@ -125,15 +130,17 @@ assert p.totals["rows"] == len(data) and p.totals["too_long"] == 0 and "⟦" in 
 # %% [markdown]
 # ## A short run, evaluated
 #
-# `eval_split=0.2` holds a fifth of the examples out of training; their loss and perplexity are
-# measured before the first step, every `eval_every` steps and at the end, with the same fused loss
-# as training (no full logits). `run.info["compile_reason"]` says whether the decoder layers were
+# `eval_data=lesson.HELD_OUT` evaluates on the questions kept out of training (`eval_split=0.2`
+# would hold out a fifth of `data` instead): their loss and perplexity are measured before the
+# first step, every `eval_every` steps and at the end, with the same fused loss as training (no
+# full logits). `lesson.STEPS` steps at `lesson.LEARNING_RATE` are what the demo model needs to
+# learn the habit (CPU seconds). `run.info["compile_reason"]` says whether the decoder layers were
 # compiled: on a GPU only runs long enough to pay the compile time back are (or shorter ones once
 # the compile cache is warm); short runs start at once.
 
 # %%
-run = nvkit.finetune(s, data, max_steps=STEPS, eval_split=0.2, eval_every=2, batch_size=4, seq_len=64,
-                     learning_rate=5e-3)
+run = nvkit.finetune(s, data, max_steps=lesson.STEPS, eval_data=lesson.HELD_OUT, eval_every=10, batch_size=8,
+                     seq_len=64, learning_rate=lesson.LEARNING_RATE)
 await run
 print(run)
 print("compile:", run.info["compile_reason"])
@@ -151,20 +158,27 @@ evals = pd.DataFrame(run.eval_history)[["step", "eval_loss", "eval_perplexity"]]
 print(steps.merge(evals, on="step", how="outer").sort_values("step").round(4).to_string(index=False))
 sm = run.summary()
 print({k: round(v, 4) for k, v in sm.items() if k.startswith("eval_")})
-assert [e["step"] for e in run.eval_history][0] == 0 and run.eval_history[-1]["step"] == STEPS
-assert math.isfinite(sm["eval_loss_before"]) and math.isfinite(sm["eval_loss_after"])
+assert [e["step"] for e in run.eval_history][0] == 0 and run.eval_history[-1]["step"] == lesson.STEPS
+assert math.isfinite(sm["eval_loss_before"]) and sm["eval_loss_after"] < sm["eval_loss_before"]
 
 # %% [markdown]
 # ## Did it change the answers?
 #
 # `s.compare(prompts)` answers each prompt twice with the one loaded model: with the adapter
 # switched off (that is the base model) and on, same seed and settings (here the chat template,
-# as in training), side by side with the speed of each side.
+# as in training), side by side with the speed of each side. The questions are the held-out ones:
+# the base model answers and stops; the tuned one gives its answer and then the sentence the
+# lesson taught, on questions it never trained on.
 
 # %%
-comparison = s.compare(["Which GPUs support bf16?", "What does QLoRA train?"], max_new_tokens=16, chat=True)
+questions = list(lesson.HELD_OUT_QUESTIONS[:3])
+comparison = s.compare(questions, max_new_tokens=40, chat=True)
 display(comparison)
-assert len(comparison) == 2 and all(r.base_tokens_per_s > 0 for r in comparison)
+signed = [r.tuned.rstrip().endswith(lesson.SIGN_OFF) for r in comparison]
+print("tuned answers that end with the lesson's sentence:", sum(signed), "of", len(signed))
+assert len(comparison) == 3 and all(r.base_tokens_per_s > 0 for r in comparison)
+if MODEL == "demo":  # what the lesson was made for; another model may need more steps
+    assert any(signed) and not any(lesson.SIGN_OFF in r.base for r in comparison)
 
 # %% [markdown]
 # ## Stop, then go on
@@ -206,12 +220,12 @@ print(sorted(os.listdir(folder)))
 print(open(os.path.join(folder, "README.md")).read()[:600])
 model = AutoModelForCausalLM.from_pretrained(folder, dtype=s.model.dtype, device_map=str(s.device))
 tok = AutoTokenizer.from_pretrained(folder)
-prompt = tok.apply_chat_template([{"role": "user", "content": "Which GPUs support bf16?"}], tokenize=False,
-                                 add_generation_prompt=True)
+question = lesson.HELD_OUT_QUESTIONS[0]
+prompt = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
 enc = tok(prompt, return_tensors="pt").to(s.device)
-ids = model.generate(**enc, max_new_tokens=12, do_sample=False, pad_token_id=tok.pad_token_id)
+ids = model.generate(**enc, max_new_tokens=32, do_sample=False, pad_token_id=tok.pad_token_id)
 reloaded = tok.decode(ids[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-in_session = s.generate("Which GPUs support bf16?", chat=True, max_new_tokens=12)
+in_session = s.generate(question, chat=True, max_new_tokens=32)
 print("reloaded:  ", reloaded, "\nin session:", in_session)
 del model
 s.unload_adapter();

@@ -166,7 +166,9 @@ assert len(gen.texts) == len(prompts)
 # folder (the strategy is still nvkit's, set through Trainer's arguments, so the metrics are the
 # same). Several machines: run the same line on every node with the node count, each node's rank
 # and a rendezvous address (node 0's). `start=False` writes the run and gives the line without
-# starting anything; use the same run directory name on every node: it is the rendezvous id.
+# starting anything; use the same run directory name on every node: it is the rendezvous id. The
+# line pins the GPUs chosen here, one process each: `nproc_per_node` is that count (nvkit refuses a
+# line that starts more processes than it makes GPUs visible).
 
 # %%
 import tempfile
@@ -179,11 +181,13 @@ print(plan.command)
 print(open(os.path.join(plan.run_dir, "accelerate.yaml")).read())
 
 multinode_dir = os.path.join(tempfile.mkdtemp(), "nvkit-multinode")
+per_node = len(nvkit.selection().devices) or 4  # the GPUs chosen here (no GPU here: a 4-GPU node's line)
 for node in (0, 1):
-    plan = nvkit.launch(config, nproc_per_node=8, nnodes=2, node_rank=node, rdzv_endpoint="10.0.0.1:29500",
+    plan = nvkit.launch(config, nproc_per_node=per_node, nnodes=2, node_rank=node, rdzv_endpoint="10.0.0.1:29500",
                         run_dir=multinode_dir, start=False)
     print(f"node {node}:", plan.command)
     assert f"--node_rank={node}" in plan.command and "--nnodes=2" in plan.command
+    assert f"--nproc_per_node={per_node}" in plan.command
     assert "--rdzv_id=nvkit-multinode" in plan.command
 
 # %% [markdown]

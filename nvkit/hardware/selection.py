@@ -620,6 +620,13 @@ def launch_command(script: str, nproc_per_node: int | None = None, *, launcher: 
     n = nproc_per_node if nproc_per_node is not None else max(1, len(choice or ()))
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise NvkitError(f"launch_command: nproc_per_node must be a positive integer, not {n!r}.")
+    if choice and n > len(choice):
+        # every rank takes the GPU of its local rank: the ones past the GPUs on the line find none
+        # (or share one, which NCCL refuses), on this machine and on any node the line is run on
+        raise NvkitError(
+            f"nproc_per_node={n} starts one process per GPU, but {len(choice)} GPU(s) are on the launch "
+            f"line ({VISIBLE}={env[VISIBLE]}). Use nproc_per_node={len(choice)} (or fewer), choose more GPUs "
+            "(gpus=[...] or nvkit.select_gpus), or run CPU processes with gpus=[] (gloo).")
     if isinstance(args, (str, bytes)) or not isinstance(args, (list, tuple)) or not all(
             isinstance(a, (str, int, float, os.PathLike)) and not isinstance(a, bool) for a in args):
         raise NvkitError(f"launch_command: args must be a list of the script's arguments, e.g. "

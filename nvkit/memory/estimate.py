@@ -32,6 +32,12 @@ MiB = 2**20
 # inference and 1.44 GiB for a LoRA step. It is there once per GPU the process touches.
 CUDA_CONTEXT_BYTES = 1331 * MiB
 
+# What a fresh process's first training steps on the CPU take beyond its run's tensors: the thread
+# pools and scratch buffers of OpenMP and oneDNN, autograd's engine, gloo's buffers and DDP's
+# reducer. Measured on the ranks of CPU launches of the demo model; a kernel's fine-tune mostly
+# finds them made already, so only a launched rank's estimate counts them.
+CPU_FRESH_PROCESS_BYTES = 20 * MiB
+
 _DTYPE_BYTES = {"float32": 4, "fp32": 4, "float": 4, "bfloat16": 2, "bf16": 2, "float16": 2,
                 "fp16": 2, "half": 2}
 _QUANT = (None, "nf4", "fp4", "int8")
@@ -93,6 +99,15 @@ class Estimate:
 
     def __repr__(self) -> str:
         return f"<nvkit.Estimate {fmt_bytes(self.total)} for {self.describe()}>"
+
+
+def in_fresh_process(est: "Estimate") -> "Estimate":
+    """``est`` (a CPU LoRA estimate) with what a fresh process's first training steps add to it
+    (``CPU_FRESH_PROCESS_BYTES``): the estimate of a launched CPU rank."""
+    est.parts["fresh process"] = CPU_FRESH_PROCESS_BYTES
+    est.formulas["fresh process"] = ("thread pools, scratch and gloo buffers a new rank makes at its first steps "
+                                     "(measured)")
+    return est
 
 
 # --- the model's shape ----------------------------------------------------------------------------
@@ -235,7 +250,7 @@ def for_session(session, **kw) -> "Estimate":
 
 def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference", batch_size=1, seq_len=1024,
              lora_r=16, gradient_checkpointing=False, *, prompt_len=None, device="cuda", path="nvkit",
-             compiled=None) -> Estimate:
+             compiled=None, lora_dropout=0.05) -> Estimate:
     """Predict the peak GPU memory of running ``model`` (see the module doc for how).
 
     ``mode="inference"``: ``generate`` over ``batch_size`` prompts of ``prompt_len`` tokens
@@ -246,7 +261,11 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
     ``path`` (LoRA only): ``"nvkit"`` (the default) is what ``nvkit.finetune`` runs: the chunked
     fused loss (no full logits) and, on CUDA, compiled layers under ``finetune.ACTIVATION_BUDGET``
     (``compiled=False`` for a run too short to compile, see ``run.info["compile_reason"]``);
-    ``"plain"`` is PEFT + Trainer as documented (the model's own loss over full logits)."""
+    ``"plain"`` is PEFT + Trainer as documented (the model's own loss over full logits).
+    ``device="cpu"`` with ``path="nvkit"`` is ``nvkit.finetune`` on the CPU: fp32 eager layers
+    (``lora_dropout`` > 0 keeps each adapted layer's dropped-out input and mask), and what the
+    process's C allocator holds beyond the live tensors; the total predicts the process memory
+    the run adds (``nvkit.memory.peaks.cpu_measured``), not the whole process."""
     dname = str(dtype).replace("torch.", "").lower()
     require(dname in _DTYPE_BYTES, f"dtype must be 'bfloat16', 'float16' or 'float32', not {dtype!r}.")
     qname = quantization.lower() if isinstance(quantization, str) else quantization
@@ -260,6 +279,8 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
     require(compiled is None or isinstance(compiled, bool), f"compiled must be True, False or None, not {compiled!r}.")
     if mode == "lora":
         whole_number("lora_r", lora_r)
+        require(isinstance(lora_dropout, (int, float)) and not isinstance(lora_dropout, bool)
+                and 0 <= lora_dropout < 1, f"lora_dropout must be a number in [0, 1), not {lora_dropout!r}.")
     if prompt_len is None:
         prompt_len = seq_len
     whole_number("prompt_len", prompt_len)
@@ -317,26 +338,49 @@ def estimate(model="demo", dtype="bfloat16", quantization=None, mode="inference"
         formulas["LoRA gradients"] = "adapter params × 4 B"
         parts["AdamW states"] = n_lora * 8
         formulas["AdamW states"] = "adapter params × 2 moments × 4 B"
-        # Saved activations, bytes per token per layer, measured with PEFT all-linear LoRA
-        # (fp32 adapters: each adapted layer keeps an fp32 copy of its input) on a bf16 model.
-        per_layer = _LORA_H * H + _LORA_QD * qd + _LORA_KVD * kvd + _LORA_I * I + _LORA_R * lora_r
+        cpu = device == "cpu" and path == "nvkit"
+        if cpu:
+            # nvkit.finetune on the CPU trains in fp32, eager: no bf16 copies, but every tensor 4 B,
+            # and PEFT's dropout (when on) keeps each adapted layer's dropped-out input and mask
+            ch, cq, ckv, ci, cr, final = _CPU_LORA_DROPOUT if lora_dropout > 0 else _CPU_LORA
+            keep = 4  # a checkpointed layer keeps its fp32 input
+        else:
+            # Saved activations, bytes per token per layer, measured with PEFT all-linear LoRA
+            # (fp32 adapters: each adapted layer keeps an fp32 copy of its input) on a bf16 model.
+            ch, cq, ckv, ci, cr, final = _LORA_H, _LORA_QD, _LORA_KVD, _LORA_I, _LORA_R, _FINAL_H
+            keep = 2
+        per_layer = ch * H + cq * qd + ckv * kvd + ci * I + cr * lora_r
         budget = path == "nvkit" and device == "cuda" and compiled is not False
         if budget:  # the compiled layers keep about this share of what eager autograd saves
             per_layer = int(per_layer * _BUDGET_SHARE)
         if gradient_checkpointing:
-            # Each layer keeps only its bf16 input; during backward one layer is recomputed at a
-            # time (its activations plus their gradients, about twice its saved set).
-            act = T * (L * 2 * H + _FINAL_H * H) + T * 2 * per_layer
-            formulas["activations"] = (f"{T} tok × ({L} layers × 2·H + {_FINAL_H}·H) + one layer recomputed "
+            # Each layer keeps only its input; during backward one layer is recomputed at a time
+            # (its activations plus their gradients, about twice its saved set).
+            act = T * (L * keep * H + final * H) + T * 2 * per_layer
+            formulas["activations"] = (f"{T} tok × ({L} layers × {keep}·H + {final}·H) + one layer recomputed "
                                        f"(2 × {per_layer} B/tok)")
         else:
-            act = T * (L * per_layer + _FINAL_H * H)
-            formulas["activations"] = (f"{T} tok × ({L} layers × ({_LORA_H}·H + {_LORA_QD}·q_dim + {_LORA_KVD}·kv_dim "
-                                       f"+ {_LORA_I}·I + {_LORA_R}·r) + {_FINAL_H}·H) B")
+            act = T * (L * per_layer + final * H)
+            formulas["activations"] = (f"{T} tok × ({L} layers × ({ch}·H + {cq}·q_dim + {ckv}·kv_dim "
+                                       f"+ {ci}·I + {cr}·r) + {final}·H) B")
+        if cpu:
+            formulas["activations"] += (", fp32 on the CPU" + (f" with LoRA dropout {lora_dropout:g}"
+                                                               if lora_dropout > 0 else ""))
         if budget:
             formulas["activations"] += f", per-layer part × {_BUDGET_SHARE} (compiled under an activation budget)"
         parts["activations"] = int(act)
-        if path == "nvkit":
+        if cpu:
+            # On an fp32 model the fused loss forms softmax and gradient in place in its one
+            # chunk of logits; the hidden states' gradient is in the activations' final term.
+            rows = min(loss_chunk_rows(V), T)
+            parts["logits"] = rows * V * 4
+            formulas["logits"] = f"fused loss: {rows}-row chunk × vocab {V} × 4 B (fp32, softmax and grad in place)"
+            # glibc keeps the blocks a step frees and hands them out again only where they fit, so
+            # the process grows past the live tensors by about this share of a step's tensors
+            parts["CPU allocator"] = int(_CPU_ALLOCATOR_SHARE * (act + parts["logits"]))
+            formulas["CPU allocator"] = (f"{_CPU_ALLOCATOR_SHARE} × (activations + logits): freed blocks the C "
+                                         "allocator keeps between steps")
+        elif path == "nvkit":
             # The fused loss: one chunk of fp32 logits at a time (its logits, softmax and
             # gradient), plus the fp32 gradient of the hidden states.
             rows = min(loss_chunk_rows(V), T)
@@ -366,3 +410,12 @@ _LOGIT_BYTES = 14
 # docs/benchmarks.md, "Memory estimate vs measurement"); tests/gpu checks it at another shape.
 _BUDGET_SHARE = 0.28
 _INF_H, _INF_QD, _INF_KVD, _INF_I = 12, 4, 4, 6
+# nvkit.finetune on the CPU (fp32, eager, fused loss), bytes per token: per layer (H, q_dim,
+# kv_dim, I, r) and the final H term, with LoRA dropout on and off; a least-squares fit over ten
+# Qwen3 shapes of live-tensor measurements (tests/memory/test_estimate.py re-measures two).
+_CPU_LORA_DROPOUT = (48, 20, 12, 20, 28, 4)
+_CPU_LORA = (16, 12, 12, 16, 28, 16)
+# RSS the process adds beyond its live tensors over a run of steps, as a share of one step's
+# activations and logits: glibc on x86-64, measured on the demo model's LoRA runs in a worker
+# thread (a kernel's fine-tune) and in launched ranks, whose spread this sits in the middle of.
+_CPU_ALLOCATOR_SHARE = 0.8

@@ -17,7 +17,7 @@ from .. import events
 from ..errors import require
 from ..state import STATE
 from ..units import fmt_bytes
-from .usage import cuda_in_use, fast_rss, torch_module
+from .usage import cuda_in_use, fast_rss, release, reset_rss_peak, rss_peak, torch_module
 
 
 @dataclass
@@ -74,6 +74,7 @@ class Tracker:
         self.auto = None            # the one nvkit made for the running operation
         self.open: dict = {}        # what -> start time
         self.open_rss: dict = {}    # what -> process RSS when it started (CPU comparisons count the growth)
+        self.open_hwm: dict = {}    # what -> True once the kernel's peak-RSS record restarted with it
         self.lock = threading.Lock()
         events.subscribe(self.on_event)
 
@@ -86,6 +87,7 @@ class Tracker:
             with self.lock:
                 self.open[_START_KINDS[ev.kind]] = ev.t
                 self.open_rss[_START_KINDS[ev.kind]] = fast_rss()
+                self.open_hwm[_START_KINDS[ev.kind]] = False
             smp = STATE.sampler
             if smp is not None and smp.running:
                 smp.sample()  # a point right at the start, however the rate falls
@@ -96,11 +98,12 @@ class Tracker:
         with self.lock:
             t0 = self.open.pop(what, ev.t)
             rss0 = self.open_rss.pop(what, None)
+            hwm = self.open_hwm.pop(what, False)
         if what == "load":  # after a load the weights are the prediction: config-only, as before the load
             s = ev.subject if ev.subject is not None else loaded_session()
             if s is not None:
                 expect_for(s, seq_len=1)
-        record_peak(what, t_start=t0, rss_start=rss0)
+        record_peak(what, t_start=t0, rss_start=rss0, hwm=hwm)
 
 
 def tracker() -> Tracker:
@@ -131,10 +134,11 @@ def expectation():
         return t.explicit or t.auto
 
 
-def expect_for(session, **kw) -> None:
+def expect_for(session, **kw):
     """Make ``nvkit.estimate`` of the loaded ``session`` (its config, dtype, quantization and
-    device, plus ``kw``) the automatic expectation. Best effort: a prediction is a bonus and
-    never breaks the load, generation or run it describes."""
+    device, plus ``kw``) the automatic expectation, and return it (None when none could be made).
+    Best effort: a prediction is a bonus and never breaks the load, generation or run it
+    describes."""
     try:
         from .estimate import for_session
         est = for_session(session, **kw)
@@ -143,6 +147,7 @@ def expect_for(session, **kw) -> None:
     t = tracker()
     with t.lock:
         t.auto = est
+    return est
 
 
 def expect_generation(session, texts, gen: dict) -> None:
@@ -163,6 +168,24 @@ def expect_finetune(session, batch_size: int, seq_len: int, lora_r: int, gradien
     """Predict the peak of the LoRA run ``nvkit.finetune`` is about to start (best effort)."""
     expect_for(session, mode="lora", batch_size=batch_size, seq_len=seq_len, lora_r=lora_r,
                gradient_checkpointing=gradient_checkpointing, path="nvkit")
+
+
+def cpu_work_starts(what: str = "train") -> None:
+    """The work of the open ``what`` window begins now, on the CPU: what the process took on
+    before it (the training libraries' imports, the adapter and the trainer being built) is not
+    the working memory an estimate describes, so the window's baseline moves here. Freed memory
+    is given back first (the growth then starts from what is live), and the peak record restarts
+    (the kernel's VmHWM where it can, the sampler's). Called by the worker running that work."""
+    release()
+    hwm = reset_rss_peak()
+    smp = STATE.sampler
+    if smp is not None:
+        smp.reset_peaks()
+    t = tracker()
+    with t.lock:
+        if what in t.open:
+            t.open_rss[what] = fast_rss()
+            t.open_hwm[what] = hwm
 
 
 def reset_peak() -> None:
@@ -193,15 +216,20 @@ def main_device() -> tuple[str, int | None]:
     return ("cuda:0", 0) if cuda_in_use() else ("cpu", None)
 
 
-def cpu_measured(what: str, rss_start: int | None) -> int:
+def cpu_measured(what: str, rss_start: int | None, hwm: bool = False) -> int:
     """The CPU counterpart of a GPU peak: how much the process RSS grew during the operation (the
-    sampler's peak when it ran, else now), plus the weights already resident when the operation
-    did not load them. The whole RSS would count Python, torch and every import (≈ 1 GB against a
-    7 MB demo model), which no estimate of the model describes."""
+    kernel's peak record when ``hwm`` says it restarted with the operation, the sampler's peak when
+    it ran, else now), plus the weights already resident when the operation did not load them
+    (after a fine-tune: with its adapter). The whole RSS would count Python, torch and every
+    import (≈ 1 GB against a 7 MB demo model), which no estimate of the model describes."""
     now = fast_rss()
     if rss_start is None:
         return now
     peak = now
+    if hwm:
+        recorded = rss_peak()
+        if recorded is not None:
+            peak = max(peak, recorded)
     smp = STATE.sampler
     if smp is not None and smp.running:
         p = smp.peak("rss")
@@ -217,7 +245,8 @@ def cpu_measured(what: str, rss_start: int | None) -> int:
     return grown
 
 
-def record_peak(what: str, t_start: float | None = None, estimate=None, rss_start: int | None = None) -> Comparison:
+def record_peak(what: str, t_start: float | None = None, estimate=None, rss_start: int | None = None,
+                hwm: bool = False) -> Comparison:
     """Measure the peak since the last ``reset_peak`` and store it beside ``estimate`` (default:
     the expectation in force). ``comparisons()`` lists them. On CPU the measurement is the RSS
     growth since ``rss_start`` plus the resident weights (``cpu_measured``)."""
@@ -228,7 +257,7 @@ def record_peak(what: str, t_start: float | None = None, estimate=None, rss_star
         alloc = int(torch.cuda.max_memory_allocated(ci))
         reserved = int(torch.cuda.max_memory_reserved(ci))
     else:
-        alloc = reserved = cpu_measured(what, rss_start)
+        alloc = reserved = cpu_measured(what, rss_start, hwm)
     nvml = None
     s = STATE.sampler
     if s is not None and ci is not None and ("nvml_used", ci) in s.buffers:

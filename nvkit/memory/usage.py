@@ -139,6 +139,30 @@ def fast_rss() -> int:
         return rss_bytes()
 
 
+def reset_rss_peak() -> bool:
+    """Start the kernel's record of this process's peak RSS (VmHWM) over from now; False where it
+    cannot be (not Linux, or /proc/self/clear_refs refused), and ``rss_peak`` is then no use."""
+    try:  # a kernel interface, not a file on disk: written in place
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # 5: reset the peak resident set size (Linux 4.0+)
+        return True
+    except OSError:
+        return False
+
+
+def rss_peak() -> int | None:
+    """The peak RSS of this process since ``reset_rss_peak`` (or since it started), as the kernel
+    recorded it: exact, however short the peak, where a sampler could miss it. None off Linux."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def pick_devices(every: list, devices, what: str = "sample") -> list:
     """The devices among ``every`` named by ``devices`` (cuda indices; None = all), or NvkitError."""
     if devices is None:

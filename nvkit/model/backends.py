@@ -22,6 +22,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import importlib.util
 import os
+import re
 import socket
 import sys
 import threading
@@ -199,8 +200,37 @@ def kernel_source(repo_id: str, version: int | None = None) -> tuple[bool, str, 
         return True, f"Hub kernel {repo_id}", "downloaded from the Hub at first use"
     why = "HF_HUB_OFFLINE is set" if hub_offline() else "the Hugging Face Hub is unreachable"
     return False, f"Hub kernel {repo_id}", (
-        f"{why} and {repo_id}{f' v{version}' if version is not None else ''} is neither in the local kernel cache "
-        f"nor in LOCAL_KERNELS. {how_to_bring_in(repo_id, version)}")
+        f"{why} and {repo_id}{f' v{version}' if version is not None else ''} {_NOT_HERE}. "
+        f"{how_to_bring_in(repo_id, version)}")
+
+
+_NOT_HERE = "is neither in the local kernel cache nor in LOCAL_KERNELS"
+# a flash backend's reason when its package is missing and its Hub kernel is out of reach
+# (_flash_choice wrapping kernel_source's reason)
+_KERNEL_GAP = re.compile(r"(?P<head>.*Hub kernel fallback: )(?P<why>.+?) and (?P<kernel>\S+(?: v(?P<v>\d+))?) "
+                         + re.escape(_NOT_HERE) + r"\. Bring it in: .*", re.S)
+
+
+def fold_kernel_gaps(reasons: dict) -> tuple[dict, str | None]:
+    """For a listing of several backends (``nvkit doctor``): each name's reason, with the part
+    that several share (the Hub is out of reach, the kernel is not here, how to bring one in) said
+    once, in the returned note, which the shortened reasons refer to. Other reasons, and a listing
+    where no reason has that part, come back as they are (note None)."""
+    short, gaps = {}, []
+    for name, reason in reasons.items():
+        m = _KERNEL_GAP.fullmatch(reason or "")
+        if m is None:
+            short[name] = reason
+            continue
+        short[name] = f"{m['head']}{m['kernel']} is not here (see Hub kernels below)"
+        gaps.append(m)
+    if not gaps:
+        return short, None
+    whys = " / ".join(dict.fromkeys(m["why"] for m in gaps))
+    first = gaps[0]
+    example = how_to_bring_in(first["kernel"].split(" ")[0], int(first["v"]) if first["v"] else None)
+    return short, (f"Hub kernels ({', '.join(m['kernel'] for m in gaps)}): {whys}, and none of them is in the local "
+                   f"kernel cache or in LOCAL_KERNELS. {example.replace('Bring it in:', 'Bring one in, e.g.', 1)}")
 
 
 def how_to_bring_in(repo_id: str, version: int | None = None) -> str:

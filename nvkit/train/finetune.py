@@ -39,12 +39,13 @@ from ..errors import NvkitError, error_summary, require
 from ..memory import peaks
 from ..memory.oom import oom_error
 from ..memory.usage import memory_now
+from ..model import imports
 from ..model.precision import precision as choose_precision
 from ..model.saving import check_target, make_folder, save_atomic
 from ..model.session import Session, session as current_session
 from ..quiet import routed
 from ..threads import Job, run_in_worker
-from ..units import fmt_bytes
+from ..units import counted, fmt_bytes
 from . import checkpoints as ckpts
 from . import data as train_data
 from .compile import (ACTIVATION_BUDGET, CompileCache, activation_budget, compile_decision, compile_layers,
@@ -57,8 +58,9 @@ from .trainer import quiet_trainer, trainer_class, training_arguments
 
 # Names other modules and notebooks import from here (they moved to train.lora/compile/trainer/run
 # and model.saving so the launch worker shares them).
-__all__ = ["finetune", "FinetuneRun", "DEFAULT_LORA", "check_lora", "liger_decision", "prepare_lora_model",
-           "apply_liger", "ACTIVATION_BUDGET", "activation_budget", "compile_layers", "uncompile_layers",
+__all__ = ["finetune", "run_estimate", "FinetuneRun", "DEFAULT_LORA", "check_lora", "liger_decision",
+           "prepare_lora_model", "apply_liger", "ACTIVATION_BUDGET", "activation_budget", "compile_layers",
+           "uncompile_layers",
            "save_atomic", "training_arguments", "quiet_trainer", "trainer_classes", "default_output_dir",
            "check_output_dir"]
 
@@ -111,6 +113,74 @@ def _number(name: str, v, allow_none=True, lo=0.0, lo_open=True):
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and (v > lo if lo_open else v >= lo)
     require(ok, f"{name} must be a number {'>' if lo_open else '≥'} {lo:g}, not {v!r}.")
     return float(v)
+
+
+def _training_rows(data, tok, seq_len: int, packing, eval_split, seed: int):
+    """(the rows a run trains on, their facts, the data's kind, the examples ``eval_split`` holds
+    out): how ``finetune`` and ``run_estimate`` both read the data."""
+    examples, kind = train_data.tokenize(data, tok, seq_len)
+    held: list = []
+    if eval_split is not None:
+        examples, held = train_data.split(examples, eval_split, seed)
+    rows, info = train_data.arrange(examples, kind, seq_len, packing)
+    return rows, info, kind, held
+
+
+def _total_steps(rows: list, batch_size: int, grad_accum: int, max_steps, epochs) -> int:
+    per_epoch = math.ceil(math.ceil(len(rows) / batch_size) / grad_accum)
+    return max_steps if max_steps is not None else max(1, math.ceil(per_epoch * float(epochs or 1)))
+
+
+def _compile_plan(s, compile, steps: int, lora_cfg: dict, batch_size: int, seq_len: int, gradient_checkpointing: bool):
+    """(compile the decoder layers?, why, the compile cache or None) for ``steps`` steps to run."""
+    cache = None
+    if compile is not False and s.device.type == "cuda":
+        import torch
+        cache = CompileCache(CompileCache.facts(s.model, dtype=s.model.dtype, lora=lora_cfg, batch_size=batch_size,
+                                                seq_len=seq_len, gradient_checkpointing=gradient_checkpointing,
+                                                kbit=is_kbit(s.model),
+                                                capability=torch.cuda.get_device_capability(s.device)))
+    do_compile, why = compile_decision(compile, s.device.type, steps, cache is not None and cache.warm)
+    return do_compile, why, cache
+
+
+def _pad_to(compiled: bool) -> int:
+    return 64 if compiled else 8  # compiled layers see a few padded shapes rather than one per batch length
+
+
+def _estimate_settings(rows: list, batch_size: int, lora_cfg: dict, gradient_checkpointing: bool,
+                       compiled: bool) -> dict:
+    """What ``nvkit.estimate`` is told about a run: nvkit's path, compiled or not, for the longest
+    batch these rows make (unpacked examples are often far shorter than seq_len)."""
+    return dict(mode="lora", batch_size=min(batch_size, len(rows)),
+                seq_len=max(1, train_data.batch_length(rows, _pad_to(compiled))), lora_r=lora_cfg["r"],
+                lora_dropout=lora_cfg["dropout"], gradient_checkpointing=gradient_checkpointing, path="nvkit",
+                compiled=compiled)
+
+
+def run_estimate(session=None, data=None, *, lora: dict | None = None, max_steps: int | None = None,
+                 epochs: float | None = None, batch_size: int = 8, grad_accum: int = 1, seq_len: int = 512,
+                 packing="auto", gradient_checkpointing: bool = False, compile="auto", seed: int = 0,
+                 eval_split: float | None = None):
+    """The memory estimate (``nvkit.Estimate``) of the run ``nvkit.finetune(session, data, ...)``
+    would start with these settings: the same rows, batch shape and compile decision, so the same
+    number the run sets as its prediction (``run.estimate``) and compares with its measured peak.
+    The data are read and tokenized here (``data`` as for ``finetune``)."""
+    s = session if session is not None else current_session()
+    require(isinstance(s, Session), f"session must be an nvkit.Session (from nvkit.load), not {type(s).__name__}.")
+    s._require_loaded()
+    require(data is not None, "run_estimate needs the run's data: a list of examples or a path to a data file.")
+    lora_cfg = check_lora(DEFAULT_LORA if lora is None else lora)
+    for name, v in (("batch_size", batch_size), ("grad_accum", grad_accum)):
+        positive_int(name, v)
+    positive_int("max_steps", max_steps, allow_none=True)
+    train_data.check_seq_len(seq_len)
+    train_data.check_packing(packing)
+    rows, _, _, _ = _training_rows(data, s.tokenizer, seq_len, packing, eval_split, seed)
+    total = _total_steps(rows, batch_size, grad_accum, max_steps, epochs)
+    compiled, _, _ = _compile_plan(s, compile, total, lora_cfg, batch_size, seq_len, gradient_checkpointing)
+    from ..memory.estimate import for_session
+    return for_session(s, **_estimate_settings(rows, batch_size, lora_cfg, gradient_checkpointing, compiled))
 
 
 def _check(session, data, lora, max_steps, epochs, learning_rate, batch_size, grad_accum, seq_len,
@@ -193,18 +263,16 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
     tok = s.tokenizer
     train_data.check_seq_len(seq_len)
     train_data.check_packing(packing)
-    examples, kind = train_data.tokenize(data, tok, seq_len)
+    rows, data_info, kind, held = _training_rows(data, tok, seq_len, packing, eval_split, seed)
     eval_info = None
     eval_rows: list = []
     if eval_split is not None:
-        examples, held = train_data.split(examples, eval_split, seed)
         eval_rows, eval_info = train_data.arrange(held, kind, seq_len, packing)
         eval_info = {"from": f"eval_split={eval_split}", **eval_info}
     elif eval_data is not None:
         held, held_kind = train_data.tokenize(eval_data, tok, seq_len)
         eval_rows, eval_info = train_data.arrange(held, held_kind, seq_len, packing)
         eval_info = {"from": "eval_data", **eval_info}
-    rows, data_info = train_data.arrange(examples, kind, seq_len, packing)
     settings_record = {"base_model": s.path, "data": train_data.fingerprint(rows), "seq_len": seq_len,
                        "batch_size": batch_size, "grad_accum": grad_accum, "packing": data_info["packing"],
                        "lora": lora_cfg, "learning_rate": float(learning_rate), "seed": seed,
@@ -229,14 +297,9 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
     use_liger, liger_why = liger_decision(liger, device_type, model_type)
     out = make_folder(out, "output_dir") if out is not None else default_output_dir(s)
     adapter_dir = os.path.join(out, "adapter")
-    per_epoch = math.ceil(math.ceil(len(rows) / batch_size) / grad_accum)
-    total = max_steps if max_steps is not None else max(1, math.ceil(per_epoch * float(epochs or 1)))
-    cache = None
-    if compile is not False and device_type == "cuda":
-        cache = CompileCache(CompileCache.facts(s.model, dtype=s.model.dtype, lora=lora_cfg, batch_size=batch_size,
-                                                seq_len=seq_len, gradient_checkpointing=gradient_checkpointing,
-                                                kbit=is_kbit(s.model), capability=capability))
-    do_compile, compile_why = compile_decision(compile, device_type, total - first_step, cache is not None and cache.warm)
+    total = _total_steps(rows, batch_size, grad_accum, max_steps, epochs)
+    do_compile, compile_why, cache = _compile_plan(s, compile, total - first_step, lora_cfg, batch_size, seq_len,
+                                                   gradient_checkpointing)
     if do_compile and use_liger:
         # compiled layers already fuse norms and SwiGLU; Liger's Triton calls would only break the graphs
         use_liger, liger_why = False, "off: compiled decoder layers fuse RMSNorm/SwiGLU themselves (compile=False to use Liger)"
@@ -248,14 +311,11 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
             "resumed_from": resume_from, "notes": list(resume_notes)}
     run = FinetuneRun(total, adapter_dir, info, first_step=first_step)
     counter = {"tokens": 0}
-    # compiled layers see a few padded shapes rather than one per batch length
-    pad_to = 64 if do_compile else 8
-    # the prediction drawn beside the measured peak: nvkit's path, compiled or not as decided here,
-    # for the longest batch these rows make (unpacked examples are often far shorter than seq_len)
-    peaks.expect_for(s, mode="lora", batch_size=min(batch_size, len(rows)),
-                     seq_len=max(1, train_data.batch_length(rows, pad_to)), lora_r=lora_cfg["r"],
-                     gradient_checkpointing=gradient_checkpointing, path="nvkit", compiled=do_compile)
-    events.record("train-start", f"LoRA r={lora_cfg['r']} on {s.model_id}: {total} steps, {prec}"
+    pad_to = _pad_to(do_compile)
+    # the prediction drawn beside the measured peak, the one run_estimate gives for these settings
+    run.estimate = peaks.expect_for(s, **_estimate_settings(rows, batch_size, lora_cfg, gradient_checkpointing,
+                                                             do_compile))
+    events.record("train-start", f"LoRA r={lora_cfg['r']} on {s.model_id}: {counted(total, 'step')}, {prec}"
                                  + (f", resumed at step {first_step}" if resume_from else ""))
 
     def work(job: Job):
@@ -297,6 +357,10 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
         quiet_trainer(trainer)
         model.train()
         trained = False
+        if device_type == "cpu":
+            # the imports, the adapter and the trainer built above are not what the run's estimate
+            # describes: on the CPU its measurement starts here (a GPU's peak holds no imports)
+            peaks.cpu_work_starts("train")
         try:
             with activation_budget(do_compile):
                 trainer.train(resume_from_checkpoint=resume_from)
@@ -326,11 +390,14 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
         save_atomic(model, adapter_dir, facts={**run.facts(), "settings": settings_record})
         events.record("checkpoint", f"adapter saved: {adapter_dir}")
         sm = run.summary()
-        events.record("train-end", f"{run.step} steps in {sm['seconds']:.1f} s · {sm['tokens_per_s']:.0f} tok/s · "
+        events.record("train-end", f"{counted(run.step, 'step')} in {sm['seconds']:.1f} s · {sm['tokens_per_s']:.0f} tok/s · "
                                    f"peak {fmt_bytes(sm['peak_memory'])}{' · stopped' if run.stopped else ''}")
         return run
 
     dev_index = device.index if device_type == "cuda" else None
+    # Trainer, PEFT and what they bring are imported here, before the worker starts, so that the
+    # worker and this thread (a chart, a cell) never import them at once (nvkit.model.imports)
+    imports.for_finetune()
     run.job = run_in_worker(work, name="nvkit-finetune", device=dev_index)
     s.training = run
     return run

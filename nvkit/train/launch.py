@@ -36,6 +36,7 @@ import sys
 import tempfile
 import time
 
+from ..cache import write_atomic
 from ..checks import positive_int
 from ..errors import NvkitError, require
 from ..hardware.selection import launch_command
@@ -149,13 +150,15 @@ WORKER = "nvkit.train.worker"
 
 def _run_dir(run_dir) -> str:
     """The run folder: a new unique one under ./nvkit-runs by default; a given one must be new,
-    empty, or a run folder nvkit made (nvkit overwrites its own config.json, data.jsonl and
-    launch.sh there, and nothing else)."""
+    empty, or a run folder nvkit made (nvkit replaces its own config.json, data.jsonl, launch.sh
+    and adapter/ there, and nothing else)."""
     if run_dir is None:
         root = make_folder(os.path.abspath("nvkit-runs"), "folder for launched runs")
         path = tempfile.mkdtemp(prefix=f"launch-{time.strftime('%Y%m%d-%H%M%S')}-", dir=root)
     else:
         path = check_target(run_dir, ("launch-run",), "run_dir")
+        # the run ends by writing adapter/ here: refuse now, not after training, if it cannot be replaced
+        check_target(os.path.join(path, "adapter"), ("adapter",), "adapter")
         make_folder(path, "run_dir")
     if not owned(path, "launch-run"):
         write_marker(path, "launch-run")
@@ -173,41 +176,50 @@ def _forget_if_empty(run_dir: str) -> None:
         pass
 
 
+def _write(run_dir: str, name: str, data: str, mode: int = 0o644) -> None:
+    """One run file, written whole and atomically; a link or file planted at the name is replaced,
+    never written through (a reused run folder may hold anything)."""
+    path = os.path.join(run_dir, name)
+    try:
+        write_atomic(path, data, mode)
+    except OSError as e:
+        raise NvkitError(f"Cannot write {path}: {e.strerror or e}. Move what is at that name away, or give "
+                         "another run_dir.") from e
+
+
 def write_run(cfg: dict, run_dir: str, strategy: str, device: str, command: str = "", *, launcher: str = "torchrun",
               accelerate_yaml: str | None = None, offload=None, mode: str = "train") -> dict:
     """Write config.json, data.jsonl (training) and launch.sh into ``run_dir`` (and accelerate.yaml
-    for ``launcher="accelerate"``); returns the data facts."""
+    for ``launcher="accelerate"``); returns the data facts. ``command`` is the launch line
+    (``K=V ... argv``, names checked by ``_command``)."""
     from transformers import AutoTokenizer
     os.makedirs(run_dir, exist_ok=True)
     facts: dict = {}
     tok = AutoTokenizer.from_pretrained(cfg["model"])
     if mode == "train":
         rows, facts = train_data.prepare(cfg["data"], tok, cfg["seq_len"], cfg["packing"])
-        with open(os.path.join(run_dir, "data.jsonl"), "w", encoding="utf-8") as f:
-            for r in rows:
-                f.write(json.dumps({"input_ids": r.input_ids, "labels": r.labels}) + "\n")
+        _write(run_dir, "data.jsonl",
+               "".join(json.dumps({"input_ids": r.input_ids, "labels": r.labels}) + "\n" for r in rows))
     pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     worker_cfg = {k: v for k, v in cfg.items() if k != "data"}
     worker_cfg.update(strategy=strategy, device=device, pad_token_id=pad, mode=mode, launcher=launcher, offload=offload)
     if mode == "train":
         worker_cfg["data_facts"] = facts
-    with open(os.path.join(run_dir, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(worker_cfg, f, indent=2)
+    _write(run_dir, "config.json", json.dumps(worker_cfg, indent=2))
     if accelerate_yaml is not None:
-        with open(os.path.join(run_dir, "accelerate.yaml"), "w", encoding="utf-8") as f:
-            f.write(accelerate_yaml)
+        _write(run_dir, "accelerate.yaml", accelerate_yaml)
     if command:
         what = ("tensor-parallel generation" if mode == "generate"
                 else f"LoRA fine-tune, {strat.STRATEGIES[strategy].title}")
-        # A shell script, not Python: every word of the line is shell-quoted.
-        with open(os.path.join(run_dir, "launch.sh"), "w", encoding="utf-8") as f:
-            f.write(f"#!/bin/sh\n# Written by nvkit.launch: {what}, one process per GPU (nvkit.train.worker), "
-                    f"started by {launcher}.\n"
-                    "# Multi-node: the same line on every node, with --nnodes=N --node_rank=I "
-                    "--rdzv_backend=c10d --rdzv_endpoint=HOST:PORT\n"
-                    "# Touch STOP in the run folder to end the run after the current step.\n"
-                    f"exec {command}\n")
-        os.chmod(os.path.join(run_dir, "launch.sh"), 0o755)
+        # A shell script, not Python: every word of the line is shell-quoted. `exec K=V cmd` is not
+        # shell (exec takes a command, and sh looks for one named "K=V"): `env` sets the variables.
+        _write(run_dir, "launch.sh",
+               f"#!/bin/sh\n# Written by nvkit.launch: {what}, one process per GPU (nvkit.train.worker), "
+               f"started by {launcher}.\n"
+               "# Multi-node: the same line on every node, with --nnodes=N --node_rank=I "
+               "--rdzv_backend=c10d --rdzv_endpoint=HOST:PORT\n"
+               "# Touch STOP in the run folder to end the run after the current step.\n"
+               f"exec env {command}\n", 0o755)
     return facts
 
 
@@ -264,8 +276,22 @@ def _command(nproc_per_node, gpus, launcher: str, run_dir: str, device: str, nno
     # this process's NCCL settings go on the line as well, so the line pasted into a terminal runs
     # like the launched group (which inherits them), e.g. NVLink multicast off where a host needs it
     env_vars = {**cmd.env, **{k: v for k, v in sorted(os.environ.items()) if k.startswith("NCCL_")}}
+    check_env_names(env_vars)
     line = " ".join([f"{k}={shlex.quote(str(v))}" for k, v in env_vars.items()] + [shlex.quote(a) for a in cmd.argv])
     return cmd, env_vars, line
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_env_names(names) -> None:
+    """NvkitError for a variable name that is not a plain shell name: the line and launch.sh put
+    names unquoted before ``=`` (a name cannot be quoted), so ``NCCL_X;touch f;Y`` would run."""
+    for k in names:
+        if not (isinstance(k, str) and _ENV_NAME.fullmatch(k)):
+            raise NvkitError(f"The environment variable {k!r} cannot go on a launch line: a name must be letters, "
+                             "digits and _ (not starting with a digit). This process's NCCL_* variables are passed "
+                             "on to the run: unset that one (del os.environ[name]) and launch again.")
 
 
 def launch_line(nproc_per_node: int | None = None, *, gpus=..., launcher: str = "torchrun",
@@ -274,9 +300,18 @@ def launch_line(nproc_per_node: int | None = None, *, gpus=..., launcher: str = 
     standing for the run folder (made when the run starts): what the Launch panel shows."""
     require(launcher in strat.LAUNCHERS, f"launcher must be 'torchrun' or 'accelerate', not {launcher!r}.")
     _whole("nproc_per_node", nproc_per_node)
-    import torch
-    device = "cuda" if gpus != [] and torch.cuda.is_available() else "cpu"
+    gpus, device = _where(gpus)
     return _command(nproc_per_node, gpus, launcher, run_dir, device)[2]
+
+
+def _where(gpus):
+    """(the GPUs for the line, "cuda" or "cpu") of a launch from here. Without CUDA in this torch
+    the processes train on the CPU whatever the GPU selection (NVKIT_FAKE_GPUS fakes NVML's list,
+    not CUDA): the default line then names no GPU, so it says where the run goes."""
+    import torch
+    if gpus == [] or not torch.cuda.is_available():
+        return ([] if gpus is ... else gpus), "cpu"
+    return gpus, "cuda"
 
 
 def _nproc_of(argv: list) -> int:
@@ -309,9 +344,9 @@ def _prepare(cfg: dict, strategy: str, nproc_per_node, *, gpus, launcher: str, o
     require(launcher in strat.LAUNCHERS, f"launcher must be 'torchrun' or 'accelerate', not {launcher!r}.")
     _whole("nproc_per_node", nproc_per_node)
     _check_nodes(nnodes, node_rank, rdzv_endpoint)
+    check_env_names(k for k in os.environ if k.startswith("NCCL_"))  # before any folder is made
     import torch
-    visible_cuda = gpus != [] and torch.cuda.is_available()
-    device = "cuda" if visible_cuda else "cpu"
+    gpus, device = _where(gpus)
     kw = {} if gpus is ... else {"gpus": gpus}
     probe = launch_command(WORKER, nproc_per_node=nproc_per_node, **kw)
     n = _nproc_of(probe.argv)

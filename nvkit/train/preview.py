@@ -9,7 +9,13 @@ from __future__ import annotations
 import html
 from dataclasses import dataclass, field
 
+from ..units import counted
+
 _OPEN, _CLOSE = "⟦", "⟧"
+
+
+def _carry(n: int) -> str:
+    return f"{n} {'carries' if n == 1 else 'carry'} loss"
 
 
 @dataclass
@@ -44,13 +50,15 @@ class Preview:
 
     def summary(self) -> str:
         t = self.totals
-        packed = (f"packed into {t['sequences']} sequences of ≤ {t['seq_len']} tokens" if t["packing"]
-                  else f"{t['sequences']} sequences (not packed)")
-        line = (f"{t['rows']} {t['kind']} rows · {t['tokens']} tokens ({t['target_tokens']} carry loss) · {packed} · "
-                f"{t['steps_per_epoch']} steps per epoch at batch {t['batch_size']} × grad_accum {t['grad_accum']}")
+        packed = (f"packed into {counted(t['sequences'], 'sequence')} of ≤ {t['seq_len']} tokens" if t["packing"]
+                  else f"{counted(t['sequences'], 'sequence')} (not packed)")
+        line = (f"{counted(t['rows'], t['kind'] + ' row')} · {counted(t['tokens'], 'token')} "
+                f"({_carry(t['target_tokens'])}) · {packed} · {counted(t['steps_per_epoch'], 'step')} per epoch "
+                f"at batch {t['batch_size']} × grad_accum {t['grad_accum']}")
         if t["too_long"]:
-            line += (f"\n{t['too_long']} row(s) longer than seq_len={t['seq_len']} (finetune refuses them; the longest "
-                     f"has {t['longest']} tokens): {', '.join(self.too_long[:5])}{' ...' if len(self.too_long) > 5 else ''}")
+            line += (f"\n{counted(t['too_long'], 'row')} longer than seq_len={t['seq_len']} (finetune refuses them; "
+                     f"the longest has {t['longest']} tokens): {', '.join(self.too_long[:5])}"
+                     f"{' ...' if len(self.too_long) > 5 else ''}")
         return line
 
     def to_frame(self):
@@ -62,7 +70,8 @@ class Preview:
         out = [self.summary(), f"Tokens between {_OPEN} {_CLOSE} carry the loss."]
         for r in self.rows:
             flag = f" · over seq_len={self.totals['seq_len']}" if r.too_long else ""
-            out.append(f"\n--- {r.where} · {r.tokens} tokens · {r.target_tokens} carry loss{flag}\n{r.marked}")
+            out.append(f"\n--- {r.where} · {counted(r.tokens, 'token')} · {_carry(r.target_tokens)}{flag}\n"
+                       f"{r.marked}")
         return "\n".join(out)
 
     def __repr__(self) -> str:
@@ -74,6 +83,7 @@ class Preview:
         for r in self.rows:
             flag = f" · <b>over seq_len={self.totals['seq_len']}</b>" if r.too_long else ""
             body = "".join(f"<mark>{html.escape(t)}</mark>" if target else html.escape(t) for t, target in r.segments)
-            parts.append(f"<p><b>{html.escape(r.where)}</b> · {r.tokens} tokens · {r.target_tokens} carry loss{flag}</p>"
+            parts.append(f"<p><b>{html.escape(r.where)}</b> · {counted(r.tokens, 'token')} · "
+                         f"{_carry(r.target_tokens)}{flag}</p>"
                          f"<pre style='white-space:pre-wrap'>{body}</pre>")
         return "".join(parts) + "</div>"

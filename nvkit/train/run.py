@@ -31,11 +31,13 @@ class FinetuneRun:
 
     ``history``: one dict per logged step (step, loss, learning_rate, grad_norm, tokens_per_s,
     memory, t); ``eval_history``: one dict per evaluation (step, eval_loss, eval_perplexity, t);
-    ``progress``: step/total/eta; ``adapter_dir``: where the adapter is (written at the end, or at
-    stop); ``checkpoints``: resumable checkpoint folders written so far; ``stop_reason``: why it
-    ended early (None when it ran to the end); ``info``: the decisions made (precision, fused loss,
-    Liger, compile and why, data, resume). ``run.result()`` blocks (Interrupt = clean stop with a
-    checkpoint), ``await run`` keeps widgets served."""
+    ``progress``: step/total/eta; ``estimate``: the memory prediction made when it started (the
+    one ``nvkit.memory.comparisons()`` sets beside the measured peak); ``adapter_dir``: where the
+    adapter is (written at the end, or at stop); ``checkpoints``: resumable checkpoint folders
+    written so far; ``stop_reason``: why it ended early (None when it ran to the end); ``info``:
+    the decisions made (precision, fused loss, Liger, compile and why, data, resume).
+    ``run.result()`` blocks (Interrupt = clean stop with a checkpoint), ``await run`` keeps widgets
+    served."""
 
     def __init__(self, total_steps: int, adapter_dir: str, info: dict, first_step: int = 0):
         self.total_steps = total_steps
@@ -53,6 +55,7 @@ class FinetuneRun:
         self.stop_reason: str | None = None
         self.tokens = 0
         self.peak_memory = 0
+        self.estimate = None   # the nvkit.Estimate of its peak the run started with (run_estimate's)
         self.job: Job | None = None
         self._listeners: list = []
         self._eval_listeners: list = []

@@ -174,6 +174,20 @@ class CodeToggle(w.VBox):
         self.html.layout.display = None
 
 
+def danger_while_enabled(button: w.Button) -> w.Button:
+    """A Stop button is red ("danger") only while it can be clicked: disabled, a red button still
+    reads as an action waiting, so it takes the plain style of the other disabled buttons."""
+
+    def follow(_change=None) -> None:
+        wanted = "" if button.disabled else "danger"
+        if button.button_style != wanted:
+            button.button_style = wanted
+
+    button.observe(follow, "disabled")
+    follow()
+    return button
+
+
 def observe_values(widgets, fn) -> None:
     for x in widgets:
         x.observe(lambda _ch: fn(), "value")

@@ -7,8 +7,11 @@ Widgets are created here in the main thread. Start calls ``nvkit.finetune`` (whi
 training runs in its worker). The chart is nvkit's one live chart (``MemoryChart(x="step")``,
 created at the first Start) reading the shared memory sampler; the progress line is refreshed a
 few times a second by the same shared thread that redraws charts (nvkit/ui/live.py), and the
-summary appears when the run's job ends. Stop only sets the run's stop event. The estimate
-follows the loaded model (nvkit's load/unload events), wherever it was loaded. Preview tokenizes
+summary appears when the run's job ends. Stop only sets the run's stop event. The estimate is the
+run's own (``nvkit.train.finetune.run_estimate``: the batches the form's examples make), follows
+the loaded model (nvkit's load/unload events), wherever it was loaded, and is the number the
+summary puts beside the measured peak. The default examples, steps and learning rate are the demo
+lesson (``nvkit.demo.lesson``), which changes the answers to questions it does not contain. Preview tokenizes
 in the main thread (a tokenizer call, no model); Export writes in a worker thread (a merge reads
 the base weights again).
 """
@@ -16,24 +19,24 @@ the base weights again).
 from __future__ import annotations
 
 import html
+import json
 import os
 
 import ipywidgets as w
 
+from ..demo import lesson
 from ..errors import NvkitError
 from ..threads import run_in_worker
 from ..train.data import parse_examples
-from ..units import fmt_bytes
+from ..units import counted, fmt_bytes
 from . import live
-from .common import (CodeToggle, current_session, first_sentence, observe_values, on_events, root, style, why_html,
-                     wrap_row)
+from .common import (CodeToggle, current_session, danger_while_enabled, first_sentence, observe_values, on_events,
+                     root, style, why_html, wrap_row)
 
 _REFRESH_S = 0.25
-_EXAMPLES = "\n".join([
-    '{"prompt": "What does nvkit do?", "response": "It runs Transformers on NVIDIA GPUs from a notebook."}',
-    '{"prompt": "Which precision on Ampere?", "response": "bfloat16, because the GPU supports it natively."}',
-    '{"prompt": "How do I stop a run?", "response": "Press Stop: it ends after the current step and saves the adapter."}',
-])
+# The demo lesson (nvkit.demo.lesson): with these examples and the default steps and learning rate,
+# the tuned model's answers to questions it never trained on visibly change
+_EXAMPLES = "\n".join(json.dumps(row) for row in lesson.TRAIN)
 PREVIEW_ROWS = 5
 # the preview's rows are the user's text: wrapped anywhere rather than widening the panel, and the
 # loss-carrying tokens marked in the theme's colours
@@ -89,8 +92,10 @@ class FinetunePanel(w.VBox):
         self.dropout = w.BoundedFloatText(value=0.05, min=0.0, max=0.9, step=0.01, description="dropout", style=style_, layout=lay)
         self.targets = w.Text(value="all-linear", description="target modules", style=style_,
                               layout=w.Layout(width="440px", max_width="100%"))
-        self.steps = w.BoundedIntText(value=30, min=1, max=1_000_000, description="steps", style=style_, layout=lay)
-        self.lr = w.BoundedFloatText(value=2e-4, min=1e-7, max=0.5, step=1e-5, description="learning rate", style=style_, layout=lay)
+        self.steps = w.BoundedIntText(value=lesson.STEPS, min=1, max=1_000_000, description="steps", style=style_,
+                                      layout=lay)
+        self.lr = w.BoundedFloatText(value=lesson.LEARNING_RATE, min=1e-7, max=0.5, step=1e-5,
+                                     description="learning rate", style=style_, layout=lay)
         self.batch = w.BoundedIntText(value=8, min=1, max=4096, description="batch size", style=style_, layout=lay)
         self.seq_len = w.BoundedIntText(value=512, min=8, max=1_000_000, description="seq len", style=style_, layout=lay)
         self.accum = w.BoundedIntText(value=1, min=1, max=1024, description="grad accum", style=style_, layout=lay)
@@ -106,14 +111,14 @@ class FinetunePanel(w.VBox):
                                  layout=w.Layout(width="330px"))
         self.run_on.add_class("nvkit-ft-run-on")
         self.launch_view = None
-        observe_values((self.r, self.batch, self.seq_len, self.checkpointing), self._refresh_estimate)
+        observe_values((self.r, self.dropout, self.batch, self.seq_len, self.checkpointing), self._refresh_estimate)
         # estimate, controls, progress
         self.estimate = w.HTML("")
         self.estimate.add_class("nvkit-ft-estimate")
         self.start_btn = w.Button(description="Start", button_style="success", icon="play")
         self.start_btn.add_class("nvkit-ft-start")
         self.start_btn.on_click(lambda _b: self.start())
-        self.stop_btn = w.Button(description="Stop", button_style="danger", icon="stop", disabled=True)
+        self.stop_btn = danger_while_enabled(w.Button(description="Stop", icon="stop", disabled=True))
         self.stop_btn.add_class("nvkit-ft-stop")
         self.stop_btn.on_click(lambda _b: self.stop())
         self._build_resume_export()
@@ -136,7 +141,9 @@ class FinetunePanel(w.VBox):
         # a preview of other data or settings would mislead: it goes when they change
         observe_values((self.source, self.examples, self.path, self.seq_len, self.batch, self.accum),
                        self._clear_preview)
-        observe_values((self.steps,), self._refresh_estimate)
+        # the estimate is of the rows these settings make from this data, as the run's will be
+        observe_values((self.steps, self.source, self.examples, self.path, self.accum, self.eval_source,
+                        self.eval_split), self._refresh_estimate)
 
         settings = w.VBox([
             wrap_row([self.r, self.alpha, self.dropout]), self.targets,
@@ -328,21 +335,50 @@ class FinetunePanel(w.VBox):
             self.estimate.value = ("<span class='nvkit-muted'>Load a model first (Model tab or nvkit.load) to see "
                                    "the memory estimate.</span>")
             return
-        from ..memory.estimate import for_session
-        from ..train.compile import compile_decision
-        try:  # what nvkit.finetune will predict for these settings (memory.expect_finetune)
-            # compiled or not as finetune(compile="auto") will decide (a warm compile cache can
-            # only turn a short run's compile on, which needs less activation memory)
-            compiled = compile_decision("auto", s.device.type, int(self.steps.value), False)[0]
-            est = for_session(s, mode="lora", batch_size=self.batch.value, seq_len=self.seq_len.value,
-                              lora_r=self.r.value, gradient_checkpointing=self.checkpointing.value, path="nvkit",
-                              compiled=compiled)
-            self.estimate.value = (f"Estimated peak for this run on {html.escape(s.model_id)}: "
-                                   f"<b>{html.escape(fmt_bytes(est.total))}</b> "
-                                   "<span class='nvkit-muted'>(the measured peak appears in the summary)</span>")
-        except Exception as e:  # an estimate must never block starting a run
+        run = self.run
+        try:  # an estimate must never block starting a run
+            if run is not None and not run.done and run.estimate is not None:
+                est, bound = run.estimate, False  # the running run's own prediction
+            else:
+                est, bound = self._form_estimate(s)
+        except Exception as e:  # noqa: BLE001 - see above
             msg = str(e).splitlines()[0] if str(e) else type(e).__name__
             self.estimate.value = f"<span class='nvkit-muted'>No estimate: {html.escape(msg)}</span>"
+            return
+        size = html.escape(fmt_bytes(est.total))
+        head = f"Estimated peak for this run on {html.escape(s.model_id)}: " + (f"at most <b>{size}</b>" if bound
+                                                                              else f"<b>{size}</b>")
+        if est.device == "cpu":
+            what = "on the CPU: the process memory the run adds, its model included (not the whole process)"
+        else:
+            what = "GPU memory, the CUDA context included"
+        if bound:
+            what += "; for rows of seq len tokens: the run's own estimate, from the file's rows, replaces this"
+        self.estimate.value = (f"{head} <span class='nvkit-muted'>({html.escape(what)}; the measured peak appears "
+                               "in the summary)</span>")
+
+    def _form_estimate(self, s):
+        """(the estimate of the run Start would begin, whether it is an upper bound): the run's own
+        (``run_estimate``, the rows of the form's data), or for a data file, which is read when the
+        run starts, the bound of rows that fill ``seq len``."""
+        from ..train.finetune import run_estimate
+        lora = dict(r=self.r.value, alpha=self.alpha.value, dropout=round(self.dropout.value, 4),
+                    target_modules=self._targets())
+        kw = dict(lora=lora, max_steps=int(self.steps.value), batch_size=int(self.batch.value),
+                  grad_accum=int(self.accum.value), seq_len=int(self.seq_len.value),
+                  gradient_checkpointing=bool(self.checkpointing.value))
+        if self.source.value == "inline":
+            if self.eval_source.value == "split":
+                kw["eval_split"] = round(float(self.eval_split.value), 4)
+            return run_estimate(s, self.data(), **kw), False
+        from ..memory.estimate import for_session
+        from ..train.compile import compile_decision
+        # compiled or not as finetune(compile="auto") will decide (a warm compile cache can only
+        # turn a short run's compile on, which needs less activation memory)
+        compiled = compile_decision("auto", s.device.type, kw["max_steps"], False)[0]
+        return for_session(s, mode="lora", batch_size=kw["batch_size"], seq_len=kw["seq_len"], lora_r=lora["r"],
+                           lora_dropout=lora["dropout"], gradient_checkpointing=kw["gradient_checkpointing"],
+                           path="nvkit", compiled=compiled), True
 
     # --- actions (main thread; they only start or signal work) ---------------------------------
     def start(self):
@@ -370,28 +406,36 @@ class FinetunePanel(w.VBox):
             # one user of the tokenizer at a time: a preview clicked just before ends first
             self.preview_job.wait_done(60)
         s = self._current_session()
+        chart = self.chart
         try:
             if s is None:
                 raise NvkitError("No model is loaded: load one first (Model tab, or s = nvkit.load('demo')).")
             from .. import finetune
-            # the trainer's thread imports pandas, and the chart made below checks values
-            # against it: whole before the thread starts (live.plotly_ready says why)
+            # the trainer's thread imports pandas, and the chart checks values against it: whole
+            # before the thread starts (live.plotly_ready says why)
             live.plotly_ready()
+            if chart is None:
+                # made (in the main thread, once) before the run starts: a FigureWidget's first
+                # build loads plotly's validators, memory a CPU run's measurement would count
+                from .memory_chart import MemoryChart
+                chart = MemoryChart(x="step")
             run = finetune(s, self.data(), **{**self.settings(), **extra})
         except NvkitError as e:
+            if chart is not None and chart is not self.chart:
+                chart.close()
             self.status.value = f"<span class='nvkit-error'>{html.escape(str(e))}</span>"
             return None
         self.run = run
+        self._refresh_estimate()  # the run's own prediction, the one its summary measures against
         self.summary.value = ""
         self.status.value = self._status_line(run)
         self.start_btn.disabled = True
         self.resume_btn.disabled = True
         self.stop_btn.disabled = False
         self.progress.value = 0.0
-        if self.chart is None:  # widgets are made here, in the main thread, once
-            from .memory_chart import MemoryChart
-            self.chart = MemoryChart(x="step")
-            self.chart_box.children = [self.chart]
+        if self.chart is None:
+            self.chart = chart
+            self.chart_box.children = [chart]
         self.chart.follow(run)
         live.every(_REFRESH_S, lambda: self._tick(run), owner=self)
         return run
@@ -399,7 +443,7 @@ class FinetunePanel(w.VBox):
     @classmethod
     def _status_line(cls, run) -> str:
         i = run.info
-        head = html.escape(f"Training {run.total_steps} steps · {i['precision']} · "
+        head = html.escape(f"Training {counted(run.total_steps, 'step')} · {i['precision']} · "
                            f"loss: {i.get('loss', 'model loss')}")
         if i.get("resumed_from"):
             head = html.escape(f"Resuming at step {run.first_step} from {i['resumed_from']} · ") + head
@@ -472,8 +516,10 @@ class FinetunePanel(w.VBox):
         sm = run.summary()
         self.progress.value = 1.0 if not run.stopped else self.progress.value
         self.status.value = ("Stopped by the user." if run.stopped else "Done.") + " · " + self._decisions(run)
+        cpu = str(run.info.get("device", "")).startswith("cpu")
+        peak = fmt_bytes(sm["peak_memory"]) + (" (the whole process's RSS)" if cpu else "")
         rows = [("time", f"{sm['seconds']:.1f} s"), ("steps", str(sm["steps"])),
-                ("tokens/s", f"{sm['tokens_per_s']:.0f}"), ("peak memory", fmt_bytes(sm["peak_memory"])),
+                ("tokens/s", f"{sm['tokens_per_s']:.0f}"), ("peak memory", peak), *self._estimate_row(run),
                 ("final loss", f"{sm['final_loss']:.4f}" if sm["final_loss"] is not None else "n/a"),
                 *self._eval_rows(sm), ("adapter", sm["adapter_dir"] or "not saved")]
         if not self.export_dir.value.strip() and run.info.get("output_dir"):
@@ -481,6 +527,14 @@ class FinetunePanel(w.VBox):
         self.summary.value = "<table class='nvkit-table'>" + "".join(
             f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>" for k, v in rows) + "</table>"
         self.code_view.refresh()
+
+    @staticmethod
+    def _estimate_row(run) -> list:
+        """The run's prediction beside what it predicted (``nvkit.memory.comparisons``), in words."""
+        from .. import memory
+        from .memory_chart import compare_phrase
+        mine = [c for c in memory.comparisons(frame=False) if c.what == "train" and c.t_start >= run.t0 - 1.0]
+        return [("memory estimate", compare_phrase(mine[-1]))] if mine and mine[-1].predicted is not None else []
 
     @staticmethod
     def _eval_rows(sm: dict) -> list:

@@ -22,6 +22,7 @@ import ipywidgets as w
 
 from .. import events
 from ..errors import NvkitError
+from ..model import imports
 from ..threads import Job, run_in_worker
 from .common import CodeToggle, current_session, observe_values, on_events, root, style, wrap_row
 from .generate_views import (COMPARE_CSS, LIST_CSS, MAX_SHOWN_CHARS, compare_html, pre_html, prompt_lines,
@@ -203,6 +204,12 @@ class GeneratePanel(w.VBox):
             return self._session
         return current_session()
 
+    def _warm_for_demo(self) -> None:
+        """With no model loaded the worker loads the demo model: what that imports is imported
+        here first, in the thread that starts the worker (nvkit.model.imports says why)."""
+        if self._current_session() is None:
+            imports.for_load("demo")
+
     def start(self) -> Job | None:
         """Generate click: check the inputs, start the worker, return at once (the Job, or None
         when the inputs are wrong; the status says why)."""
@@ -227,6 +234,7 @@ class GeneratePanel(w.VBox):
         self.stats.value = ""
         self.generate_button.disabled = True
         self.stop_button.disabled = False
+        self._warm_for_demo()
         self.job = run_in_worker(lambda job: self._work(job, prompt, kw), name="nvkit-generate-panel")
         self.job.add_done_callback(lambda _j: self._finished())
         return self.job
@@ -573,6 +581,7 @@ class GeneratePanel(w.VBox):
         self.results.value = results_html(prompts, None)
         self.generate_button.disabled = True
         self.stop_button.disabled = False
+        self._warm_for_demo()
         self.job = run_in_worker(lambda job: self._work_list(job, prompts, kw), name="nvkit-generate-panel")
         self.job.add_done_callback(lambda _j: self._list_finished())
         return self.job

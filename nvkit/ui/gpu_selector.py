@@ -23,11 +23,38 @@ from .common import CodeToggle, root, style, wrap_row
 
 _MODES = [("Chosen GPUs", "gpus"), ("All GPUs", "all"), ("CPU only", "cpu")]
 
+# Every GPU row has the same fixed column widths, so the bars, the numbers and the arrows stand one
+# under the other whatever each GPU's name and readings are; the readings use digits of one width
+# and never wrap (a wrapped or wider number shifted everything after it).
+ROW_CSS = """
+.nvkit-gpu-row > * { flex: 0 0 auto; }
+.nvkit-gpu-row .widget-html-content { white-space: nowrap; overflow: hidden; text-overflow: ellipsis;
+  font-variant-numeric: tabular-nums; }
+"""
+# ch is the width of a digit; letters, spaces and points are narrower
+_MEM_WIDTH = "22ch"   # "1023.99 MiB / 1023.99 GiB", the longest fmt_bytes pair
+_UTIL_WIDTH = "8ch"   # "util 100%"
+
+
+def _arch_text(g) -> str:
+    return f"{g.architecture} · cc {g.capability_str}" + (" · MIG" if g.mig_mode else "")
+
+
+def _columns(found) -> dict:
+    """The name and architecture column widths every row shares: room for the longest (a name
+    over 32 characters is cut, and shows whole in its tooltip). A bold capital is about a digit
+    wide; the architecture is in the smaller muted text."""
+    def longest(texts) -> int:
+        return min(max((len(t) for t in texts), default=8), 32)
+    return {"name": f"{longest(g.name for g in found) + 1}ch",
+            "arch": f"{int(longest(_arch_text(g) for g in found) * 0.85) + 1}ch"}
+
 
 class _Row:
-    """The widgets of one GPU's line."""
+    """The widgets of one GPU's line (``columns``: the widths all rows share, from ``_columns``)."""
 
-    def __init__(self, g, on_check, on_move):
+    def __init__(self, g, on_check, on_move, columns: dict | None = None):
+        cols = columns or _columns([g])
         self.index = g.index
         self.check = w.Checkbox(value=False, description=f"GPU {g.index}", indent=False,
                                 layout=w.Layout(width="72px"))
@@ -35,17 +62,17 @@ class _Row:
         self.check.observe(lambda ch: on_check(g.index, ch["new"]), "value")
         self.slot = w.HTML("", layout=w.Layout(width="56px"))
         self.slot.add_class("nvkit-cuda-slot")
-        name = w.HTML(f"<b title='bus {html.escape(g.pci_bus_id)} · {html.escape(g.uuid)}'>{html.escape(g.name)}</b>",
-                      layout=w.Layout(width="auto", min_width="120px"))
+        name = w.HTML(f"<b title='{html.escape(g.name)} · bus {html.escape(g.pci_bus_id)} · {html.escape(g.uuid)}'>"
+                      f"{html.escape(g.name)}</b>", layout=w.Layout(width=cols["name"]))
         name.add_class("nvkit-gpu-name")
-        arch = w.HTML(f"<span class='nvkit-muted'>{html.escape(g.architecture)} · cc {g.capability_str}"
-                      + (" · MIG" if g.mig_mode else "") + "</span>", layout=w.Layout(width="auto"))
+        arch = w.HTML(f"<span class='nvkit-muted'>{html.escape(_arch_text(g))}</span>",
+                      layout=w.Layout(width=cols["arch"]))
         arch.add_class("nvkit-gpu-arch")
         self.bar = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="140px"))
         self.bar.add_class("nvkit-mem-bar")
-        self.mem = w.HTML("", layout=w.Layout(width="auto", min_width="150px"))
+        self.mem = w.HTML("", layout=w.Layout(width=_MEM_WIDTH))
         self.mem.add_class("nvkit-mem-label")
-        self.util = w.HTML("", layout=w.Layout(width="auto", min_width="60px"))
+        self.util = w.HTML("", layout=w.Layout(width=_UTIL_WIDTH))
         self.util.add_class("nvkit-util")
         self.up = w.Button(icon="arrow-up", tooltip="earlier in cuda order",
                            layout=w.Layout(width="36px"))
@@ -88,7 +115,8 @@ class GPUSelector(w.VBox):
         except NvkitError as e:
             found, problem = [], str(e)
         self._gpus = found
-        self._rows = {g.index: _Row(g, self._on_check, self._on_move) for g in found}
+        columns = _columns(found)
+        self._rows = {g.index: _Row(g, self._on_check, self._on_move, columns) for g in found}
         allowed = None
         if found and startup_env().get("CUDA_VISIBLE_DEVICES") is not None:
             try:  # plan(None) lists the GPUs this kernel may use at all: its inherited set
@@ -118,7 +146,8 @@ class GPUSelector(w.VBox):
         self.code_view = CodeToggle(self.code)
         self._load_current()
         rows = [r.box for r in self._rows.values()]
-        super().__init__(children=[style(), self.header, *rows, wrap_row([self.mode, self.apply_button]),
+        row_css = w.HTML(f"<style>{ROW_CSS}</style>", layout=w.Layout(height="0px", margin="0", padding="0"))
+        super().__init__(children=[style(), row_css, self.header, *rows, wrap_row([self.mode, self.apply_button]),
                                    self.env_line, self.mapping, self.status, self.code_view], **kwargs)
         self.add_class("nvkit-gpu-selector")
         root(self)

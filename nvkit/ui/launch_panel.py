@@ -2,10 +2,14 @@
 a view over ``nvkit.launch``.
 
 The GPUs are the ones chosen in the GPUs tab (``nvkit.select_gpus``; a choice waiting for a
-restart counts, since the launched processes start fresh). The strategy list says what each one
-does and needs, with every strategy's per-GPU memory estimate side by side (``nvkit.estimate``
-split the way the strategy splits the model) and which of them fit the chosen GPUs. The line the
-run will execute is shown as it changes (torchrun or ``accelerate launch``). Start calls
+restart counts, since the launched processes start fresh). Where this torch has no CUDA the run
+goes to CPU processes over gloo whatever NVML lists (``NVKIT_FAKE_GPUS`` fakes that list, not
+CUDA), and the tab says so. The strategy list says what each one does and needs, with every
+strategy's per-GPU memory estimate side by side (``nvkit.estimate`` split the way the strategy
+splits the model, for the batches the examples make) and which of them fit the chosen GPUs; on
+the CPU the figures are per process: the RSS each process's run adds, its model included, which
+is what CPU ranks report. The line the run will execute is shown as it changes (torchrun or
+``accelerate launch``). Start calls
 ``nvkit.launch`` (processes outside the kernel; it returns at once), the chart draws every rank's
 loss and memory per step from the lines the ranks print, Stop ends the whole process group after
 the current step (adapter saved), and the summary puts each rank's measured peak beside the
@@ -18,6 +22,8 @@ that panel (its "run on N GPUs" choice) and shows only the launch's own controls
 from __future__ import annotations
 
 import html
+import math
+import os
 
 import ipywidgets as w
 import numpy as np
@@ -25,10 +31,10 @@ import numpy as np
 from ..errors import NvkitError
 from ..train import strategies as strat
 from ..train.data import parse_examples
-from ..units import fmt_bytes
+from ..units import counted, fmt_bytes
 from . import live
-from .common import (CodeToggle, current_session, observe_values, off_events, on_events, root, style, why_html,
-                     wrap_row)
+from .common import (CodeToggle, current_session, danger_while_enabled, observe_values, off_events, on_events, root,
+                     style, why_html, wrap_row)
 
 _REFRESH_S = 0.25
 _EXAMPLES = "\n".join([
@@ -43,27 +49,37 @@ MAX_RANKS_DRAWN = 8
 
 
 def chosen_gpus() -> tuple[list, str]:
-    """(the GPUs a launch would use, in words) from the GPU selection, read with NVML."""
+    """(the GPUs a launch would use, in words) from the GPU selection, read with NVML; none when
+    this torch has no CUDA, since the launched processes then train on the CPU (``nvkit.launch``
+    decides the same way)."""
     from ..hardware.inventory import gpus
     from ..hardware.selection import requested
     sel = requested()
     every = gpus()
     if sel.choice == ():
-        return [], "CPU only (the GPUs tab chose no GPU): processes train on the CPU over gloo"
+        return [], "CPU processes over gloo (the GPUs tab chose no GPU)"
     chosen = every if sel.choice is None else [g for i in sel.choice for g in every if g.index == i]
     if not chosen:
-        return [], "no GPU here: processes train on the CPU over gloo"
+        return [], "CPU processes over gloo (no GPU here)"
     names = ", ".join(f"{g.index} ({g.name}, {fmt_bytes(g.memory_total)})" for g in chosen)
+    import torch
+    if not torch.cuda.is_available():
+        fake = (" NVKIT_FAKE_GPUS fakes that list (NVML's), not CUDA." if os.environ.get("NVKIT_FAKE_GPUS") else "")
+        return [], (f"CPU processes over gloo: this torch has no CUDA, so the GPU{'s' if len(chosen) > 1 else ''} "
+                    f"the GPUs tab lists ({names}) {'are' if len(chosen) > 1 else 'is'} not used.{fake}")
     return chosen, f"GPU{'s' if len(chosen) > 1 else ''} {names}, from the GPUs tab"
 
 
 class RankChart(live.LiveChart):
     """Loss (above) and memory (below) per step, one line per rank of a ``LaunchRun``, with the
-    predicted per-GPU peak as a dashed line. Made with every trace at once for ``ranks`` ranks."""
+    predicted per-GPU peak as a dashed line. Made with every trace at once for ``ranks`` ranks.
+    ``cpu``: the ranks are CPU processes, whose memory is the RSS their run adds, model included
+    (what the per-process estimate predicts), not a GPU's."""
 
-    def __init__(self, ranks: int):
+    def __init__(self, ranks: int, cpu: bool = False):
         import plotly.graph_objects as go
         self.n = max(1, min(int(ranks), MAX_RANKS_DRAWN))
+        self.cpu = bool(cpu)
         self.run = None
         self.predicted: int | None = None
         self._seen = -1
@@ -74,13 +90,16 @@ class RankChart(live.LiveChart):
                                      legendgroup=f"r{r}", line=dict(color=c, width=2), marker=dict(size=4)))
             traces.append(go.Scatter(x=[], y=[], mode="lines", name=f"rank {r} memory", legendgroup=f"r{r}",
                                      line=dict(color=c, width=2, dash="dot")))
-        traces.append(go.Scatter(x=[], y=[], mode="lines", name="predicted peak per GPU",
+        predicted = ("predicted per process (the table's figure)" if cpu else
+                     "predicted peak per GPU in PyTorch (the table's figure less the CUDA context)")
+        traces.append(go.Scatter(x=[], y=[], mode="lines", name=predicted,
                                  line=dict(color=_PRED_COLOR, width=2, dash="dashdot")))
         layout = dict(height=380, margin=dict(l=72, r=20, t=36, b=40), template="plotly_white",
                       paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)",
                       title=dict(text="Launched run: loss and memory per rank", x=0.01, font=dict(size=14)),
                       xaxis=dict(title=dict(text="training step"), anchor="y"),
-                      yaxis=dict(title=dict(text="memory (GiB)"), domain=[0, 0.56], rangemode="tozero"),
+                      yaxis=dict(title=dict(text="process memory added (GiB)" if cpu else "memory (GiB)"),
+                                 domain=[0, 0.56], rangemode="tozero"),
                       yaxis2=dict(domain=[0.64, 1], anchor="x", title=dict(text="loss"), rangemode="tozero"),
                       legend=dict(orientation="h", y=-0.2, x=0, font=dict(size=11)), hovermode="closest",
                       uirevision="nvkit", showlegend=True)
@@ -162,6 +181,7 @@ class LaunchPanel(w.VBox):
         self.chart: RankChart | None = None
         self.rows: list = []          # strat.compare() of the current settings
         self._estimates: dict = {}
+        self._run_estimate = None     # the estimate the running (or last) run was started beside
         style_ = {"description_width": "110px"}
         lay = w.Layout(width="220px")
 
@@ -185,6 +205,9 @@ class LaunchPanel(w.VBox):
                                     value="auto", description="precision", style=style_, layout=lay)
         # data and training settings (hidden when a Fine-tune panel is the source)
         self.examples = w.Textarea(value=_EXAMPLES, placeholder="one example per line: text, or a JSON object",
+                                   description="training data", style=style_,
+                                   tooltip='one example per line: text, or a JSON object such as {"prompt": ..., '
+                                           '"response": ...}',
                                    layout=w.Layout(width="auto", height="90px"))
         self.examples.add_class("nvkit-launch-examples")
         self.steps = w.BoundedIntText(value=20, min=1, max=1_000_000, description="steps", style=style_, layout=lay)
@@ -207,7 +230,7 @@ class LaunchPanel(w.VBox):
         self.start_btn = w.Button(description="Start", button_style="success", icon="play")
         self.start_btn.add_class("nvkit-launch-start")
         self.start_btn.on_click(lambda _b: self.start())
-        self.stop_btn = w.Button(description="Stop all ranks", button_style="danger", icon="stop", disabled=True)
+        self.stop_btn = danger_while_enabled(w.Button(description="Stop all ranks", icon="stop", disabled=True))
         self.stop_btn.add_class("nvkit-launch-stop")
         self.stop_btn.on_click(lambda _b: self.stop())
         self.progress = w.FloatProgress(value=0.0, min=0.0, max=1.0, layout=w.Layout(width="240px"))
@@ -226,9 +249,10 @@ class LaunchPanel(w.VBox):
         self.chart_box.add_class("nvkit-launch-chart-box")
         self.code_view = CodeToggle(self.code)
 
-        observe_values((self.strategy, self.offload, self.nproc, self.batch, self.seq_len, self.r, self.precision),
-                       self._refresh)
-        observe_values((self.launcher, self.examples, self.steps, self.lr), self._refresh_line)
+        # the examples set the batches' length, so the estimates follow them too
+        observe_values((self.strategy, self.offload, self.nproc, self.batch, self.seq_len, self.r, self.precision,
+                        self.examples), self._refresh)
+        observe_values((self.launcher, self.steps, self.lr), self._refresh_line)
         super().__init__(children=[
             style(), self.gpus_line, wrap_row([self.nproc, self.strategy, self.offload]), self.about,
             wrap_row([self.launcher]), own, self.estimates, self.line,
@@ -251,7 +275,7 @@ class LaunchPanel(w.VBox):
         try:
             self.gpus, words = chosen_gpus()
         except Exception as e:  # noqa: BLE001 - no NVML: say so, the launch still works on the CPU
-            self.gpus, words = [], f"GPUs unknown ({type(e).__name__}): processes train on the CPU over gloo"
+            self.gpus, words = [], f"CPU processes over gloo (the GPUs could not be read: {type(e).__name__})"
         self.gpus_line.value = f"<b>Runs on</b> {html.escape(words)}"
         self.nproc.value = len(self.gpus) or 2
 
@@ -347,9 +371,10 @@ class LaunchPanel(w.VBox):
         settings = self.settings()
         try:
             q = s.quantization if isinstance(s.quantization, str) else None
-            kw = dict(dtype=str(s.dtype).replace("torch.", ""), quantization=q,
-                      batch_size=int(settings.get("batch_size", 8)), seq_len=int(settings.get("seq_len", 512)),
-                      lora_r=int((settings.get("lora") or {}).get("r", 16)),
+            batch, tokens, bound = self._batch_shape(s, settings)
+            lora = settings.get("lora") or {}
+            kw = dict(dtype=str(s.dtype).replace("torch.", ""), quantization=q, batch_size=batch, seq_len=tokens,
+                      lora_r=int(lora.get("r", 16)), lora_dropout=float(lora.get("dropout", 0.05)),
                       gradient_checkpointing=bool(settings.get("gradient_checkpointing", False)),
                       device="cuda" if self.gpus else "cpu")
             mem = self.gpu_memory
@@ -366,8 +391,11 @@ class LaunchPanel(w.VBox):
             self.rows, self._estimates = [], {}
             self.estimates.value = f"<span class='nvkit-muted'>No estimate: {html.escape(msg)}</span>"
             return
-        head = (f"<b>Per-GPU memory</b> for {html.escape(s.model_id)} on {self.nproc.value} "
-                f"process{'es' if self.nproc.value != 1 else ''}"
+        what = ("<b>Per-GPU memory</b>" if self.gpus else
+                "<b>Per-process memory</b> (CPU: the RSS each process's run adds, its model included)")
+        shape = f"batches of {batch} × {'at most ' if bound else ''}{tokens} tokens"
+        head = (f"{what} for {html.escape(s.model_id)} on {self.nproc.value} "
+                f"process{'es' if self.nproc.value != 1 else ''}, {html.escape(shape)}"
                 + (f" (each GPU: {html.escape(fmt_bytes(self.gpu_memory))})" if self.gpu_memory else "") + ":")
         cells = []
         for r in self.rows:
@@ -382,9 +410,32 @@ class LaunchPanel(w.VBox):
                 if r["missing"]:
                     verdict += " " + why_html(r["missing"], 50, prefix="")
             cells.append(f"<tr><td>{mark}<b>{html.escape(r['title'])}</b></td><td>{size}</td><td>{verdict}</td></tr>")
-        advice = html.escape(strat.advice(self.rows, self.gpu_memory))
+        advice = html.escape(strat.advice(self.rows, self.gpu_memory) if self.gpus else
+                             "On the CPU each process holds a whole copy of the model (DDP over gloo), in the "
+                             "machine's memory: the figure is what each process's run adds to it.")
         self.estimates.value = (f"{head}<table class='nvkit-table'>{''.join(cells)}</table>"
                                 f"<span class='nvkit-muted'>{advice}</span>")
+
+    def _batch_shape(self, s, settings: dict) -> tuple[int, int, bool]:
+        """(batch per process, tokens per row, whether that is only the bound) of the batches the
+        launched ranks will train on: from the rows of the form's examples, shared out over the
+        processes, as the run folder will hold them; for a data file (read when the run starts)
+        or examples that do not read, rows of ``seq len`` tokens."""
+        from ..train import data as train_data
+        batch, seq_len = int(settings.get("batch_size", 8)), int(settings.get("seq_len", 512))
+        try:
+            data = self.data()
+        except NvkitError:
+            data = None
+        if not isinstance(data, list) or not data:
+            return batch, seq_len, True
+        try:
+            rows, _ = train_data.prepare(data, s.tokenizer, seq_len, settings.get("packing", "auto"))
+        except NvkitError:
+            return batch, seq_len, True
+        per_rank = math.ceil(len(rows) / max(1, int(self.nproc.value)))
+        # the ranks' collator pads each batch to a multiple of 8 (nvkit.train.worker)
+        return max(1, min(batch, per_rank)), max(1, train_data.batch_length(rows, 8)), False
 
     # --- actions (main thread; they only start or signal work) ---------------------------------------
     def start(self):
@@ -407,20 +458,23 @@ class LaunchPanel(w.VBox):
         self.summary.value = ""
         self.load_btn.layout.display = "none"
         notes = "; ".join(run.notes)
-        self.status.value = html.escape(f"Running {run.total_steps} steps on {self.nproc.value} processes · "
+        self.status.value = html.escape(f"Running {counted(run.total_steps, 'step')} on {counted(self.nproc.value, 'process', 'processes')} · "
                                         f"{strat.STRATEGIES[run.strategy].title} via {run.launcher}"
                                         + (f" · {notes}" if notes else ""))
         self.start_btn.disabled = True
         self.stop_btn.disabled = False
         self.progress.value = 0.0
-        est = self._estimates.get(run.strategy)
-        if self.chart is None or self.chart.n != min(self.nproc.value, MAX_RANKS_DRAWN):
+        self._refresh_estimates()  # of the data and settings this run took (a Fine-tune tab's may have changed)
+        est = self._run_estimate = self._estimates.get(run.strategy)  # the summary's, whatever changes meanwhile
+        cpu = not self.gpus
+        if self.chart is None or self.chart.n != min(self.nproc.value, MAX_RANKS_DRAWN) or self.chart.cpu != cpu:
             if self.chart is not None:
                 self.chart.close()
-            self.chart = RankChart(self.nproc.value)
+            self.chart = RankChart(self.nproc.value, cpu=cpu)
             self.chart_box.children = [self.chart]
-        # the ranks report PyTorch's peak: the line is the estimate without the CUDA context
-        self.chart.follow(run, est.total - est.parts.get("CUDA context", 0) if est is not None and self.gpus else None)
+        # GPU ranks report PyTorch's peak, so their line is the estimate less the CUDA context; CPU
+        # ranks report what the estimate predicts (the RSS their run adds), so theirs is the table's
+        self.chart.follow(run, est.total - est.parts.get("CUDA context", 0) if est is not None else None)
         live.every(_REFRESH_S, lambda: self._tick(run), owner=self)
         return run
 
@@ -473,7 +527,7 @@ class LaunchPanel(w.VBox):
             return
         sm = run.summary()
         self.status.value = "Stopped by the user (every rank, after the same step)." if run.stopped else "Done."
-        est = self._estimates.get(run.strategy)
+        est = self._run_estimate
         rows = [("strategy", f"{strat.STRATEGIES[run.strategy].title} via {run.launcher}"),
                 ("steps", str(sm["steps"])),
                 ("steps/s", f"{sm['steps_per_s']:.2f}" if sm["steps_per_s"] else "n/a"),
@@ -483,7 +537,9 @@ class LaunchPanel(w.VBox):
             if est is not None and self.gpus:
                 ctx = est.parts.get("CUDA context", 0)
                 beside = f" · estimate {fmt_bytes(est.total - ctx)} (+ {fmt_bytes(ctx)} CUDA context outside PyTorch)"
-            what = "PyTorch peak" if self.gpus else "process memory"
+            elif est is not None:
+                beside = f" · estimate {fmt_bytes(est.total)}"
+            what = "PyTorch peak" if self.gpus else "CPU: the RSS the rank's run added, its model included"
             rows.append((f"rank {rank} peak memory", f"{fmt_bytes(peak)} ({what}){beside}"))
         rows.append(("adapter", sm["adapter_dir"] or "not saved"))
         self.summary.value = "<table class='nvkit-table'>" + "".join(

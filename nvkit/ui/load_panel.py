@@ -18,6 +18,7 @@ import html
 import ipywidgets as w
 
 from ..errors import NvkitError
+from ..model import imports
 from ..units import fmt_bytes
 from ..threads import run_in_worker
 from .common import CodeToggle, current_session, observe_values, on_events, root, soon, style, why_html, wrap_row
@@ -235,6 +236,12 @@ class LoadPanel(w.VBox):
     def _on_event(self, ev) -> None:
         if ev.kind in ("load", "unload", "attention", "kernels", "adapter"):
             self._show_session(loaded_elsewhere=ev.kind == "load" and (self.job is None or self.job.done))
+        if ev.kind == "unload" and current_session() is None and (self.job is None or self.job.done):
+            # s.unload() from a cell (or another face): the status must not go on naming a loaded
+            # model. This panel's own Unload, and a load that unloads the model before it, set
+            # their own status after this.
+            name = getattr(ev.subject, "model_id", None) or "the model"
+            self.status.value = f"{html.escape(str(name))} was unloaded; no model is loaded."
 
     def _show_session(self, loaded_elsewhere: bool = False) -> None:
         s = current_session()
@@ -262,6 +269,9 @@ class LoadPanel(w.VBox):
         self.progress.bar_style = "info"
         self.progress.value = 0
         self.load_button.disabled = True
+        # here, in the thread that starts the worker: what the load imports must be whole before
+        # the worker and this thread (the estimate, a cell) can both reach it (model.imports says why)
+        imports.for_load(model, kw.get("quantization"), kw.get("use_kernels", False))
 
         def work(job):
             # The worker sets the widgets itself before it finishes, so whoever waits on the job

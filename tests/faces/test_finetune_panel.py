@@ -161,7 +161,7 @@ def test_preview_shows_the_rows_as_the_model_sees_them(path):
         shown = p.preview_html.value
         assert shown == pv._repr_html_()
         assert "&lt;b&gt;this&lt;/b&gt;" in shown and "<b>this</b>" not in shown and "<mark>" in shown
-        assert f"{pv.totals['rows']} " in shown and "steps per epoch" in shown
+        assert f"{pv.totals['rows']} " in shown and " per epoch" in shown
         assert pv.totals["seq_len"] == 512 and pv.totals["batch_size"] == p.batch.value
         # other data or settings: the preview goes rather than mislead
         p.seq_len.value = 16
@@ -279,3 +279,54 @@ def test_export_writes_a_checkpoint_and_refusals_say_why(path, tmp_path):
     assert not p.export_btn.disabled
     p.close()
     s.unload()
+
+
+def test_the_default_run_teaches_held_out_questions_and_is_estimated_once(path, tmp_path):
+    """The panel's defaults are the demo lesson (nvkit.demo.lesson): after a default run the eval
+    loss on questions held out of the data has fallen, and the tuned model's answers to them end
+    with the sign-off the lesson teaches, which the base model's never do. One estimate per run:
+    the tab shows before Start the number the run predicts with, that its summary compares with
+    the measured peak, within ±25 % on the CPU (the process memory the run adds, its model
+    included)."""
+    from nvkit import memory
+    from nvkit.demo import lesson
+    from nvkit.units import fmt_bytes
+    s = nvkit.load(path)
+    p = FinetunePanel()
+    try:
+        assert _parse_inline(p.examples.value) == lesson.TRAIN
+        assert p.steps.value == lesson.STEPS and p.lr.value == lesson.LEARNING_RATE
+        held = tmp_path / "held-out.jsonl"
+        held.write_text("".join(json.dumps(r) + "\n" for r in lesson.HELD_OUT))
+        p.eval_source.value = "file"
+        p.eval_file.value = str(held)
+        p.eval_every.value = 0
+        p.output_dir.value = str(tmp_path / "run")
+        before = p.estimate.value
+        assert "on the CPU" in before and "not the whole process" in before
+        run = p.start()
+        assert run is not None
+        run.result(timeout=900)
+        _wait(lambda: not p.start_btn.disabled, timeout=60)
+        assert run.error is None and run.step == lesson.STEPS
+
+        # one estimate: the tab's, the run's, the comparison's and the summary's
+        shown = fmt_bytes(run.estimate.total)
+        assert f"<b>{shown}</b>" in before
+        c = [c for c in memory.comparisons(frame=False) if c.what == "train"][-1]
+        assert c.estimate is run.estimate and c.predicted == run.estimate.total
+        summary = html.unescape(p.summary.value)
+        assert f"prediction {shown}" in summary and "the whole process's RSS" in summary
+        assert "CUDA context" not in run.estimate.parts
+        assert abs(c.error) <= 0.25, str(c)
+
+        # the lesson shows on questions it never trained on
+        sm = run.summary()
+        assert sm["eval_loss_after"] < 0.5 * sm["eval_loss_before"], sm
+        rows = s.compare(list(lesson.HELD_OUT_QUESTIONS), max_new_tokens=48, chat=True)
+        assert not any(lesson.SIGN_OFF in r.base for r in rows)
+        taught = [r.prompt for r in rows if r.tuned.rstrip().endswith(lesson.SIGN_OFF)]
+        assert "What is the KV cache?" in taught and len(taught) >= len(rows) // 2, str(rows)
+    finally:
+        p.close()
+        s.unload()

@@ -5,6 +5,7 @@ Fine-tune panel's "run on N" choice."""
 
 from __future__ import annotations
 
+import html
 import os
 import time
 
@@ -14,6 +15,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import nvkit  # noqa: E402
 from nvkit.train import strategies as st  # noqa: E402
+from nvkit.train.launch import launch  # noqa: E402
+from nvkit.units import fmt_bytes  # noqa: E402
 from nvkit.ui.finetune_panel import FinetunePanel  # noqa: E402
 from nvkit.ui.launch_panel import LaunchPanel  # noqa: E402
 from tests import demo_model  # noqa: E402
@@ -81,9 +84,45 @@ def test_strategy_text_estimates_and_line(path, unloaded, monkeypatch):
         s.unload()
 
 
-def test_fake_gpus_fill_the_form_and_the_fits(path, unloaded, monkeypatch):
+def test_fake_gpus_without_cuda_say_cpu_processes(path, unloaded, monkeypatch, tmp_path):
+    """NVKIT_FAKE_GPUS fakes NVML's list, not CUDA: a launch from here trains CPU processes over
+    gloo, and the tab says so: where it runs, the line it will run (no GPU on it), per-process
+    numbers with no CUDA context, and the Fine-tune tab's "run on" choice."""
+    import torch
+    assert not torch.cuda.is_available()
     monkeypatch.setenv("NVKIT_FAKE_GPUS", "4")
     s = nvkit.load(path)
+    p = LaunchPanel()
+    f = FinetunePanel()
+    try:
+        line = p.gpus_line.value
+        assert "CPU processes over gloo" in line and "no CUDA" in line and "NVKIT_FAKE_GPUS" in line
+        assert "from the GPUs tab" not in line and p.nproc.value == 2
+        assert "CUDA_VISIBLE_DEVICES=&#x27;&#x27; torchrun --nproc_per_node=2" in p.line.value
+        assert "CUDA_VISIBLE_DEVICES=0" not in p.line.value
+        assert "gpus=[]" in p.code()
+        assert "Per-process memory" in p.estimates.value and "Per-GPU" not in p.estimates.value
+        assert "fits" not in p.estimates.value and "GPU" not in p.estimates.value.split("</table>")[1]
+        assert "each GPU" not in p.estimates.value
+        ddp = p._estimates["ddp"]
+        assert ddp.device == "cpu" and "CUDA context" not in ddp.parts
+        assert f"<td>{html.escape(fmt_bytes(ddp.total))}</td>" in p.estimates.value
+        assert [label for label, _ in f.run_on.options][1] == "2 CPU processes (nvkit.launch)"
+        # the line nvkit.launch writes and runs is the one shown
+        run = launch({"data": ["The H200 has 141 GB."] * 4, "max_steps": 1}, nproc_per_node=2,
+                     run_dir=str(tmp_path / "r"), start=False)
+        assert "CUDA_VISIBLE_DEVICES=''" in run.command and "CUDA_VISIBLE_DEVICES=0" not in run.command
+    finally:
+        f.close()
+        p.close()
+        s.unload()
+
+
+def test_fake_gpus_with_cuda_fill_the_form_and_the_fits(path, unloaded, monkeypatch):
+    import torch
+    monkeypatch.setenv("NVKIT_FAKE_GPUS", "4")
+    s = nvkit.load(path)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as where torch has CUDA (the model is loaded)
     p = LaunchPanel()
     try:
         assert p.nproc.value == 4 and "GPUs 0" in p.gpus_line.value and "from the GPUs tab" in p.gpus_line.value
@@ -141,6 +180,17 @@ def test_two_process_run_charts_stop_and_adapter(path, unloaded, tmp_path, monke
         assert run.stopped and run.progress["step"] < 400
         assert "Stopped" in p.status.value
         assert "rank 0 peak memory" in p.summary.value and "rank 1 peak memory" in p.summary.value
+        # CPU ranks: their numbers say so, no CUDA context; the table's figure is the chart's line
+        est = p._estimates["ddp"]
+        summary = html.unescape(p.summary.value)
+        assert "CUDA" not in summary and "the RSS the rank's run added" in summary
+        assert summary.count(f"estimate {fmt_bytes(est.total)}") == 2
+        assert f"<td>{html.escape(fmt_bytes(est.total))}</td>" in p.estimates.value
+        line = chart.figure.data[-1]
+        assert "per process" in line.name and list(line.y) == pytest.approx([est.total / 2**30] * 2)
+        assert "process memory" in chart.figure.layout.yaxis.title.text
+        for rank, peak in run.summary()["peak_memory"].items():  # the estimate within ±25 % on the CPU demo
+            assert abs(est.total - peak) <= 0.25 * peak, (rank, fmt_bytes(peak), str(est))
         assert "adapter" in p.summary.value and p.load_btn.layout.display is None
         p.load_btn.click()
         assert "Adapter loaded" in p.status.value and s.info["adapters"]

@@ -44,6 +44,9 @@ def test_finetune_estimate_follows_the_compile_decision(demo_cuda):
     from nvkit.ui.finetune_panel import FinetunePanel
     from nvkit.units import fmt_bytes
     p = FinetunePanel()
+    # plain text packs into rows of seq len tokens: the run's batches are then 16 × 1024, the shape
+    # the panel's estimate (the run's own, from its rows) is of
+    p.examples.value = "\n".join(["NVIDIA GPUs are fast at matrix multiplication."] * 4000)
     p.batch.value, p.seq_len.value = 16, 1024   # activations large enough that the budget shows
     kw = dict(mode="lora", batch_size=p.batch.value, seq_len=p.seq_len.value, lora_r=p.r.value,
               gradient_checkpointing=False, path="nvkit")

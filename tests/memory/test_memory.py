@@ -155,6 +155,29 @@ def test_start_and_end_events_record_a_comparison(no_gpus):
         memory.expect(123)
 
 
+def test_cpu_training_window_counts_from_where_the_work_starts(no_gpus):
+    """A CPU run's measurement starts where its work does (``cpu_work_starts``, called by the
+    fine-tune's worker before the training loop): what the process took on before (imports, the
+    trainer) is not counted, and a peak freed before the run ends still is (the kernel's record)."""
+    from nvkit.memory import peaks, usage
+    if not usage.reset_rss_peak():
+        pytest.skip("no resettable peak-RSS record (/proc/self/clear_refs) on this system")
+    s = nvkit.session(required=False)
+    if s is not None:
+        s.unload()  # a loaded model's weights would be added to the growth
+    MiB = 2**20
+    events.record("train-start", "test")
+    setup = np.ones(8 * MiB)       # 64 MiB taken before the work starts: not the run's
+    peaks.cpu_work_starts("train")
+    work = np.ones(4 * MiB)        # 32 MiB, touched, then freed before the run ends
+    del work
+    events.record("train-end", "test")
+    c = memory.last_comparison()
+    assert c.what == "train" and c.device == "cpu"
+    assert 30 * MiB <= c.measured < 60 * MiB, c.measured / MiB
+    del setup
+
+
 # --- report ----------------------------------------------------------------------------------------
 
 def test_report_columns_on_fake_gpus(fake_gpus):

@@ -397,3 +397,30 @@ def test_a_module_swap_is_undone_exactly(s):
         assert torch.equal(model(ids).logits, before)
     swap.undo()  # a second undo changes nothing
     assert dict(model.named_modules())[first] is modules[first]
+
+
+# --- one estimate per run ----------------------------------------------------------------------
+
+def test_run_estimate_is_the_runs_own_prediction(s, tmp_path):
+    """``run_estimate`` with a run's data and settings gives the estimate the run starts with (the
+    one its comparison sets beside the measured peak): the batches its rows make, not seq_len; the
+    same from a file as from the list; bad settings are refused."""
+    from nvkit import memory
+    from nvkit.train.finetune import run_estimate
+    data = [{"prompt": f"Question {i}?", "response": FACT} for i in range(6)]
+    kw = dict(max_steps=1, batch_size=4, seq_len=256, lora={"r": 8, "dropout": 0.1})
+    before = run_estimate(s, data, **kw)
+    # the rows are a few dozen tokens: the estimate is of those batches, far below 4 × 256
+    assert before.batch_size == 4 and before.seq_len < 64 and before.device == "cpu"
+    f = tmp_path / "data.jsonl"
+    f.write_text("".join(json.dumps(r) + "\n" for r in data))
+    assert run_estimate(s, str(f), **kw).parts == before.parts
+    run = nvkit.finetune(s, data, output_dir=str(tmp_path / "run"), **kw)
+    run.result(timeout=300)
+    assert run.estimate is not None and run.estimate.parts == before.parts
+    c = [c for c in memory.comparisons(frame=False) if c.what == "train"][-1]
+    assert c.estimate is run.estimate and c.predicted == before.total
+    with pytest.raises(NvkitError, match="batch_size"):
+        run_estimate(s, data, batch_size=0)
+    with pytest.raises(NvkitError, match="data"):
+        run_estimate(s, None)

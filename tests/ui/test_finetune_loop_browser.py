@@ -56,7 +56,7 @@ def test_preview_run_with_eval_compare_export(page, lab, tmp_path_factory):
 
     # Preview: the rows as the model will see them, the loss-carrying tokens marked
     page.locator("button.nvkit-ft-preview-btn").click()
-    _wait_text(page, ".nvkit-ft-preview", "steps per epoch", 60_000)
+    _wait_text(page, ".nvkit-ft-preview", " per epoch", 60_000)
     assert page.locator(".nvkit-ft-preview mark").count() >= 5
     assert "Which GPU holds shard 0?" in page.locator(".nvkit-ft-preview").inner_text()
 
