@@ -228,19 +228,7 @@ def read_trusted_bytes(path, what: str, limit: int = 1 << 20) -> bytes | None:
 
 def write_private(path: Path, text: str) -> Path:
     """Write ``text`` to ``path`` as a ``0600`` file, atomically, never through a link at ``path``."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    return write_atomic(path, text, 0o600)
 
 
 def read_private(path: Path, limit: int = 1 << 20) -> str:

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 from . import events
+from .cache import write_atomic
 from .checks import env_set
 from .errors import NvkitError
 from .hardware.inventory import fake_gpus_of
@@ -162,19 +163,7 @@ def snapshot() -> dict:
 def _write(path: Path, data: dict) -> None:
     """Replace ``path`` atomically with a 0600 file (a reader never sees half a report; a planted
     symlink is replaced, never written through)."""
-    import tempfile     # here, not at import: it pulls in random, which import nvkit does not need
-
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{PREFIX}", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    write_atomic(path, json.dumps(data), 0o600)
 
 
 def _remove() -> None:
