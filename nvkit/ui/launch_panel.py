@@ -23,12 +23,13 @@ from __future__ import annotations
 
 import html
 import math
-import os
 
 import ipywidgets as w
 import numpy as np
 
+from ..checks import env_set
 from ..errors import NvkitError
+from ..hardware.inventory import FAKE_ENV
 from ..train import strategies as strat
 from ..train.data import parse_examples
 from ..units import counted, fmt_bytes
@@ -64,7 +65,7 @@ def chosen_gpus() -> tuple[list, str]:
     names = ", ".join(f"{g.index} ({g.name}, {fmt_bytes(g.memory_total)})" for g in chosen)
     import torch
     if not torch.cuda.is_available():
-        fake = (" NVKIT_FAKE_GPUS fakes that list (NVML's), not CUDA." if os.environ.get("NVKIT_FAKE_GPUS") else "")
+        fake = f" {FAKE_ENV} fakes that list (NVML's), not CUDA." if env_set(FAKE_ENV) else ""
         return [], (f"CPU processes over gloo: this torch has no CUDA, so the GPU{'s' if len(chosen) > 1 else ''} "
                     f"the GPUs tab lists ({names}) {'are' if len(chosen) > 1 else 'is'} not used.{fake}")
     return chosen, f"GPU{'s' if len(chosen) > 1 else ''} {names}, from the GPUs tab"
