@@ -15,6 +15,7 @@ Every test collected under tests/ui gets the ``ui`` marker.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -159,23 +160,12 @@ def lab(tmp_path_factory):
     try:
         yield server
     finally:
-        # shut kernels down cleanly, then the server
-        try:
-            for k in server.api("api/kernels") or []:
-                server.api(f"api/kernels/{k['id']}", method="DELETE")
-        except Exception:
-            pass
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
+        stop_lab(server, proc, log)
 
 
-@pytest.fixture(scope="session")
-def browser(lab):
+@contextlib.contextmanager
+def chromium():
+    """Debian's Chromium, headless, under Playwright (every browser fixture starts it this way)."""
     sync_api = pytest.importorskip("playwright.sync_api")
     with sync_api.sync_playwright() as pw:
         b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
@@ -185,19 +175,48 @@ def browser(lab):
             b.close()
 
 
-@pytest.fixture
-def page(browser, lab):
+@contextlib.contextmanager
+def logged_in_page(browser, server, height: int = 900):
+    """A page of its own context, logged in to ``server`` and with JupyterLab started."""
     # no record_video_dir: video needs a downloaded ffmpeg
-    context = browser.new_context(viewport={"width": 1400, "height": 900})
+    context = browser.new_context(viewport={"width": 1400, "height": height})
     context.set_default_timeout(30_000)
     p = context.new_page()
     # ?token= logs in and sets the auth cookie for this context
-    p.goto(f"{lab.url}lab?token={lab.token}&reset", wait_until="domcontentloaded")
+    p.goto(f"{server.url}lab?token={server.token}&reset", wait_until="domcontentloaded")
     wait_for_app(p)
     try:
         yield p
     finally:
         context.close()
+
+
+def stop_lab(server, proc, log) -> None:
+    """Shut the server's kernels down cleanly, then the server."""
+    try:
+        for k in server.api("api/kernels") or []:
+            server.api(f"api/kernels/{k['id']}", method="DELETE")
+    except Exception:
+        pass
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+    log.close()
+
+
+@pytest.fixture(scope="session")
+def browser(lab):
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser, lab):
+    with logged_in_page(browser, lab) as p:
+        yield p
 
 
 def wait_for_app(page, timeout_ms: int = 60_000) -> None:

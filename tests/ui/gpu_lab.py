@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.ui.conftest import BASE_URL, STARTUP_TIMEOUT_S, Lab, _free_port, _require_chromium, wait_for_app
+from tests.ui.conftest import BASE_URL, STARTUP_TIMEOUT_S, Lab, _free_port, _require_chromium, logged_in_page, stop_lab
 
 
 class GpuLab(Lab):
@@ -108,28 +108,10 @@ def gpu_lab(tmp_path_factory):
     try:
         yield server
     finally:
-        try:
-            for k in server.api("api/kernels") or []:
-                server.api(f"api/kernels/{k['id']}", method="DELETE")
-        except Exception:
-            pass
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
+        stop_lab(server, proc, log)
 
 
 @pytest.fixture
 def gpu_page(browser, gpu_lab):
-    context = browser.new_context(viewport={"width": 1400, "height": 860})
-    context.set_default_timeout(30_000)
-    p = context.new_page()
-    p.goto(f"{gpu_lab.url}lab?token={gpu_lab.token}&reset", wait_until="domcontentloaded")
-    wait_for_app(p)
-    try:
+    with logged_in_page(browser, gpu_lab, height=860) as p:
         yield p
-    finally:
-        context.close()

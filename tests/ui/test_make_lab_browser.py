@@ -27,9 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.ui.conftest import (BASE_URL, CHROMIUM, REPO, STARTUP_TIMEOUT_S, Lab, _free_port,
-                               _require_chromium, run_all_cells, screenshot, wait_for_app,
-                               wait_kernel_idle)
+from tests.ui.conftest import (BASE_URL, REPO, STARTUP_TIMEOUT_S, Lab, _free_port, _require_chromium,
+                               logged_in_page, run_all_cells, screenshot, wait_kernel_idle)
 
 FIRST = "00-start-here.ipynb"
 PAIRING = 'formats = "ipynb,src//py:percent"\n'
@@ -145,29 +144,11 @@ def make_lab(tmp_path_factory, notebooks_before):
         log.close()
 
 
-@pytest.fixture(scope="module")
-def make_lab_browser(make_lab):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    from tests.ui.conftest import CHROMIUM_ARGS
-    with sync_api.sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
-
-
 @pytest.fixture
-def lab_page(make_lab_browser, make_lab):
-    context = make_lab_browser.new_context(viewport={"width": 1400, "height": 900})
-    context.set_default_timeout(30_000)
-    p = context.new_page()
-    p.goto(f"{make_lab.url}lab?token={make_lab.token}&reset", wait_until="domcontentloaded")
-    wait_for_app(p)
-    try:
+def lab_page(browser, make_lab):
+    # the suite's one browser: Playwright's sync API runs one instance per process
+    with logged_in_page(browser, make_lab) as p:
         yield p
-    finally:
-        context.close()
 
 
 # ---- helpers ------------------------------------------------------------------------------------
