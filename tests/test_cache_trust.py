@@ -30,11 +30,9 @@ import pytest
 
 from nvkit import NvkitError, cache, demo
 from nvkit.generate.fast import artifacts
-from nvkit.state import STATE
 from nvkit.train.compile import CompileCache
 
 S = importlib.import_module("nvkit.hardware.selection")
-G = importlib.import_module("nvkit.hardware.inventory")
 
 ROOT = os.geteuid() == 0
 needs_root = pytest.mark.skipif(not ROOT, reason="planting files as a second user needs root (os.setuid); "
@@ -333,20 +331,10 @@ def test_another_users_shaped_model_in_our_open_folder_is_replaced(shared, capsy
 
 
 @pytest.fixture
-def kernel(monkeypatch):
-    """A kernel restarting with 4 (fake) GPUs and CUDA not yet started: a saved choice is applied."""
-    monkeypatch.setenv("NVKIT_FAKE_GPUS", "4")
-    for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
-        monkeypatch.setenv(k, "")
-        monkeypatch.delenv(k)
-    monkeypatch.setattr(S, "_STARTUP", {S.ORDER: None, S.VISIBLE: None})
-    monkeypatch.setattr(STATE, "pending_gpus", None)
-    monkeypatch.setattr(STATE, "saved_gpus_applied", False)
-    monkeypatch.setattr(S, "cuda_initialized", lambda: False)
-    monkeypatch.setattr(S, "kernel_id", lambda: "k-victim")
-    G._fake_sources.clear()
-    yield S._saved_path("k-victim")
-    G._fake_sources.clear()
+def kernel(fake_gpus):
+    """A kernel restarting with 4 (fake) GPUs and CUDA not yet started: a saved choice is applied.
+    The path its saved choice is read from."""
+    return fake_gpus("k-victim")
 
 
 _CHOICE = json.dumps({"kernel_id": "k-victim", "pid": 1, "process": "1:0", "choice": [2], "uuids": None}).encode()

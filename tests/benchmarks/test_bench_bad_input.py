@@ -6,16 +6,9 @@ import os
 import pytest
 
 import nvkit
-from tests.refusals import Survivor, refused
+from tests.refusals import refused
 
 NOT_A_CHECKPOINT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "kernels")
-
-
-@pytest.fixture(scope="module")
-def survivor():
-    s = Survivor()
-    yield s
-    s.close()
 
 
 CASES = [

@@ -6,14 +6,7 @@ import asyncio
 
 import pytest
 
-from tests.refusals import PROMPT, Survivor, refused
-
-
-@pytest.fixture(scope="module")
-def survivor():
-    s = Survivor()
-    yield s
-    s.close()
+from tests.refusals import PROMPT, refused
 
 
 def _never_called(_piece):

@@ -1,31 +1,15 @@
 """``launch_command`` with values that cannot make a launch line, on 4 fake GPUs: NvkitError saying
 what is wrong and what to write, and the demo session generating as before."""
 
-import importlib
-
 import pytest
 
 from nvkit.hardware.selection import launch_command
-from nvkit.state import STATE
-from tests.refusals import Survivor, refused
-
-S = importlib.import_module("nvkit.hardware.selection")
-
-
-@pytest.fixture(scope="module")
-def survivor():
-    s = Survivor()
-    yield s
-    s.close()
+from tests.refusals import refused
 
 
 @pytest.fixture(autouse=True)
-def fake(monkeypatch, tmp_path):
-    monkeypatch.setenv("NVKIT_FAKE_GPUS", "4")
-    monkeypatch.setenv("NVKIT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(S, "_STARTUP", {S.ORDER: None, S.VISIBLE: None})
-    monkeypatch.setattr(STATE, "pending_gpus", None)
+def fake(fake_gpus, tmp_path):
+    fake_gpus("k-bad-input", cache=tmp_path / "cache")
 
 
 CASES = [

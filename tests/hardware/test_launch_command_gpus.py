@@ -1,33 +1,16 @@
 """``launch_command`` never writes a line that starts more processes than it makes GPUs visible
 (tutorial 08's multi-node line pinned CUDA_VISIBLE_DEVICES=0,1,2,3 with --nproc_per_node=8)."""
 
-import importlib
-
 import pytest
 
 import nvkit
 from nvkit.errors import NvkitError
-from nvkit.state import STATE
-
-S = importlib.import_module("nvkit.hardware.selection")
-G = importlib.import_module("nvkit.hardware.inventory")
 
 
 @pytest.fixture(autouse=True)
-def fake(monkeypatch, tmp_path):
+def fake(fake_gpus, tmp_path):
     """4 fake GPUs, no CUDA variables, a private cache, CUDA not up."""
-    monkeypatch.setenv("NVKIT_FAKE_GPUS", "4")
-    monkeypatch.setenv("NVKIT_CACHE", str(tmp_path / "cache"))
-    for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
-        monkeypatch.setenv(k, "")
-        monkeypatch.delenv(k)
-    monkeypatch.setattr(S, "_STARTUP", {S.ORDER: None, S.VISIBLE: None})
-    monkeypatch.setattr(STATE, "pending_gpus", None)
-    monkeypatch.setattr(S, "cuda_initialized", lambda: False)
-    monkeypatch.setattr(S, "kernel_id", lambda: "k-test")
-    G._fake_sources.clear()
-    yield
-    G._fake_sources.clear()
+    fake_gpus("k-test", cache=tmp_path / "cache")
 
 
 def test_more_processes_than_gpus_on_the_line_is_refused():

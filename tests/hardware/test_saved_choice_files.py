@@ -16,30 +16,17 @@ from nbclient import NotebookClient
 
 import nvkit
 from nvkit import cache
-from nvkit.state import STATE
 
 S = importlib.import_module("nvkit.hardware.selection")
-G = importlib.import_module("nvkit.hardware.inventory")
 
 
 @pytest.fixture(autouse=True)
-def fake(monkeypatch, tmp_path):
-    monkeypatch.setenv("NVKIT_FAKE_GPUS", "4")
+def fake(fake_gpus, tmp_path):
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)                      # a scratch folder everyone can write to
-    monkeypatch.setenv("NVKIT_CACHE", str(shared))
-    for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
-        monkeypatch.setenv(k, "")
-        monkeypatch.delenv(k)
-    monkeypatch.setattr(S, "_STARTUP", {S.ORDER: None, S.VISIBLE: None})
-    monkeypatch.setattr(STATE, "pending_gpus", None)
-    monkeypatch.setattr(STATE, "saved_gpus_applied", False)
-    monkeypatch.setattr(S, "cuda_initialized", lambda: True)       # a choice now waits for a restart
-    monkeypatch.setattr(S, "kernel_id", lambda: "k-files")
-    G._fake_sources.clear()
-    yield shared
-    G._fake_sources.clear()
+    fake_gpus("k-files", cache=shared, cuda_up=True)      # CUDA up: a choice now waits for a restart
+    return shared
 
 
 def mode(path) -> int:

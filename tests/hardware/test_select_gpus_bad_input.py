@@ -7,33 +7,14 @@ import os
 import pytest
 
 import nvkit
-from nvkit.state import STATE
-from tests.refusals import Survivor, refused
+from tests.refusals import refused
 
 S = importlib.import_module("nvkit.hardware.selection")
-G = importlib.import_module("nvkit.hardware.inventory")
-
-
-@pytest.fixture(scope="module")
-def survivor():
-    s = Survivor()
-    yield s
-    s.close()
 
 
 @pytest.fixture(autouse=True)
-def fake(monkeypatch, tmp_path):
-    monkeypatch.setenv("NVKIT_FAKE_GPUS", "4")
-    monkeypatch.setenv("NVKIT_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,0")
-    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
-    monkeypatch.setattr(S, "_STARTUP", {S.ORDER: None, S.VISIBLE: None})
-    monkeypatch.setattr(STATE, "pending_gpus", None)
-    monkeypatch.setattr(S, "cuda_initialized", lambda: False)
-    monkeypatch.setattr(S, "kernel_id", lambda: "k-bad-input")
-    G._fake_sources.clear()
-    yield
-    G._fake_sources.clear()
+def fake(fake_gpus, tmp_path):
+    fake_gpus("k-bad-input", cache=tmp_path / "cache", visible="2,0", order="PCI_BUS_ID")
 
 
 CHOICES = [

@@ -19,21 +19,9 @@ REAL_CUDA_INITIALIZED = S.cuda_initialized
 
 
 @pytest.fixture(autouse=True)
-def fake(monkeypatch, tmp_path):
+def fake(fake_gpus, tmp_path):
     """4 fake H200s, no CUDA variables, a private cache, a pretend kernel id, CUDA not up."""
-    monkeypatch.setenv("NVKIT_FAKE_GPUS", "4")
-    monkeypatch.setenv("NVKIT_CACHE", str(tmp_path / "cache"))
-    for k in ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
-        monkeypatch.setenv(k, "")       # records the original, so teardown restores it
-        monkeypatch.delenv(k)
-    monkeypatch.setattr(S, "_STARTUP", {S.ORDER: None, S.VISIBLE: None})
-    monkeypatch.setattr(STATE, "pending_gpus", None)
-    monkeypatch.setattr(STATE, "saved_gpus_applied", False)
-    monkeypatch.setattr(S, "cuda_initialized", lambda: False)
-    monkeypatch.setattr(S, "kernel_id", lambda: "k-test")
-    G._fake_sources.clear()
-    yield
-    G._fake_sources.clear()
+    fake_gpus("k-test", cache=tmp_path / "cache")
 
 
 def cuda_up(monkeypatch, up=True):

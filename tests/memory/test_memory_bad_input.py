@@ -5,14 +5,7 @@ import pytest
 
 import nvkit
 from nvkit.memory import sampling
-from tests.refusals import Survivor, refused
-
-
-@pytest.fixture(scope="module")
-def survivor():
-    s = Survivor()
-    yield s
-    s.close()
+from tests.refusals import refused
 
 
 REPORT = [

@@ -4,14 +4,7 @@ devices, or not here: NvkitError naming the forms a device takes; the session is
 import pytest
 
 import nvkit
-from tests.refusals import Survivor, refused
-
-
-@pytest.fixture(scope="module")
-def survivor():
-    s = Survivor()
-    yield s
-    s.close()
+from tests.refusals import refused
 
 
 FUNCTIONS = {"attention_backends": lambda d: nvkit.attention_backends(d),

@@ -10,17 +10,10 @@ import pytest
 import nvkit
 from nvkit.model.kernels import plan_kernels
 from tests import demo_model  # noqa: E402
-from tests.refusals import Survivor, refused
+from tests.refusals import refused
 
 KDIR = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "kernels", "nvkit-rmsnorm")
 REPO = "kernels-community/liger-kernels"
-
-
-@pytest.fixture(scope="module")
-def survivor():
-    s = Survivor()
-    yield s
-    s.close()
 
 
 @pytest.fixture

@@ -7,18 +7,11 @@ import pytest
 
 import nvkit
 from nvkit.model.session import check_max_memory, resolve_device_map
-from tests.refusals import Survivor, refused
+from tests.refusals import refused
 
 NO_CUDA = not __import__("torch").cuda.is_available()
 cpu_only = pytest.mark.skipif(not NO_CUDA, reason="the case is about a machine without CUDA")
 NOT_A_CHECKPOINT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "kernels")
-
-
-@pytest.fixture(scope="module")
-def survivor():
-    s = Survivor()
-    yield s
-    s.close()
 
 
 CASES = [

@@ -7,14 +7,7 @@ import shutil
 
 import pytest
 
-from tests.refusals import Survivor, refused
-
-
-@pytest.fixture(scope="module")
-def survivor():
-    s = Survivor()
-    yield s
-    s.close()
+from tests.refusals import refused
 
 
 @pytest.fixture(scope="module")

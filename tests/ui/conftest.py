@@ -3,6 +3,8 @@
 Fixtures:
   ``lab``  (session) a running ``jupyter lab`` under base URL ``/nvkit-test/`` with 4 fake GPUs;
            has ``.url`` (ends in ``/nvkit-test/``), ``.token``, ``.root_dir`` (Path), ``.port``.
+           Started by ``running_lab``, which the other servers of these tests use too (gpu_lab.py,
+           test_make_lab_browser.py).
   ``page`` a logged-in Playwright page (sync API) on a fresh browser context; the browser itself
            is shared by the session.
 Helpers (import from ``tests.ui.conftest`` or use the fixtures of the same name):
@@ -19,7 +21,7 @@ import contextlib
 import json
 import os
 import secrets
-import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -98,17 +100,52 @@ class Lab:
             return ""
 
 
-@pytest.fixture(scope="session")
-def lab(tmp_path_factory):
+def lab_options(token: str, port: int | None = None, root_dir: Path | None = None) -> list[str]:
+    """JupyterLab's options for a test server: on 127.0.0.1 under BASE_URL with ``token``, the app
+    exposed to the page, and no news/update/build popups over the page; ``--ServerApp.port`` and
+    ``--ServerApp.root_dir`` where given."""
+    return [
+        "--no-browser", "--allow-root",
+        "--ServerApp.ip=127.0.0.1",
+        *([f"--ServerApp.port={port}"] if port is not None else []),
+        "--ServerApp.port_retries=0",
+        f"--ServerApp.base_url={BASE_URL}",
+        f"--IdentityProvider.token={token}",
+        *([f"--ServerApp.root_dir={root_dir}"] if root_dir is not None else []),
+        "--LabApp.expose_app_in_browser=True",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+    ]
+
+
+def jupyter_lab_command(port: int, token: str, root_dir: Path) -> list[str]:
+    """``jupyter lab`` (this Python's) with ``lab_options``, serving ``root_dir`` on ``port``."""
+    jupyter = Path(sys.executable).with_name("jupyter")
+    return [str(jupyter) if jupyter.exists() else "jupyter", "lab", *lab_options(token, port, root_dir)]
+
+
+@contextlib.contextmanager
+def running_lab(home: Path, root_dir: Path, *, command=None, cwd: Path | None = None,
+                fake_gpus: str | None = "4", settings: dict | None = None, what: str = "jupyter lab",
+                server_class: type = Lab, stop_children: bool = False):
+    """Start a JupyterLab for browser tests, wait until its API answers, yield it (a ``server_class``)
+    and stop it.
+
+    ``command(port, token)`` gives the command line (default: ``jupyter_lab_command`` serving
+    ``root_dir``), run in ``cwd`` (default ``root_dir``). The server sees ``NVKIT_FAKE_GPUS=fake_gpus``
+    (None: not set, the machine's own GPUs) and keeps its workspaces, settings, runtime files, GPU
+    choices (``NVKIT_CACHE``) and log (``jupyter.log``) under ``home``; ``settings`` maps a
+    settings file under JupyterLab's settings folder (``"nvkit/plugin.jupyterlab-settings"``) to
+    its content. ``what`` names the server in failures. ``stop_children``: the command is a
+    launcher (``nvkit lab``) that returns once its JupyterLab child stops, so the child is stopped."""
     _require_chromium()
-    root = tmp_path_factory.mktemp("lab-root")
-    home = tmp_path_factory.mktemp("lab-home")
-    log_path = tmp_path_factory.mktemp("lab-log") / "jupyter.log"
-    port = _free_port()
-    token = secrets.token_hex(16)
+    port, token = _free_port(), secrets.token_hex(16)
+    cmd = command(port, token) if command else jupyter_lab_command(port, token, root_dir)
     env = dict(os.environ)
+    env.pop("NVKIT_FAKE_GPUS", None)
+    if fake_gpus is not None:
+        env["NVKIT_FAKE_GPUS"] = fake_gpus
     env.update({
-        "NVKIT_FAKE_GPUS": "4",
         "HF_HUB_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
         # keep workspaces/settings/runtime files of the test server out of the user's home
@@ -119,48 +156,39 @@ def lab(tmp_path_factory):
         "NVKIT_CACHE": str(home / "nvkit-cache"),
     })
     # no "get notified about Jupyter news?" toast over the page and the screenshots
-    notif = home / "settings" / "@jupyterlab" / "apputils-extension"
-    notif.mkdir(parents=True)
-    (notif / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    jupyter = Path(sys.executable).with_name("jupyter")
-    cmd = [
-        str(jupyter) if jupyter.exists() else "jupyter", "lab",
-        "--no-browser", "--allow-root",
-        "--ServerApp.ip=127.0.0.1",
-        f"--ServerApp.port={port}",
-        "--ServerApp.port_retries=0",
-        f"--ServerApp.base_url={BASE_URL}",
-        f"--IdentityProvider.token={token}",
-        f"--ServerApp.root_dir={root}",
-        "--LabApp.expose_app_in_browser=True",
-        # no "build recommended" / news / update check popups over the page
-        "--LabApp.news_url=None",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-    ]
+    settings = {"@jupyterlab/apputils-extension/notification.jupyterlab-settings":
+                {"fetchNews": "false", "checkForUpdates": False}, **(settings or {})}
+    for name, content in settings.items():
+        path = home / "settings" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(content))
+    log_path = home / "jupyter.log"
     log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}{BASE_URL}"
-    server = Lab(url=url, token=token, root_dir=root, port=port, proc=proc, log_path=log_path)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            log.close()
-            pytest.fail(f"jupyter lab exited with {proc.returncode}:\n{server.log()}", pytrace=False)
-        try:
-            server.api("api/status", timeout=2)
-            break
-        except (urllib.error.URLError, ConnectionError, OSError):
-            if time.monotonic() > deadline:
-                proc.terminate()
-                log.close()
-                pytest.fail(f"jupyter lab did not answer within {STARTUP_TIMEOUT_S}s:\n{server.log()}",
-                            pytrace=False)
-            time.sleep(0.3)
+    proc = subprocess.Popen(cmd, cwd=cwd or root_dir, env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = server_class(url=f"http://127.0.0.1:{port}{BASE_URL}", token=token, root_dir=root_dir,
+                          port=port, proc=proc, log_path=log_path)
     try:
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"{what} exited with {proc.returncode}:\n{server.log()}", pytrace=False)
+            try:
+                server.api("api/status", timeout=2)
+                break
+            except (urllib.error.URLError, ConnectionError, OSError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{what} did not answer within {STARTUP_TIMEOUT_S}s:\n{server.log()}",
+                                pytrace=False)
+                time.sleep(0.3)
         yield server
     finally:
-        stop_lab(server, proc, log)
+        stop_lab(server, proc, log, children=stop_children)
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory):
+    with running_lab(tmp_path_factory.mktemp("lab-home"), tmp_path_factory.mktemp("lab-root")) as server:
+        yield server
 
 
 @contextlib.contextmanager
@@ -191,17 +219,39 @@ def logged_in_page(browser, server, height: int = 900):
         context.close()
 
 
-def stop_lab(server, proc, log) -> None:
-    """Shut the server's kernels down cleanly, then the server."""
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _signal(pids: list[int], sig) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_lab(server, proc, log, children: bool = False) -> None:
+    """Shut the server's kernels down cleanly, then the server: ``proc`` itself, or with
+    ``children`` its child processes (a launcher such as ``nvkit lab`` waits on its JupyterLab
+    child: stop the child, and the launcher returns)."""
     try:
         for k in server.api("api/kernels") or []:
             server.api(f"api/kernels/{k['id']}", method="DELETE")
     except Exception:
         pass
-    proc.terminate()
+    if children:
+        _signal(_children(proc.pid), signal.SIGTERM)
+    else:
+        proc.terminate()
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=30 if children else 20)
     except subprocess.TimeoutExpired:
+        if children:
+            _signal(_children(proc.pid), signal.SIGKILL)
         proc.kill()
         proc.wait(timeout=10)
     log.close()

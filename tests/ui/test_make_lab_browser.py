@@ -15,20 +15,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import secrets
 import shlex
 import shutil
-import signal
 import subprocess
-import time
-import urllib.error
 from pathlib import Path
 
 import pytest
 
-from tests.ui.conftest import (BASE_URL, REPO, STARTUP_TIMEOUT_S, Lab, _free_port, _require_chromium,
-                               logged_in_page, run_all_cells, screenshot, wait_kernel_idle)
+from tests.ui.conftest import (REPO, Lab, lab_options, logged_in_page, run_all_cells, running_lab, screenshot,
+                               wait_kernel_idle)
 
 FIRST = "00-start-here.ipynb"
 PAIRING = 'formats = "ipynb,src//py:percent"\n'
@@ -57,13 +52,6 @@ def make_lab_command(workdir: Path, port: int, lab_args: list[str]) -> list[str]
     return shlex.split(lines[0])
 
 
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
 @pytest.fixture(scope="module")
 def notebooks_before():
     return tracked_notebooks()
@@ -71,77 +59,19 @@ def notebooks_before():
 
 @pytest.fixture(scope="module")
 def make_lab(tmp_path_factory, notebooks_before):
-    _require_chromium()
     if shutil.which("make") is None:
         pytest.skip("make is not installed")
-    home = tmp_path_factory.mktemp("make-lab-home")
     workdir = tmp_path_factory.mktemp("make-lab") / "nvkit-tutorials"
-    port, token = _free_port(), secrets.token_hex(16)
-    cmd = make_lab_command(workdir, port, [
-        "--no-browser", "--ServerApp.ip=127.0.0.1", "--ServerApp.port_retries=0",
-        f"--ServerApp.base_url={BASE_URL}", f"--IdentityProvider.token={token}",
-        "--LabApp.expose_app_in_browser=True", "--LabApp.news_url=None",
-        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate", "--allow-root"])
-    assert cmd[0].endswith("/nvkit") and cmd[1:4] == ["lab", "--dir", str(workdir)], cmd
-    env = dict(os.environ)
-    env.pop("NVKIT_FAKE_GPUS", None)          # what a user's `make lab` sees: the machine itself
-    env.update({
-        "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1",
-        "JUPYTERLAB_WORKSPACES_DIR": str(home / "workspaces"),
-        "JUPYTERLAB_SETTINGS_DIR": str(home / "settings"),
-        "JUPYTER_RUNTIME_DIR": str(home / "runtime"),
-        "NVKIT_CACHE": str(home / "nvkit-cache"),
-    })
-    notif = home / "settings" / "@jupyterlab" / "apputils-extension"
-    notif.mkdir(parents=True)
-    (notif / "notification.jupyterlab-settings").write_text(
-        json.dumps({"fetchNews": "false", "checkForUpdates": False}))
-    log_path = home / "jupyter.log"
-    log = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    server = Lab(url=f"http://127.0.0.1:{port}{BASE_URL}", token=token, root_dir=workdir,
-                 port=port, proc=proc, log_path=log_path)
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while True:
-        if proc.poll() is not None:
-            log.close()
-            pytest.fail(f"make lab's command exited with {proc.returncode}:\n{server.log()}",
-                        pytrace=False)
-        try:
-            server.api("api/status", timeout=2)
-            break
-        except (urllib.error.URLError, ConnectionError, OSError):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.3)
-    try:
-        if time.monotonic() > deadline:
-            pytest.fail(f"make lab's JupyterLab did not answer within {STARTUP_TIMEOUT_S}s:\n"
-                        f"{server.log()}", pytrace=False)
+
+    def command(port, token):
+        cmd = make_lab_command(workdir, port, lab_options(token))
+        assert cmd[0].endswith("/nvkit") and cmd[1:4] == ["lab", "--dir", str(workdir)], cmd
+        return cmd
+
+    # fake_gpus=None: what a user's `make lab` sees, the machine itself
+    with running_lab(tmp_path_factory.mktemp("make-lab-home"), workdir, command=command, cwd=REPO,
+                     fake_gpus=None, what="make lab's JupyterLab", stop_children=True) as server:
         yield server
-    finally:
-        try:
-            for k in server.api("api/kernels") or []:
-                server.api(f"api/kernels/{k['id']}", method="DELETE")
-        except Exception:
-            pass
-        # `nvkit lab` waits on its JupyterLab child: stop the child, and the parent returns
-        for pid in _children(proc.pid):
-            try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            for pid in _children(proc.pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            proc.kill()
-            proc.wait(timeout=10)
-        log.close()
 
 
 @pytest.fixture
