@@ -158,7 +158,7 @@ def prefill_budgets(s, prompts, budgets=(4096, 16384)) -> None:
     """The batched decoder's prefill budget (padded prompt tokens per forward): fewer, larger
     forwards launch fewer kernels; the table says whether the prefill waits on the host."""
     import nvkit.generate.fast as fast
-    from nvkit.generate.fast.batched import BatchedDecoder
+    from nvkit.generate.fast.rows import BatchedDecoder
     ids = [s.tokenizer(p)["input_ids"] for p in prompts]
     print("\n--- prefill budget: 64 prompts, median of 3 calls after a warm-up")
     for budget in budgets:

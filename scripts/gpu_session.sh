@@ -51,6 +51,9 @@
 #            nvkit's uncompiled one (scripts/gpu_profile.py), the paged attention's launch shapes
 #            (python -m nvkit.benchmarks.attention); PROFILE_PART=prepare: the batch-1 path's
 #            preparation, cold and warm, by function                              (carry .whl-core)
+#   engine-a/engine-b  the fast path's GPU tests (batch 1 and session / rows), for two lanes
+#   policy   the measured compile policy on SHAPES (default qwen3-4b llama-3.2-1b qwen3-0.6b): the
+#            session against the uncompiled and the always-compiled step (scripts/compile_policy_check.py)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 #   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
 #            $OUT/strategies-one-gpu.json, ZeRO-3's speed against DDP
@@ -99,6 +102,12 @@ case "$phase" in
     T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py ;;
   qlora-tests)
     T=${TQ:-540} t tests/gpu/test_finetune_gpu.py tests/gpu/test_finetune_loop_gpu.py tests/gpu/test_backends_gpu.py -k "qlora or bnb" ;;
+  engine-a) T=420 t tests/gpu/test_fast_gpu.py tests/gpu/test_fast_session_gpu.py -k "not decode_benchmark_table" ;;
+  engine-b) T=420 t tests/gpu/test_batched_gpu.py ;;
+  policy)
+    for sh in ${SHAPES:-qwen3-4b llama-3.2-1b qwen3-0.6b}; do
+      echo "=== policy $sh ($(date +%T))"; timeout "${T:-240}" python3 scripts/compile_policy_check.py "$sh"; echo "=== exit $? ($(date +%T))"
+    done ;;
   decode)
     T=330 t tests/gpu/test_fast_gpu.py tests/gpu/test_fast_session_gpu.py tests/gpu/test_exact_tokens_gpu.py \
         -k "not decode_benchmark_table"

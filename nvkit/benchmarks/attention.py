@@ -11,6 +11,10 @@ timed with CUDA events over ``repeats`` calls; the rows name the shape, µs per 
 step (× the model's layers), the KV bytes the call must read and the rate it read them at.
 ``device="cpu"`` runs the same under Triton's interpreter (``TRITON_INTERPRET=1``), to check the
 benchmark itself; its times say nothing about a GPU.
+
+The references in plain torch (``paged_attend_rope_reference`` and the two it is built from) live
+here, not in the kernels' modules: this benchmark checks every shape against them, and
+tests/generate/kernels/ check the kernels against them too.
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512
 
     from ..demo import SHAPES as MODEL_SHAPES
     from ..demo import shaped_config
-    from ..generate import decode_attention as da
+    from ..generate.kernels import paged_attention as pa
     from ..generate.fast.arena import PAGE
     from ..generate.fast.schedule import pages_for
     from ..memory.estimate import attention_dims
@@ -107,13 +111,13 @@ def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512
 
         def call(shape):
             splits, per_step, warps, dot, stages = shape
-            return da.paged_launch(qkv, qw, kw, cos, sin, k, v, pos, table, PAGE, hd ** -0.5, 1e-6,
+            return pa.paged_launch(qkv, qw, kw, cos, sin, k, v, pos, table, PAGE, hd ** -0.5, 1e-6,
                                    splits=splits, pages_per_step=per_step, num_warps=warps, dot=dot,
                                    num_stages=stages)
 
         # fp32 reference in plain torch, row by row (on copies: it writes the new keys too)
-        ref = da.paged_attend_rope_reference(qkv, qw, kw, cos, sin, k.clone(), v.clone(), pos.cpu(), table.cpu(),
-                                             PAGE, hd ** -0.5, 1e-6).float()
+        ref = paged_attend_rope_reference(qkv, qw, kw, cos, sin, k.clone(), v.clone(), pos.cpu(), table.cpu(),
+                                          PAGE, hd ** -0.5, 1e-6).float()
         base_err = (call(SHAPES[0]).float() - ref).abs().max().item()
         bound = max(TOLERANCE, 4 * base_err)
         for shape in shapes:
@@ -160,6 +164,52 @@ def _time_us(fn, repeats: int, dev) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) * 1000 / repeats
+
+
+# --- the kernels' references in plain torch (fp32) ---------------------------------------------
+# What the benchmark checks every launch shape against; tests/generate/kernels/ check the attention
+# kernels against the same functions (the reference of ``decode_attention_rope`` is there).
+
+def rope_reference(x, weight, cos, sin, eps: float):
+    """RMS norm per row (when ``weight`` is given) and rotate-half RoPE, in fp32."""
+    import torch
+    x = x.float()
+    if weight is not None:
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+    half = x.shape[-1] // 2
+    return x * cos.float() + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin.float()
+
+
+def attend_reference(q, k, v, pos, scale: float):
+    """``kernels.decode_attention.decode_attention`` in plain torch (fp32 softmax): one query per
+    head, q (heads, head_dim), over k, v (KV heads, length, head_dim) at positions 0..pos."""
+    import torch
+    nh, hd = q.shape
+    nkv, length, _ = k.shape
+    groups = nh // nkv
+    scores = torch.matmul(q.view(nkv, groups, hd).float(), k.float().transpose(1, 2)) * scale
+    scores = scores.masked_fill(torch.arange(length, device=k.device) > pos, float("-inf"))
+    return torch.matmul(scores.softmax(-1), v.float()).reshape(nh, hd).to(q.dtype)
+
+
+def paged_attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int, scale: float,
+                                eps: float):
+    """``kernels.paged_attention.paged_decode_attention`` in plain torch, row by row (writes into
+    ``k``/``v`` the same way)."""
+    import torch
+    rows, width, hd = qkv.shape
+    nkv = k.shape[1]
+    nh = width - 2 * nkv
+    outs = []
+    for b in range(rows):
+        p = int(pos[b])
+        where = torch.tensor([int(table[b, t // page]) * page + t % page for t in range(p + 1)])
+        qb = rope_reference(qkv[b, :nh], q_weight, cos[p], sin[p], eps)
+        k[where[-1]] = rope_reference(qkv[b, nh:nh + nkv], k_weight, cos[p], sin[p], eps).to(k.dtype)
+        v[where[-1]] = qkv[b, nh + nkv:]
+        kb, vb = k[where].transpose(0, 1), v[where].transpose(0, 1)  # (kv heads, p + 1, head_dim)
+        outs.append(attend_reference(qb, kb, vb, torch.tensor(p), scale).to(qkv.dtype))
+    return torch.stack(outs) if outs else qkv.new_empty((0, nh, hd))
 
 
 def parse_shapes(text: str) -> tuple:

@@ -55,8 +55,7 @@ def _load(model):
 
 
 def _compiles(s) -> int:
-    from ..generate.fast import attached
-    d = attached.current(s.model) if s.model is not None else None
+    d = s.decoders.single
     return int(d.counts["compiles"]) if d is not None else 0
 
 

@@ -1,2 +1,2 @@
 """Generation: which path runs a request (``paths``), plain ``generate``, continuous batching
-(``batch``), nvkit's CUDA-graph fast path (``fast``) and its Triton decode attention."""
+(``batch``), nvkit's CUDA-graph fast path (``fast``) and its Triton kernels (``kernels``)."""

@@ -1,21 +1,11 @@
 """Several prompts through transformers' continuous batching on CUDA, with a paged cache sized to
-the requests (``cache_blocks``), progress per finished prompt and Stop that cancels the rest."""
+the requests (``cache_blocks``), progress per finished prompt and Stop that cancels the rest.
+When a list runs here is ``fast.support``'s answer."""
 
 from __future__ import annotations
 
 from ..errors import NvkitError
 from ..memory.estimate import kv_bytes_per_token
-
-
-# What transformers' continuous batching honours; it drops any other logits processor silently
-# (min_new_tokens, a repetition penalty, stop strings), so a list asking for one runs padded generate.
-_BATCH_OPTIONS = {"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "pad_token_id", "eos_token_id"}
-
-
-def unsupported_reason(gen: dict) -> str | None:
-    """Why continuous batching cannot honour ``gen`` (None when it can), in a few words."""
-    extra = sorted(k for k in gen if k not in _BATCH_OPTIONS)
-    return f"{', '.join(extra)} not supported" if extra else None
 
 
 def cache_blocks(prompt_lengths: list[int], max_new_tokens: int, page_size: int = 256,

@@ -22,7 +22,7 @@ from .. import events
 from ..errors import NvkitError, error_summary
 from ..threads import Job
 from . import batch as batch_path
-from .fast import attached as fast_attached, batched as fast_batched, sampling as fast_sampling
+from .fast import decoders as fast_decoders, sampling as fast_sampling, support
 from .stats import GenerationStats
 
 
@@ -163,18 +163,15 @@ def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def run_fast(session, req: Request) -> list[str]:
+def run_fast(session, req: Request, route: support.Route | None = None) -> list[str]:
     """One prompt through the fast path, streamed; fills ``stats`` like the plain path. While the
     fast path captures or compiles (once per session each), ``stats.detail`` says so and ``on_progress`` hears it
-    about once a second."""
+    about once a second. ``route``: ``support.route``'s answer (None: this path, asked for directly)."""
     import torch
-    text, gen, stats, t0 = req.texts[0], req.gen, req.stats, req.t0
-    sampling, why = fast_sampling.resolve(fast_attached.base_model(session.model), gen)
-    if sampling is None:
-        raise NvkitError(f"The fast path cannot run this request: {why}.")
+    route = route or support.forced(session, req.texts, req.gen, "fast")
+    stats, t0 = req.stats, req.t0
     tok = session.tokenizer
-    enc = tok(text, return_tensors="pt").to(session.device)
-    ids = enc["input_ids"]
+    ids = torch.tensor(route.ids, dtype=torch.long, device=session.device)
     stats.prompt_tokens = int(ids.shape[-1])
     stats.path = "fast"
     streamer = CallbackStreamer(tok, req.stream)
@@ -196,11 +193,12 @@ def run_fast(session, req: Request) -> list[str]:
         if req.on_progress:
             req.on_progress(stats)
 
-    fresh = fast_attached.current(session.model) is None  # then its set-up is part of this request's wait
-    d = fast_attached.decoder(session)
+    fresh = fast_decoders.current(session) is None  # then its set-up is part of this request's wait
+    d = fast_decoders.decoder(session)
     before = {} if fresh else dict(d.timings)
     try:
-        d.generate(ids, sampling, on_tokens=on_tokens, stop_event=req.job.stop_event, tokenizer=tok, on_progress=preparing)
+        d.generate(ids, route.sampling, on_tokens=on_tokens, stop_event=req.job.stop_event, tokenizer=tok,
+                   on_progress=preparing)
     finally:
         stats.prepared = d.timings.since(before).describe()
     stats.detail = d.describe()
@@ -208,17 +206,15 @@ def run_fast(session, req: Request) -> list[str]:
     return [tok.decode(produced, skip_special_tokens=True)]
 
 
-def run_batched(session, req: Request) -> list[str]:
+def run_batched(session, req: Request, route: support.Route | None = None) -> list[str]:
     """Several prompts through the batched fast path (``fast.batched``): outputs in input order,
     "" for a prompt not finished when Stop came; ``on_progress`` hears prompts done and tokens so
     far after each replay (a few times a second at most), and "preparing…" while it captures or compiles."""
     import torch
-    texts, gen, stats, t0 = req.texts, req.gen, req.stats, req.t0
-    sampling, why = fast_sampling.resolve(fast_attached.base_model(session.model), gen)
-    if sampling is None:
-        raise NvkitError(f"The batched fast path cannot run this request: {why}.")
+    route = route or support.forced(session, req.texts, req.gen, "fast batch")
+    stats, t0 = req.stats, req.t0
     tok = session.tokenizer
-    ids = [tok(t)["input_ids"] for t in texts]
+    ids = route.ids
     stats.prompt_tokens = sum(len(i) for i in ids)
     stats.path = "fast batch"
     # one draw from torch's generator: seed= (torch.manual_seed) makes the whole batch repeatable,
@@ -243,10 +239,10 @@ def run_batched(session, req: Request) -> list[str]:
         if req.on_progress:
             req.on_progress(stats)
 
-    bd = fast_attached.batched_decoder(session)
+    bd = fast_decoders.batched_decoder(session)
     before = dict(bd.timings)
     try:
-        outs = bd.generate(ids, sampling, seeds, stop_event=req.job.stop_event, tokenizer=tok, on_progress=preparing,
+        outs = bd.generate(ids, route.sampling, seeds, stop_event=req.job.stop_event, tokenizer=tok, on_progress=preparing,
                            on_tokens=on_tokens)
     finally:
         stats.prepared = bd.timings.since(before).describe()
@@ -254,84 +250,48 @@ def run_batched(session, req: Request) -> list[str]:
     return [tok.decode(o, skip_special_tokens=True) if o is not None else "" for o in outs]
 
 
-def _run_list(session, req: Request) -> list[str]:
-    """Several prompts: the batched fast path on CUDA unless ``fast=False``, or where it cannot run
-    them (then continuous batching, else padded ``generate``; ``stats.detail`` says why)."""
+def run(session, req: Request) -> list[str]:
+    """Pick the path for this request (``fast.support.route``) and run it; ``req.stats.path``
+    says which one ran.
+
+    One prompt on CUDA: nvkit's fast path unless ``fast=False`` or the request needs something it
+    does not implement (then plain ``generate``; ``fast=True`` makes that an error). With
+    ``fast=None`` a short request whose length and sampling mode are not captured yet runs plain
+    ``generate`` instead of waiting for the capture. Several prompts on CUDA: the batched fast
+    path, else continuous batching, else padded ``generate``. On the CPU: plain ``generate`` (a
+    left-padded batch for a list). When another path runs on a GPU although the fast path was not
+    turned off, ``stats.detail`` says why ("fast path off: ..."); an unexpected failure of a fast
+    path falls back the same way unless ``fast=True`` or tokens were already streamed."""
     texts, gen, stats, fast = req.texts, req.gen, req.stats, req.fast
-    cuda = session.device.type == "cuda"
-    off = []
-    if cuda and fast is not False and not req.stream:
-        why = fast_batched.unsupported_reason(session, gen)
-        if why is None and fast is None:
-            why = fast_attached.worth_batching(session, len(texts), gen)
-        if why is None:
-            try:
-                return run_batched(session, req)
-            except NvkitError:
-                raise
-            except Exception as e:  # noqa: BLE001 - an unexpected failure of the fast path is not the user's problem
-                if fast or stats.new_tokens:
-                    raise NvkitError(f"The batched fast path failed: {type(e).__name__}: {e}. "
-                                     "Generate with fast=False to use padded transformers generate.") from e
-                why = f"it failed ({error_summary(e)})"
-                stats.time_to_first_token, stats.detail = None, ""
-        if fast:
-            raise NvkitError(f"fast=True, but the batched fast path cannot run these prompts: {why}. "
-                             "Drop fast=True (continuous batching or padded generate is used then) or change the request.")
-        events.record("fast-off", f"batched fast path off: {why}")
-        off.append(f"batched fast path off: {why}")
-        cb_why = fast_sampling.unsupported_reason(session, texts[:1], gen)  # same limits: one GPU, no quantization
-        if cb_why is None and getattr(session.model, "peft_config", None):
-            cb_why = "a LoRA adapter is attached"
-        if cb_why is None:
-            cb_why = batch_path.unsupported_reason(gen)
-        if cb_why is None:
-            stats.detail = "; ".join(off)
-            return batch_path.run(session, req)
-        events.record("batch", f"continuous batching off: {cb_why}; padded generate instead")
-        off.append(f"continuous batching off: {cb_why}")
-    stats.detail = "; ".join(off)
+    single = len(texts) == 1
+    if fast and session.device.type != "cuda":
+        raise NvkitError("fast=True needs a CUDA GPU.")
+    route = support.route(session, texts, gen, fast, stream=req.stream is not None)
+    if route.path in support.FAST:
+        try:
+            return (run_fast if single else run_batched)(session, req, route)
+        except NvkitError:
+            raise
+        except Exception as e:  # noqa: BLE001 - an unexpected failure of the fast path is not the user's problem
+            what = "fast decode path" if single else "batched fast path"
+            if fast or stats.new_tokens:
+                raise NvkitError(f"The {what} failed: {type(e).__name__}: {e}. Generate with fast=False to use "
+                                 f"{'plain' if single else 'padded'} transformers generate.") from e
+            stats.time_to_first_token, stats.detail = None, ""
+            route = support.fallback(session, texts, gen, fast, f"it failed ({error_summary(e)})")
+    if fast:
+        if single:
+            raise NvkitError(f"fast=True, but the fast path cannot run this request: {route.why}. "
+                             "Drop fast=True (plain generate is used then) or change the request.")
+        raise NvkitError(f"fast=True, but the batched fast path cannot run these prompts: {route.why}. "
+                         "Drop fast=True (continuous batching or padded generate is used then) or change the request.")
+    for line in route.off:
+        events.record("fast-off" if "fast path off" in line else "batch", line)
+    stats.detail = "; ".join(route.off)
+    if route.path == "generate_batch":
+        return batch_path.run(session, req)
     stats.path = "generate"
     outs = run_plain(session, req)
-    stats.prompts_done = len(texts)
+    if not single:
+        stats.prompts_done = len(texts)
     return outs
-
-
-def run(session, req: Request) -> list[str]:
-    """Pick the path for this request and run it; ``req.stats.path`` says which one ran.
-
-    One prompt on CUDA: nvkit's fast path (``nvkit.generate.fast``) unless ``fast=False`` or the
-    request needs something it does not implement (then plain ``generate``; ``fast=True`` makes
-    that an error). With ``fast=None`` a short request whose length and sampling mode are not
-    captured yet runs plain ``generate`` instead of waiting for the capture
-    (``fast.worth_capturing``). Several prompts on CUDA: the batched fast path
-    (``fast.batched``), else continuous batching (``_run_list`` says when). On the CPU: plain
-    ``generate`` (a left-padded batch for a list). When another path runs on a GPU although the
-    fast path was not turned off, ``stats.detail`` says why ("fast path off: ...")."""
-    texts, gen, stats, fast = req.texts, req.gen, req.stats, req.fast
-    cuda = session.device.type == "cuda"
-    if fast and not cuda:
-        raise NvkitError("fast=True needs a CUDA GPU.")
-    if len(texts) > 1:
-        return _run_list(session, req)
-    if cuda and fast is not False:
-        why = fast_sampling.unsupported_reason(session, texts, gen)
-        if why is None and fast is None:
-            why = fast_attached.worth_capturing(session, texts[0], gen)
-        if why is None:
-            try:
-                return run_fast(session, req)
-            except NvkitError:
-                raise
-            except Exception as e:  # noqa: BLE001 - an unexpected failure of the fast path is not the user's problem
-                if fast or stats.new_tokens:
-                    raise NvkitError(f"The fast decode path failed: {type(e).__name__}: {e}. "
-                                     "Generate with fast=False to use plain transformers generate.") from e
-                why = f"it failed ({error_summary(e)})"
-        if fast:
-            raise NvkitError(f"fast=True, but the fast path cannot run this request: {why}. "
-                             "Drop fast=True (plain generate is used then) or change the request.")
-        events.record("fast-off", f"fast decode off: {why}")
-        stats.detail = f"fast path off: {why}"
-    stats.path = "generate"
-    return run_plain(session, req)

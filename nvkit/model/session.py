@@ -19,7 +19,7 @@ from .. import events
 from ..checks import byte_size, flag, positive_int, whole_number
 from ..errors import NvkitError, require
 from ..generate import options as generation_options, paths
-from ..generate.fast.attached import forget as forget_fast_decoder
+from ..generate.fast.decoders import Decoders
 from ..generate.stats import GenerationStats
 from ..memory import peaks
 from ..memory.oom import oom_error
@@ -168,6 +168,8 @@ class Session:
     last_stats: GenerationStats | None = None
     training: Any = None                 # the nvkit.FinetuneRun training this model, while it runs
     unload_report: Any = None            # nvkit.memory.UnloadReport of the last unload
+    #: the fast path's runners (nvkit.generate.fast.decoders): built on first use, released on unload
+    decoders: Decoders = field(default_factory=Decoders, repr=False)
     _job: Job | None = field(default=None, repr=False)
     # every generation runs on this one thread: the CUDA libraries' per-thread caches (cuDNN's
     # attention plans, cuBLAS handles) are set up once per session, not once per request
@@ -389,7 +391,7 @@ class Session:
         where = str(self.device) if on_cuda else "cpu"
         release()
         before = usage_snapshot()
-        forget_fast_decoder(self.model)  # the fast path's graphs, caches and compiled step hold the model too
+        self.decoders.release()  # the fast path's graphs, caches and compiled steps hold the model too
         self.model = None
         self.tokenizer = None
         self._job = None

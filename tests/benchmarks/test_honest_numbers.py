@@ -8,7 +8,6 @@ import torch
 
 import nvkit
 import nvkit.generate.fast as fast
-from nvkit.generate import batch
 from nvkit.generate.stats import GenerationStats
 from tests import demo_model  # noqa: E402
 
@@ -36,10 +35,12 @@ def test_min_new_tokens_goes_to_the_fast_path_but_not_to_continuous_batching(s):
     sampling, why = fast.resolve(s.model, gen)
     assert why is None and sampling.min_new_tokens == 8
     # a session on a GPU would take the fast path; on this CPU the device is the reason
-    assert "cpu" in fast.unsupported_reason(s, ["x"], gen)
+    assert "cpu" in fast.single_why(s, gen)
     # transformers' continuous batching would drop the processor silently: a list runs padded generate
-    assert batch.unsupported_reason(gen) == "min_new_tokens not supported"
-    assert batch.unsupported_reason(dict(max_new_tokens=8, do_sample=True, top_p=0.9)) is None
+    from types import SimpleNamespace
+    on_gpu = SimpleNamespace(model=s.model, tokenizer=s.tokenizer, device=SimpleNamespace(type="cuda"), quantization=None)
+    assert fast.batch_why(on_gpu, gen) == "min_new_tokens not supported"
+    assert fast.batch_why(on_gpu, dict(max_new_tokens=8, do_sample=True, top_p=0.9)) is None
     none, why = fast.resolve(s.model, dict(gen, foo=1))
     assert none is None and "foo" in why
 

@@ -15,8 +15,8 @@ import nvkit
 import nvkit.generate.fast as fast
 from nvkit.errors import NvkitError
 from nvkit.generate import paths
-from nvkit.generate.fast import attached, batched
-from nvkit.generate.fast.batched import BatchedDecoder
+from nvkit.generate.fast import arena
+from nvkit.generate.fast.rows import BatchedDecoder
 from nvkit.generate.fast.sampling import RowParams, choose_rows, counter_uniform, request_seeds
 from tests import demo_model  # noqa: E402
 
@@ -226,12 +226,12 @@ def test_pool_plan_fits_rows_to_memory(s):
     bd._adopt()
     page = bd._page_bytes()
     rows, pages = bd.plan([10, 100, 40], max_new=20)
-    assert rows == 3 and pages == 1 + sum(-(-(n + 20) // batched.PAGE) for n in (10, 100, 40))
+    assert rows == 3 and pages == 1 + sum(-(-(n + 20) // arena.PAGE) for n in (10, 100, 40))
     rows, pages = bd.plan([10] * 20, max_new=20)
     assert rows == 8 and pages == 1 + 8  # more prompts than rows: the pool holds the rows at once
-    small = int(6 * page / batched.MEMORY_SHARE)
+    small = int(6 * page / arena.MEMORY_SHARE)
     rows, pages = bd.plan([10] * 20, max_new=20, free_bytes=small)
-    assert rows < 8 and pages * page <= batched.MEMORY_SHARE * small
+    assert rows < 8 and pages * page <= arena.MEMORY_SHARE * small
     with pytest.raises(NvkitError, match="does not fit"):
         bd.plan([900], max_new=100, free_bytes=page)
 
@@ -264,11 +264,11 @@ class _Job:
 def _on_gpu(s, **changes):
     """The session as paths sees it on a GPU (the work itself runs on the CPU without graphs)."""
     return SimpleNamespace(**{**dict(model=s.model, tokenizer=s.tokenizer, device=SimpleNamespace(type="cuda"),
-                                     quantization=None), **changes})
+                                     quantization=None, decoders=s.decoders), **changes})
 
 
 def test_a_list_on_a_gpu_runs_batched_with_progress_and_input_order(s):
-    attached.keep(s.model, fast.FastDecoder(s.model, k_steps=4, graphs=False))
+    fast.swap(s, fast.FastDecoder(s.model, k_steps=4, graphs=False))
     try:
         progress = []
         gen = dict(max_new_tokens=40, do_sample=False, eos_token_id=NEVER, pad_token_id=s.tokenizer.pad_token_id)
@@ -291,22 +291,22 @@ def test_a_list_on_a_gpu_runs_batched_with_progress_and_input_order(s):
             assert paths.run(_on_gpu(s), req) == ["", "", ""]
         # short and nothing compiled: continuous batching would answer sooner (fast=None only)
         fresh = SimpleNamespace(**vars(_on_gpu(s)))
-        assert "not compiled yet" in fast.worth_batching(_on_gpu(s, model=torch.nn.Linear(1, 1)), 2,
+        assert "not compiled yet" in fast.worth_batching(_on_gpu(s, decoders=fast.Decoders()), 2,
                                                          dict(max_new_tokens=8))
         assert fast.worth_batching(fresh, 2, dict(max_new_tokens=8)) is None  # this session's decoder ran
     finally:
-        fast.forget(s.model)
+        fast.forget(s)
 
 
 def test_what_the_batched_path_refuses_says_why_and_the_list_still_runs(s, monkeypatch):
     ok = dict(max_new_tokens=8, do_sample=False)
     gpu = _on_gpu(s)
-    assert batched.unsupported_reason(gpu, ok) is None
-    assert batched.unsupported_reason(gpu, dict(ok, repetition_penalty=1.2, stop_strings=["x"], top_p=0.9)) is None
-    assert "quantized (nf4)" in batched.unsupported_reason(_on_gpu(s, quantization="nf4"), ok)
-    assert "num_beams=2" in batched.unsupported_reason(gpu, dict(ok, num_beams=2))
-    assert "cpu" in batched.unsupported_reason(s, ok)
-    assert batched.unsupported_reason(_on_gpu(s, model=_Spread(s.model)), ok).startswith("the model is spread")
+    assert fast.rows_why(gpu, ok) is None
+    assert fast.rows_why(gpu, dict(ok, repetition_penalty=1.2, stop_strings=["x"], top_p=0.9)) is None
+    assert "quantized (nf4)" in fast.rows_why(_on_gpu(s, quantization="nf4"), ok)
+    assert "num_beams=2" in fast.rows_why(gpu, dict(ok, num_beams=2))
+    assert "cpu" in fast.rows_why(s, ok)
+    assert fast.rows_why(_on_gpu(s, model=_Spread(s.model)), ok).startswith("the model is spread")
     # quantized on a "GPU": neither the batched path nor continuous batching; padded generate runs it
     ran = []
     monkeypatch.setattr(paths, "run_plain", lambda session, req: ran.append(len(req.texts)) or ["x"] * len(req.texts))

@@ -45,7 +45,7 @@ def test_a_bad_fast_k_is_an_nvkit_error_naming_it_and_fixing_it_is_enough():
 
 
 def test_importing_the_fast_path_with_a_bad_value_is_fine_and_using_it_names_the_variable():
-    r = _python("import nvkit.generate.fast.capture, nvkit.generate.fast.attached\n"
+    r = _python("import nvkit.generate.fast.single, nvkit.generate.fast.decoders\n"
                 "from nvkit.generate.fast.options import default_options\n"
                 "default_options()", NVKIT_FAST_MIN_TOKENS="-5")
     assert r.returncode != 0 and "Traceback" in r.stderr

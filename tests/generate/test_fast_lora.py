@@ -115,9 +115,9 @@ def test_what_the_fast_path_does_not_run_of_an_adapter_is_named(tok):
     from types import SimpleNamespace
     ok = get_peft_model(_model(), LoraConfig(r=4, target_modules="all-linear"))
     on_gpu = SimpleNamespace(model=ok, tokenizer=tok, device=SimpleNamespace(type="cuda"), quantization=None)
-    assert fast.unsupported_reason(on_gpu, ["x"], dict(max_new_tokens=4, do_sample=False)) is None
+    assert fast.single_why(on_gpu, dict(max_new_tokens=4, do_sample=False)) is None
     on_gpu.model = dora
-    assert "DoRA" in fast.unsupported_reason(on_gpu, ["x"], dict(max_new_tokens=4, do_sample=False))
+    assert "DoRA" in fast.single_why(on_gpu, dict(max_new_tokens=4, do_sample=False))
 
 
 def test_folded_adapters_decode_as_peft_does(tok):
@@ -137,7 +137,7 @@ def test_folded_adapters_decode_as_peft_does(tok):
     fw = d._fw
     assert fw.spare == 2 * FOLD_RANK and fw.layers[0].spare[0].shape[0] == fw.layers[0].qkv.shape[0] + 3 * fw.spare
     # the model's own weights are the fused tensors' rows (no second copy kept)
-    from nvkit.generate.fast.fused import base_layer
+    from nvkit.generate.fast.fused_weights import base_layer
     layer0 = base.model.layers[0]
     assert base_layer(layer0.self_attn.o_proj).weight.data_ptr() == fw.layers[0].o.data_ptr()
     assert base_layer(layer0.mlp.down_proj).weight.data_ptr() == fw.layers[0].down.data_ptr()

@@ -12,7 +12,7 @@ import nvkit
 import nvkit.generate.fast as fast
 from nvkit.errors import NvkitError
 from nvkit.generate import paths
-from nvkit.generate.fast import attached, cache as fast_cache
+from nvkit.generate.fast import cache as fast_cache
 from tests import demo_model  # noqa: E402
 
 NEVER = 10 ** 7
@@ -110,7 +110,7 @@ def test_run_fast_streams_says_how_and_reports_preparing(s):
     """The session-facing function on a decoder without graphs: streamed pieces make the text,
     the stats say how it ran, a stop string ends it, and progress calls carry the detail."""
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
-    attached.keep(s.model, d)
+    fast.swap(s, d)
     try:
         class Job:
             stop_event = threading.Event()
@@ -133,7 +133,7 @@ def test_run_fast_streams_says_how_and_reports_preparing(s):
                        fast.resolve(s.model, dict(max_new_tokens=3, do_sample=False))[0], on_progress=ticks.append)
         assert ticks == []
     finally:
-        fast.forget(s.model)
+        fast.forget(s)
 
 
 def test_progress_ticks_while_a_capture_runs():
@@ -152,10 +152,10 @@ def test_what_the_fast_path_refuses_says_why_in_a_few_words(s):
     gpu = SimpleNamespace(type="cuda")
     on_gpu = SimpleNamespace(model=s.model, tokenizer=s.tokenizer, device=gpu, quantization=None)
     ok = dict(max_new_tokens=8, do_sample=False)
-    assert fast.unsupported_reason(on_gpu, ["x"], ok) is None
-    assert fast.unsupported_reason(on_gpu, ["x"], dict(ok, min_new_tokens=4, repetition_penalty=1.1,
+    assert fast.single_why(on_gpu, ok) is None
+    assert fast.single_why(on_gpu, dict(ok, min_new_tokens=4, repetition_penalty=1.1,
                                                        stop_strings=["x"], eos_token_id=[1, 2])) is None
-    assert "num_beams=2" in fast.unsupported_reason(on_gpu, ["x"], dict(ok, num_beams=2))
-    assert "no_repeat_ngram_size" in fast.unsupported_reason(on_gpu, ["x"], dict(ok, no_repeat_ngram_size=3))
-    assert "quantized" in fast.unsupported_reason(SimpleNamespace(**{**vars(on_gpu), "quantization": "nf4"}), ["x"], ok)
-    assert "cpu" in fast.unsupported_reason(s, ["x"], ok)
+    assert "num_beams=2" in fast.single_why(on_gpu, dict(ok, num_beams=2))
+    assert "no_repeat_ngram_size" in fast.single_why(on_gpu, dict(ok, no_repeat_ngram_size=3))
+    assert "quantized" in fast.single_why(SimpleNamespace(**{**vars(on_gpu), "quantization": "nf4"}), ok)
+    assert "cpu" in fast.single_why(s, ok)

@@ -53,18 +53,17 @@ def test_a_new_decoder_times_its_set_up_and_a_run_without_graphs_prepares_nothin
 
     import nvkit
     from nvkit.generate import fast
-    from nvkit.generate.fast import attached
     from tests import demo_model  # noqa: E402
     s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
     try:
         d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
         assert d.timings["set-up"] > 0 and d.timings.describe(at_least=0).startswith("set-up ")
-        attached.keep(s.model, d)
+        fast.swap(s, d)
         before = dict(d.timings)
         sampling, _ = fast.resolve(s.model, dict(max_new_tokens=8, do_sample=False))
         with torch.inference_mode():
             d.generate(s.tokenizer("Hello", return_tensors="pt")["input_ids"], sampling)
         assert not d.timings.since(before)  # no graph was captured, so no part took time
     finally:
-        fast.forget(s.model)
+        fast.forget(s)
         s.unload()

@@ -15,8 +15,9 @@ from tests import demo_model  # noqa: E402
 import nvkit
 from nvkit.benchmarks import decode as bench_decode
 from nvkit.generate import batch as generation, paths
+from nvkit.generate.fast import single as fast_decoder, graphs as fast_graphs
+from nvkit.generate.fast.cache import GraphKey
 import nvkit.generate.fast as fast
-from nvkit.generate.fast import attached, capture
 from nvkit.errors import NvkitError, error_summary
 from nvkit.generate.stats import GenerationStats
 
@@ -165,7 +166,7 @@ def test_cpu_path_choice_is_recorded(s):
     assert s.last_stats.path == "generate"
     s.generate("Hello there", max_new_tokens=2, fast=False)
     assert s.last_stats.path == "generate"
-    why = fast.unsupported_reason(s, ["x"], dict(max_new_tokens=2, do_sample=False))
+    why = fast.single_why(s, dict(max_new_tokens=2, do_sample=False))
     assert why and "CUDA" in why
 
 
@@ -281,29 +282,34 @@ def test_fusing_under_inference_mode_leaves_the_model_trainable(tmp_path):
     assert attn.q_proj.weight.grad is not None and torch.isfinite(loss)
 
 
+def _worth(s, text, gen):
+    """fast.worth_capturing as the route asks it: the prompt's tokens and its resolved sampling."""
+    return fast.worth_capturing(s, len(s.tokenizer(text)["input_ids"]), gen, fast.resolve(s.model, gen)[0])
+
+
 def test_fast_default_waits_for_nothing_on_short_requests(s):
     """fast=None: a short request when nothing is compiled yet is answered by plain generate (the
     compile would cost far more than it saves); once the session's fast path is compiled, every
     request that fits its cache takes it, whatever its length or sampling mode."""
     greedy = dict(max_new_tokens=24, do_sample=False)
-    why = fast.worth_capturing(s, "Hello there", greedy)
+    why = _worth(s, "Hello there", greedy)
     assert why and f"< {fast.default_options().min_tokens}" in why and "prepare" in why
-    assert fast.worth_capturing(s, "Hello there", dict(greedy, max_new_tokens=fast.default_options().min_tokens)) is None
+    assert _worth(s, "Hello there", dict(greedy, max_new_tokens=fast.default_options().min_tokens)) is None
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
-    attached.keep(s.model, d)  # as fast.decoder(session) keeps it
+    fast.swap(s, d)  # as fast.decoder(session) keeps it
     try:
         sampling, _ = fast.resolve(s.model, dict(greedy, eos_token_id=NEVER))
         ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]
         with torch.inference_mode():
             d.generate(ids, sampling)  # compiles the session's step for its cache
-        assert fast.worth_capturing(s, "Hello there", dict(greedy, eos_token_id=NEVER)) is None
-        assert fast.worth_capturing(s, "word " * 300, greedy) is None  # another length: the same cache
-        assert fast.worth_capturing(s, "Hello there", dict(greedy, do_sample=True, temperature=0.7)) is None
-        assert fast.worth_capturing(s, "Hello there", dict(greedy, max_new_tokens=1, repetition_penalty=1.2)) is None
+        assert _worth(s, "Hello there", dict(greedy, eos_token_id=NEVER)) is None
+        assert _worth(s, "word " * 300, greedy) is None  # another length: the same cache
+        assert _worth(s, "Hello there", dict(greedy, do_sample=True, temperature=0.7)) is None
+        assert _worth(s, "Hello there", dict(greedy, max_new_tokens=1, repetition_penalty=1.2)) is None
         # longer than the cache holds (the demo's whole context is 1024 positions): not prepared
-        assert fast.worth_capturing(s, "word " * 1200, greedy)
+        assert _worth(s, "word " * 1200, greedy)
     finally:
-        fast.forget(s.model)
+        fast.forget(s)
 
 
 def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
@@ -327,15 +333,17 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
     # "auto" takes triton-fused where it fits and says why not where it does not: on a CPU, never
     on_cpu = fast.FastDecoder(s.model, graphs=False, attention="auto")
     assert on_cpu.attention == "matmul" and "run on CUDA GPUs" in on_cpu.attention_why
-    monkeypatch.setattr(capture, "triton_cannot_run_on", lambda device: None)  # as on a GPU, for the rest
+    monkeypatch.setattr(fast_decoder, "triton_cannot_run_on", lambda device: None)  # as on a GPU, for the rest
     assert fast.FastDecoder(s.model, graphs=False, attention="auto").attention == "triton-fused"
     auto = fast.FastDecoder(other, graphs=False, attention="auto")
     assert auto.attention == "matmul" and "not a per-head RMS norm" in auto.attention_why
     assert fast.FastDecoder(s.model, graphs=False, fused=False, attention="auto").attention == "matmul"
     assert auto.options.attention == "auto"  # decoder(session, attention="auto") keeps it, not rebuilds
     import sys
-    monkeypatch.delitem(sys.modules, "nvkit.generate.decode_attention", raising=False)
-    monkeypatch.delattr(sys.modules["nvkit.generate"], "decode_attention", raising=False)  # else `from .. import` finds it there
+    import nvkit.generate.kernels as kernels
+    for name in ("decode_attention", "paged_attention", "common"):  # the kernel modules, imported or not
+        monkeypatch.delitem(sys.modules, f"nvkit.generate.kernels.{name}", raising=False)
+        monkeypatch.delattr(kernels, name, raising=False)  # else `from ..kernels import` finds it there
     monkeypatch.setitem(sys.modules, "triton", None)  # as if not installed
     with pytest.raises(NvkitError, match="needs the triton package"):
         fast.FastDecoder(s.model, graphs=False, attention="triton")
@@ -346,13 +354,13 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
     Triton kernels fail with a broken or slow decoder: the capture retries with "matmul" and says why.
     The failure is injected at the capture (what ptxas or inductor raise there on such a GPU)."""
     from nvkit import events
-    monkeypatch.setattr(capture, "triton_cannot_run_on", lambda device: None)  # "auto" decides as on a GPU
+    monkeypatch.setattr(fast_decoder, "triton_cannot_run_on", lambda device: None)  # "auto" decides as on a GPU
     ids = s.tokenizer("NVIDIA GPUs are", return_tensors="pt")["input_ids"]
     sampling, _ = fast.resolve(s.model, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
     tried = []
 
     def capture_with(d):
-        def fake(c, body, compiling, warmups=3, pool=None):
+        def fake(device, body, rewind, *, compiling, warmups=3, inductor=None, pool=None, timings=None, parts=None):
             tried.append(d.attention)
             if d.attention != "matmul":
                 raise RuntimeError("InductorError: ptxas fatal   : Value 'sm_61' is not defined\nthe cause")
@@ -365,11 +373,11 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
         d = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="auto")
         assert d.attention == "triton-fused"
         assert d.describe() == "fused step, eager, no CUDA graphs, triton-fused attention (auto), 4 steps per replay"
-        key = ("greedy", 0, False, False)
+        key = GraphKey(("greedy", 0, False, False), False)
         c = d._cache_for(40)
         old_step = d._step(c, False)
-        d._capture_with = capture_with(d)
-        assert d._captured(c, key, False, False, True) == "graph"  # the compiled step's capture
+        monkeypatch.setattr(fast_graphs, "capture", capture_with(d))
+        assert d._capture(c, key, True) == ("graph", True)  # the compiled step's capture
         assert tried == ["triton-fused", "matmul"]
         assert d.attention == "matmul" and d.options.attention == "auto"
         assert "attention='triton-fused' failed on this GPU" in d.attention_why and "the cause" in d.attention_why
@@ -377,14 +385,15 @@ def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkey
         assert d._step(c, False) is not old_step and d._cache is c
         assert "failed on this GPU" in events.events()[-1].text
         assert "matmul attention (auto)" in d.describe()
-        del d._capture_with
+        monkeypatch.undo()
+        monkeypatch.setattr(fast_decoder, "triton_cannot_run_on", lambda device: None)
         assert d.generate(ids, sampling) == ref  # the rebuilt cache decodes with matmul attention
         # asked for by name, a failing Triton step is not swapped for another attention
         named = fast.FastDecoder(s.model, k_steps=4, graphs=False, attention="triton-fused", compile=False)
         nc = named._cache_for(40)
-        named._capture_with = capture_with(named)
+        monkeypatch.setattr(fast_graphs, "capture", capture_with(named))
         with pytest.raises(RuntimeError, match="ptxas"):
-            named._captured(nc, key, False, False, False)
+            named._capture(nc, key, False)
         assert named.attention == "triton-fused" and named.attention_why is None
     # the stats line says how the fast path ran (the panel shows the same words)
     st = GenerationStats(new_tokens=9, seconds=0.5, time_to_first_token=0.1, path="fast", detail=d.describe())
@@ -467,7 +476,7 @@ def test_fast_pdl_and_inductor_options(s, monkeypatch):
     import torch._inductor.config as inductor_config
     d = fast.FastDecoder(s.model, k_steps=2, graphs=False, inductor={"combo_kernels": True})
     assert d.pdl  # default on where torch can emit it (this one can)
-    with d._inductor_options(compiling=True):
+    with d.inductor_options(compiling=True):
         assert inductor_config.triton.enable_pdl is True and inductor_config.coordinate_descent_tuning is True
         assert inductor_config.combo_kernels is True
     assert inductor_config.triton.enable_pdl is False and not inductor_config.combo_kernels  # only around the capture
@@ -579,13 +588,13 @@ def test_swap_keeps_decoders_side_by_side(s):
         assert fast.swap(s, a) is None and fast.decoder(s) is a
         assert fast.swap(s, b) is a and fast.decoder(s) is b   # a was handed back, not released
         assert fast.decoder(s, k_steps=3) is b                   # same settings: kept
-        assert fast.swap(s, None) is b and attached.current(model) is None
+        assert fast.swap(s, None) is b and fast.current(s) is None
 
         class Other:
             model = object()
         with pytest.raises(NvkitError, match="another model"):
             fast.swap(s, Other())
-        assert attached.current(model) is None  # refused: nothing changed
+        assert fast.current(s) is None  # refused: nothing changed
     finally:
         fast.swap(s, before)
 

@@ -10,7 +10,7 @@ import torch
 import nvkit
 import nvkit.generate.fast as fast
 from nvkit import events
-from nvkit.generate.fast.batched import BatchedDecoder
+from nvkit.generate.fast.rows import BatchedDecoder
 from nvkit.generate.fast.fused_rows import RowsPrefillStep, paged_positions, prefill_rows_step
 from nvkit.generate.fast.graphs import Timings
 from nvkit.generate.fast.prefill_rows import RowsPrefill

@@ -112,6 +112,7 @@ def test_triton_attention_is_token_identical(demo_cuda, kind):
     generate on the demo model."""
     s = demo_cuda
     d = fast.FastDecoder(s.model, attention=kind, compile_after=0)
+    d.policy.measure = False  # the compiled step is what is checked, whichever measures faster
     for p in PROMPTS:
         _same_as_plain_greedy(s, d, p, 48)
     assert d.compiled, d.compile_detail
@@ -127,6 +128,7 @@ def test_one_compiled_layer_decodes_as_plain_greedy_and_compiles_sooner(demo_cud
     seconds = {}
     for regional in (True, False):
         d = fast.FastDecoder(s.model, regional=regional, disk_cache=False, compile_after=0)
+        d.policy.measure = False  # both compiled steps are checked, whichever measures faster
         for p in PROMPTS:
             _same_as_plain_greedy(s, d, p, 48)
         assert d.compiled and d.regional == regional, d.compile_detail
@@ -140,7 +142,7 @@ def test_auto_attention_survives_a_failing_triton_kernel(demo_cuda, monkeypatch)
     """attention="auto" picks triton-fused; where nvkit's kernel fails on a GPU (injected here: the op
     raises while inductor traces it), the decoder captures the compiled matmul step instead of the
     slower eager Triton one, says why, and decodes plain greedy's tokens."""
-    from nvkit.generate import decode_attention
+    from nvkit.generate.kernels import decode_attention
 
     def broken(*args, **kwargs):
         raise RuntimeError("injected: this GPU cannot run the kernel")
@@ -148,6 +150,7 @@ def test_auto_attention_survives_a_failing_triton_kernel(demo_cuda, monkeypatch)
     s = demo_cuda
     monkeypatch.setattr(decode_attention, "decode_attention_rope", broken)
     d = fast.FastDecoder(s.model, attention="auto", compile_after=0)
+    d.policy.measure = False
     assert d.attention == "triton-fused"
     _same_as_plain_greedy(s, d, PROMPTS[0], 48)
     assert d.attention == "matmul" and (d.attention_why or "").startswith("attention='triton-fused' failed"), \
@@ -160,9 +163,9 @@ def test_auto_attention_survives_a_failing_triton_kernel(demo_cuda, monkeypatch)
 def test_batch_path_keeps_input_order(demo_cuda, monkeypatch):
     """Continuous batching, where the batched fast path does not run (injected here; its own
     tests are tests/gpu/test_batched_gpu.py): input order, progress, the reason in the stats."""
-    from nvkit.generate.fast import batched
+    from nvkit.generate.fast import support
     s = demo_cuda
-    monkeypatch.setattr(batched, "unsupported_reason", lambda session, gen: "injected for this test")
+    monkeypatch.setattr(support, "rows_why", lambda session, gen: "injected for this test")
     singles = [s.generate(p, max_new_tokens=12, fast=False) for p in PROMPTS]
     t = time.perf_counter()
     done = []

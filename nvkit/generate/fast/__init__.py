@@ -1,23 +1,25 @@
 """nvkit's fast decode path: a static KV cache, nvkit's fused decode step for the Llama family and
-K decode steps per CUDA-graph replay (``decoder``).
+K decode steps per CUDA-graph replay (docs/fast-path.md).
 
-Modules: ``options`` (``FastOptions`` from the ``NVKIT_FAST_*`` variables), ``sampling`` (what a
-request may ask for, the token pick), ``fused`` (the Llama-family steps), ``lora`` (adapters in
-the fused steps), ``cache`` (the KV cache of a size class and its buffers), ``capture``
-(``FastDecoder``), ``artifacts`` (compile artifacts on disk), ``attached`` (the decoder a session
-uses, ``prepare``), ``debug`` (side-by-side decoders); for many prompts at once ``batched``
-(``BatchedDecoder``), ``fused_rows`` (its steps over rows), ``schedule`` (rows, pages, refill);
-``step_kernels`` (the Triton kernels of the uncompiled steps)."""
+Modules: ``support`` (which path runs a request, and why not the faster one), ``decoders`` (the
+runners a session owns, ``prepare``), ``runner`` (``GraphRunner``: what both runners share),
+``compile_policy`` (when to compile, and keeping the faster step, measured), ``single``
+(``FastDecoder``, batch 1 on a static cache: ``cache``, ``replay``), ``rows``
+(``BatchedDecoder``, many prompts on a paged cache: ``arena``, ``schedule``, ``rows_replay``,
+``prefill_rows``), ``fused``/``fused_rows`` (the Llama-family steps), ``lora`` (adapters in those
+steps), ``sampling`` (the token pick), ``options`` (``FastOptions``), ``graphs`` (capturing a step),
+``artifacts`` (compile artifacts on disk). The Triton kernels are in ``nvkit.generate.kernels``."""
 
 from ...lazy import lazy_names
 
 _NAMES = {
     "FastOptions": "options", "default_options": "options", "ATTENTION_KINDS": "options",
     "DEFAULT_ATTENTION": "options", "ENVIRONMENT_VARIABLES": "options",
-    "Sampling": "sampling", "resolve": "sampling", "unsupported_reason": "sampling",
-    "FastDecoder": "capture",
-    "decoder": "attached", "forget": "attached", "worth_capturing": "attached", "prepare": "attached",
-    "batched_decoder": "attached", "worth_batching": "attached", "BatchedDecoder": "batched",
-    "swap": "debug",
+    "Sampling": "sampling", "resolve": "sampling",
+    "FastDecoder": "single", "BatchedDecoder": "rows", "GraphRunner": "runner",
+    "Decoders": "decoders", "decoder": "decoders", "batched_decoder": "decoders", "prepare": "decoders",
+    "forget": "decoders", "swap": "decoders", "current": "decoders",
+    "route": "support", "single_why": "support", "rows_why": "support", "batch_why": "support", "worth_capturing": "support",
+    "worth_batching": "support",
 }
 __getattr__, __dir__ = lazy_names(__name__, _NAMES, globals())

@@ -6,10 +6,14 @@ of captures serve every batch size). Plain data and tensors: ``batched`` schedul
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+from ...errors import NvkitError
 from .graphs import drop
-from .schedule import SCRATCH
+from .schedule import SCRATCH, pages_for
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 PAGE = 32                     # positions per KV page (one block of the attention kernel's loop)
 CLASSES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -43,6 +47,14 @@ def batch_class(n: int, smallest: int = 1) -> int:
     raise ValueError(f"{n} rows is more than the largest class ({MAX_ROWS})")
 
 
+class RowsKey(NamedTuple):
+    """What a rows graph is captured for: the batch class, the sampling mode (``Sampling.key``),
+    whether the adapters run."""
+    batch: int
+    sampling: tuple
+    lora: bool
+
+
 @dataclass(eq=False)
 class Arena:
     """The device memory of one pool: KV pages, the row buffers the graphs read and write, the
@@ -50,25 +62,25 @@ class Arena:
     pages: int
     rows: int
     width: int                 # page-table entries per row
-    keys: list
-    values: list
-    cos: Any
-    sin: Any
-    tok: Any                   # (rows,) int64: each row's next input id
-    pos: Any                   # (rows,) int64: the position that id takes
-    table: Any                 # (rows, width) int32 page ids
-    seed: Any                  # (rows,) int64
-    min_pos: Any               # (rows,) int64: the first position an EOS may take
-    temperature: Any           # (rows,) float32
-    top_p: Any
-    penalty: Any
-    eos_mask: Any              # (1, vocab) bool
-    out: Any                   # (rows, K + 1) int64: a replay's ids (column 0: the id it started from)
-    seen: Any = None           # (rows, vocab) bool, when the repetition penalty runs
+    keys: list[Tensor]             # per layer: (pages × PAGE, kv heads, head_dim)
+    values: list[Tensor]
+    cos: Tensor
+    sin: Tensor
+    tok: Tensor                   # (rows,) int64: each row's next input id
+    pos: Tensor                   # (rows,) int64: the position that id takes
+    table: Tensor                 # (rows, width) int32 page ids
+    seed: Tensor                  # (rows,) int64
+    min_pos: Tensor               # (rows,) int64: the first position an EOS may take
+    temperature: Tensor           # (rows,) float32
+    top_p: Tensor
+    penalty: Tensor
+    eos_mask: Tensor              # (1, vocab) bool
+    out: Tensor                   # (rows, K + 1) int64: a replay's ids (column 0: the id it started from)
+    seen: Tensor | None = None           # (rows, vocab) bool, when the repetition penalty runs
     host: list = field(default_factory=list)  # two (pinned ids, CUDA event) pairs for the readouts
     turn: int = 0
-    graphs: dict = field(default_factory=dict)  # (batch class, sampling key, LoRA on) -> replay
-    pool: Any = None           # the graphs' shared memory pool (they never run at once)
+    graphs: dict = field(default_factory=dict)  # RowsKey -> replay
+    pool: Any = None           # the graphs' shared memory pool (a graph pool handle) (they never run at once)
 
     @property
     def cap(self) -> int:
@@ -99,3 +111,47 @@ class Arena:
     def restore(self, saved: list) -> None:
         for b, s in zip(self.row_buffers(), saved):
             b.copy_(s)
+
+
+def plan(prompt_lens: list[int], max_new: int, max_rows: int, page_bytes: int,
+         free_bytes: int | None = None) -> tuple[int, int]:
+    """(rows, pool pages incl. the scratch page) for prompts of these lengths: a row for every
+    prompt up to ``max_rows``, and pages for the rows' sequences at once (the longest ones when
+    there are more prompts than rows); fewer rows when the pool would not fit in ``MEMORY_SHARE``
+    of ``free_bytes`` (None: no limit)."""
+    needs = sorted((pages_for(n + max_new, PAGE) for n in prompt_lens), reverse=True)
+    rows = min(len(needs), max_rows)
+    while True:
+        pages = sum(needs[:rows]) + 1
+        if free_bytes is None or pages * page_bytes <= MEMORY_SHARE * free_bytes:
+            return rows, pages
+        if rows == 1:
+            raise NvkitError(f"The KV cache of the longest prompt ({needs[0] * PAGE} positions, "
+                             f"{pages * page_bytes / 2**30:.2f} GiB) does not fit in the GPU's free memory "
+                             f"({free_bytes / 2**30:.2f} GiB): ask for fewer tokens, or free memory.")
+        rows = max(1, rows * 3 // 4)
+
+
+def new_arena(fw, pages: int, rows: int, width: int, k: int, vocab: int, penalty: bool, device) -> Arena:
+    """A pool of ``pages`` KV pages for the fused weights ``fw`` and the buffers of ``rows`` rows
+    (``width`` page-table entries each; the penalty's seen-ids mask when ``penalty``)."""
+    import torch
+    i64 = dict(dtype=torch.long, device=device)
+    f32 = dict(dtype=torch.float32, device=device)
+    with torch.inference_mode(False):
+        keys = [torch.zeros((pages * PAGE, fw.nkv, fw.hd), dtype=fw.dtype, device=device) for _ in fw.layers]
+        values = [torch.zeros((pages * PAGE, fw.nkv, fw.hd), dtype=fw.dtype, device=device) for _ in fw.layers]
+        cos, sin = fw.rotary(width * PAGE)
+    a = Arena(pages=pages, rows=rows, width=width, keys=keys, values=values, cos=cos, sin=sin,
+              tok=torch.zeros((rows,), **i64), pos=torch.zeros((rows,), **i64),
+              table=torch.zeros((rows, width), dtype=torch.int32, device=device),
+              seed=torch.zeros((rows,), **i64), min_pos=torch.zeros((rows,), **i64),
+              temperature=torch.ones((rows,), **f32), top_p=torch.ones((rows,), **f32),
+              penalty=torch.ones((rows,), **f32),
+              eos_mask=torch.zeros((1, vocab), dtype=torch.bool, device=device),
+              out=torch.zeros((rows, k + 1), **i64),
+              seen=torch.zeros((rows, vocab), dtype=torch.bool, device=device) if penalty else None)
+    if device.type == "cuda":
+        a.host = [(torch.empty((rows, k + 1), dtype=torch.long, pin_memory=True), torch.cuda.Event())
+                  for _ in range(2)]
+    return a

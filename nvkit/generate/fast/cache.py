@@ -10,9 +10,12 @@ Prompts are padded to a prefill class (powers of two from ``MIN_PREFILL`` up to
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from .graphs import drop
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 MIN_PREFILL = 16
 MAX_PREFILL = 2048
@@ -35,43 +38,51 @@ def prefill_class(n: int, length: int) -> int | None:
     return max(MIN_PREFILL, next_pow2(n))
 
 
+class GraphKey(NamedTuple):
+    """What a batch-1 graph is captured for: the sampling mode (``Sampling.key``), whether the
+    adapters run, whether the graph copies its logits out (``FastDecoder.trace``)."""
+    sampling: tuple
+    lora: bool
+    logits: bool = False
+
+
 @dataclass
 class Cache:
     """One size class: the KV cache, the request's device buffers, and the graphs captured on them."""
     length: int
     k: int                 # decode steps per replay
-    keys: list = field(default_factory=list)    # fused step: per layer (kv heads, length, head_dim)
-    values: list = field(default_factory=list)
+    keys: list[Tensor] = field(default_factory=list)    # fused step: per layer (kv heads, length, head_dim)
+    values: list[Tensor] = field(default_factory=list)
     kv: Any = None         # model-forward step: a transformers StaticCache
-    tok: Any = None        # (1, 1) int64: the next step's input id
-    out: Any = None        # (K,) int64: the ids picked by one replay
-    pos: Any = None        # 0-dim int64: the position the next token takes
-    arange: Any = None     # (length,) int64
-    cos: Any = None        # (length, head_dim) rotary tables (fused step)
-    sin: Any = None
-    prompt: Any = None     # (1, prefill capacity) int64: the padded prompt a prefill graph reads
-    last: Any = None       # 0-dim int64: the prompt's last position
-    first_logits: Any = None  # (1, vocab) float32: what the prefill returns
-    temperature: Any = None   # 0-dim float32
-    top_p: Any = None         # 0-dim float32
-    penalty: Any = None       # 0-dim float32: repetition penalty (1: none)
-    min_pos: Any = None       # 0-dim int64: the first position an EOS may take
-    eos_mask: Any = None      # (1, vocab) bool
-    seen: Any = None          # (1, vocab) bool: ids in the prompt and the text so far
-    logits: Any = None        # (K, vocab) float32 when a graph copies its logits out (FastDecoder.trace)
+    tok: Tensor | None = None        # (1, 1) int64: the next step's input id
+    out: Tensor | None = None        # (K,) int64: the ids picked by one replay
+    pos: Tensor | None = None        # 0-dim int64: the position the next token takes
+    arange: Tensor | None = None     # (length,) int64
+    cos: Tensor | None = None        # (length, head_dim) rotary tables (fused step)
+    sin: Tensor | None = None
+    prompt: Tensor | None = None     # (1, prefill capacity) int64: the padded prompt a prefill graph reads
+    last: Tensor | None = None       # 0-dim int64: the prompt's last position
+    first_logits: Tensor | None = None  # (1, vocab) float32: what the prefill returns
+    temperature: Tensor | None = None   # 0-dim float32
+    top_p: Tensor | None = None         # 0-dim float32
+    penalty: Tensor | None = None       # 0-dim float32: repetition penalty (1: none)
+    min_pos: Tensor | None = None       # 0-dim int64: the first position an EOS may take
+    eos_mask: Tensor | None = None      # (1, vocab) bool
+    seen: Tensor | None = None          # (1, vocab) bool: ids in the prompt and the text so far
+    logits: Tensor | None = None        # (K, vocab) float32 when a graph copies its logits out (FastDecoder.trace)
     steps: dict = field(default_factory=dict)     # lora on? -> the eager decode step
     compiled: dict = field(default_factory=dict)  # lora on? -> its torch.compile wrapper
-    graphs: dict = field(default_factory=dict)    # (sampling key, lora on?, logits kept?) -> replay
+    graphs: dict = field(default_factory=dict)    # GraphKey -> replay
     uncompiled: set = field(default_factory=set)  # lora on? values whose graphs run the uncompiled step
     prefills: dict = field(default_factory=dict)  # (padded length, lora on?) -> replay
     pool: Any = None       # the memory pool the prefill graphs share (they never run at once)
-    host: Any = None       # two (pinned K-id buffer, CUDA event) pairs the host reads replays through
+    host: list | None = None       # two (pinned K-id buffer, CUDA event) pairs the host reads replays through
 
     def forget_lora(self) -> None:
         """Drop what was built for the adapters' buffers (they are being replaced)."""
         self.steps.pop(True, None)
         self.compiled.pop(True, None)
-        for key in [k for k in self.graphs if k[1]]:
+        for key in [k for k in self.graphs if k.lora]:
             del self.graphs[key]
         self.uncompiled.discard(True)
         self.pool = drop(self.prefills, self.pool, lambda k: k[1])  # the pool goes with the last prefill graph
@@ -120,3 +131,24 @@ def set_request(c: Cache, prompt_ids, sampling, vocab: int) -> None:
     if sampling.repetition_penalty != 1.0:
         c.seen[0].index_fill_(0, prompt_ids.view(-1), True)
     c.pos.fill_(n)
+
+
+def model_step(model, c: Cache, device) -> Callable:
+    """The model's own forward over the cache's ``StaticCache`` as the decode step (architectures
+    the fused step does not cover): ``step(tok)`` → the (1, vocab) float logits."""
+    import torch
+    length = c.length
+    layer0 = c.kv.layers[0]
+    zero = torch.zeros((), dtype=model.dtype, device=device)
+    neg = torch.full((), torch.finfo(model.dtype).min, dtype=model.dtype, device=device)
+
+    def step(tok):
+        # The position lives on the device (the cache's own counter), so the graph needs no host input.
+        pos = layer0.cumulative_length
+        # additive mask in the model dtype: sdpa takes it as is (a bool one is converted in every layer)
+        mask = torch.where(c.arange <= pos, zero, neg).view(1, 1, 1, length)
+        out = model(input_ids=tok, attention_mask=mask, position_ids=pos.view(1, 1), past_key_values=c.kv,
+                    use_cache=True, logits_to_keep=1)
+        c.pos.add_(1)
+        return out.logits[:, -1, :].float()
+    return step

@@ -4,7 +4,7 @@ batched fast path, ``batched.BatchedDecoder``).
 The same layer as ``fused.decode_step`` (the same weights, norms, RoPE and LoRA products, so the
 same rounding), with a row axis: row b feeds ``tok[b]`` at its own position ``pos[b]`` and reads
 and writes its keys and values through its page table ``table[b]`` (see
-``decode_attention.paged_decode_attention``). Every layer's keys are one (pool positions, KV heads,
+``kernels.paged_attention.paged_decode_attention``). Every layer's keys are one (pool positions, KV heads,
 head_dim) tensor. Every size that varies from one request to the next (rows, table width, pool,
 rotary tables) is an argument, so one compile serves every batch-size class and pool.
 
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .fused import FusedWeights, layer_args, linear, rope, rms_norm
+from .fused import layer_args, linear, rope, rms_norm
+from .fused_weights import FusedWeights
 
 
 def paged_positions(table, page: int, length: int):
@@ -34,17 +35,18 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     reads ``pos``, ``table`` and the rotary tables ``cos``/``sin``; "matmul" reads the rows'
     rotary values ``c``/``s``, their pool indices ``where``, new positions ``here`` and ``mask``
     (``decode_rows_step`` makes them once per step). ``kernels``: the sums with their norms, the
-    activation and the adapters' products in nvkit's Triton kernels (``step_kernels``), for a
+    activation and the adapters' products in nvkit's Triton kernels (``nvkit.generate.kernels``), for a
     step that is not compiled."""
     import torch
     import torch.nn.functional as F
     groups = nh // nkv
     if attention == "triton":
-        from ..decode_attention import paged_decode_attention
+        from ..kernels.paged_attention import paged_decode_attention
     proj = linear
     if kernels:
-        from .step_kernels import add_rms_norm, silu_mul
-        from .step_kernels import linear as proj
+        from ..kernels.add_rms_norm import add_rms_norm
+        from ..kernels.lora_add import linear as proj
+        from ..kernels.silu_mul import silu_mul
 
     def layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys, values, in_norm, in_eps, qkv_w,
               qkv_bias, q_norm, k_norm, qk_eps, o_w, o_bias, post_norm, post_eps, gate_up_w, gate_up_bias, down_w,
@@ -159,7 +161,6 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int) -> Callable:
     whole forward unrolls every layer into one graph and takes about as many times longer as the
     model has layers. The layer boundary costs nothing here: the host issues a layer's few fused
     kernels far faster than the GPU runs a group's matrix products."""
-    import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     groups = nh // nkv

@@ -15,7 +15,7 @@ import time
 from typing import Callable
 
 #: the parts, in the order a preparation meets them (``Timings.describe`` keeps this order)
-PARTS = ("set-up", "compile artifacts from disk", "compile prefill", "compile and warm-up", "warm-up", "capture",
+PARTS = ("set-up", "compile artifacts from disk", "compile prefill", "compile and warm-up", "warm-up", "capture", "measure",
          "prefill graphs", "compile artifacts to disk")
 
 

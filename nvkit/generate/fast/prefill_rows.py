@@ -19,6 +19,10 @@ that way in this decoder (a few calls of dozens of prompts), and compiles at its
 artifacts of an earlier compile on disk make that compile cheap, so then it compiles at once.
 ``compile_after=0`` compiles at the first call.
 
+Compiling is kept only where it measures faster (``compile_policy``'s rule): on the GPU the
+first calls after the compile alternate between the compiled and the eager prefill, each timed to
+its end per padded token, and the slower is dropped for the decoder's life (``declined`` says so).
+
 A compile that fails gives way to the eager prefill for the rest of the decoder's life (the
 reason stays in ``error``); the compile artifacts go to disk under a key of their own.
 """
@@ -33,6 +37,9 @@ from ... import events
 from ...checks import number
 from ...errors import error_summary
 from .replay import ticking
+
+#: calls of each kind (compiled, eager) timed before the prefill keeps the faster
+MEASURE_CALLS = 2
 
 
 class RowsPrefill:
@@ -60,6 +67,10 @@ class RowsPrefill:
         self._fn = None
         self._first = True
         self._asked_disk = False
+        #: why the eager prefill was kept although compiled (measured slower), None otherwise
+        self.declined: str | None = None
+        self.measure = True
+        self._timed = {"compiled": [0.0, 0, 0], "eager": [0.0, 0, 0]}  # seconds, padded tokens, calls
         if compile:
             import torch
             # fullgraph: a graph break would put the host back inside the layer
@@ -67,7 +78,7 @@ class RowsPrefill:
 
     @property
     def compiled(self) -> bool:
-        """The compiled prefill runs (its compile is done and did not fail)."""
+        """The compiled prefill runs (its compile is done and did not fail or measure slower)."""
         return self._fn is not None and self.error is None and not self._first
 
     @property
@@ -94,6 +105,8 @@ class RowsPrefill:
             out = self.eager(ids, last, where, cos, sin, keys, values)
             self.eager_seconds += self._clock() - t
             return out
+        if not self._first and self._measuring(ids):
+            return self._timed_call(ids, last, where, cos, sin, keys, values)
         rows = ids.shape[0]
         if rows == 1:
             ids, last, where = self._with_empty_row(ids, last, where)
@@ -114,6 +127,48 @@ class RowsPrefill:
             ids, last, where = ids[:rows], last[:rows], where[:rows]
             return self.eager(ids, last, where, cos, sin, keys, values)
         return out[:rows]
+
+    def _measuring(self, ids) -> bool:
+        t = self._timed
+        return (self.measure and ids.device.type == "cuda"
+                and min(t["compiled"][2], t["eager"][2]) < MEASURE_CALLS)
+
+    def _timed_call(self, ids, last, where, cos, sin, keys, values):
+        """One call of the kind with fewer timed calls, timed to its end on the device; once both
+        have ``MEASURE_CALLS``, the slower per padded token is dropped."""
+        import torch
+        t = self._timed
+        kind = "compiled" if t["compiled"][2] <= t["eager"][2] else "eager"
+        torch.cuda.synchronize(ids.device)
+        start = self._clock()
+        if kind == "compiled":
+            out = self._compiled_call(self._fn, ids, last, where, cos, sin, keys, values)
+        else:
+            out = self.eager(ids, last, where, cos, sin, keys, values)
+        torch.cuda.synchronize(ids.device)
+        t[kind][0] += self._clock() - start
+        t[kind][1] += int(ids.numel())
+        t[kind][2] += 1
+        if self.error is None and min(t["compiled"][2], t["eager"][2]) >= MEASURE_CALLS:
+            per = {k: v[0] / max(1, v[1]) * 1000 for k, v in t.items()}
+            if per["compiled"] > per["eager"]:
+                self.declined = (f"measured {per['eager'] * 1e3:.2f} ms per 1,000 prompt tokens against "
+                                 f"{per['compiled'] * 1e3:.2f} compiled")
+                events.record("compile", f"fast batch: the compiled prefill is slower here ({self.declined}); "
+                                         "prefilling eagerly")
+                self._fn = None
+        return out
+
+    def _compiled_call(self, fn, ids, last, where, cos, sin, keys, values):
+        rows = ids.shape[0]
+        if rows == 1:
+            ids, last, where = self._with_empty_row(ids, last, where)
+        try:
+            return fn(ids, last, where, cos, sin, keys, values)[:rows]
+        except Exception as e:  # noqa: BLE001 - the eager prefill computes the same; say why and go on
+            self.error = error_summary(e)
+            events.record("compile", f"fast batch: the compiled prefill failed ({self.error}); prefilling eagerly")
+            return self.eager(ids[:rows], last[:rows], where[:rows], cos, sin, keys, values)
 
     def _with_empty_row(self, ids, last, where):
         import torch

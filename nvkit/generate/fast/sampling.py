@@ -1,8 +1,8 @@
 """What the fast path can honour of a generation request, and how it picks each token on the device.
 
 ``resolve`` turns the request's generation arguments and the model's generation config into a
-``Sampling`` (or says why the fast path cannot run them); ``unsupported_reason`` adds what the
-session itself rules out; ``choose`` is the token choice inside the CUDA graph.
+``Sampling`` (or says why the fast path cannot run them; ``support`` adds what the session itself
+rules out); ``choose`` is the token choice inside the CUDA graph.
 
 Inside the graph: the repetition penalty (over a device mask of the ids seen so far),
 ``min_new_tokens``/``min_length`` (EOS ids masked until a position held on the device), then
@@ -100,42 +100,6 @@ def resolve(model, gen: dict) -> tuple[Sampling | None, str | None]:
         if s.top_k >= vocab:
             s.top_k = 0
     return s, None
-
-
-def unsupported_reason(session, texts: list[str], gen: dict) -> str | None:
-    """Why this request cannot take the fast path here (None when it can), in a few words."""
-    from .fused import fusable_why
-    from .lora import lora_why
-    model = session.model
-    if session.device.type != "cuda":
-        return f"the model is on {session.device}, and the fast path replays CUDA graphs"
-    if len(texts) != 1:
-        return "the fast path decodes one prompt at a time (lists go through continuous batching)"
-    dev_map = getattr(model, "hf_device_map", None)
-    if dev_map and len({str(v) for v in dev_map.values()}) > 1:
-        return "the model is spread over several GPUs (device_map); the fast path needs it on one"
-    if getattr(session, "quantization", None):
-        return f"the model is quantized ({session.quantization}); the fast path covers bf16/fp16/fp32 weights"
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    fused_why = fusable_why(base)
-    if getattr(model, "peft_config", None):
-        why = lora_why(model)
-        if why:
-            return why
-        if fused_why:
-            return f"adapters run on the fast path in nvkit's fused step, which does not fit this model ({fused_why})"
-    text_cfg = base.config.get_text_config()
-    layer_types = getattr(text_cfg, "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
-        return "the model has sliding-window or other non-full attention layers"
-    if fused_why:  # the model's own forward runs the steps
-        if not getattr(base, "_can_compile_fullgraph", False):
-            return f"{type(base).__name__} does not support a static KV cache"
-        attn = getattr(base.config, "_attn_implementation", None)
-        if attn not in ("sdpa", "eager"):
-            return f"attention backend {attn!r}: the fast path passes its own mask, which needs 'sdpa' or 'eager'"
-    _, why = resolve(base, gen)
-    return why
 
 
 def choose(logits, buffers, key: tuple):

@@ -1,0 +1,152 @@
+"""The fast-path runners a session owns (``Decoders``, the session's ``decoders``): the batch-1
+decoder and the rows decoder, built on first use, replaced when asked for other options, and
+released with the session's model (``Session.unload``). ``prepare`` warms them up on purpose.
+
+They live on the session, not on the ``nn.Module``: the session is what loads, unloads and
+attaches adapters, so it is what decides when its runners are made and dropped. Both run the
+model's base (the causal LM under a PEFT wrapper), so attaching, merging or removing adapters
+keeps them and their captures.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from ...errors import NvkitError, require
+from .single import FastDecoder
+from .options import default_options
+from .rows import BatchedDecoder
+
+
+def base_model(model):
+    """The causal LM under a PEFT wrapper (``model`` itself when it has none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+class Decoders:
+    """One session's runners: ``single`` (batch 1) and ``rows`` (lists), each None until used."""
+
+    def __init__(self):
+        self.single: FastDecoder | None = None
+        self.rows: BatchedDecoder | None = None
+        self._lock = threading.Lock()
+
+    def decoder(self, model, **overrides) -> FastDecoder:
+        """The batch-1 decoder for ``model`` (created on first use). Keywords are ``FastOptions``
+        fields (``k_steps=4``, ``attention="matmul"``, ...): a decoder built otherwise, or for
+        another model, is replaced by one built that way (its captures are paid again)."""
+        base = base_model(model)
+        with self._lock:
+            d = self.single
+            if d is not None and d.model is not base:
+                self._release_all()
+                d = None
+            wanted = (d.options if d is not None else default_options()).replace(**overrides)
+            if d is not None and d.options == wanted:
+                return d
+            if d is not None:
+                d.release()  # its graphs and caches go before the new one captures
+            self.single = FastDecoder(base, wanted)
+            return self.single
+
+    def batched(self, model) -> BatchedDecoder:
+        """The rows decoder (created on first use beside the batch-1 decoder whose weights it
+        shares; a new batch-1 decoder gets a new one)."""
+        d = self.decoder(model)
+        with self._lock:
+            if self.rows is not None and self.rows.single is d:
+                return self.rows
+            if self.rows is not None:
+                self.rows.release()
+            self.rows = BatchedDecoder(d)
+            return self.rows
+
+    def batched_ready(self) -> bool:
+        """The rows decoder has captured something for the current batch-1 decoder."""
+        return self.rows is not None and self.rows.single is self.single and bool(self.rows.counts)
+
+    def swap(self, model, d: FastDecoder | None) -> FastDecoder | None:
+        """Make ``d`` the batch-1 decoder and return the one it replaces, without releasing either
+        (the decode benchmark keeps several captured side by side to time them in alternation).
+        The caller owns the returned decoder: ``release()`` it, or swap it back."""
+        if d is not None and d.model is not base_model(model):
+            raise NvkitError("This decoder was built for another model; nvkit.generate.fast.decoder(session) "
+                             "builds one for it.")
+        with self._lock:
+            old, self.single = self.single, d
+            return old
+
+    def release(self) -> None:
+        """Release both runners (``Session.unload`` calls this before dropping the model)."""
+        with self._lock:
+            self._release_all()
+
+    def _release_all(self) -> None:
+        d, bd = self.single, self.rows
+        self.single = self.rows = None
+        if bd is not None:
+            bd.release()
+        if d is not None:
+            d.release()
+        if (d is not None and d.compiled) or (bd is not None and bd.compiled):
+            # Resetting only the step's code entries can leave the weights referenced by dynamo and
+            # inductor state; the model is going away, so clear all of it.
+            try:
+                import torch._dynamo
+                torch._dynamo.reset()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+def of(session) -> Decoders:
+    """The session's ``Decoders``."""
+    return session.decoders
+
+
+def decoder(session, **overrides) -> FastDecoder:
+    """The session's batch-1 decoder (``Decoders.decoder``)."""
+    return of(session).decoder(session.model, **overrides)
+
+
+def batched_decoder(session) -> BatchedDecoder:
+    """The session's rows decoder (``Decoders.batched``)."""
+    return of(session).batched(session.model)
+
+
+def current(session) -> FastDecoder | None:
+    """The session's batch-1 decoder, if one was built."""
+    return of(session).single
+
+
+def swap(session, d: FastDecoder | None) -> FastDecoder | None:
+    """``Decoders.swap`` for the session's model."""
+    return of(session).swap(session.model, d)
+
+
+def forget(session) -> None:
+    """Release the session's runners."""
+    of(session).release()
+
+
+def prepare(session, max_new_tokens: int = 256, prompt_tokens: int = 64, do_sample: bool = False,
+            on_progress: Callable[[float], None] | None = None, **generation_kwargs) -> float:
+    """Compile and capture the session's fast path now (a tutorial's warm-up cell), so that the
+    first request does not wait for it; returns the seconds it took (≈ 0 when already done).
+
+    One cache size class serves every request that fits it, so the sizes here only need to be
+    no larger than the requests to come; the prefill graphs of prompts up to 512 tokens come too.
+    Raises NvkitError saying why when the fast path cannot run this session's requests."""
+    from . import support
+    require(isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens > 0,
+            f"max_new_tokens must be a whole number ≥ 1, not {max_new_tokens!r}.")
+    require(isinstance(prompt_tokens, int) and not isinstance(prompt_tokens, bool) and prompt_tokens > 0,
+            f"prompt_tokens must be a whole number ≥ 1, not {prompt_tokens!r}.")
+    gen = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, **generation_kwargs)
+    why = support.single_why(session, gen)
+    if why:
+        raise NvkitError(f"The fast path cannot run here: {why}.")
+    sampling, _ = support.resolve(base_model(session.model), gen)
+    import torch
+    with torch.inference_mode():
+        return decoder(session).prepare(prompt_tokens, sampling, on_progress=on_progress)

@@ -1,0 +1,251 @@
+"""The Llama family's weights as nvkit's fused steps read them (``FusedWeights``), and whether a
+model fits those steps (``fusable_why``, ``qk_norm_why``).
+
+The steps read every weight from ``FusedWeights``, never through the model's modules: the q/k/v
+and gate/up projections become one product each (the modules' weights are re-pointed at slices of
+one fused tensor, so no memory is added and the model computes exactly as before), and a module
+wrapped later (a LoRA layer) or swapped (another RMSNorm implementation) changes nothing the
+captured graphs read. ``FusedWeights.sync`` copies weights the model replaced (an adapter merged,
+new weights loaded) into the tensors the graphs read, so no capture is repeated for that. With
+spare rows (``FusedWeights(spare=...)``, ``FastOptions.lora_fold``) the batch-1 step can fold an
+adapter's first product into the base one (``fused.linear``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ...memory.estimate import attention_dims
+
+# Architectures whose decoder layer is exactly: RMSNorm, q/k/v (optional q/k RMSNorm), RoPE,
+# attention, o, residual, RMSNorm, SiLU-gated MLP, residual (checked module by module in fusable_why).
+FUSABLE = ("llama", "mistral", "qwen2", "qwen3")
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def base_layer(module):
+    """The plain layer under a PEFT LoRA wrapper (the module itself when it is not wrapped)."""
+    return getattr(module, "base_layer", module)
+
+
+def fusable_why(model) -> str | None:
+    """Why the fused steps do not fit ``model`` (None when they do). ``model`` is the causal LM
+    itself, not a PEFT wrapper (``lora.lora_why`` judges the adapters)."""
+    cfg = model.config.get_text_config()
+    mtype = getattr(cfg, "model_type", None)
+    if mtype not in FUSABLE:
+        return f"model type {mtype!r} is not one of {', '.join(FUSABLE)}"
+    inner = getattr(model, "model", None)
+    if inner is None or not all(hasattr(inner, a) for a in ("layers", "embed_tokens", "norm", "rotary_emb")) \
+            or not hasattr(model, "lm_head"):
+        return "the model does not have the usual decoder layout"
+    if getattr(inner.rotary_emb, "rope_type", "default") in ("dynamic", "longrope"):
+        return "its RoPE rescales with the length at run time"
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        return f"its MLP activation is {cfg.hidden_act!r}"
+    import torch.nn as nn
+    for layer in inner.layers:
+        attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+        mods = [base_layer(getattr(attn, n, None)) for n in PROJECTIONS[:4]]
+        mods += [base_layer(getattr(mlp, n, None)) for n in PROJECTIONS[4:]]
+        if any(type(m) is not nn.Linear for m in mods):  # exact type: quantized layers compute otherwise
+            return "its projections are not plain Linear layers"
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            if _norm_eps(norm) is None:
+                return f"its layer norm ({type(norm).__name__}) is not an RMS norm with a weight"
+    return None
+
+
+def _norm_eps(norm) -> float | None:
+    w = getattr(norm, "weight", None)
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if w is None or eps is None or w.dim() != 1 or "RMSNorm" not in type(norm).__name__:
+        return None
+    return float(eps)
+
+
+def qk_norm_why(model, hd: int) -> str | None:
+    """Why the per-head q/k norms are not the plain RMS norm the Triton kernel applies (None: they are)."""
+    for layer in model.model.layers:
+        attn = layer.self_attn
+        if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
+            return "it normalises only one of q and k"
+        if not hasattr(attn, "q_norm"):
+            continue
+        for norm in (attn.q_norm, attn.k_norm):
+            w = getattr(norm, "weight", None)
+            if _norm_eps(norm) is None or tuple(w.shape) != (hd,):
+                return f"its q/k norm ({type(norm).__name__}) is not a per-head RMS norm"
+        if _norm_eps(attn.q_norm) != _norm_eps(attn.k_norm):
+            return "its q and k norms use different epsilons"
+    return None
+
+
+# --- the weights the steps read ----------------------------------------------------------------
+
+@dataclass
+class _Slot:
+    """One weight the steps read: how to find the model's current tensor, and the tensor (or the
+    slice of a fused tensor) the captured graphs read."""
+    find: Callable[[], Any]   # -> the model's nn.Parameter now
+    held: Any
+
+
+@dataclass
+class LayerWeights:
+    in_norm: Any
+    in_eps: float
+    qkv: Any          # (q + 2 kv rows, hidden): q, k and v stacked
+    qkv_bias: Any
+    q_norm: Any       # per-head RMS norm weights (Qwen3), else None
+    k_norm: Any
+    qk_eps: float
+    o: Any
+    o_bias: Any
+    post_norm: Any
+    post_eps: float
+    gate_up: Any      # (2 x intermediate, hidden): gate and up stacked
+    gate_up_bias: Any
+    down: Any
+    down_bias: Any
+    scaling: float
+    #: with spare rows: the qkv, o, gate_up and down tensors with those rows below the weights
+    #: (``qkv`` etc. are views of their first rows); None without
+    spare: tuple | None = None
+
+
+class FusedWeights:
+    """The tensors the fused steps read, kept in step with the model (``sync``).
+
+    ``spare``: rows of zeros allocated below each projection's weights (per projection of a
+    group), where ``lora.LoraSlots`` may fold adapters in; the o and down projections then get
+    tensors of their own too (the model's parameters re-pointed at them, as for q/k/v)."""
+
+    def __init__(self, model, spare: int = 0):
+        import torch
+        self.model = model
+        self.spare = spare
+        inner = model.model
+        self.nh, self.nkv, self.hd = attention_dims(model.config)
+        self.dtype = model.dtype
+        self._slots: list[_Slot] = []
+        # Fusing can happen inside generation, under inference_mode; tensors made there could never
+        # be used for training again ("Inference tensors cannot be saved for backward"). The fused
+        # tensors must be ordinary ones.
+        with torch.inference_mode(False), torch.no_grad():
+            self.embed = self._own(lambda: inner.embed_tokens.weight)
+            self.norm = self._own(lambda: inner.norm.weight)
+            self.norm_eps = _norm_eps(inner.norm)
+            self.lm_head = self._own(lambda: model.lm_head.weight)
+            self.layers = [self._layer(layer) for layer in inner.layers]
+
+    def _own(self, find):
+        p = find()
+        self._slots.append(_Slot(find, p.data))
+        return p.data
+
+    def _fused(self, finds: list) -> tuple[Any, Any]:
+        """One tensor for weights that meet the same input, stacked by rows (and ``spare`` rows
+        of zeros per weight below them); each parameter is re-pointed at its slice, so memory
+        stays as it was and the modules compute what they did. Returns (the weights' rows, the
+        whole tensor with the spare rows)."""
+        import torch
+        params = [f() for f in finds]
+        spare = [torch.zeros(self.spare * len(params), params[0].shape[1], dtype=params[0].dtype,
+                             device=params[0].device)] if self.spare else []
+        fused = torch.cat([p.detach() for p in params] + spare)
+        off = 0
+        for f, p in zip(finds, params):
+            n = p.shape[0]
+            p.data = fused[off:off + n]
+            self._slots.append(_Slot(f, p.data))
+            off += n
+        return fused[:off], fused
+
+    def _layer(self, layer) -> LayerWeights:
+        attn, mlp = layer.self_attn, layer.mlp
+
+        def lin(parent, name, what="weight"):
+            return lambda: getattr(base_layer(getattr(parent, name)), what)
+
+        qkv, qkv_spare = self._fused([lin(attn, n) for n in ("q_proj", "k_proj", "v_proj")])
+        qkv_bias = self._bias_group(attn, ("q_proj", "k_proj", "v_proj"), lin)
+        gate_up, gate_up_spare = self._fused([lin(mlp, n) for n in ("gate_proj", "up_proj")])
+        gate_up_bias = self._bias_group(mlp, ("gate_proj", "up_proj"), lin)
+        has_qk = hasattr(attn, "q_norm")
+        spare = None
+        if self.spare:
+            (o, o_spare), (down, down_spare) = self._fused([lin(attn, "o_proj")]), self._fused([lin(mlp, "down_proj")])
+            spare = (qkv_spare, o_spare, gate_up_spare, down_spare)
+        else:
+            o, down = self._own(lin(attn, "o_proj")), self._own(lin(mlp, "down_proj"))
+        return LayerWeights(
+            in_norm=self._own(lambda: layer.input_layernorm.weight), in_eps=_norm_eps(layer.input_layernorm),
+            qkv=qkv, qkv_bias=qkv_bias,
+            q_norm=self._own(lambda: attn.q_norm.weight) if has_qk else None,
+            k_norm=self._own(lambda: attn.k_norm.weight) if has_qk else None,
+            qk_eps=_norm_eps(attn.q_norm) if has_qk else 0.0,
+            o=o,
+            o_bias=self._own(lin(attn, "o_proj", "bias")) if lin(attn, "o_proj", "bias")() is not None else None,
+            post_norm=self._own(lambda: layer.post_attention_layernorm.weight),
+            post_eps=_norm_eps(layer.post_attention_layernorm),
+            gate_up=gate_up, gate_up_bias=gate_up_bias,
+            down=down,
+            down_bias=self._own(lin(mlp, "down_proj", "bias")) if lin(mlp, "down_proj", "bias")() is not None else None,
+            scaling=float(getattr(attn, "scaling", self.hd ** -0.5)), spare=spare)
+
+    def _bias_group(self, parent, names, lin):
+        """Stacked biases of projections that share an input (a missing one is zeros of its
+        rows), or None when none has a bias."""
+        import torch
+        weights = [lin(parent, n)() for n in names]
+        finds = [lin(parent, n, "bias") for n in names]
+        present = [f() for f in finds]
+        if all(b is None for b in present):
+            return None
+        ref = next(b for b in present if b is not None)
+        fused = torch.cat([b.detach() if b is not None else torch.zeros(w.shape[0], dtype=ref.dtype, device=ref.device)
+                           for b, w in zip(present, weights)])
+        off = 0
+        for f, b, w in zip(finds, present, weights):
+            n = w.shape[0]
+            if b is not None:
+                b.data = fused[off:off + n]
+                self._slots.append(_Slot(f, b.data))
+            off += n
+        return fused
+
+    def sync(self) -> int:
+        """Bring the tensors the steps read up to date with the model's parameters; returns how
+        many were replaced by the model since the last call (0: nothing to do).
+
+        A parameter whose tensor is no longer ours (merging an adapter, loading weights, swapping a
+        norm module) is copied into ours and re-pointed at it, so graphs captured earlier read the
+        new values and memory stays as it was. A parameter changed in place needs nothing."""
+        import torch
+        changed = 0
+        with torch.inference_mode(False), torch.no_grad():
+            for slot in self._slots:
+                p = slot.find()
+                if p is None:
+                    raise ValueError("a weight the fused step reads is gone from the model")
+                if p.data_ptr() == slot.held.data_ptr() and p.shape == slot.held.shape:
+                    continue
+                if p.shape != slot.held.shape or p.dtype != slot.held.dtype or p.device != slot.held.device:
+                    raise ValueError(f"a weight changed shape, dtype or device ({tuple(slot.held.shape)} "
+                                     f"{slot.held.dtype} -> {tuple(p.shape)} {p.dtype})")
+                slot.held.copy_(p.data)
+                p.data = slot.held
+                changed += 1
+        return changed
+
+    def rotary(self, length: int):
+        """(cos, sin) tables of positions 0..length-1, (length, head_dim) in the model's dtype,
+        computed by the model's own rotary module (a lookup per step instead of its kernels)."""
+        import torch
+        inner = self.model.model
+        dev = self.embed.device
+        probe = torch.zeros(1, 1, dtype=self.dtype, device=dev)
+        cos, sin = inner.rotary_emb(probe, torch.arange(length, device=dev).view(1, length))
+        return cos.view(length, -1).contiguous(), sin.view(length, -1).contiguous()

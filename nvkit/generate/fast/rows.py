@@ -1,0 +1,424 @@
+"""``BatchedDecoder``: many prompts at once on one GPU — nvkit's fused step over B rows, K decode
+steps per CUDA-graph replay, a paged KV cache sized to the request, and continuous refill.
+
+Why: a decode step of a small model at batch 64 reads the same weights as at batch 1, so B rows
+per step cost little more than one; what limits the rate is how many steps the GPU runs per second
+and how many of its rows hold real work. Here:
+
+- **one graph per batch-size class** (``CLASSES``: 1, 2, 4, … 256): the graph of class B runs
+  rows 0..B-1 of the row buffers, each row at its own position (ragged: every row reads its
+  position and page table from the device). The step is compiled once for every class (the row
+  axis, pool and table sizes are dynamic dimensions), then captured per class in a second or so;
+  a batch of one is compiled apart (torch specialises a dimension of size 1).
+- **a paged KV cache sized to the request**: a sequence holds pages for its prompt and its new
+  tokens from admission to release (``schedule``), and the pool holds what the rows running at
+  once need (all of them when every prompt has a row), not rows × the longest request.
+- **continuous refill**: between replays the host gives a finished sequence's row and pages to the
+  next waiting prompt — even before its last ids are read, when its length alone says it is done —
+  prefills the new prompts together (grouped by length, each group padded to its longest; the
+  prefill compiled once for every group shape, ``prefill_rows``) and writes them into their rows;
+  when the queue is empty the rows are packed into a smaller class.
+- **sampling per request inside the graph** (``sampling.choose_rows``): greedy, or temperature,
+  top-k and top-p with a draw made from each request's own seed and the position it samples, so a
+  request's text depends on its seed and never on which prompts share its batch.
+
+The host loop is pipelined like the batch-1 path's: the next replay is queued before the ids of
+the one before are read, two at most in flight. The weights (and LoRA buffers) are the batch-1
+decoder's own (``FastDecoder.weights``): one fused copy per model, adapters run unmerged here too.
+``graphs=False`` runs the same code without capture or compile, for checking on a CPU.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from typing import Callable
+
+from ... import events
+from ...errors import NvkitError
+from ...memory.estimate import kv_bytes_per_token
+from . import artifacts, graphs as graphs_mod, rows_replay
+from .arena import (CLASSES, MAX_ROWS, PAGE, Arena, RowsKey, batch_class, new_arena, plan, prefill_budget,
+                    prefill_bytes_per_token)
+from .single import FastDecoder
+from .fused import decode_head
+from .fused_rows import decode_rows_layer, decode_rows_step, mark_dynamic, prefill_rows_step
+from .prefill_rows import RowsPrefill
+from .replay import ticking
+from .runner import GraphRunner, KeptReplay, reset_code, triton_cannot_run_on
+from .sampling import RowParams, Sampling, StopStrings, choose_rows
+from .schedule import SCRATCH, Scheduler, Sequence, pages_for
+
+
+class BatchedDecoder(GraphRunner):
+    """Decoding of many prompts at once on one GPU (see the module docstring).
+
+    ``single``: the session's batch-1 ``FastDecoder``, whose options, fused weights and adapter
+    buffers this one shares. ``graphs=False`` (default: as ``single``) runs without CUDA graphs
+    or compile, for checking on a CPU. ``max_rows``: rows at once (a class of ``CLASSES``).
+    ``prefill_tokens``: padded prompt tokens per prefill forward (None: ``arena.prefill_budget``
+    of the request's pool)."""
+
+    label = "fast batch"
+
+    def __init__(self, single: FastDecoder, *, graphs: bool | None = None, max_rows: int = MAX_ROWS,
+                 prefill_tokens: int | None = None):
+        if not single.fused:
+            raise NvkitError("The batched fast path runs nvkit's fused decode step, which "
+                             f"{'is turned off (fused=False)' if single.fused_why is None else 'does not fit this model: ' + single.fused_why}.")
+        if max_rows not in CLASSES:
+            raise NvkitError(f"max_rows must be one of {CLASSES}, not {max_rows!r}.")
+        if prefill_tokens is not None and (type(prefill_tokens) is not int or prefill_tokens < 16):
+            raise NvkitError(f"prefill_tokens must be a whole number ≥ 16, or None, not {prefill_tokens!r}.")
+        super().__init__(single.model, single.options, single.graphs if graphs is None else graphs, single.device,
+                         single.pdl, kernels=single.kernels)
+        self.single = single
+        self.max_rows = max_rows
+        self.prefill_tokens = prefill_tokens
+        self.attention, self.attention_why = self._choose_attention(self.options.attention)
+        self._fw = None
+        self._lora = None          # the adapter buffers of the request running now (None: no adapter)
+        self._lora_built = None    # the buffers the LoRA steps were built on
+        self._arena: Arena | None = None
+        self._steps: dict = {}       # LoRA on? -> the eager rows step
+        self._compiled: dict = {}    # LoRA on? -> its torch.compile wrapper
+        self._prefills: dict = {}    # LoRA on? -> its RowsPrefill
+        self._prefill_now = False    # compile_prefill_next() was called
+        self._restored: dict = {}    # artifacts digest -> whether they were found on disk (once per decoder)
+        self._warm: set = set()      # LoRA on? values whose step was compiled (or captured eagerly) once
+        self._uncompiled: set = set()  # LoRA on? values whose graphs run the uncompiled step
+        self.last_batches: collections.Counter = collections.Counter()  # batch class -> replays, last request
+
+    def _choose_attention(self, asked: str) -> tuple[str, str | None]:
+        """("triton" | "matmul", why "auto" did not take the kernel). The paged kernel applies the
+        q/k norms itself, so it needs per-head RMS norms (or none) and a power-of-two head size."""
+        if asked == "matmul":
+            return "matmul", None
+        why = (triton_cannot_run_on(self.device) if asked == "auto" else None) or self.kernel_why("triton", qk_norms=True)
+        if why is None:
+            return "triton", None
+        if asked != "auto":
+            raise NvkitError(f"The batched path's paged Triton attention cannot run: {why}.")
+        return "matmul", why
+
+    def describe(self) -> str:
+        """How this decoder runs, in a few words for the stats line."""
+        parts = [f"fused step over rows, {self._how(self.options.regional)}", f"paged {self.attention} attention"]
+        prefills = list(self._prefills.values())
+        if any(p.error for p in prefills):
+            parts.append(f"eager prefill: its compile failed ({next(p.error for p in prefills if p.error)})")
+        elif any(p.compiled for p in prefills):
+            parts.append("compiled prefill")
+        elif any(p.declined for p in prefills):
+            parts.append(f"eager prefill ({next(p.declined for p in prefills if p.declined)})")
+        elif any(p.waiting for p in prefills):
+            parts.append(f"eager prefill (compiled once it has run {self.options.prefill_after:g} s)")
+        if self._lora is not None:
+            parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank})")
+        if self.last_batches:
+            parts.append("batch " + "/".join(str(b) for b in sorted(self.last_batches, reverse=True)))
+        parts.append(f"{self.k} steps per replay")
+        return ", ".join(parts)
+
+    # --- the model's state -------------------------------------------------------------------------
+    def _adopt(self) -> bool:
+        """The weights and adapters as the batch-1 decoder has them now; returns whether adapters run."""
+        fw, lora = self.single.weights()
+        if fw is None:
+            raise NvkitError("The batched fast path needs nvkit's fused decode step, which no longer fits this model.")
+        if fw is not self._fw:  # first use, or the weights were rebuilt: nothing built on the old ones holds
+            self._drop_arena()
+            self._forget_steps(None)
+            self._fw = fw
+        if lora is not None and lora is not self._lora_built:  # new adapter buffers (a larger rank)
+            self._forget_steps(True)
+            self._lora_built = lora
+        self._lora = lora
+        return lora is not None
+
+    def _forget_steps(self, lora_on: bool | None) -> None:
+        """Drop the steps (and their graphs) built for ``lora_on`` (None: all of them)."""
+        for d in (self._steps, self._compiled, self._prefills):
+            for key in [k for k in d if lora_on is None or k == lora_on]:
+                del d[key]
+        self._warm = {k for k in self._warm if lora_on is not None and k != lora_on}
+        self._uncompiled = {k for k in self._uncompiled if lora_on is not None and k != lora_on}
+        a = self._arena
+        if a is not None:
+            a.drop_graphs(lambda g: lora_on is None or g.lora == lora_on)
+
+    def _forget_kernel_steps(self) -> None:
+        self._steps.clear()
+
+    def _forget_attention_steps(self) -> None:
+        self._forget_steps(None)
+
+    # --- memory ----------------------------------------------------------------------------------
+    def _page_bytes(self) -> int:
+        return kv_bytes_per_token(self.model.config, self._fw.embed.element_size()) * PAGE
+
+    def prefill_tokens_for(self, a: Arena) -> int:
+        """Padded prompt tokens per prefill forward in the pool ``a`` (see ``prefill_tokens``)."""
+        if self.prefill_tokens is not None:
+            return self.prefill_tokens
+        fw = self._fw
+        per_token = prefill_bytes_per_token(fw.embed.shape[1], fw.nh, fw.nkv, fw.hd, fw.layers[0].down.shape[1],
+                                            fw.embed.element_size())
+        return prefill_budget(a.pages * self._page_bytes(), per_token)
+
+    def plan(self, prompt_lens: list[int], max_new: int, free_bytes: int | None = None) -> tuple[int, int]:
+        """(rows, pool pages incl. the scratch page) for prompts of these lengths (``arena.plan``)."""
+        return plan(prompt_lens, max_new, self.max_rows, self._page_bytes() if free_bytes is not None else 0,
+                    free_bytes)
+
+    def _arena_for(self, seqs: list[Sequence], max_new: int, penalty: bool) -> Arena:
+        import torch
+        a = self._arena
+        free = None
+        if self.device.type == "cuda":
+            free = torch.cuda.mem_get_info(self.device)[0] + (self._arena_bytes(a) if a is not None else 0)
+        rows, pages = self.plan([len(s.prompt) for s in seqs], max_new, free)
+        width = pages_for(max(len(s.prompt) for s in seqs) + max_new + 2 * self.k + 2, PAGE)
+        cls = batch_class(rows)
+        if (a is not None and a.pages >= pages and a.rows >= cls and a.width >= width and a.pages <= 2 * pages + 8
+                and (a.seen is not None or not penalty)):
+            return a
+        if a is not None:
+            events.record("compile", f"fast batch: a pool of {pages} pages and {cls} rows replaces the one of "
+                                     f"{a.pages} pages and {a.rows} rows; its graphs are captured again")
+        self._drop_arena()
+        self._arena = new_arena(self._fw, pages, cls, width, self.k, self.vocab, penalty, self.device)
+        return self._arena
+
+    def _arena_bytes(self, a: Arena) -> int:
+        return a.pages * self._page_bytes() + (a.seen.numel() if a.seen is not None else 0)
+
+    def _drop_arena(self) -> None:
+        a, self._arena = self._arena, None
+        if a is not None:
+            a.drop_graphs()  # uncaptured bodies (graphs=False) hold the arena: no cycle left behind
+
+    # --- the steps and their graphs ----------------------------------------------------------------
+    def _step(self, lora_on: bool) -> Callable:
+        if lora_on not in self._steps:
+            self._steps[lora_on] = decode_rows_step(self._fw, self.attention, PAGE, self._lora if lora_on else None,
+                                                    kernels=self.kernels)
+        return self._steps[lora_on]
+
+    def _prefill_fn(self, lora_on: bool) -> Callable:
+        if lora_on not in self._prefills:
+            self._prefills[lora_on] = RowsPrefill(
+                prefill_rows_step(self._fw, self._lora if lora_on else None),
+                compile=bool(self.options.compile and self.graphs), page=PAGE, scratch=SCRATCH,
+                # no coordinate-descent tuning: it pays on the batch-1 step's matrix-vector products,
+                # while the prefill's matrix products go to cuBLAS and its fused elementwise kernels
+                # are tuned well enough by inductor's heuristics; tuning them would only lengthen the compile
+                inductor=lambda: self.inductor_options(True, tune=False),
+                restore=lambda: self._restore_artifacts(self._disk_key(lora_on, "prefill")),
+                store=lambda: self.store_artifacts(self._disk_key(lora_on, "prefill")),
+                timings=self.timings, compile_after=0.0 if self._prefill_now else self.options.prefill_after)
+        return self._prefills[lora_on]
+
+    @property
+    def prefill_waiting(self) -> bool:
+        """The prompt prefill still runs eagerly, its compile not yet due (``FastOptions.prefill_after``)."""
+        return any(p.waiting for p in self._prefills.values())
+
+    def compile_prefill_next(self) -> None:
+        """From now on the prompt prefill compiles at its next call, however little it has run
+        eagerly (``FastOptions.prefill_after``): for a warm-up that should leave everything compiled."""
+        self._prefill_now = True
+        for p in self._prefills.values():
+            p.compile_next()
+
+    def _restore_artifacts(self, digest: str | None) -> bool:
+        """The compile artifacts of ``digest`` loaded from disk, once per decoder."""
+        if digest is None:
+            return False
+        if digest not in self._restored:
+            with self.timings.part("compile artifacts from disk"):
+                self._restored[digest] = artifacts.restore(digest)
+        return self._restored[digest]
+
+    def _compiled_step(self, lora_on: bool):
+        if lora_on not in self._compiled:
+            import torch
+            # fullgraph: a graph break would mean host work per step. The sizes that change from one
+            # class or pool to the next are marked dynamic, so one compile serves them all.
+            if self.options.regional:
+                # one layer compiled serves every layer; the step around it is captured per class
+                fw = self._fw
+                layer = decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, self.attention, PAGE)
+                self._compiled[lora_on] = decode_rows_step(fw, self.attention, PAGE, self._lora if lora_on else None,
+                                                           layer=torch.compile(layer, fullgraph=True),
+                                                           head=torch.compile(decode_head(fw), fullgraph=True))
+            else:  # the step of torch operations, for inductor to fuse
+                step = decode_rows_step(self._fw, self.attention, PAGE, self._lora if lora_on else None)
+                self._compiled[lora_on] = torch.compile(step, fullgraph=True)
+        return self._compiled[lora_on], True
+
+    def _body(self, a: Arena, key: RowsKey, fn, dynamic: bool):
+        import torch
+        k, batch = self.k, key.batch
+        mark = dynamic and not self.options.regional  # a step compiled by layer marks each layer's sizes itself
+
+        def body():
+            tok, pos, table = a.tok[:batch], a.pos[:batch], a.table[:batch]
+            if mark:
+                mark_dynamic(tok, pos, table, a.cos, a.sin, a.keys, a.values)
+            p = RowParams(temperature=a.temperature[:batch], top_p=a.top_p[:batch], penalty=a.penalty[:batch],
+                          seed=a.seed[:batch], counter=None, min_pos=a.min_pos[:batch], eos_mask=a.eos_mask,
+                          seen=a.seen[:batch] if a.seen is not None else None)
+            out = a.out[:batch]
+            out[:, 0].copy_(tok)
+            for i in range(k):
+                logits = fn(tok, pos, table, a.cos, a.sin, a.keys, a.values)
+                p.counter = pos + 1
+                nxt = choose_rows(logits, key.sampling, p)
+                out[:, i + 1].copy_(nxt)
+                tok.copy_(nxt)
+                torch.clamp(p.counter, max=a.cap, out=pos)
+        return body
+
+    def _capture(self, a: Arena, key: RowsKey, compiling: bool):
+        """The class's graph on the compiled step or the uncompiled one (with the fall-backs of
+        ``GraphRunner.capture_or_fall_back``); returns (graph, whether it runs the compiled step)."""
+        import torch
+        if a.pool is None:
+            a.pool = torch.cuda.graph_pool_handle()
+
+        def capture(compiling: bool):
+            fn, dynamic = self._compiled_step(key.lora) if compiling else (self._step(key.lora), False)
+            return graphs_mod.capture(self.device, self._body(a, key, fn, dynamic), a.pos.zero_, compiling=dynamic,
+                                      warmups=3, inductor=self.inductor_options(dynamic), pool=a.pool,
+                                      timings=self.timings)
+
+        def clean():
+            a.table.fill_(SCRATCH)  # a failed warm-up may have left rows anywhere
+            a.pos.zero_()
+        return self.capture_or_fall_back(capture, compiling, clean)
+
+    def _graph(self, a: Arena, key: RowsKey, on_progress=None):
+        import torch
+        lora_on = key.lora
+        due = self.compile_due(lora_on)
+        upgrade = due and lora_on in self._uncompiled  # the compiled step's turn: measured against these graphs
+        if key in a.graphs and not upgrade:
+            return a.graphs[key]
+        expensive = lora_on not in self._warm or upgrade
+        compiling = due if expensive else lora_on not in self._uncompiled
+        if not self.graphs:
+            a.graphs[key] = self._body(a, key, self._step(lora_on), False)
+            self._warm.add(lora_on)
+            self.counts["compiles" if expensive else "graphs"] += 1
+            return a.graphs[key]
+        events.record("compile", f"fast batch: capturing {self.k} steps of {key.batch} rows per graph"
+                                 f" ({key.sampling[0]}{', LoRA' if lora_on else ''})"
+                                 + (" with torch.compile, once per session" if expensive and compiling else ""))
+        t = time.perf_counter()
+        before = dict(self.timings)
+        disk_key = self._disk_key(lora_on) if expensive and compiling else None
+        torch.cuda.synchronize(self.device)  # what is in flight ends before the rows are parked for the capture
+        saved = a.save_and_park_all()
+        restored = False
+        verdict = None
+        try:
+            with ticking(on_progress if expensive else None):
+                restored = self._restore_artifacts(disk_key)
+                graph, compiled = self._capture(a, key, compiling)
+                if compiled and expensive:
+                    verdict, graph, compiled = self._measured(a, key, graph)
+        finally:
+            torch.cuda.synchronize(self.device)
+            a.restore(saved)
+        if compiled and expensive:  # the compiled step replaces the uncompiled one's graphs
+            a.drop_graphs(lambda g: g.lora == lora_on and g != key)
+            self._uncompiled.discard(lora_on)
+        elif not compiled:
+            self._uncompiled.add(lora_on)
+        self.counts["compiles" if expensive else "graphs"] += 1
+        self._warm.add(lora_on)
+        if expensive and (compiled or verdict is not None):
+            self.store_artifacts(disk_key)
+        seconds = time.perf_counter() - t
+        self.capture_seconds[tuple(key)] = seconds
+        self.record_ready(f"{key.batch} rows", seconds, compiled, restored, verdict, self.k * key.batch, before)
+        a.graphs[key] = graph.replay
+        return a.graphs[key]
+
+    def _measured(self, a: Arena, key: RowsKey, graph):
+        """The compiled ``graph`` against the uncompiled one of the same class, timed with every
+        row parked; returns (verdict, the graph kept, whether it is the compiled one)."""
+        uncompiled = a.graphs.get(key) if key.lora in self._uncompiled else None
+        if uncompiled is None:
+            u_graph, _ = self._capture(a, key, False)
+            uncompiled = u_graph.replay
+        verdict = self.measure(graph.replay, uncompiled, a.pos.zero_)
+        if self.policy.decide(key.lora, verdict):
+            return verdict, graph, True
+        events.record("compile", f"fast batch: the compiled rows step is slower here "
+                                 f"({verdict.words(self.k * key.batch)}); the uncompiled step stays")
+        if key.lora in self._compiled:
+            reset_code({key.lora: self._compiled.pop(key.lora)})
+        return verdict, KeptReplay(uncompiled), False
+
+    def _disk_key(self, lora_on: bool, part: str = "step") -> str | None:
+        """The artifacts' key of the rows step or ("prefill") of the prompt prefill: each is
+        compiled on a call of its own, so each has its own file."""
+        extra = {"regional": True} if self.options.regional else {}  # the whole-step compile's keys stay as they were
+        if part != "step":
+            extra["part"] = part
+        return self.disk_key(self._lora if lora_on else None, batched=True, page=PAGE, **extra)
+
+    # --- the public side ---------------------------------------------------------------------------
+    def release(self) -> None:
+        """Drop the pool, its graphs and the compiled steps (memory back to the allocator)."""
+        with self._lock:
+            self._drop_arena()
+            self._forget_steps(None)
+            self._fw = self._lora = self._lora_built = None
+
+    def generate(self, prompts: list[list[int]], sampling: Sampling, seeds: list[int] | None = None, *,
+                 stop_event: threading.Event | None = None, tokenizer=None,
+                 on_progress: Callable[[float], None] | None = None,
+                 on_tokens: Callable[[int, int], None] | None = None) -> list[list[int] | None]:
+        """Decode up to ``sampling.max_new_tokens`` new ids after each prompt (lists of ids).
+
+        Returns, in input order, each prompt's new ids (EOS included when reached), or None for a
+        prompt not finished when ``stop_event`` was set. ``seeds``: one per prompt for sampling
+        (default 0, 1, 2, …). ``on_tokens(prompts done, ids produced)`` after each replay read;
+        ``on_progress(seconds)`` about once a second while a compile runs. ``tokenizer`` is
+        needed for ``sampling.stop_strings``."""
+        if not prompts:
+            return []
+        if sampling.stop_strings and tokenizer is None:
+            raise NvkitError("stop_strings need the tokenizer: BatchedDecoder.generate(..., tokenizer=tok).")
+        if any(len(p) == 0 for p in prompts):
+            raise NvkitError("Every prompt needs at least one token.")
+        seeds = list(range(len(prompts))) if seeds is None else list(seeds)
+        if len(seeds) != len(prompts):
+            raise NvkitError(f"{len(seeds)} seeds for {len(prompts)} prompts: give one per prompt.")
+        longest = max(len(p) for p in prompts) + sampling.max_new_tokens
+        if longest > self.max_positions:
+            raise NvkitError(f"The longest prompt plus max_new_tokens needs {longest} positions; the model handles "
+                             f"{self.max_positions}. Shorten the prompt or ask for fewer tokens.")
+        with self._lock:
+            lora_on = self._adopt()
+            seqs = [Sequence(i, list(p), sampling.max_new_tokens, int(seeds[i]),
+                             StopStrings(tokenizer, sampling.stop_strings, p) if sampling.stop_strings else None)
+                    for i, p in enumerate(prompts)]
+            a = self._arena_for(seqs, sampling.max_new_tokens, sampling.repetition_penalty != 1.0)
+            rows_replay.set_request(a, sampling, self.vocab)
+            sched = Scheduler(seqs, a.rows, a.pages, PAGE, self.k, sampling.eos)
+            before = dict(self.timings)
+            t = time.perf_counter()
+            self.last_batches = collections.Counter()
+            rows_replay.run(a, sched, lambda batch: self._graph(a, RowsKey(batch, sampling.key, lora_on), on_progress),
+                            lambda new: rows_replay.prefill(a, new, sampling, self._prefill_fn(lora_on),
+                                                            self.prefill_tokens_for(a), on_progress),
+                            stop_event, on_tokens, self.last_batches)
+            if lora_on in self._uncompiled:  # the list's decoding, its captures left out
+                prepared = sum(self.timings.since(before).values())
+                self.uncompiled_seconds += max(0.0, time.perf_counter() - t - prepared)
+            return [s.tokens if s.finished else None for s in seqs]

@@ -1,0 +1,272 @@
+"""``GraphRunner``: what the batch-1 decoder (``single.FastDecoder``) and the rows decoder
+(``rows.BatchedDecoder``) have in common — the contract a session's fast path is run
+through, and the one copy of what both do around a capture.
+
+The contract: ``describe()`` (how it runs, for the stats line), ``release()`` (graphs, caches and
+compiled steps back to the allocator), ``compile_next()``, and the state a session reads
+(``counts``, ``timings``, ``capture_seconds``, ``compiled``, ``compile_error``). Shared here:
+
+- the attention choice's checks (``kernel_why``: can nvkit's Triton attention run for this model);
+- the capture's fall-back ladder (``capture_or_fall_back``): a step whose nvkit kernels fail here
+  is captured again on torch's operations; under ``attention="auto"`` a Triton attention step that
+  fails gives way to "matmul"; a compile that fails gives way to the uncompiled step;
+- the compile policy (``compile_policy``: when to compile, and keeping the faster of the compiled
+  and the uncompiled step, measured on the runner's own graphs);
+- the compile artifacts' key on disk (``disk_key``).
+
+``graphs=False`` runs a runner's step code without CUDA graphs or compile, for checking its logic
+on a CPU; it is not a fast path.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import threading
+from typing import Callable
+
+from ... import events
+from ...errors import error_summary
+from ...memory.estimate import attention_dims
+from . import artifacts, graphs as graphs_mod
+from .compile_policy import CompilePolicy, Verdict, time_replays
+from .fused_weights import qk_norm_why
+from .options import FastOptions
+
+
+def triton_cannot_run_on(device) -> str | None:
+    """Why nvkit's Triton attention kernels cannot run on ``device`` (None: they can). "auto" asks
+    this first; a kernel asked for by name is built anyway (Triton's interpreter runs it on a CPU
+    in the tests)."""
+    if device.type != "cuda":
+        return f"nvkit's Triton attention kernels run on CUDA GPUs; this model is on {device.type}"
+    return None
+
+
+class GraphRunner:
+    """The state and the shared steps of a fast-path runner (see the module docstring).
+    Subclasses set ``label`` ("fast decode", "fast batch") and implement ``describe``,
+    ``release``, ``_forget_kernel_steps`` and ``_forget_attention_steps``."""
+
+    label = "fast path"
+
+    def __init__(self, model, options: FastOptions, graphs: bool, device, pdl: bool, kernels: bool):
+        self.model = model
+        self.options = options
+        self.graphs = graphs
+        self.device = device
+        self.pdl = pdl
+        #: the uncompiled step runs its norms, activation and adapter products in nvkit's Triton kernels
+        self.kernels = kernels
+        text = model.config.get_text_config()
+        self.vocab = int(text.vocab_size)
+        self.max_positions = int(getattr(text, "max_position_embeddings", 0) or 1 << 20)
+        self.policy = CompilePolicy(options)
+        #: expensive captures (a step compiled, or captured eagerly), cheap ones (another sampling
+        #: mode or batch class on a captured step) and prefill graphs, counted for the benchmarks
+        self.counts = collections.Counter()
+        self.capture_seconds: dict[tuple, float] = {}
+        #: where the preparation's seconds went (artifacts, compile, capture, prefill graphs)
+        self.timings = graphs_mod.Timings()
+        self.attention = "matmul"
+        self.attention_why: str | None = None
+        self._lock = threading.Lock()
+
+    # --- the contract ----------------------------------------------------------------------------
+    @property
+    def k(self) -> int:
+        return self.options.k_steps
+
+    @property
+    def compiled(self) -> bool:
+        """A compiled step runs (compiled, and measured faster than the uncompiled one)."""
+        return self.policy.compiled
+
+    @property
+    def compile_error(self) -> str | None:
+        return self.policy.error
+
+    @property
+    def compile_detail(self) -> str | None:
+        return self.policy.detail
+
+    @property
+    def uncompiled_seconds(self) -> float:
+        return self.policy.uncompiled_seconds
+
+    @uncompiled_seconds.setter
+    def uncompiled_seconds(self, value: float) -> None:
+        self.policy.uncompiled_seconds = value
+
+    @property
+    def compile_waiting(self) -> bool:
+        """The step runs uncompiled and would compile once due."""
+        return self.policy.waiting(self.graphs)
+
+    def compile_due(self, lora_on: bool = False) -> bool:
+        return self.policy.due(self.graphs, lora_on)
+
+    def compile_next(self) -> None:
+        """Compile the step at the next capture, whatever has been decoded."""
+        self.policy.compile_next()
+
+    def describe(self) -> str:  # pragma: no cover - each runner says it
+        raise NotImplementedError
+
+    def release(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    # --- shared steps ----------------------------------------------------------------------------
+    def _how(self, regional: bool) -> str:
+        """How the step runs ("compiled by layer (measured …)", "uncompiled with nvkit kernels …")."""
+        if not self.graphs:
+            return "eager, no CUDA graphs"
+        how = "uncompiled" if self.options.compile else "eager"
+        how += " with nvkit kernels" if self.kernels else ""
+        return self.policy.words(how, regional, self.k)
+
+    def kernel_why(self, kind: str, qk_norms: bool) -> str | None:
+        """Why nvkit's Triton attention ``kind`` cannot run for this model (None: it can):
+        the triton package, a power-of-two head size, and with ``qk_norms`` (the kernels that
+        apply RoPE and the q/k norms themselves) per-head RMS q/k norms or none."""
+        try:
+            from ..kernels import decode_attention  # noqa: F401 - imports triton
+        except ImportError as e:
+            return f"attention={kind!r} needs the triton package ({e}); PyTorch's CUDA builds bring it"
+        hd = attention_dims(self.model.config)[2]
+        if hd & (hd - 1):
+            return f"attention={kind!r} needs a power-of-two head_dim; this model's is {hd}"
+        why = qk_norm_why(self.model, hd) if qk_norms else None
+        return f"attention={kind!r} does not fit this model: {why}" if why else None
+
+    def _forget_kernel_steps(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def _forget_attention_steps(self) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def capture_or_fall_back(self, capture: Callable[[bool], object], compiling: bool,
+                             clean: Callable[[], None] = lambda: None):
+        """``capture(compiling)``, falling back as the module docstring says until one capture
+        holds; ``clean`` puts the buffers back after a failed warm-up. Returns (graph, compiled)."""
+        while True:
+            try:
+                return capture(compiling), compiling
+            except Exception as e:  # noqa: BLE001 - compile problems fall back, as said above
+                kernels = not compiling and self.kernels
+                retry_matmul = self.options.attention == "auto" and self.attention != "matmul"
+                if not (kernels or retry_matmul or compiling):
+                    raise
+                if self.device.type == "cuda":
+                    import torch
+                    torch.cuda.synchronize(self.device)  # what the failed warm-up queued ends before the retry
+                clean()
+                if kernels:
+                    self.kernels = False
+                    self._forget_kernel_steps()
+                    events.record("compile", f"{self.label}: nvkit's kernels failed here ({error_summary(e)}); "
+                                             "the step runs torch's operations")
+                elif retry_matmul:
+                    self.attention_why = (f"attention={self.attention!r} failed on this GPU ({error_summary(e)}); "
+                                          "nvkit uses 'matmul' here")
+                    events.record("compile", f"{self.label}: {self.attention_why}")
+                    self.attention = "matmul"
+                    self._forget_attention_steps()
+                else:
+                    self.policy.failed(error_summary(e), str(e))
+                    events.record("compile", f"{self.label}: torch.compile failed ({self.compile_error}); "
+                                             "capturing the eager step")
+                    compiling = False
+
+    def measure(self, compiled: Callable[[], None], uncompiled: Callable[[], None], reset: Callable[[], None],
+                replays: int | None = None) -> Verdict | None:
+        """The compiled against the uncompiled graph of one shape, replayed in alternation on the
+        same buffers (``compile_policy``); None when the policy does not measure."""
+        if not self.policy.measure:
+            return None
+        import torch
+        kw = {} if replays is None else {"replays": max(1, replays)}
+        with self.timings.part("measure"):
+            t = time_replays({"compiled": compiled, "uncompiled": uncompiled}, reset,
+                             lambda: torch.cuda.synchronize(self.device), **kw)
+        return Verdict(uncompiled=t["uncompiled"], compiled=t["compiled"])
+
+    def inductor_options(self, compiling: bool, tune: bool | None = None):
+        """inductor settings around a capture that compiles: coordinate-descent tuning, PDL,
+        ``options.inductor`` (a context manager; nothing when not ``compiling``)."""
+        opts = self.options
+        tune = opts.tune if tune is None else tune
+        if not compiling or not (tune or self.pdl or opts.inductor):
+            return contextlib.nullcontext()
+        import torch._inductor.config as inductor_config
+        patch = {"coordinate_descent_tuning": True} if tune else {}
+        if self.pdl:
+            patch["triton.enable_pdl"] = True
+        patch.update(dict(opts.inductor))
+        return inductor_config.patch(patch)
+
+    def disk_key(self, lora, **extra) -> str | None:
+        """The compile artifacts' key of a step on disk (None: not kept on disk). ``lora``: the
+        adapter buffers the step runs (None: none); ``extra``: what else shapes the compile."""
+        opts = self.options
+        if not (opts.disk_cache and opts.compile):
+            return None
+        return artifacts.key(self.model, dict(k=self.k, attention=self.attention, pdl=self.pdl, tune=opts.tune,
+                                              inductor=opts.inductor,
+                                              lora=(lora.rank, str(lora.dtype)) if lora is not None else None,
+                                              **extra), self.device)
+
+
+    def store_artifacts(self, digest: str | None) -> None:
+        """The compile artifacts of ``digest`` written to disk (nothing when not kept there)."""
+        if digest is not None:
+            with self.timings.part("compile artifacts to disk"):
+                artifacts.store(digest)
+
+    def record_ready(self, what: str, seconds: float, compiled: bool, restored: bool, verdict: Verdict | None,
+              tokens_per_replay: int, before: dict) -> None:
+        """The event that says a capture is done: for what, how long, which step, from where."""
+        events.record("compile", f"{self.label} ready for {what} in {seconds:.1f} s "
+                                 f"({'compiled' if compiled else 'uncompiled'} step"
+                                 f"{', compile artifacts from disk' if restored else ''}"
+                                 f"{', ' + verdict.words(tokens_per_replay) if verdict else ''}, "
+                                 f"{self.k} steps per replay; {self.timings.since(before).describe()})")
+
+def choose_pdl(asked: bool | None) -> bool:
+    """PDL where this torch's inductor can emit it (it checks the GPU itself), unless turned off."""
+    import torch._inductor.config as inductor_config
+    can = hasattr(inductor_config.triton, "enable_pdl")
+    if asked and not can:
+        import torch
+
+        from ...errors import NvkitError
+        raise NvkitError(f"pdl=True needs a torch whose inductor can emit Programmatic Dependent Launch "
+                         f"(torch._inductor.config.triton.enable_pdl); torch {torch.__version__} has none. "
+                         "Use pdl=False.")
+    return can if asked is None else bool(asked)
+
+
+class KeptReplay:
+    """A kept replay function where a graph object is expected (``graph.replay``)."""
+
+    def __init__(self, replay):
+        self.replay = replay
+
+
+def reset_code(steps: dict) -> None:
+    """Dynamo keeps compiled entries (and what their guards hold: the tensors) on the code object."""
+    try:
+        import torch._dynamo
+        for step in steps.values():
+            torch._dynamo.reset_code(step.__code__)
+    except Exception:  # noqa: BLE001 - an older torch, or a wrapper without code: the entries only cost memory
+        pass
+
+
+def has_inductor_option(config, dotted: str) -> bool:
+    obj = config
+    for part in dotted.split("."):
+        if not hasattr(obj, part):
+            return False
+        obj = getattr(obj, part)
+    return True

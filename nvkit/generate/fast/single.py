@@ -1,0 +1,437 @@
+"""``FastDecoder``: decoding of one sequence on one GPU, K decode steps per CUDA-graph replay.
+
+Why not ``generate(cache_implementation="static")``: its compiled decode step is fast on the GPU,
+but every token still pays the host work of the generate loop and of the graph-tree checks, so the
+GPU is idle most of the time. Here one CUDA graph holds K consecutive decode steps: each step's
+picked token is written into the next step's input buffer on the device, so the host wakes once
+per K tokens, reads K ids with one copy, checks EOS, stop strings and the stop event, and streams
+the K tokens at once (up to K-1 extra steps are computed past an EOS and dropped).
+
+The step is nvkit's fused one for the Llama family (``fused``), else the model's own forward over a
+``StaticCache``. A decoder first captures it uncompiled, K steps into one graph, the fused step's
+norms, activation and adapter products in nvkit's Triton kernels: that takes seconds. When the
+compile is due (``compile_policy``), the next long request compiles the step with inductor
+(``torch.compile(fullgraph=True)``, no cudagraphs of its own), captures it, measures it against
+the uncompiled graph and keeps the faster. Compiling happens once per session and cache size class
+(``cache``), and with ``FastOptions.disk_cache`` its artifacts are kept on disk (``artifacts``) so
+another process compiles in seconds. A graph for another sampling mode reuses the step the
+cache's graphs run and costs a second. The fused step's prompt prefill is captured too, once per
+prompt-length class, without compiling.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from ... import events
+from ...errors import NvkitError
+from . import artifacts, graphs as graphs_mod, lora as lora_mod
+from .cache import Cache, GraphKey, model_step, new_cache, prefill_class, set_request, size_class
+from .fused import decode_head, decode_layer, decode_step, prefill_step
+from .fused_weights import FusedWeights, fusable_why
+from .options import FOLD_RANK, FastOptions, default_options
+from .replay import replays, ticking
+from .runner import GraphRunner, KeptReplay, choose_pdl, has_inductor_option, reset_code, triton_cannot_run_on
+from .sampling import Sampling, StopStrings, choose
+
+
+class FastDecoder(GraphRunner):
+    """Greedy/sampled decoding of one sequence on one GPU, K steps per CUDA-graph replay.
+
+    ``model``: the causal LM (a PEFT wrapper's base model; adapters injected into it are run by the
+    fused step). ``options``: a ``FastOptions`` (default: the process's, from ``NVKIT_FAST_*``);
+    keywords override single fields (``FastDecoder(model, k_steps=4)``). ``graphs=False`` runs the
+    same step code without capture, for checking the logic on a CPU; it is not a fast path."""
+
+    label = "fast decode"
+
+    def __init__(self, model, options: FastOptions | None = None, *, graphs: bool = True, **overrides):
+        t0 = time.perf_counter()
+        opts = (options or default_options()).replace(**overrides)
+        device = model.get_input_embeddings().weight.device
+        super().__init__(model, opts, graphs, device, choose_pdl(opts.pdl), kernels=False)
+        self._cache: Cache | None = None
+        self._lora: lora_mod.LoraSlots | None = None
+        self.last_logits: list = []
+        self.fused_why = fusable_why(model)
+        if opts.fused and self.fused_why:
+            raise NvkitError(f"The fused decode step does not fit this model: {self.fused_why}. Use fused=None or False.")
+        self._fw = self._fused_weights() if opts.fused is not False and self.fused_why is None else None
+        self.attention, self.attention_why = self._choose_attention(opts.attention)
+        self.kernels = self._fw is not None and self.graphs and triton_cannot_run_on(self.device) is None
+        import torch._inductor.config as inductor_config
+        bad = [k for k, _ in opts.inductor if not has_inductor_option(inductor_config, k)]
+        if bad:
+            raise NvkitError(f"Unknown inductor option(s) {bad}: see torch._inductor.config.")
+        self.timings["set-up"] = time.perf_counter() - t0  # fused weights, the attention kernel's check
+
+    @property
+    def fused(self) -> bool:
+        return self._fw is not None
+
+    @property
+    def regional(self) -> bool:
+        """Whether the compile is one layer's (``FastOptions.regional``; the fused step only)."""
+        return self.options.regional and self._fw is not None
+
+    @property
+    def cache_length(self) -> int | None:
+        """The size class of the cache the graphs run on (None before the first request)."""
+        return self._cache.length if self._cache is not None else None
+
+    def _choose_attention(self, asked: str) -> tuple[str, str | None]:
+        """(attention, why "auto" did not take triton-fused). "auto" is triton-fused where it fits
+        (CUDA, a power-of-two head size, per-head RMS q/k norms or none), matmul elsewhere; and
+        matmul also where the Triton step fails to capture on this GPU."""
+        if asked == "auto":
+            why = triton_cannot_run_on(self.device) or self._triton_why("triton-fused")
+            return ("matmul", why) if why else ("triton-fused", None)
+        why = self._triton_why(asked) if asked.startswith("triton") else None
+        if why:
+            raise NvkitError(f"{why}.")
+        return asked, None
+
+    def _triton_why(self, kind: str) -> str | None:
+        if self._fw is None:
+            return (f"attention={kind!r} belongs to the fused decode step, which does not fit this model"
+                    f"{': ' + self.fused_why if self.fused_why else ' (fused=False)'}")
+        why = self.kernel_why(kind, qk_norms=False)
+        if why is None and kind == "triton-fused":
+            why = self.kernel_why(kind, qk_norms=True)
+            return f"{why}. attention='triton' does" if why else None
+        return why
+
+    def describe(self) -> str:
+        """How this decoder runs, in a few words for the stats line: the step, compiled or why not,
+        its attention, adapters, the steps per graph replay."""
+        step = "fused step" if self._fw is not None else "model forward"
+        parts = [f"{step}, {self._how(self.regional)}"]
+        if self._fw is not None:
+            parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
+        if self._lora is not None and lora_mod.active(self.model):
+            # the uncompiled step with nvkit's kernels runs the products apart
+            folded = self._lora.folded and (self.compiled or not self.kernels)
+            parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank}{', folded' if folded else ''})")
+        parts.append(f"{self.k} steps per replay")
+        return ", ".join(parts)
+
+    # --- the model's state -----------------------------------------------------------------------
+    def _fused_weights(self) -> FusedWeights:
+        return FusedWeights(self.model, spare=2 * FOLD_RANK if self.options.lora_fold else 0)
+
+    def _sync(self) -> bool:
+        """Weights and adapters as the model has them now; returns whether adapters run."""
+        if self._fw is not None:
+            try:
+                if self._fw.sync():
+                    events.record("compile", "fast decode: the model's weights changed; its graphs read the new ones")
+            except ValueError as e:  # shapes changed: nothing captured fits any more
+                self._drop_cache()
+                self._fw = self._fused_weights()
+                events.record("compile", f"fast decode: {e}; capturing again")
+        if self._fw is None or not lora_mod.active(self.model):
+            return False
+        if self._lora is None or not self._lora.fits(self.model):
+            rank = max(8, -(-lora_mod.needed_rank(self.model) // 8) * 8)
+            self._lora = lora_mod.LoraSlots(self._fw, rank, lora_mod.adapter_dtype(self.model),
+                                            fold=self.options.lora_fold)
+            if self._cache is not None:
+                self._cache.forget_lora()
+        self._lora.load(self.model)
+        return True
+
+    # --- caches and their graphs -------------------------------------------------------------------
+    def _positions(self, prompt_len: int, sampling: Sampling) -> int:
+        """Cache positions a request needs: the prompt, the new tokens, and the up to K-1 steps a
+        replay computes past the last one (+1 of slack)."""
+        return prompt_len + sampling.max_new_tokens + self.k
+
+    def _cache_for(self, needed: int) -> Cache:
+        if needed > self.max_positions:
+            raise NvkitError(f"The prompt plus max_new_tokens (+{self.k} steps of slack) needs {needed} positions; "
+                             f"the model handles {self.max_positions}. Shorten the prompt or ask for fewer tokens.")
+        c = self._cache
+        if c is not None and c.length >= needed:
+            return c
+        length = size_class(needed, self.options.cache_tokens, self.max_positions)
+        if c is not None:
+            events.record("compile", f"fast decode: a request needs {needed} positions; the cache grows from "
+                                     f"{c.length} to {length} tokens and is captured again")
+            self._drop_cache()
+        self._cache = new_cache(self.model, self._fw, length, self.k, self.device)
+        return self._cache
+
+    def _drop_cache(self) -> None:
+        c, self._cache = self._cache, None
+        if c is not None and c.compiled:
+            reset_code(c.compiled)
+
+    def _forget_kernel_steps(self) -> None:
+        if self._cache is not None:
+            self._cache.steps.clear()
+
+    def _forget_attention_steps(self) -> None:
+        c = self._cache
+        if c is not None:
+            c.steps.clear()
+            c.compiled.clear()
+            c.graphs.clear()
+            c.uncompiled.clear()
+
+    def _step(self, c: Cache, lora_on: bool) -> Callable:
+        if lora_on not in c.steps:
+            if self._fw is not None:
+                c.steps[lora_on] = decode_step(self._fw, c, self.attention, self._lora if lora_on else None,
+                                               kernels=self.kernels)
+            else:
+                c.steps[lora_on] = model_step(self.model, c, self.device)
+        return c.steps[lora_on]
+
+    def _compiled(self, c: Cache, lora_on: bool):
+        if lora_on not in c.compiled:
+            import torch
+            # dynamic=False: one specialised kernel set per cache; fullgraph: a graph break would mean host work per step
+            if self.regional:
+                # one layer compiled serves every layer (the step around it is captured, so calling
+                # it per layer costs the replays nothing)
+                fw = self._fw
+                layer = decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, self.attention)
+                c.compiled[lora_on] = decode_step(fw, c, self.attention, self._lora if lora_on else None,
+                                                  layer=torch.compile(layer, fullgraph=True, dynamic=False),
+                                                  head=torch.compile(decode_head(fw), fullgraph=True, dynamic=False))
+            else:  # the whole step of torch operations (without nvkit's kernels), for inductor to fuse
+                step = (decode_step(self._fw, c, self.attention, self._lora if lora_on else None)
+                        if self._fw is not None else self._step(c, lora_on))
+                c.compiled[lora_on] = torch.compile(step, fullgraph=True, dynamic=False)
+        return c.compiled[lora_on]
+
+    def _body(self, c: Cache, key: GraphKey, fn):
+        def body():
+            for i in range(self.k):
+                logits = fn(c.tok)
+                nxt = choose(logits, c, key.sampling)
+                if key.logits:
+                    c.logits[i].copy_(logits[0])
+                c.out[i].copy_(nxt[0])
+                c.tok.copy_(nxt.view(1, 1))
+        return body
+
+    def _capture(self, c: Cache, key: GraphKey, compiling: bool):
+        """The graph of ``key`` on the compiled step or the uncompiled one (with the fall-backs of
+        ``GraphRunner.capture_or_fall_back``); returns (graph, whether it runs the compiled step)."""
+        def capture(compiling: bool):
+            step = self._compiled(c, key.lora) if compiling else self._step(c, key.lora)
+            return graphs_mod.capture(self.device, self._body(c, key, step), lambda: self._rewind(c),
+                                      compiling=compiling, warmups=3, inductor=self.inductor_options(compiling),
+                                      timings=self.timings)
+        return self.capture_or_fall_back(capture, compiling)
+
+    def _graph(self, c: Cache, key: GraphKey, on_progress=None, may_compile: bool = True):
+        import torch
+        if key.logits and c.logits is None:
+            c.logits = torch.zeros((self.k, self.vocab), dtype=torch.float32, device=self.device)
+        lora_on = key.lora
+        running = [g for g in c.graphs if g.lora == lora_on]
+        compiling = may_compile and self.compile_due(lora_on) and lora_on in c.uncompiled or (
+            not running and may_compile and self.compile_due(lora_on))
+        if key in c.graphs and not compiling:
+            return c.graphs[key]
+        if not self.graphs:
+            c.graphs[key] = self._body(c, key, self._step(c, lora_on))
+            self.counts["compiles" if not running else "graphs"] += 1
+            return c.graphs[key]
+        expensive = not running or compiling  # nothing captured for this step yet, or it compiles now
+        if not expensive:  # another sampling mode: on the step the cache's graphs already run
+            compiling = lora_on not in c.uncompiled and lora_on in c.compiled
+        what = (f"fast decode: capturing {self.k} steps per graph for a {c.length}-token cache "
+                f"({key.sampling[0]}{', LoRA' if lora_on else ''})")
+        events.record("compile", what + (" with torch.compile, once per session" if expensive and compiling else ""))
+        t = time.perf_counter()
+        before = dict(self.timings)
+        # Warm-up, capture and measuring draw random numbers; keep the user's seeded stream as it was.
+        rng = torch.cuda.get_rng_state(self.device)
+        disk_key = self._disk_key(c, lora_on) if expensive and compiling else None
+        verdict = None
+        try:
+            with ticking(on_progress if expensive else None):
+                with self.timings.part("compile artifacts from disk"):
+                    restored = disk_key is not None and artifacts.restore(disk_key)
+                graph, compiled = self._capture(c, key, compiling)
+                if compiled and expensive:
+                    verdict, graph, compiled = self._measured(c, key, graph)
+        finally:
+            torch.cuda.set_rng_state(rng, self.device)
+            self._rewind(c)
+        if compiled and expensive:
+            # the compiled step replaces the uncompiled one's graphs for this cache
+            for g in [g for g in c.graphs if g.lora == lora_on]:
+                del c.graphs[g]
+            c.uncompiled.discard(lora_on)
+        elif not compiled:
+            c.uncompiled.add(lora_on)
+        self.counts["compiles" if expensive else "graphs"] += 1
+        if compiled or verdict is not None:
+            self.store_artifacts(disk_key)
+        seconds = time.perf_counter() - t
+        self.capture_seconds[(c.length, key.sampling, lora_on, key.logits)] = seconds
+        self.record_ready(f"a {c.length}-token cache", seconds, compiled, expensive and restored, verdict, self.k, before)
+        c.graphs[key] = graph.replay
+        return c.graphs[key]
+
+    def _measured(self, c: Cache, key: GraphKey, graph):
+        """The compiled ``graph`` against the uncompiled one of the same key, timed on this cache;
+        returns (verdict, the graph kept, whether it is the compiled one)."""
+        uncompiled = c.graphs.get(key) if key.lora in c.uncompiled else None
+        if uncompiled is None:
+            # nothing uncompiled to compare against (prepare, compile_after=0): capture it now
+            u_graph, u_compiled = self._capture(c, key, False)
+            if u_compiled:  # pragma: no cover - an uncompiled capture is never compiled
+                return None, graph, True
+            uncompiled = u_graph.replay
+        replays = max(1, (c.length - 1) // self.k - 2) if c.length <= 8 * self.k else None
+        verdict = self.measure(graph.replay, uncompiled, lambda: self._rewind(c), replays=replays)
+        keep = self.policy.decide(key.lora, verdict)
+        if keep:
+            return verdict, graph, True
+        events.record("compile", f"fast decode: the compiled step is slower here ({verdict.words(self.k)}); "
+                                 "the uncompiled step stays")
+        reset_code({key.lora: c.compiled.pop(key.lora)}) if key.lora in c.compiled else None
+        return verdict, KeptReplay(uncompiled), False
+
+    def _disk_key(self, c: Cache, lora_on: bool) -> str | None:
+        extra = {"regional": True} if self.regional else {}  # keys of the whole-step compile stay as they were
+        if lora_on and self._lora.folded:
+            extra["lora_fold"] = True
+        return self.disk_key(self._lora if lora_on else None, fused=self._fw is not None, length=c.length, **extra)
+
+    def _rewind(self, c: Cache) -> None:
+        if c.kv is not None:
+            c.kv.reset()
+        c.pos.zero_()
+
+    def _prefill(self, c: Cache, input_ids, lora_on: bool):
+        """Run the prompt into the cache; returns its last position's (1, vocab) float logits."""
+        n = int(input_ids.shape[-1])
+        if self._fw is None:  # the model's own forward, eagerly (any length)
+            out = self.model(input_ids=input_ids, past_key_values=c.kv, use_cache=True, logits_to_keep=1)
+            return out.logits[:, -1, :].float()
+        length = prefill_class(n, c.length)
+        c.last.fill_(n - 1)
+        if length is None:  # longer than any class: eagerly, at its own length
+            return prefill_step(self._fw, c, self._lora if lora_on else None)(input_ids[0])
+        c.prompt[0, :n].copy_(input_ids[0])
+        c.prompt[0, n:length].zero_()
+        pkey = (length, lora_on)
+        if pkey not in c.prefills:
+            fn = prefill_step(self._fw, c, self._lora if lora_on else None)
+
+            def body():
+                c.first_logits.copy_(fn(c.prompt[0, :length]))
+            if self.graphs:
+                import torch
+                if c.pool is None:
+                    c.pool = torch.cuda.graph_pool_handle()
+                t = time.perf_counter()
+                c.prefills[pkey] = graphs_mod.capture(self.device, body, lambda: self._rewind(c), compiling=False,
+                                                      warmups=1, inductor=self.inductor_options(False), pool=c.pool,
+                                                      timings=self.timings,
+                                                      parts=("prefill graphs", "prefill graphs")).replay
+                self.capture_seconds[("prefill", length, lora_on)] = time.perf_counter() - t
+                self.counts["prefill graphs"] += 1
+            else:
+                c.prefills[pkey] = body
+        c.prefills[pkey]()
+        return c.first_logits
+
+    # --- the public side -----------------------------------------------------------------------
+    def ready(self, prompt_len: int, sampling: Sampling) -> bool:
+        """True when a request of this size runs without compiling anything first (a graph for
+        another sampling mode on the compiled step is captured in about a second)."""
+        c = self._cache
+        if c is None or c.length < self._positions(prompt_len, sampling):
+            return False
+        lora_on = self._fw is not None and lora_mod.active(self.model)
+        fits = not lora_on or (self._lora is not None and self._lora.fits(self.model))
+        return fits and any(g.lora == lora_on for g in c.graphs)
+
+    def prepare(self, prompt_len: int, sampling: Sampling, on_progress: Callable[[float], None] | None = None,
+                prefill_up_to: int = 512) -> float:
+        """Compile and capture what a request of this size and sampling mode needs now, and the
+        prefill graphs of prompts up to ``prefill_up_to`` tokens; returns the seconds it took."""
+        import torch
+        with self._lock:
+            t = time.perf_counter()
+            self.compile_next()
+            lora_on = self._sync()
+            c = self._cache_for(self._positions(prompt_len, sampling))
+            self._graph(c, GraphKey(sampling.key, lora_on), on_progress)
+            if self._fw is not None:
+                n = 1
+                while True:
+                    length = prefill_class(n, c.length)
+                    if length is None or length > max(prefill_up_to, 1):
+                        break
+                    self._prefill(c, torch.zeros((1, length), dtype=torch.long, device=self.device), lora_on)
+                    n = length + 1
+            return time.perf_counter() - t
+
+    def generate(self, input_ids, sampling: Sampling, on_tokens: Callable[[list[int]], None] | None = None,
+                 stop_event: threading.Event | None = None, tokenizer=None,
+                 on_progress: Callable[[float], None] | None = None) -> list[int]:
+        """Decode up to ``sampling.max_new_tokens`` ids after ``input_ids`` ((1, n) on the model's device).
+
+        ``on_tokens`` gets each chunk of new ids as soon as it is known (the first one right after
+        the prefill). Returns the new ids, EOS included when reached. ``tokenizer`` is needed for
+        ``sampling.stop_strings``. ``on_progress(seconds)`` is called about once a second while a
+        compile runs."""
+        return self._decode(input_ids, sampling, on_tokens, stop_event, tokenizer, on_progress, keep_logits=False)
+
+    def trace(self, input_ids, sampling: Sampling, tokenizer=None) -> tuple[list[int], list]:
+        """Debug API (tests, benchmarks): ``generate`` that also returns the float logits of each
+        step as the captured graph computed them ((vocab,) tensors). It runs a graph of its own,
+        which copies the logits out; the tokens are those ``generate`` gives."""
+        tokens = self._decode(input_ids, sampling, None, None, tokenizer, None, keep_logits=True)
+        return tokens, self.last_logits
+
+    def _decode(self, input_ids, sampling, on_tokens, stop_event, tokenizer, on_progress, keep_logits: bool):
+        if sampling.stop_strings and tokenizer is None:
+            raise NvkitError("stop_strings need the tokenizer: FastDecoder.generate(..., tokenizer=tok).")
+        with self._lock:
+            n = int(input_ids.shape[-1])
+            lora_on = self._sync()
+            c = self._cache_for(self._positions(n, sampling))
+            # a short request does not stop for a compile that was due (compile_after > 0): it
+            # replays what is captured
+            replay = self._graph(c, GraphKey(sampling.key, lora_on, keep_logits), on_progress,
+                                 may_compile=sampling.max_new_tokens >= self.options.min_tokens
+                                 or not self.options.compile_after)
+            t = time.perf_counter()
+            self._rewind(c)
+            set_request(c, input_ids, sampling, self.vocab)
+            logits = self._prefill(c, input_ids, lora_on)
+            c.pos.fill_(n)
+            first = choose(logits, c, sampling.key)
+            c.tok.copy_(first.view(1, 1))
+            kept = [logits[0].clone()] if keep_logits else []
+            stops = StopStrings(tokenizer, sampling.stop_strings, input_ids[0].tolist()) if sampling.stop_strings else None
+            tokens = replays(c, replay, first, sampling, on_tokens, stop_event, stops, keep_logits, kept)
+            self.last_logits = kept[:len(tokens)]
+            if lora_on in c.uncompiled:
+                self.uncompiled_seconds += time.perf_counter() - t
+            return tokens
+
+    def weights(self):
+        """(fused weights, adapter buffers or None) as the model has them now, for a decoder that
+        shares them (``rows.BatchedDecoder``): one fused copy of the weights per model, and
+        the adapters loaded once. (None, None) where the fused step does not run."""
+        with self._lock:
+            lora_on = self._sync()
+            return self._fw, (self._lora if lora_on else None)
+
+    def release(self) -> None:
+        """Drop every captured graph and cache, and the compiled steps (memory back to the allocator)."""
+        with self._lock:
+            self._drop_cache()
+            self._lora = None

@@ -1,0 +1,200 @@
+"""Which path runs a generation request, and why not the faster one: the one place that answers it.
+
+The paths, fastest first: for one prompt the batch-1 fast path ("fast") else plain ``generate``;
+for a list the rows fast path ("fast batch"), else transformers' continuous batching
+("generate_batch"), else one padded ``generate``. ``route`` asks, once per request, what rules a
+path out — the device, a model spread over GPUs, quantization, the model family, attached adapters,
+the generation settings, and with ``fast=None`` whether a first capture would pay for itself — and
+hands on the resolved ``Sampling`` and the tokenized prompts, so nothing is asked twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ...errors import NvkitError
+from .decoders import base_model
+from .fused_weights import fusable_why
+from .lora import lora_why
+from .options import default_options
+from .sampling import Sampling, resolve
+
+#: what transformers' continuous batching honours; it drops any other logits processor silently
+#: (min_new_tokens, a repetition penalty, stop strings), so a list asking for one runs padded generate
+BATCH_OPTIONS = {"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "pad_token_id", "eos_token_id"}
+
+__all__ = ["Route", "route", "single_why", "rows_why", "batch_why", "worth_capturing", "worth_batching", "resolve"]
+
+
+@dataclass
+class Route:
+    """The path a request takes (``path``), why each faster one is off (``off``: "fast path off:
+    …" lines, for the stats; ``why``: the fast path's reason alone), and for a fast path its
+    ``sampling`` and tokenized prompts (``ids``)."""
+    path: str
+    off: list[str] = field(default_factory=list)
+    why: str | None = None
+    sampling: Sampling | None = None
+    ids: list[list[int]] | None = None
+
+
+def _placement_why(session, what: str) -> str | None:
+    """What in the session rules out a fast path (``what``: its name in the message)."""
+    model = session.model
+    if session.device.type != "cuda":
+        return f"the model is on {session.device}, and {what} replays CUDA graphs"
+    dev_map = getattr(model, "hf_device_map", None)
+    if dev_map and len({str(v) for v in dev_map.values()}) > 1:
+        return f"the model is spread over several GPUs (device_map); {what} needs it on one"
+    if getattr(session, "quantization", None):
+        return f"the model is quantized ({session.quantization}); {what} covers bf16/fp16/fp32 weights"
+    return None
+
+
+def _layers_why(base) -> str | None:
+    layer_types = getattr(base.config.get_text_config(), "layer_types", None) or []
+    if any(t != "full_attention" for t in layer_types):
+        return "the model has sliding-window or other non-full attention layers"
+    return None
+
+
+def single_why(session, gen: dict) -> str | None:
+    """Why one prompt cannot take the batch-1 fast path here (None when it can)."""
+    why = _placement_why(session, "the fast path")
+    if why:
+        return why
+    model = session.model
+    base = base_model(model)
+    fused_why = fusable_why(base)
+    if getattr(model, "peft_config", None):
+        why = lora_why(model)
+        if why:
+            return why
+        if fused_why:
+            return f"adapters run on the fast path in nvkit's fused step, which does not fit this model ({fused_why})"
+    why = _layers_why(base)
+    if why:
+        return why
+    if fused_why:  # the model's own forward runs the steps
+        if not getattr(base, "_can_compile_fullgraph", False):
+            return f"{type(base).__name__} does not support a static KV cache"
+        attn = getattr(base.config, "_attn_implementation", None)
+        if attn not in ("sdpa", "eager"):
+            return f"attention backend {attn!r}: the fast path passes its own mask, which needs 'sdpa' or 'eager'"
+    return resolve(base, gen)[1]
+
+
+def rows_why(session, gen: dict) -> str | None:
+    """Why a list cannot take the rows fast path here (None when it can)."""
+    why = _placement_why(session, "the batched fast path")
+    if why:
+        return why
+    model = session.model
+    base = base_model(model)
+    why = fusable_why(base)
+    if why:
+        return f"it runs nvkit's fused step, which does not fit this model ({why})"
+    if default_options().fused is False:
+        return "the fused step is turned off (NVKIT_FAST_FUSED=0)"
+    why = _layers_why(base)
+    if why:
+        return why
+    if getattr(model, "peft_config", None):
+        why = lora_why(model)
+        if why:
+            return why
+    return resolve(base, gen)[1]
+
+
+def batch_why(session, gen: dict) -> str | None:
+    """Why transformers' continuous batching cannot run a list here (None when it can): what
+    rules out the batch-1 fast path (one GPU, no quantization, full attention, settings the
+    graphs honour), no adapters, and only the settings it honours itself."""
+    why = single_why(session, gen)
+    if why:
+        return why
+    if getattr(session.model, "peft_config", None):
+        return "a LoRA adapter is attached"
+    extra = sorted(k for k in gen if k not in BATCH_OPTIONS)
+    return f"{', '.join(extra)} not supported" if extra else None
+
+
+def worth_capturing(session, prompt_tokens: int, gen: dict, sampling: Sampling) -> str | None:
+    """For ``fast=None``: None when the batch-1 fast path should run this request now, else why
+    plain ``generate`` is the quicker answer (nothing captured for it yet, and too short to pay
+    for that). Once the session's fast path is captured, every request that fits its cache runs on it."""
+    min_tokens = default_options().min_tokens
+    d = session.decoders.single
+    if d is not None and d.ready(prompt_tokens, sampling):
+        return None
+    if int(gen["max_new_tokens"]) >= min_tokens:
+        return None
+    return (f"not compiled yet, and {gen['max_new_tokens']} new tokens (< {min_tokens}) would not pay for it; "
+            f"nvkit.generate.fast.prepare(s), fast=True or a request of ≥ {min_tokens} tokens compiles it once")
+
+
+def worth_batching(session, n_prompts: int, gen: dict) -> str | None:
+    """For ``fast=None`` on a list: None when the rows fast path should run it now, else why
+    continuous batching is the quicker answer (nothing captured yet, and too few tokens in all
+    to pay for that)."""
+    min_tokens = default_options().min_tokens
+    if session.decoders.batched_ready():
+        return None
+    total = n_prompts * int(gen["max_new_tokens"])
+    if total >= min_tokens:
+        return None
+    return (f"not compiled yet, and {total} new tokens in all (< {min_tokens}) would not pay for it; "
+            f"fast=True or a request of ≥ {min_tokens} tokens in all compiles it once")
+
+
+FAST = ("fast", "fast batch")
+
+
+def route(session, texts: list[str], gen: dict, fast: bool | None, stream: bool = False) -> Route:
+    """The path for this request (see the module docstring). ``fast=False`` rules the fast paths
+    out, ``fast=None`` lets a short request skip a first capture; with ``fast=True`` a request
+    the fast path cannot run gets a route without it (the caller refuses it, saying ``why``).
+    A list that streams runs padded ``generate``."""
+    if session.device.type != "cuda" or fast is False:
+        return Route("generate")
+    if len(texts) == 1:
+        why = single_why(session, gen)
+        if why is None:
+            sampling = resolve(base_model(session.model), gen)[0]
+            ids = [session.tokenizer(texts[0])["input_ids"]]
+            why = worth_capturing(session, len(ids[0]), gen, sampling) if fast is None else None
+            if why is None:
+                return Route("fast", sampling=sampling, ids=ids)
+        return fallback(session, texts, gen, fast, why)
+    if stream:
+        return Route("generate")
+    why = rows_why(session, gen)
+    if why is None and fast is None:
+        why = worth_batching(session, len(texts), gen)
+    if why is None:
+        return Route("fast batch", sampling=resolve(base_model(session.model), gen)[0],
+                     ids=[session.tokenizer(t)["input_ids"] for t in texts])
+    return fallback(session, texts, gen, fast, why)
+
+
+def forced(session, texts: list[str], gen: dict, path: str) -> Route:
+    """The route of a caller that picked the fast ``path`` itself (tests, benchmarks): the
+    request's sampling and tokenized prompts; an NvkitError when the settings cannot run there."""
+    sampling, why = resolve(base_model(session.model), gen)
+    if sampling is None:
+        raise NvkitError(f"The {'batched ' if path == 'fast batch' else ''}fast path cannot run this request: {why}.")
+    return Route(path, sampling=sampling, ids=[session.tokenizer(t)["input_ids"] for t in texts])
+
+
+def fallback(session, texts: list[str], gen: dict, fast: bool | None, why: str) -> Route:
+    """The route when the fast path is off for ``why`` (or failed): plain ``generate`` for one
+    prompt; for a list continuous batching where it can run, else padded ``generate``."""
+    if len(texts) == 1:
+        return Route("generate", [f"fast path off: {why}"], why)
+    off = [f"batched fast path off: {why}"]
+    if fast is not True:
+        cb_why = batch_why(session, gen)
+        if cb_why is None:
+            return Route("generate_batch", off, why)
+        off.append(f"continuous batching off: {cb_why}")
+    return Route("generate", off, why)

@@ -1,0 +1,47 @@
+"""What several of nvkit's Triton kernels share: the split-K attention kernels' q/k norm with RoPE
+(``norm_rope``) and their merge of the slices per query head (``combine_kernel``), the most slices
+per KV head, and the row view the elementwise kernels take their inputs in."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_SPLITS = 16  # slices of the cache per KV head: 8 KV heads x 16 programs fill a large GPU's SMs about once
+
+
+@triton.jit
+def norm_rope(x, xr, W, d, rd, sign, cos, sin, eps, HAS_NORM: tl.constexpr, HD: tl.constexpr):
+    """RMS-normalise rows of ``x`` (fp32, (rows, HD); ``xr`` the same rows rotated by half a head)
+    with weight ``W`` when HAS_NORM, then apply rotary embedding (rotate-half form)."""
+    if HAS_NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HD + eps)
+        x = x * rstd[:, None] * tl.load(W + d).to(tl.float32)[None, :]
+        xr = xr * rstd[:, None] * tl.load(W + rd).to(tl.float32)[None, :]
+    return x * cos[None, :] + sign[None, :] * xr * sin[None, :]
+
+
+@triton.jit
+def combine_kernel(M, L, O, OUT, N_SPLITS: tl.constexpr, HD: tl.constexpr):
+    """Merges one query head's slices (running max ``M``, sum ``L``, weighted sum ``O``) into ``OUT``."""
+    h = tl.program_id(0)
+    sp = tl.arange(0, N_SPLITS)
+    d = tl.arange(0, HD)
+    m = tl.load(M + h * N_SPLITS + sp)
+    s_sum = tl.load(L + h * N_SPLITS + sp)
+    o = tl.load(O + (h * N_SPLITS + sp)[:, None] * HD + d[None, :])
+    top = tl.max(m, axis=0)  # finite: slice 0 always holds position 0
+    w = tl.exp(m - top)      # 0 for slices past the current position (m = -inf)
+    out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * s_sum, axis=0)
+    tl.store(OUT + h * HD + d, out.to(OUT.dtype.element_ty))
+
+
+def next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
+
+
+def as_rows(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (..., n) as (rows, n) with a contiguous last dimension (a view where it can be)."""
+    x = x.reshape(-1, x.shape[-1])
+    return x if x.stride(-1) == 1 else x.contiguous()

@@ -1,0 +1,213 @@
+"""Attention of one new token over a static KV cache, split over the cache length (flash-decoding).
+
+Why a kernel of our own: at batch 1 the matmul form of decode attention costs three kernels per
+layer (q·Kᵀ, softmax, p·V), each a few microseconds of latency for a few kilobytes of work, and it
+reads the whole cache whatever the position. Here the first kernel gives each (KV head, slice of
+the cache) pair its own program — the query heads of the group, a running max, sum and weighted
+sum over the slice, skipping positions past the current one — and the second merges the slices
+per query head. Grouped-query attention reads each KV head once for all its query heads.
+
+A slice is every N-th block of ``BLOCK_L`` positions (block b belongs to slice b mod N), not a
+contiguous stretch: a short sequence in a long cache then still spreads over all the slices,
+so the cache can be sized for the longest request without slowing the short ones.
+
+``decode_attention`` is a ``torch.library.custom_op``: ``torch.compile`` (fullgraph) keeps it as one
+opaque node and calls it at run time, Triton compiles the kernels in this process on the first
+(warm-up) call, and CUDA-graph capture records their launches. Why not ``triton_op``, which hands
+the kernels to inductor: on a Hopper GPU with torch 2.11 inductor's compile workers failed on them
+("SubprocException"), while the same kernels compiled and decoded the right tokens when launched
+directly. Used by ``nvkit.fast`` with ``attention="triton"`` (``decode_attention``) and
+``attention="triton-fused"`` (``decode_attention_rope``); the batched path's kernel over a paged
+cache is ``paged_attention``. The references in plain torch: ``attend_reference`` (in
+``nvkit.benchmarks.attention``, which checks the paged kernel against it too) and, built on it,
+``attend_rope_reference`` in tests/generate/kernels/test_decode_attention.py.
+"""
+
+from __future__ import annotations
+
+from typing import Optional  # the op's schema is read from these annotations: Optional, not 'X | None'
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import MAX_SPLITS, combine_kernel, next_pow2, norm_rope
+
+BLOCK_L = 32  # cache positions per step inside a slice
+
+
+@triton.jit
+def _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
+                  stride_kh, stride_kl, stride_vh, stride_vl,
+                  GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """One (KV head, slice) program's part: running max, sum and weighted sum of the group's query
+    heads ``q`` (GROUPS_P2, HD; fp32) over the slice's cache positions up to ``pos`` (its blocks
+    are blocks split, split + N_SPLITS, ...)."""
+    m = tl.full((GROUPS_P2,), float("-inf"), tl.float32)
+    s_sum = tl.zeros((GROUPS_P2,), tl.float32)
+    acc = tl.zeros((GROUPS_P2, HD), tl.float32)
+    hi = pos + 1
+    for off in range(split * BLOCK, hi, N_SPLITS * BLOCK):  # no step at all when the slice's first block lies past pos
+        cols = off + tl.arange(0, BLOCK)
+        ok = cols < hi
+        k = tl.load(K + kvh * stride_kh + cols[:, None] * stride_kl + d[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(V + kvh * stride_vh + cols[:, None] * stride_vl + d[None, :], mask=ok[:, None], other=0.0)
+        # (groups, block) scores; the group is too small for tl.dot's 16-row minimum: products and sums
+        s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the first column of every step is valid
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        s_sum = s_sum * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        m = m_new
+    row = heads * N_SPLITS + split
+    tl.store(M + row, m, mask=live)
+    tl.store(L + row, s_sum, mask=live)
+    tl.store(O + row[:, None] * HD + d[None, :], acc, mask=live[:, None])
+
+
+@triton.jit
+def _split_kernel(Q, K, V, POS, M, L, O, scale,
+                  stride_kh, stride_kl, stride_vh, stride_vl,
+                  GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr,
+                  BLOCK: tl.constexpr):
+    kvh = tl.program_id(0)
+    split = tl.program_id(1)
+    pos = tl.load(POS)  # keys 0..pos (inclusive) are valid; the rest of the cache is not written yet
+    g = tl.arange(0, GROUPS_P2)
+    d = tl.arange(0, HD)
+    heads = kvh * GROUPS + g
+    live = g < GROUPS
+    q = tl.load(Q + heads[:, None] * HD + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
+    _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
+                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK)
+
+
+
+@triton.jit
+def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, eps,
+                       stride_kh, stride_kl, stride_vh, stride_vl,
+                       NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
+                       HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr):
+    kvh = tl.program_id(0)
+    split = tl.program_id(1)
+    pos = tl.load(POS)
+    g = tl.arange(0, GROUPS_P2)
+    d = tl.arange(0, HD)
+    rd = (d + HD // 2) % HD                      # rotate_half: the other half of the head...
+    sign = tl.where(d < HD // 2, -1.0, 1.0)      # ...negated for the first half
+    cos = tl.load(COS + d).to(tl.float32)
+    sin = tl.load(SIN + d).to(tl.float32)
+    heads = kvh * GROUPS + g
+    live = g < GROUPS
+    qp = QKV + heads[:, None] * HD
+    q = norm_rope(tl.load(qp + d[None, :], mask=live[:, None], other=0.0).to(tl.float32),
+                   tl.load(qp + rd[None, :], mask=live[:, None], other=0.0).to(tl.float32),
+                   QW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
+    if (pos // BLOCK) % N_SPLITS == split:  # the one program whose slice holds the new position
+        kp = QKV + (NH + kvh) * HD
+        k = norm_rope(tl.load(kp + d).to(tl.float32)[None, :], tl.load(kp + rd).to(tl.float32)[None, :],
+                       KW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
+        tl.store(K + kvh * stride_kh + pos * stride_kl + d[None, :], k.to(K.dtype.element_ty))
+        tl.store(V + kvh * stride_vh + pos * stride_vl + d, tl.load(QKV + (NH + NKV + kvh) * HD + d))
+    tl.debug_barrier()  # the new key and value are read back below by other threads of this program
+    _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
+                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK)
+
+
+
+def splits_for(length: int) -> int:
+    """Slices per KV head for a cache of ``length`` positions (a power of two, like the buckets)."""
+    return max(1, min(MAX_SPLITS, length // BLOCK_L))
+
+
+def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, out, **constexprs) -> None:
+    """Both ops' launches (on the GPU, or in Triton's interpreter under ``TRITON_INTERPRET=1``):
+    ``split_kernel`` over (KV heads × slices of the cache), called with ``lead`` (its tensors up to
+    the cache position), the per-slice results, ``scalars`` and the cache strides; then the merge
+    of the slices per query head into ``out``."""
+    nkv, length, _ = k.shape
+    n_splits = splits_for(length)
+    m = torch.empty((nh, n_splits), dtype=torch.float32, device=out.device)      # running max
+    s_sum = torch.empty((nh, n_splits), dtype=torch.float32, device=out.device)  # running sum
+    o = torch.empty((nh, n_splits, hd), dtype=torch.float32, device=out.device)  # weighted sum
+    groups = nh // nkv
+    split_kernel[(nkv, n_splits)](
+        *lead, m, s_sum, o, *scalars,
+        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        GROUPS=groups, GROUPS_P2=next_pow2(groups), HD=hd, N_SPLITS=n_splits,
+        BLOCK=min(BLOCK_L, length), **constexprs)
+    combine_kernel[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
+
+
+def check_shapes(q, k, v) -> str | None:
+    """Why these tensors do not fit the kernel (None when they do)."""
+    if q.dim() != 2 or k.dim() != 3 or v.shape != k.shape:
+        return "expects q (heads, head_dim) and k, v (kv_heads, length, head_dim)"
+    nh, hd = q.shape
+    nkv, length, khd = k.shape
+    if khd != hd or nh % nkv:
+        return f"{nh} query heads of {hd} cannot attend over {nkv} KV heads of {khd}"
+    if hd & (hd - 1) or length & (length - 1):
+        return f"head_dim ({hd}) and cache length ({length}) must be powers of two"
+    if k.stride(-1) != 1 or v.stride(-1) != 1:
+        return "the cache's last dimension must be contiguous"
+    return None
+
+
+@torch.library.custom_op("nvkit::decode_attention", mutates_args=())
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                     scale: float) -> torch.Tensor:
+    """Attention output (heads, head_dim) of one query per head over cache positions 0..pos."""
+    why = check_shapes(q, k, v)
+    if why:
+        raise ValueError(f"nvkit::decode_attention {why}")
+    q = q.contiguous()
+    nh, hd = q.shape
+    out = torch.empty_like(q)
+    _launch(_split_kernel, (q, k, v, pos), (scale,), k, v, nh, hd, out)
+    return out
+
+
+@decode_attention.register_fake
+def _(q, k, v, pos, scale):
+    # what torch.compile traces with: the output's shape and dtype, nothing run
+    return torch.empty_like(q, memory_format=torch.contiguous_format)
+
+
+@torch.library.custom_op("nvkit::decode_attention_rope", mutates_args=("k", "v"))
+def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
+                          cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                          scale: float, eps: float) -> torch.Tensor:
+    """The whole attention of one decode step after the q/k/v projection, in two kernels: per-head
+    RMS norm of q and k (Qwen3's q_norm/k_norm; skipped when the weights are None), rotary
+    embedding (``cos``/``sin`` of the current position, (head_dim,)), the new key and value written
+    into the caches ``k``/``v`` at ``pos``, and attention over positions 0..pos.
+
+    ``qkv`` is the projection's output as (query heads + 2 × KV heads, head_dim): queries, then
+    keys, then values. Returns (query heads, head_dim). Why: the matmul path spends separate
+    kernels on the norms and RoPE, the two cache writes and the attention itself."""
+    nkv = k.shape[0]
+    nh, hd = qkv.shape[0] - 2 * nkv, qkv.shape[-1]
+    why = (check_shapes(qkv[:nh], k, v) if qkv.dim() == 2 and nh > 0
+           else "expects qkv (heads + 2 x kv_heads, head_dim)")
+    if not why and (cos.shape != (hd,) or sin.shape != (hd,)):
+        why = f"expects cos and sin of shape ({hd},), not {tuple(cos.shape)} and {tuple(sin.shape)}"
+    if not why and (q_weight is None) != (k_weight is None):
+        why = "takes both norm weights or neither"
+    if why:
+        raise ValueError(f"nvkit::decode_attention_rope {why}")
+    qkv = qkv.contiguous()
+    out = torch.empty((nh, hd), dtype=qkv.dtype, device=qkv.device)
+    has_norm = q_weight is not None
+    # without norms the kernel never reads the weights; any tensor fills their place
+    lead = (qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos.contiguous(), sin.contiguous(),
+            k, v, pos)
+    _launch(_rope_split_kernel, lead, (scale, eps), k, v, nh, hd, out, NH=nh, NKV=nkv, HAS_NORM=has_norm)
+    return out
+
+
+@decode_attention_rope.register_fake
+def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps):
+    return qkv.new_empty((qkv.shape[0] - 2 * k.shape[0], qkv.shape[-1]))

@@ -1,0 +1,75 @@
+"""An adapter's low-rank products added to a projection's output, in two Triton kernels, for the
+decode steps that run without ``torch.compile``; ``linear`` is a projection with them.
+
+Why: torch launches five kernels for ``y + (x A.T) B.T`` (the input's cast, two products, the sum,
+the cast back), and at batch 1 every launch costs a few microseconds whatever its work. Here the
+rank's dot products run side by side, one program each, then the second product with the sum.
+The products round where torch's do (the input to the adapter's dtype, ``x A.T`` in it), so the
+result matches the eager operations up to the order of the sums. The torch reference is in
+tests/generate/kernels/test_lora_add.py.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import as_rows
+
+
+@triton.jit
+def _lora_down_kernel(X, A, T, n_in, r, stride_x, stride_a, stride_t, BK: tl.constexpr):
+    row = tl.program_id(0)
+    j = tl.program_id(1)  # one row of A per program: the rank's dot products run side by side
+    acc = tl.zeros((BK,), tl.float32)
+    for k0 in range(0, n_in, BK):
+        ks = k0 + tl.arange(0, BK)
+        ok = ks < n_in
+        xk = tl.load(X + row * stride_x + ks, mask=ok, other=0.0).to(A.dtype.element_ty).to(tl.float32)
+        acc += xk * tl.load(A + j * stride_a + ks, mask=ok, other=0.0).to(tl.float32)
+    tl.store(T + row * stride_t + j, tl.sum(acc, axis=0).to(A.dtype.element_ty))  # x A.T in the adapter's dtype
+
+
+@triton.jit
+def _lora_up_add_kernel(Y, T, B, OUT, n_out, r, stride_y, stride_t, stride_b, stride_o,
+                        R: tl.constexpr, BN: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    rr = tl.arange(0, R)
+    t = tl.load(T + row * stride_t + rr, mask=rr < r, other=0.0).to(tl.float32)
+    ok = cols < n_out
+    b = tl.load(B + cols[:, None] * stride_b + rr[None, :], mask=ok[:, None] & (rr[None, :] < r),
+                other=0.0).to(tl.float32)
+    u = tl.sum(b * t[None, :], axis=1).to(B.dtype.element_ty).to(tl.float32)
+    y = tl.load(Y + row * stride_y + cols, mask=ok, other=0.0).to(tl.float32)
+    tl.store(OUT + row * stride_o + cols, (y + u).to(OUT.dtype.element_ty), mask=ok)
+
+
+def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``y + (x A.T) B.T`` in ``y``'s dtype, the products in the adapter's (``a``: (r, in),
+    ``b``: (out, r), its scaling folded in), for rows of ``x`` (..., in) and ``y`` (..., out)."""
+    if a.dim() != 2 or b.dim() != 2 or a.shape[0] != b.shape[1] or x.shape[-1] != a.shape[1] \
+            or y.shape[-1] != b.shape[0] or y.shape[:-1] != x.shape[:-1]:
+        raise ValueError(f"lora_add expects y (..., out), x (..., in), A (r, in) and B (out, r), not "
+                         f"{tuple(y.shape)}, {tuple(x.shape)}, {tuple(a.shape)} and {tuple(b.shape)}")
+    y2, x2 = as_rows(y), as_rows(x)
+    a = a if a.stride(-1) == 1 else a.contiguous()
+    b = b if b.stride(-1) == 1 else b.contiguous()
+    rows, n_out = y2.shape
+    n_in, r = x2.shape[1], a.shape[0]
+    t = torch.empty((rows, r), dtype=a.dtype, device=y.device)
+    _lora_down_kernel[(rows, r)](x2, a, t, n_in, r, x2.stride(0), a.stride(0), t.stride(0),
+                                 BK=min(1024, triton.next_power_of_2(n_in)))
+    out = torch.empty((rows, n_out), dtype=y.dtype, device=y.device)
+    bn = 128
+    _lora_up_add_kernel[(rows, triton.cdiv(n_out, bn))](y2, t, b, out, n_out, r, y2.stride(0), t.stride(0),
+                                                         b.stride(0), out.stride(0),
+                                                         R=max(16, triton.next_power_of_2(r)), BN=bn)
+    return out.view(y.shape)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias, lora=None) -> torch.Tensor:
+    """``fused.linear`` with an adapter's products (``lora`` = (A, B)) in ``lora_add``'s kernels."""
+    y = torch.nn.functional.linear(x, weight, bias)
+    return y if lora is None else lora_add(y, x, lora[0], lora[1])

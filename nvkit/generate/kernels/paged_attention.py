@@ -1,0 +1,246 @@
+"""Attention of one new token per row for many rows (sequences) at once over a paged KV cache:
+the batched fast path's kernel (``nvkit::paged_decode_attention``), with the q/k norms, RoPE and
+the cache write fused in as ``decode_attention.decode_attention_rope`` has them at batch 1.
+
+The batched decode step runs B sequences at once, each at its own position, over one pool of
+KV pages: every layer's keys (and values) are one (pages × PAGE, KV heads, head_dim) tensor, and
+row b's position p lives in page TABLE[b, p // PAGE] at offset p % PAGE. A page is one block of
+the kernel's loop, so following the table costs one scalar load per block. One program per
+(row, KV head, slice); a slice is every N-th block of the row, as in ``decode_attention`` (a short
+row in a long table still spreads over all the slices). Where the rows alone fill the GPU, one
+slice per row: the program then writes the normalised output itself and the merge kernel is
+skipped.
+
+A ``torch.library.custom_op`` for the reasons ``decode_attention`` gives (torch.compile keeps it
+as one opaque node; inductor's compile workers failed on the kernels as a ``triton_op``).
+``paged_launch`` is the same with the kernel's launch shape as arguments, which
+``python -m nvkit.benchmarks.attention`` times against each other; that benchmark also holds the
+plain-torch reference the kernel is checked against (tests/generate/kernels/test_paged_attention.py).
+"""
+
+from __future__ import annotations
+
+from typing import Optional  # the op's schema is read from these annotations: Optional, not 'X | None'
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import MAX_SPLITS, combine_kernel, next_pow2, norm_rope
+
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 64  # Triton's interpreter: any figure; the result does not depend on it
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SM_COUNT[key]
+
+
+# the launch ``paged_launch`` takes on a 16-bit cache when nothing is asked (see its docstring;
+# ``python -m nvkit.benchmarks.attention`` compares it with the others)
+DOT_LAUNCH = {"pages_per_step": 2, "num_warps": 4, "num_stages": 3}
+DOT_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def default_launch(cache: torch.Tensor) -> dict:
+    """The launch ``paged_launch`` takes for this KV pool when none is asked: ``DOT_LAUNCH`` with
+    ``dot=True`` for a 16-bit pool on a GPU, else the fp32 products with Triton's own launch (on
+    the CPU too: Triton's interpreter gets a bf16 ``tl.dot`` wrong)."""
+    if cache.is_cuda and cache.dtype in DOT_DTYPES:
+        return {"dot": True, **DOT_LAUNCH}
+    return {"dot": False, "pages_per_step": 1, "num_warps": None, "num_stages": None}
+
+
+def paged_splits(rows: int, nkv: int, blocks: int, sms: int) -> int:
+    """Slices per (row, KV head): enough programs for about two per SM, never more slices than
+    the table has blocks (of the kernel's loop), a power of two up to ``MAX_SPLITS``."""
+    want = -(-2 * sms // max(1, rows * nkv))
+    return max(1, min(MAX_SPLITS, next_pow2(max(1, min(want, blocks)))))
+
+
+def _pow2_or_none(name: str, value) -> None:
+    if value is not None and not (isinstance(value, int) and value >= 1 and value & (value - 1) == 0):
+        raise ValueError(f"nvkit::paged_decode_attention {name} must be a power of two, not {value!r}")
+
+
+@triton.jit
+def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, OUT, scale, eps,
+                             stride_qb, stride_tb, stride_kt, stride_kh, stride_vt, stride_vh,
+                             NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
+                             HD: tl.constexpr, N_SPLITS: tl.constexpr, PAGE: tl.constexpr,
+                             HAS_NORM: tl.constexpr, PAGES: tl.constexpr, DOT: tl.constexpr):
+    b = tl.program_id(0)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    pos = tl.load(POS + b).to(tl.int32)
+    g = tl.arange(0, GROUPS_P2)
+    d = tl.arange(0, HD)
+    rd = (d + HD // 2) % HD
+    sign = tl.where(d < HD // 2, -1.0, 1.0)
+    cos = tl.load(COS + pos.to(tl.int64) * HD + d).to(tl.float32)
+    sin = tl.load(SIN + pos.to(tl.int64) * HD + d).to(tl.float32)
+    heads = kvh * GROUPS + g
+    live = g < GROUPS
+    qp = QKV + b.to(tl.int64) * stride_qb + heads[:, None] * HD
+    q = norm_rope(tl.load(qp + d[None, :], mask=live[:, None], other=0.0).to(tl.float32),
+                   tl.load(qp + rd[None, :], mask=live[:, None], other=0.0).to(tl.float32),
+                   QW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
+    row_table = TABLE + b.to(tl.int64) * stride_tb
+    # a block (one step of the loop below) is PAGES pages; block b belongs to slice b mod N_SPLITS
+    if (pos // (PAGE * PAGES)) % N_SPLITS == split:  # the one program whose slice holds the new position
+        t = tl.load(row_table + pos // PAGE).to(tl.int64) * PAGE + pos % PAGE
+        kp = QKV + b.to(tl.int64) * stride_qb + (NH + kvh) * HD
+        k = norm_rope(tl.load(kp + d).to(tl.float32)[None, :], tl.load(kp + rd).to(tl.float32)[None, :],
+                       KW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
+        tl.store(K + t * stride_kt + kvh * stride_kh + d[None, :], k.to(K.dtype.element_ty))
+        vp = QKV + b.to(tl.int64) * stride_qb + (NH + NKV + kvh) * HD
+        tl.store(V + t * stride_vt + kvh * stride_vh + d, tl.load(vp + d))
+    tl.debug_barrier()  # the new key and value are read back below by other threads of this program
+    m = tl.full((GROUPS_P2,), float("-inf"), tl.float32)
+    s_sum = tl.zeros((GROUPS_P2,), tl.float32)
+    acc = tl.zeros((GROUPS_P2, HD), tl.float32)
+    cols = tl.arange(0, PAGE * PAGES)
+    if DOT:  # the scores and the weighted sum on tensor cores: q in the cache's dtype, rows padded to 16
+        qd = q.to(K.dtype.element_ty)
+    for blk in range(split, pos // (PAGE * PAGES) + 1, N_SPLITS):  # no step when the slice's first block lies past pos
+        at = blk * (PAGE * PAGES) + cols
+        ok = at <= pos
+        if PAGES == 1:  # one page: one table entry for the whole block
+            t = tl.load(row_table + blk).to(tl.int64) * PAGE + cols
+        else:  # each position's own page (positions past pos read no entry: the table may end there)
+            t = tl.load(row_table + at // PAGE, mask=ok, other=0).to(tl.int64) * PAGE + at % PAGE
+        k = tl.load(K + t[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=ok[:, None], other=0.0)
+        v = tl.load(V + t[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=ok[:, None], other=0.0)
+        if DOT:
+            s = tl.dot(qd, tl.trans(k)) * scale
+        else:
+            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
+        s = tl.where(ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the first column of every step is valid
+        p = tl.exp(s - m_new[:, None])
+        alpha = tl.exp(m - m_new)
+        s_sum = s_sum * alpha + tl.sum(p, axis=1)
+        if DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(V.dtype.element_ty), v)
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+        m = m_new
+    out_rows = b.to(tl.int64) * NH + heads
+    if N_SPLITS == 1:  # the whole row in this program: the output itself, no merge
+        out = acc / s_sum[:, None]
+        tl.store(OUT + out_rows[:, None] * HD + d[None, :], out.to(OUT.dtype.element_ty), mask=live[:, None])
+    else:
+        row = out_rows * N_SPLITS + split
+        tl.store(M + row, m, mask=live)
+        tl.store(L + row, s_sum, mask=live)
+        tl.store(O + row[:, None] * HD + d[None, :], acc, mask=live[:, None])
+
+
+def check_paged(qkv, k, v, pos, table, cos, sin, page: int) -> str | None:
+    """Why these tensors do not fit the paged kernel (None when they do)."""
+    if qkv.dim() != 3 or k.dim() != 3 or v.shape != k.shape:
+        return "expects qkv (rows, heads + 2 x kv_heads, head_dim) and k, v (pages x page, kv_heads, head_dim)"
+    rows, width, hd = qkv.shape
+    tokens, nkv, khd = k.shape
+    nh = width - 2 * nkv
+    if khd != hd or nh <= 0 or nh % nkv:
+        return f"{width} q/k/v heads of {hd} cannot attend over {nkv} KV heads of {khd}"
+    if hd & (hd - 1) or page & (page - 1) or page < 1 or tokens % page:
+        return f"head_dim ({hd}) and the page ({page}) must be powers of two, the pool ({tokens}) whole pages"
+    if pos.shape != (rows,) or table.dim() != 2 or table.shape[0] != rows:
+        return f"expects pos ({rows},) and table ({rows}, blocks), not {tuple(pos.shape)} and {tuple(table.shape)}"
+    if cos.dim() != 2 or cos.shape[1] != hd or sin.shape != cos.shape:
+        return f"expects cos and sin tables (positions, {hd})"
+    if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(1) != hd or v.stride(1) != hd:
+        return "each position's heads must be contiguous in the pool"
+    return None
+
+
+@torch.library.custom_op("nvkit::paged_decode_attention", mutates_args=("k", "v"))
+def paged_decode_attention(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
+                           cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           pos: torch.Tensor, table: torch.Tensor, page: int, scale: float,
+                           eps: float) -> torch.Tensor:
+    """``decode_attention_rope`` for many rows over a paged pool: per row b, the q/k norms and RoPE
+    at position ``pos[b]`` (``cos``/``sin``: (positions, head_dim) tables), its new key and value
+    written at that position through its page table ``table[b]``, attention over its positions
+    0..pos[b]. ``qkv`` (rows, query heads + 2 × KV heads, head_dim); returns (rows, query heads,
+    head_dim)."""
+    return paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page, scale, eps)
+
+
+def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int, scale: float, eps: float, *,
+                 splits: int | None = None, pages_per_step: int | None = None, num_warps: int | None = None,
+                 dot: bool | None = None, num_stages: int | None = None):
+    """What ``paged_decode_attention`` runs, with the kernel's launch shape as arguments (the op
+    takes the defaults): ``splits`` slices per (row, KV head) (None: ``paged_splits``),
+    ``pages_per_step`` pages per step of the kernel's loop, ``num_warps`` and ``num_stages`` (None:
+    Triton's defaults); ``dot=True`` computes the scores and the weighted sum with ``tl.dot``
+    (tensor cores; the group's query heads padded to 16 rows, q and the weights rounded to the
+    cache's dtype, as a matmul in that dtype does) instead of fp32 products and sums.
+    ``nvkit.benchmarks.attention`` times the shapes against each other.
+
+    The defaults (every argument None) are ``DOT_LAUNCH`` for a bf16/fp16 cache on a GPU: the fp32 products
+    and sums keep the kernel's registers busy with conversions while the tensor cores idle, so on
+    a 16-bit cache tensor cores with two pages per loop step and a three-stage pipeline read the
+    cache several times faster. An fp32 cache keeps the fp32 products, since ``tl.dot`` on fp32
+    inputs would round them to TF32."""
+    why = check_paged(qkv, k, v, pos, table, cos, sin, page)
+    if not why and (q_weight is None) != (k_weight is None):
+        why = "takes both norm weights or neither"
+    if why:
+        raise ValueError(f"nvkit::paged_decode_attention {why}")
+    # what is not asked comes from the default launch (of the kind asked, when dot is)
+    auto = default_launch(k) if dot is None else {"dot": dot, "pages_per_step": 1, "num_warps": None, "num_stages": None}
+    dot = auto["dot"]
+    pages_per_step = auto["pages_per_step"] if pages_per_step is None else pages_per_step
+    num_warps = auto["num_warps"] if num_warps is None else num_warps
+    num_stages = auto["num_stages"] if num_stages is None else num_stages
+    _pow2_or_none("splits", splits)
+    _pow2_or_none("pages_per_step", pages_per_step)
+    _pow2_or_none("num_warps", num_warps)
+    if not isinstance(dot, bool):
+        raise ValueError(f"nvkit::paged_decode_attention dot must be True or False, not {dot!r}")
+    if num_stages is not None and not (isinstance(num_stages, int) and not isinstance(num_stages, bool)
+                                       and 1 <= num_stages <= 8):
+        raise ValueError(f"nvkit::paged_decode_attention num_stages must be a whole number from 1 to 8, not {num_stages!r}")
+    rows, width, hd = qkv.shape
+    nkv = k.shape[1]
+    nh = width - 2 * nkv
+    qkv = qkv.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    out = torch.empty((rows, nh, hd), dtype=qkv.dtype, device=qkv.device)
+    if rows == 0:
+        return out
+    blocks = -(-table.shape[1] // pages_per_step)
+    n_splits = paged_splits(rows, nkv, blocks, _sm_count(qkv.device)) if splits is None else splits
+    f32 = dict(dtype=torch.float32, device=qkv.device)
+    if n_splits == 1:  # unused by the kernel: no merge
+        m = s_sum = o = out
+    else:
+        m, s_sum = torch.empty((rows * nh, n_splits), **f32), torch.empty((rows * nh, n_splits), **f32)
+        o = torch.empty((rows * nh, n_splits, hd), **f32)
+    has_norm = q_weight is not None
+    groups = nh // nkv
+    launch = {name: n for name, n in (("num_warps", num_warps), ("num_stages", num_stages)) if n is not None}
+    rows_p2 = next_pow2(groups)
+    if dot:
+        rows_p2 = max(16, rows_p2)  # tl.dot's smallest M
+    _paged_rope_split_kernel[(rows, nkv, n_splits)](
+        qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos, sin, k, v, pos, table,
+        m, s_sum, o, out, scale, eps,
+        qkv.stride(0), table.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        NH=nh, NKV=nkv, GROUPS=groups, GROUPS_P2=rows_p2, HD=hd, N_SPLITS=n_splits, PAGE=page,
+        HAS_NORM=has_norm, PAGES=pages_per_step, DOT=dot, **launch)
+    if n_splits > 1:
+        combine_kernel[(rows * nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
+    return out
+
+
+@paged_decode_attention.register_fake
+def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page, scale, eps):
+    return qkv.new_empty((qkv.shape[0], qkv.shape[1] - 2 * k.shape[1], qkv.shape[2]))

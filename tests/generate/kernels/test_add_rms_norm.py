@@ -1,0 +1,53 @@
+"""``nvkit.generate.kernels.add_rms_norm`` (the residual sum with the RMSNorm after it) against its
+torch reference, run by Triton's interpreter on the CPU (TRITON_INTERPRET=1 must be set before
+triton is imported: hence a child process), in float16 and float32 (the interpreter rounds bfloat16
+by truncation, so bf16 is checked on the GPU: tests/gpu/test_fast_gpu.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is part of the test extra on Linux (pyproject)")
+
+from tests.triton_interpreter import interpret as _interpret  # noqa: E402
+
+
+def add_rms_norm_reference(h, delta, weight, eps: float):
+    """``add_rms_norm`` in torch's operations (transformers' RMSNorm after the sum)."""
+    import torch
+    total = h + delta
+    f = total.float()
+    f = f * torch.rsqrt(f.pow(2).mean(-1, keepdim=True) + eps)
+    return total, weight * f.to(h.dtype)
+
+
+def test_the_sum_and_its_norm_match_torch():
+    out = _interpret("""
+        import torch
+        from nvkit.generate.kernels.add_rms_norm import add_rms_norm
+        from tests.generate.kernels.test_add_rms_norm import add_rms_norm_reference
+        torch.manual_seed(0)
+        for dtype in (torch.float16, torch.float32):
+            for shape in ((1, 1024), (3, 1000), (2, 2, 64)):   # one token; rows; a width not a power of two
+                h, d = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+                w = torch.randn(shape[-1], dtype=dtype)
+                total, x = add_rms_norm(h, d, w, 1e-6)
+                rt, rx = add_rms_norm_reference(h, d, w, 1e-6)
+                assert total.shape == shape and x.shape == shape and x.dtype == dtype
+                assert torch.equal(total, rt)
+                tol = 2e-3 if dtype == torch.float16 else 1e-5
+                assert torch.allclose(x.float(), rx.float(), atol=tol * 8, rtol=tol), (x - rx).abs().max()
+        # the norm's weight in float32 (a model that keeps it so): the output follows torch's promotion
+        h = torch.randn(1, 64, dtype=torch.float16)
+        assert add_rms_norm(h, h, torch.ones(64), 1e-6)[1].dtype == torch.float32
+        for bad in (lambda: add_rms_norm(h, h[:, :32], torch.ones(64), 1e-6),
+                    lambda: add_rms_norm(h, h, torch.ones(32), 1e-6)):
+            try:
+                bad()
+            except ValueError as e:
+                print("refused:", e)
+            else:
+                raise AssertionError("a wrong shape was accepted")
+        print("OK")
+    """)
+    assert out.strip().endswith("OK") and out.count("refused:") == 2, out

@@ -1,0 +1,63 @@
+"""nvkit's Triton kernels inside the uncompiled fused decode step (``fused.decode_step`` with
+``kernels=True``: ``add_rms_norm``, ``silu_mul`` and ``lora_add``'s ``linear`` of
+``nvkit.generate.kernels``), run by Triton's interpreter on the CPU (TRITON_INTERPRET=1 must be set
+before triton is imported: hence a child process): the demo model's step against the step of torch
+operations, with and without an adapter. Each kernel against its torch reference is its own test
+file here; the GPU run is tests/gpu (the default batch-1 path runs these kernels)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is part of the test extra on Linux (pyproject)")
+
+from tests.triton_interpreter import interpret as _interpret  # noqa: E402
+
+
+def test_the_step_with_kernels_decodes_as_the_step_of_torch_operations():
+    """The demo model's fused step in float32 with ``kernels=True`` against ``kernels=False``: the
+    same logits within float32 rounding over 6 steps, with no adapter and with a random one."""
+    out = _interpret("""
+        import torch
+        import nvkit
+        from peft import LoraConfig, get_peft_model
+        from tests import demo_model
+        from nvkit.generate.fast import lora as lora_mod
+        from nvkit.generate.fast.cache import new_cache
+        from nvkit.generate.fast.fused import decode_step
+        from nvkit.generate.fast.fused_weights import FusedWeights
+        torch.manual_seed(0)
+        s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
+        for adapter in (False, True):
+            model = s.model
+            if adapter:
+                model = get_peft_model(s.model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                                           init_lora_weights=False))
+            base = model.get_base_model() if adapter else model
+            fw = FusedWeights(base)
+            lo = None
+            if adapter:
+                lo = lora_mod.LoraSlots(fw, 8, torch.float32)
+                lo.load(model)
+            logits = {}
+            for kernels in (False, True):
+                c = new_cache(base, fw, 64, 1, torch.device("cpu"))
+                step = decode_step(fw, c, "matmul", lo, kernels=kernels)
+                c.tok.fill_(5)
+                rows = []
+                with torch.inference_mode():
+                    for _ in range(6):
+                        out = step(c.tok)
+                        rows.append(out.clone())
+                        c.tok.copy_(out.argmax(-1).view(1, 1))
+                logits[kernels] = torch.cat(rows)
+            diff = (logits[True] - logits[False]).abs().max().item()
+            assert diff < 1e-3, (adapter, diff)
+            assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
+            print("adapter" if adapter else "base", diff)
+            if adapter:
+                model.unload()
+        print("OK")
+    """)
+    print(out)
+    assert out.strip().endswith("OK"), out

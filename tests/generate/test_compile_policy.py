@@ -1,0 +1,118 @@
+"""The compile policy (nvkit.generate.fast.compile_policy): when a runner compiles, and that it keeps
+the faster of the compiled and the uncompiled step, measured; and the one route a request takes
+(nvkit.generate.fast.support)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from nvkit.errors import NvkitError
+from nvkit.generate import fast
+from nvkit.generate.fast.compile_policy import CompilePolicy, Verdict, time_replays
+from nvkit.generate.fast.options import FastOptions
+from nvkit.generate.fast.prefill_rows import MEASURE_CALLS
+
+
+def test_a_compiled_step_measured_slower_is_not_kept_and_not_compiled_again():
+    p = CompilePolicy(FastOptions(compile_after=1.0))
+    assert p.waiting(graphs=True) and not p.due(graphs=True, lora_on=False)
+    p.uncompiled_seconds = 1.0
+    assert p.due(True, False) and not p.due(False, False)  # no graphs: never compiles
+    slower = Verdict(uncompiled=0.010, compiled=0.012)
+    assert not slower.keep_compiled and p.decide(False, slower) is False
+    assert not p.compiled and p.declined(False) and not p.due(True, False)  # stays uncompiled
+    assert p.due(True, True)  # the adapters' step is measured on its own
+    assert not p.waiting(True)
+    words = p.words("uncompiled with nvkit kernels", regional=True, tokens_per_replay=8)
+    assert words == "uncompiled with nvkit kernels (measured 800 tok/s against 667 compiled)", words
+
+
+def test_a_compiled_step_measured_faster_is_kept_and_later_captures_compile_at_once():
+    p = CompilePolicy(FastOptions(compile_after=30.0))
+    p.compile_next()
+    assert p.due(True, False)
+    assert p.decide(False, Verdict(uncompiled=0.012, compiled=0.010)) is True
+    assert p.compiled and p.due(True, False)  # another cache or batch class compiles without waiting
+    assert p.words("uncompiled", regional=True, tokens_per_replay=8) == \
+        "compiled by layer (measured 800 tok/s against 667 uncompiled)"
+    unmeasured = CompilePolicy(FastOptions())
+    assert unmeasured.decide(False, None) is True and unmeasured.words("x", False, 8) == "compiled"
+
+
+def test_a_failed_compile_or_compile_off_never_compiles():
+    p = CompilePolicy(FastOptions(compile_after=0))
+    p.failed("InductorError: boom", "the whole traceback")
+    assert not p.due(True, False) and p.words("eager", False, 8) == "eager: torch.compile failed (InductorError: boom)"
+    off = CompilePolicy(FastOptions(compile=False))
+    off.compile_next()
+    assert not off.due(True, False) and off.words("eager", False, 8) == "eager"
+
+
+def test_time_replays_alternates_the_variants_and_keeps_each_ones_best_round():
+    clock = [0.0]
+    cost = {"a": 2.0, "b": 1.0}
+    order = []
+
+    def replay(name):
+        def run():
+            order.append(name)
+            clock[0] += cost[name]
+        return run
+    resets = []
+    t = time_replays({"a": replay("a"), "b": replay("b")}, lambda: resets.append(1), lambda: None,
+                     replays=3, rounds=2, clock=lambda: clock[0])
+    assert t == {"a": 2.0, "b": 1.0}
+    assert order == ["a"] * 4 + ["b"] * 4 + ["a"] * 4 + ["b"] * 4  # one untimed replay, then three, per turn
+    assert len(resets) == 5  # before each turn, and once at the end
+
+
+def test_the_rows_prefill_measures_its_compiled_form_a_fixed_number_of_calls():
+    assert MEASURE_CALLS >= 2
+
+
+@pytest.fixture(scope="module")
+def s():
+    import nvkit
+    from tests import demo_model
+    sess = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
+    yield sess
+    sess.unload()
+
+
+def _on_gpu(s, **changes):
+    return SimpleNamespace(**{**dict(model=s.model, tokenizer=s.tokenizer, device=SimpleNamespace(type="cuda"),
+                                     quantization=None, decoders=fast.Decoders()), **changes})
+
+
+def test_the_route_of_a_request_is_decided_once_with_its_tokens(s):
+    greedy = dict(max_new_tokens=200, do_sample=False)
+    r = fast.route(_on_gpu(s), ["Hello there"], greedy, None)
+    assert r.path == "fast" and r.ids == [s.tokenizer("Hello there")["input_ids"]] and r.sampling.max_new_tokens == 200
+    short = fast.route(_on_gpu(s), ["Hello there"], dict(greedy, max_new_tokens=8), None)
+    assert short.path == "generate" and short.off[0].startswith("fast path off: not compiled yet")
+    assert fast.route(_on_gpu(s), ["Hello there"], dict(greedy, max_new_tokens=8), True).path == "fast"
+    assert fast.route(_on_gpu(s), ["Hello"], greedy, False).path == "generate"
+    assert fast.route(s, ["Hello"], greedy, None).path == "generate"  # on the CPU: nothing to say
+    lst = fast.route(_on_gpu(s), ["a", "b"], greedy, None)
+    assert lst.path == "fast batch" and len(lst.ids) == 2
+    small = fast.route(_on_gpu(s), ["a", "b"], dict(greedy, max_new_tokens=8), None)
+    assert small.path == "generate_batch" and "not compiled yet" in small.why
+    cb_off = fast.route(_on_gpu(s), ["a", "b"], dict(greedy, max_new_tokens=8, min_new_tokens=4), None)
+    assert cb_off.path == "generate" and cb_off.off[1] == "continuous batching off: min_new_tokens not supported"
+    forced = fast.route(_on_gpu(s, quantization="nf4"), ["a", "b"], greedy, True)
+    assert forced.path == "generate" and "quantized" in forced.why and len(forced.off) == 1  # fast=True: no CB
+
+
+def test_a_path_asked_for_directly_refuses_settings_it_cannot_run(s):
+    from nvkit.generate.fast import support
+    with pytest.raises(NvkitError, match="The batched fast path cannot run this request: num_beams=2"):
+        support.forced(s, ["a", "b"], dict(max_new_tokens=4, num_beams=2), "fast batch")
+    assert s.generate("Hello", max_new_tokens=2) is not None  # the session goes on
+
+
+def test_prepare_says_why_the_fast_path_cannot_run_here(s):
+    with pytest.raises(NvkitError, match="The fast path cannot run here: the model is on cpu"):
+        fast.prepare(s)
+    with pytest.raises(NvkitError, match="max_new_tokens must be a whole number"):
+        fast.prepare(s, max_new_tokens=0)
+    assert s.generate("Hello", max_new_tokens=2) is not None
