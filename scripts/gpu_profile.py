@@ -18,9 +18,9 @@ scripts/gpu_session.sh profile` runs it on the GPU machine):
   cache kept too (a restarted kernel on the same machine); the top functions by cumulative time.
 
 - ``variants``: the batch-1 fast path's cold preparation (every cache empty, a fresh process
-  each) and its decode rate afterwards, for the defaults and the ``NVKIT_FAST_*`` settings named in
-  ``NVKIT_VARIANTS`` ("default;NVKIT_FAST_TUNE=0;NVKIT_FAST_COMPILE=0"), with torch's compile
-  times by phase.
+  each) and its decode rate afterwards, for the defaults and the settings named in
+  ``NVKIT_VARIANTS`` ("default;tune=False;NVKIT_FAST_COMPILE=0": ``NVKIT_FAST_*`` variables, or
+  ``StepVariant`` fields such as tune, pdl, regional), with torch's compile times by phase.
 
 Usage: python scripts/gpu_profile.py batched|lora|prepare|variants|all [--model qwen3-0.6b]. On a machine without
 CUDA it runs the ``lora`` part on the demo model (CPU ops only), to check the script itself.
@@ -286,7 +286,10 @@ _VARIANT = """
 import sys, time, torch, nvkit
 from nvkit.generate import fast
 from nvkit.demo import shaped
+import ast, os
 s = nvkit.load(shaped(sys.argv[1]), device_map="cuda", dtype="bfloat16")
+step = dict(p.split("=", 1) for p in os.environ.get("NVKIT_PROFILE_STEP", "").split(",") if "=" in p)
+fast.decoder(s, **{k.strip(): ast.literal_eval(v.strip()) for k, v in step.items()})  # a StepVariant's fields
 t = time.perf_counter()
 fast.prepare(s)
 d = fast.decoder(s)
@@ -310,15 +313,20 @@ except Exception as e:
 def variants(model: str) -> None:
     import os
     import subprocess
-    names = os.environ.get("NVKIT_VARIANTS", "default;NVKIT_FAST_TUNE=0;NVKIT_FAST_COMPILE=0").split(";")
+    names = os.environ.get("NVKIT_VARIANTS", "default;tune=False;NVKIT_FAST_COMPILE=0").split(";")
     for i, name in enumerate(names):
         root = tempfile.mkdtemp(prefix=f"nvkit-variant{i}-")
         env = dict(os.environ, NVKIT_CACHE=os.path.join(root, "nvkit"), TRITON_CACHE_DIR=os.path.join(root, "triton"),
                    TORCHINDUCTOR_CACHE_DIR=os.path.join(root, "inductor"))
+        step = []
         for pair in name.split(","):
             if "=" in pair:
                 k, v = pair.split("=", 1)
-                env[k.strip()] = v.strip()
+                if k.strip().startswith("NVKIT_"):
+                    env[k.strip()] = v.strip()
+                else:
+                    step.append(f"{k.strip()}={v.strip()}")
+        env["NVKIT_PROFILE_STEP"] = ",".join(step)
         print(f"\n##### variant: {name}", flush=True)
         t = time.perf_counter()
         subprocess.run([sys.executable, "-c", _VARIANT, model], env=env, check=False)

@@ -146,7 +146,7 @@ case "$phase" in
   regional)
     T=150 t tests/gpu/test_fast_gpu.py tests/gpu/test_batched_gpu.py -k "one_compiled_layer"
     T=200 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast,fast+whole,fast lora"
-    NVKIT_FAST_REGIONAL=0 T=200 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast,fast lora" ;;
+    T=200 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+whole,fast lora" ;;
   fold)
     T=200 t tests/gpu/test_fast_session_gpu.py -k "adapter"
     T=240 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast,fast lora,fast lora+fold" ;;

@@ -52,8 +52,10 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # between inductor's kernels: pdl=True, the default where torch can; nopdl turns it off), combo
 # (inductor's combo_kernels: independent small kernels launched as one), regional (one decoder
 # layer compiled for every layer: regional=True, the default), whole (the whole unrolled step
-# compiled: regional=False), fold (an adapter's first product folded into the base one:
-# lora_fold=True), kN (N decode steps per graph replay).
+# compiled: regional=False), notune (no coordinate-descent tuning: tune=False), fold (an adapter's
+# first product folded into the base one: lora_fold=True), kN (N decode steps per graph replay).
+# pdl, combo, regional, whole and notune are ``StepVariant`` fields, not user options: the
+# benchmark builds those decoders, users get the defaults.
 # "model.generate": transformers' generate called directly, with the arguments nvkit's plain path
 # passes, beside "generate" (nvkit's fast=False) in alternating rounds: what nvkit's plain path
 # adds per token, measured where host-bound rates drift between calls.
@@ -76,7 +78,8 @@ MIXED_TOKENS = (16, 512)
 _FAST_OPTIONS = {"eager": ("compile", False), "matmul": ("attention", "matmul"),
                  "triton": ("attention", "triton"), "tfused": ("attention", "triton-fused"), "pdl": ("pdl", True),
                  "nopdl": ("pdl", False), "combo": ("inductor", {"combo_kernels": True}),
-                 "regional": ("regional", True), "whole": ("regional", False), "fold": ("lora_fold", True)}
+                 "regional": ("regional", True), "whole": ("regional", False), "fold": ("lora_fold", True),
+                 "notune": ("tune", False)}
 
 
 def fast_options(path: str) -> dict | None:
@@ -87,7 +90,8 @@ def fast_options(path: str) -> dict | None:
     if path != "fast" and not path.startswith("fast+"):
         return None
     # None: the process's default (nvkit.generate.fast.default_options()), i.e. what users get
-    opts = dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None, lora_fold=None)
+    opts = dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None, lora_fold=None,
+                tune=None)
     for part in path.split("+")[1:]:
         part = part.strip()
         if part in _FAST_OPTIONS:
@@ -416,7 +420,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                 rows[-1]["note"] += (f"; K={d.k}, {'fused' if d.fused else 'model-forward'} "
                                      f"{'compiled' if d.compiled else 'eager'} step, "
                                      f"attention {d.attention}{', pdl' if d.pdl else ''}"
-                                     f"{''.join(f', {k}' for k, _ in d.options.inductor)}") + (
+                                     f"{''.join(f', {k}' for k, _ in d.variant.inductor)}") + (
                     f" (compile failed: {d.compile_error})" if d.compile_error else "")
                 if d.compile_detail:  # the note holds one line; the whole cause goes to stderr
                     print(f"{path}: torch.compile failed:\n{d.compile_detail}", file=sys.stderr)

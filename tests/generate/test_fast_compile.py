@@ -44,7 +44,7 @@ def test_one_compiled_layer_serves_every_layer_and_computes_the_whole_step():
     m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
     get_peft_model(m, LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)).eval()
     d = fast.FastDecoder(m, k_steps=2, graphs=False, regional=True)
-    assert d.options.regional and d.regional
+    assert d.variant.regional and d.regional
     fw = d._fw
     assert len(fw.layers) > 1
     with torch.inference_mode():
@@ -73,16 +73,20 @@ def test_one_compiled_layer_serves_every_layer_and_computes_the_whole_step():
     assert keys[False] != keys[True]
 
 
-def test_the_regional_option_reads_its_variable():
+def test_how_the_step_compiles_is_a_benchmark_variant_not_a_user_option():
     from nvkit.errors import NvkitError
-    from nvkit.generate.fast.options import FastOptions
-    assert FastOptions.from_env({"NVKIT_FAST_REGIONAL": "1"}).regional is True
-    assert FastOptions.from_env({}).regional is True
-    assert FastOptions.from_env({"NVKIT_FAST_REGIONAL": "0"}).regional is False
+    from nvkit.generate.fast.options import ENVIRONMENT_VARIABLES, FastOptions
+    from nvkit.generate.fast.runner import StepVariant, split_overrides
+    assert StepVariant().regional is True and StepVariant().tune is True and StepVariant().pdl is None
+    assert not {"NVKIT_FAST_REGIONAL", "NVKIT_FAST_TUNE", "NVKIT_FAST_PDL"} & set(ENVIRONMENT_VARIABLES)
     with pytest.raises(NvkitError, match="regional must be True or False"):
-        FastOptions(regional="yes")
-    with pytest.raises(NvkitError, match="NVKIT_FAST_REGIONAL"):
-        FastOptions.from_env({"NVKIT_FAST_REGIONAL": "perhaps"})
+        StepVariant(regional="yes")
+    with pytest.raises(NvkitError, match="inductor must be a dict"):
+        StepVariant(inductor=["combo_kernels"])
+    opts, variant = split_overrides(FastOptions(), StepVariant(), dict(k_steps=4, regional=False, tune=None))
+    assert opts.k_steps == 4 and variant == StepVariant(regional=False)
+    with pytest.raises(NvkitError, match="Unknown fast-path option"):
+        split_overrides(FastOptions(), StepVariant(), dict(warp=9))
 
 
 def test_the_folded_adapter_layer_compiles_and_computes_the_unfolded_step():

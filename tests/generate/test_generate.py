@@ -442,14 +442,15 @@ def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     opts = bench_decode.fast_options
     assert opts("generate") is None and opts("nvkit batch") is None
     assert opts("fast") == dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None,
-                                lora_fold=None)
+                                lora_fold=None, tune=None)
     assert opts("fast+matmul")["attention"] == "matmul"
     assert opts("fast eager")["compile"] is False
     assert opts("fast without pdl")["pdl"] is False
     assert opts("fast+triton")["attention"] == "triton"
     assert opts("fast+pdl+tfused+combo+k16") == dict(compile=True, attention="triton-fused", pdl=True,
                                                   inductor={"combo_kernels": True}, k_steps=16, regional=None,
-                                                  lora_fold=None)
+                                                  lora_fold=None, tune=None)
+    assert opts("fast+notune")["tune"] is False
     assert opts("fast+regional")["regional"] is True
     assert opts("fast+whole")["regional"] is False
     # the adapter rows take the same options after "fast lora"
@@ -482,9 +483,9 @@ def test_fast_pdl_and_inductor_options(s, monkeypatch):
     assert inductor_config.triton.enable_pdl is False and not inductor_config.combo_kernels  # only around the capture
     with pytest.raises(NvkitError, match="inductor option"):
         fast.FastDecoder(s.model, graphs=False, inductor={"warp_speed": 9})
-    off = fast.FastOptions.from_env({"NVKIT_FAST_PDL": "0"})
-    assert off.pdl is False and not fast.FastDecoder(s.model, off, graphs=False).pdl
-    assert fast.FastDecoder(s.model, off, graphs=False, pdl=True).pdl
+    assert not fast.FastDecoder(s.model, graphs=False, pdl=False).pdl
+    with pytest.raises(NvkitError, match="pdl must be True, False or None"):
+        fast.FastDecoder(s.model, graphs=False, pdl="yes")
     # a torch whose inductor cannot emit PDL: off by default, a clear error when asked for
     monkeypatch.delattr(inductor_config.triton, "enable_pdl")
     assert not fast.FastDecoder(s.model, graphs=False).pdl
@@ -604,9 +605,8 @@ def test_fast_options_come_from_the_environment_once_and_name_a_bad_variable():
                                       "NVKIT_FAST_COMPILE": "off", "NVKIT_FAST_MIN_TOKENS": "0"})
     assert (opts.k_steps, opts.attention, opts.fused, opts.compile, opts.min_tokens) == (4, "matmul", False, False, 0)
     assert fast.FastOptions.from_env({}) == fast.FastOptions()
-    assert fast.FastOptions.from_env({"NVKIT_FAST_PDL": "1"}).pdl is None  # "on where it can", not forced
     for env, var in [({"NVKIT_FAST_K": "eight"}, "NVKIT_FAST_K"), ({"NVKIT_FAST_K": "0"}, "NVKIT_FAST_K"),
-                     ({"NVKIT_FAST_PDL": "maybe"}, "NVKIT_FAST_PDL"),
+                     ({"NVKIT_FAST_FUSED": "maybe"}, "NVKIT_FAST_FUSED"),
                      ({"NVKIT_FAST_ATTENTION": "reduce"}, "NVKIT_FAST_ATTENTION"),
                      ({"NVKIT_FAST_CACHE_TOKENS": "3000"}, "NVKIT_FAST_CACHE_TOKENS")]:
         with pytest.raises(NvkitError, match=var):

@@ -14,14 +14,11 @@ import threading
 from typing import Callable
 
 from ...errors import NvkitError, require
-from .single import FastDecoder
+from . import support
 from .options import default_options
 from .rows import BatchedDecoder
-
-
-def base_model(model):
-    """The causal LM under a PEFT wrapper (``model`` itself when it has none)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
+from .runner import StepVariant, split_overrides
+from .single import FastDecoder
 
 
 class Decoders:
@@ -34,20 +31,22 @@ class Decoders:
 
     def decoder(self, model, **overrides) -> FastDecoder:
         """The batch-1 decoder for ``model`` (created on first use). Keywords are ``FastOptions``
-        fields (``k_steps=4``, ``attention="matmul"``, ...): a decoder built otherwise, or for
-        another model, is replaced by one built that way (its captures are paid again)."""
-        base = base_model(model)
+        fields (``k_steps=4``, ``attention="matmul"``, ...) or ``StepVariant`` fields (the decode
+        benchmark's variants): a decoder built otherwise, or for another model, is replaced by one
+        built that way (its captures are paid again)."""
+        base = support.base_model(model)
         with self._lock:
             d = self.single
             if d is not None and d.model is not base:
                 self._release_all()
                 d = None
-            wanted = (d.options if d is not None else default_options()).replace(**overrides)
-            if d is not None and d.options == wanted:
+            wanted = split_overrides(d.options if d is not None else default_options(),
+                                     d.variant if d is not None else StepVariant(), overrides)
+            if d is not None and (d.options, d.variant) == wanted:
                 return d
             if d is not None:
                 d.release()  # its graphs and caches go before the new one captures
-            self.single = FastDecoder(base, wanted)
+            self.single = FastDecoder(base, wanted[0], variant=wanted[1])
             return self.single
 
     def batched(self, model) -> BatchedDecoder:
@@ -70,7 +69,7 @@ class Decoders:
         """Make ``d`` the batch-1 decoder and return the one it replaces, without releasing either
         (the decode benchmark keeps several captured side by side to time them in alternation).
         The caller owns the returned decoder: ``release()`` it, or swap it back."""
-        if d is not None and d.model is not base_model(model):
+        if d is not None and d.model is not support.base_model(model):
             raise NvkitError("This decoder was built for another model; nvkit.generate.fast.decoder(session) "
                              "builds one for it.")
         with self._lock:
@@ -137,7 +136,6 @@ def prepare(session, max_new_tokens: int = 256, prompt_tokens: int = 64, do_samp
     One cache size class serves every request that fits it, so the sizes here only need to be
     no larger than the requests to come; the prefill graphs of prompts up to 512 tokens come too.
     Raises NvkitError saying why when the fast path cannot run this session's requests."""
-    from . import support
     require(isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens > 0,
             f"max_new_tokens must be a whole number ≥ 1, not {max_new_tokens!r}.")
     require(isinstance(prompt_tokens, int) and not isinstance(prompt_tokens, bool) and prompt_tokens > 0,
@@ -146,7 +144,7 @@ def prepare(session, max_new_tokens: int = 256, prompt_tokens: int = 64, do_samp
     why = support.single_why(session, gen)
     if why:
         raise NvkitError(f"The fast path cannot run here: {why}.")
-    sampling, _ = support.resolve(base_model(session.model), gen)
+    sampling, _ = support.resolve(support.base_model(session.model), gen)
     import torch
     with torch.inference_mode():
         return decoder(session).prepare(prompt_tokens, sampling, on_progress=on_progress)

@@ -3,6 +3,9 @@ environment variables once per process (``default_options``) and overridable per
 
 Each variable maps to one field; a value nvkit cannot read is an ``NvkitError`` that names the
 variable, raised when the fast path is first used rather than silently replaced by a default.
+These are what a user may need to set; how the step is compiled (by layer or whole, tuning, PDL,
+inductor settings) is fixed for users and varied only by the decode benchmark, through
+``runner.StepVariant``.
 """
 
 from __future__ import annotations
@@ -41,22 +44,13 @@ class FastOptions:
       the uncompiled step, and the compiled one decodes faster only by a fraction, so the compile
       waits until the decoding it speeds up has shown it will pay. 0: compile at the first
       request. ``fast.prepare`` compiles at once.
-    - ``tune``: inductor's coordinate-descent tuning, which turns the batch-1 matrix-vector
-      products into reductions tuned to the memory bandwidth and fused with their neighbours.
     - ``fused``: nvkit's own decode step for the Llama family (None: where the model fits it).
     - ``attention``: the fused step's attention, one of ``ATTENTION_KINDS`` or "auto".
-    - ``pdl``: Programmatic Dependent Launch between inductor's kernels, so each kernel's launch
-      overlaps the tail of the one before it (None: where this torch can emit it).
-    - ``inductor``: further ``torch._inductor.config`` settings for the capture, as (name, value) pairs.
     - ``min_tokens``: with ``fast=None`` and nothing captured yet, only requests of at least this
       many new tokens pay the one-time capture themselves; shorter ones run plain ``generate``.
     - ``cache_tokens``: the smallest KV-cache size class; a request that needs more doubles it.
     - ``disk_cache``: keep compile artifacts under nvkit's cache folder so a new process captures
       in seconds.
-    - ``regional``: compile one decoder layer of the fused steps (batch-1 and over rows) and
-      their head, and call them for every layer, instead of compiling the whole unrolled step: the
-      compile is about as many times shorter as the model has layers, and on the GPU it decodes
-      at least as fast (docs/benchmarks.md). False compiles the whole step.
     - ``lora_fold``: the fused weights keep spare rows for adapters up to ``FOLD_RANK`` per
       projection, and the batch-1 step computes each group's base product and its adapters' first
       product in one reduction (one kernel fewer per group of projections with an adapter on),
@@ -71,15 +65,11 @@ class FastOptions:
     """
     k_steps: int = 8
     compile: bool = True
-    tune: bool = True
     fused: bool | None = None
     attention: str = DEFAULT_ATTENTION
-    pdl: bool | None = None
-    inductor: tuple = ()
     min_tokens: int = 128
     cache_tokens: int = DEFAULT_CACHE_TOKENS
     disk_cache: bool = True
-    regional: bool = True
     lora_fold: bool = True
     prefill_after: float = 1.0
     compile_after: float = 30.0
@@ -95,23 +85,16 @@ class FastOptions:
         whole("cache_tokens", 16)
         if self.cache_tokens & (self.cache_tokens - 1):
             raise NvkitError(f"cache_tokens must be a power of two (the size classes double), not {self.cache_tokens}.")
-        for name in ("compile", "tune", "disk_cache", "regional", "lora_fold"):
+        for name in ("compile", "disk_cache", "lora_fold"):
             if not isinstance(getattr(self, name), bool):
                 raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
         object.__setattr__(self, "prefill_after", number("prefill_after", self.prefill_after, 0))
         object.__setattr__(self, "compile_after", number("compile_after", self.compile_after, 0))
-        for name in ("fused", "pdl"):
-            if getattr(self, name) not in (None, True, False):
-                raise NvkitError(f"{name} must be True, False or None (where it fits), not {getattr(self, name)!r}.")
+        if self.fused not in (None, True, False):
+            raise NvkitError(f"fused must be True, False or None (where it fits), not {self.fused!r}.")
         if self.attention not in ATTENTION_KINDS + ("auto",):
             raise NvkitError(f"attention must be one of {', '.join(map(repr, ATTENTION_KINDS + ('auto',)))}, "
                              f"not {self.attention!r}.")
-        inductor = self.inductor
-        if isinstance(inductor, Mapping):
-            inductor = tuple(sorted(inductor.items()))
-        if not isinstance(inductor, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in inductor):
-            raise NvkitError(f"inductor must be a dict of torch._inductor.config settings, not {self.inductor!r}.")
-        object.__setattr__(self, "inductor", inductor)
 
     def replace(self, **changes) -> "FastOptions":
         """A copy with ``changes`` (None values are left out: "keep what it is")."""
@@ -159,14 +142,11 @@ def _text(var: str, environ) -> str:
 _VARIABLES = {
     "NVKIT_FAST_K": ("k_steps", _whole(1, 64)),
     "NVKIT_FAST_COMPILE": ("compile", _flag),
-    "NVKIT_FAST_TUNE": ("tune", _flag),
     "NVKIT_FAST_FUSED": ("fused", _flag_or_auto),
     "NVKIT_FAST_ATTENTION": ("attention", _text),
-    "NVKIT_FAST_PDL": ("pdl", _flag_or_auto),
     "NVKIT_FAST_MIN_TOKENS": ("min_tokens", _whole(0)),
     "NVKIT_FAST_CACHE_TOKENS": ("cache_tokens", _whole(1)),
     "NVKIT_FAST_DISK_CACHE": ("disk_cache", _flag),
-    "NVKIT_FAST_REGIONAL": ("regional", _flag),
     "NVKIT_FAST_LORA_FOLD": ("lora_fold", _flag),
     "NVKIT_FAST_PREFILL_AFTER": ("prefill_after", _number(0)),
     "NVKIT_FAST_COMPILE_AFTER": ("compile_after", _number(0)),

@@ -71,8 +71,8 @@ class BatchedDecoder(GraphRunner):
             raise NvkitError(f"max_rows must be one of {CLASSES}, not {max_rows!r}.")
         if prefill_tokens is not None and (type(prefill_tokens) is not int or prefill_tokens < 16):
             raise NvkitError(f"prefill_tokens must be a whole number ≥ 16, or None, not {prefill_tokens!r}.")
-        super().__init__(single.model, single.options, single.graphs if graphs is None else graphs, single.device,
-                         single.pdl, kernels=single.kernels)
+        super().__init__(single.model, single.options, single.variant, single.graphs if graphs is None else graphs,
+                         single.device, kernels=single.kernels)
         self.single = single
         self.max_rows = max_rows
         self.prefill_tokens = prefill_tokens
@@ -104,7 +104,7 @@ class BatchedDecoder(GraphRunner):
 
     def describe(self) -> str:
         """How this decoder runs, in a few words for the stats line."""
-        parts = [f"fused step over rows, {self._how(self.options.regional)}", f"paged {self.attention} attention"]
+        parts = [f"fused step over rows, {self._how(self.variant.regional)}", f"paged {self.attention} attention"]
         prefills = list(self._prefills.values())
         if any(p.error for p in prefills):
             parts.append(f"eager prefill: its compile failed ({next(p.error for p in prefills if p.error)})")
@@ -246,7 +246,7 @@ class BatchedDecoder(GraphRunner):
             import torch
             # fullgraph: a graph break would mean host work per step. The sizes that change from one
             # class or pool to the next are marked dynamic, so one compile serves them all.
-            if self.options.regional:
+            if self.variant.regional:
                 # one layer compiled serves every layer; the step around it is captured per class
                 fw = self._fw
                 layer = decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, self.attention, PAGE)
@@ -261,7 +261,7 @@ class BatchedDecoder(GraphRunner):
     def _body(self, a: Arena, key: RowsKey, fn, dynamic: bool):
         import torch
         k, batch = self.k, key.batch
-        mark = dynamic and not self.options.regional  # a step compiled by layer marks each layer's sizes itself
+        mark = dynamic and not self.variant.regional  # a step compiled by layer marks each layer's sizes itself
 
         def body():
             tok, pos, table = a.tok[:batch], a.pos[:batch], a.table[:batch]
@@ -366,7 +366,7 @@ class BatchedDecoder(GraphRunner):
     def _disk_key(self, lora_on: bool, part: str = "step") -> str | None:
         """The artifacts' key of the rows step or ("prefill") of the prompt prefill: each is
         compiled on a call of its own, so each has its own file."""
-        extra = {"regional": True} if self.options.regional else {}  # the whole-step compile's keys stay as they were
+        extra = {"regional": True} if self.variant.regional else {}  # the whole-step compile's keys stay as they were
         if part != "step":
             extra["part"] = part
         return self.disk_key(self._lora if lora_on else None, batched=True, page=PAGE, **extra)

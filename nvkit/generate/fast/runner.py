@@ -22,16 +22,63 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import threading
-from typing import Callable
+from dataclasses import dataclass
+from typing import Callable, Mapping
 
 from ... import events
-from ...errors import error_summary
+from ...errors import NvkitError, error_summary
 from ...memory.estimate import attention_dims
 from . import artifacts, graphs as graphs_mod
 from .compile_policy import CompilePolicy, Verdict, time_replays
 from .fused_weights import qk_norm_why
 from .options import FastOptions
+
+
+@dataclass(frozen=True)
+class StepVariant:
+    """How a runner compiles its step. Users get the defaults; the decode benchmark builds the
+    others to compare (``nvkit bench --decode --paths "fast+whole,fast+nopdl,..."``).
+
+    - ``regional``: compile one decoder layer (and the head) and call it for every layer, instead
+      of the whole unrolled step: the compile is about as many times shorter as the model has
+      layers, and on the GPU it decodes at least as fast (docs/benchmarks.md).
+    - ``tune``: inductor's coordinate-descent tuning, which turns the batch-1 matrix-vector
+      products into reductions tuned to the memory bandwidth and fused with their neighbours.
+    - ``pdl``: Programmatic Dependent Launch between inductor's kernels, so each kernel's launch
+      overlaps the tail of the one before it (None: where this torch can emit it).
+    - ``inductor``: further ``torch._inductor.config`` settings, as (name, value) pairs."""
+    regional: bool = True
+    tune: bool = True
+    pdl: bool | None = None
+    inductor: tuple = ()
+
+    def __post_init__(self):
+        for name in ("regional", "tune"):
+            if not isinstance(getattr(self, name), bool):
+                raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
+        if self.pdl not in (None, True, False):
+            raise NvkitError(f"pdl must be True, False or None (where it fits), not {self.pdl!r}.")
+        inductor = self.inductor
+        if isinstance(inductor, Mapping):
+            inductor = tuple(sorted(inductor.items()))
+        if not isinstance(inductor, tuple) or not all(isinstance(p, tuple) and len(p) == 2 for p in inductor):
+            raise NvkitError(f"inductor must be a dict of torch._inductor.config settings, not {self.inductor!r}.")
+        object.__setattr__(self, "inductor", inductor)
+
+    def replace(self, **changes) -> "StepVariant":
+        """A copy with ``changes`` (None values are left out: "keep what it is")."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+VARIANT_FIELDS = frozenset(f.name for f in dataclasses.fields(StepVariant))
+
+
+def split_overrides(options: FastOptions, variant: StepVariant, overrides: dict) -> tuple[FastOptions, StepVariant]:
+    """``FastOptions`` and ``StepVariant`` with the keyword overrides a runner was built with."""
+    return (options.replace(**{k: v for k, v in overrides.items() if k not in VARIANT_FIELDS}),
+            variant.replace(**{k: v for k, v in overrides.items() if k in VARIANT_FIELDS}))
 
 
 def triton_cannot_run_on(device) -> str | None:
@@ -50,12 +97,13 @@ class GraphRunner:
 
     label = "fast path"
 
-    def __init__(self, model, options: FastOptions, graphs: bool, device, pdl: bool, kernels: bool):
+    def __init__(self, model, options: FastOptions, variant: StepVariant, graphs: bool, device, kernels: bool):
         self.model = model
         self.options = options
+        self.variant = variant
         self.graphs = graphs
         self.device = device
-        self.pdl = pdl
+        self.pdl = choose_pdl(variant.pdl)
         #: the uncompiled step runs its norms, activation and adapter products in nvkit's Triton kernels
         self.kernels = kernels
         text = model.config.get_text_config()
@@ -193,16 +241,16 @@ class GraphRunner:
 
     def inductor_options(self, compiling: bool, tune: bool | None = None):
         """inductor settings around a capture that compiles: coordinate-descent tuning, PDL,
-        ``options.inductor`` (a context manager; nothing when not ``compiling``)."""
-        opts = self.options
-        tune = opts.tune if tune is None else tune
-        if not compiling or not (tune or self.pdl or opts.inductor):
+        ``variant.inductor`` (a context manager; nothing when not ``compiling``)."""
+        v = self.variant
+        tune = v.tune if tune is None else tune
+        if not compiling or not (tune or self.pdl or v.inductor):
             return contextlib.nullcontext()
         import torch._inductor.config as inductor_config
         patch = {"coordinate_descent_tuning": True} if tune else {}
         if self.pdl:
             patch["triton.enable_pdl"] = True
-        patch.update(dict(opts.inductor))
+        patch.update(dict(v.inductor))
         return inductor_config.patch(patch)
 
     def disk_key(self, lora, **extra) -> str | None:
@@ -211,8 +259,8 @@ class GraphRunner:
         opts = self.options
         if not (opts.disk_cache and opts.compile):
             return None
-        return artifacts.key(self.model, dict(k=self.k, attention=self.attention, pdl=self.pdl, tune=opts.tune,
-                                              inductor=opts.inductor,
+        return artifacts.key(self.model, dict(k=self.k, attention=self.attention, pdl=self.pdl, tune=self.variant.tune,
+                                              inductor=self.variant.inductor,
                                               lora=(lora.rank, str(lora.dtype)) if lora is not None else None,
                                               **extra), self.device)
 
@@ -238,8 +286,6 @@ def choose_pdl(asked: bool | None) -> bool:
     can = hasattr(inductor_config.triton, "enable_pdl")
     if asked and not can:
         import torch
-
-        from ...errors import NvkitError
         raise NvkitError(f"pdl=True needs a torch whose inductor can emit Programmatic Dependent Launch "
                          f"(torch._inductor.config.triton.enable_pdl); torch {torch.__version__} has none. "
                          "Use pdl=False.")

@@ -33,7 +33,8 @@ from .fused import decode_head, decode_layer, decode_step, prefill_step
 from .fused_weights import FusedWeights, fusable_why
 from .options import FOLD_RANK, FastOptions, default_options
 from .replay import replays, ticking
-from .runner import GraphRunner, KeptReplay, choose_pdl, has_inductor_option, reset_code, triton_cannot_run_on
+from .runner import (GraphRunner, KeptReplay, StepVariant, has_inductor_option, reset_code, split_overrides,
+                     triton_cannot_run_on)
 from .sampling import Sampling, StopStrings, choose
 
 
@@ -47,11 +48,12 @@ class FastDecoder(GraphRunner):
 
     label = "fast decode"
 
-    def __init__(self, model, options: FastOptions | None = None, *, graphs: bool = True, **overrides):
+    def __init__(self, model, options: FastOptions | None = None, *, graphs: bool = True,
+                 variant: StepVariant | None = None, **overrides):
         t0 = time.perf_counter()
-        opts = (options or default_options()).replace(**overrides)
+        opts, variant = split_overrides(options or default_options(), variant or StepVariant(), overrides)
         device = model.get_input_embeddings().weight.device
-        super().__init__(model, opts, graphs, device, choose_pdl(opts.pdl), kernels=False)
+        super().__init__(model, opts, variant, graphs, device, kernels=False)
         self._cache: Cache | None = None
         self._lora: lora_mod.LoraSlots | None = None
         self.last_logits: list = []
@@ -62,7 +64,7 @@ class FastDecoder(GraphRunner):
         self.attention, self.attention_why = self._choose_attention(opts.attention)
         self.kernels = self._fw is not None and self.graphs and triton_cannot_run_on(self.device) is None
         import torch._inductor.config as inductor_config
-        bad = [k for k, _ in opts.inductor if not has_inductor_option(inductor_config, k)]
+        bad = [k for k, _ in variant.inductor if not has_inductor_option(inductor_config, k)]
         if bad:
             raise NvkitError(f"Unknown inductor option(s) {bad}: see torch._inductor.config.")
         self.timings["set-up"] = time.perf_counter() - t0  # fused weights, the attention kernel's check
@@ -73,8 +75,8 @@ class FastDecoder(GraphRunner):
 
     @property
     def regional(self) -> bool:
-        """Whether the compile is one layer's (``FastOptions.regional``; the fused step only)."""
-        return self.options.regional and self._fw is not None
+        """Whether the compile is one layer's (``StepVariant.regional``; the fused step only)."""
+        return self.variant.regional and self._fw is not None
 
     @property
     def cache_length(self) -> int | None:

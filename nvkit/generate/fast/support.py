@@ -13,7 +13,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import NvkitError
-from .decoders import base_model
 from .fused_weights import fusable_why
 from .lora import lora_why
 from .options import default_options
@@ -36,6 +35,12 @@ class Route:
     why: str | None = None
     sampling: Sampling | None = None
     ids: list[list[int]] | None = None
+
+
+def base_model(model):
+    """The causal LM under a PEFT wrapper (``model`` itself when it has none): the fast path's
+    runners run it, so attaching, merging or removing adapters keeps them and their captures."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def _placement_why(session, what: str) -> str | None:
@@ -148,6 +153,7 @@ def worth_batching(session, n_prompts: int, gen: dict) -> str | None:
 
 
 FAST = ("fast", "fast batch")
+
 
 
 def route(session, texts: list[str], gen: dict, fast: bool | None, stream: bool = False) -> Route:
