@@ -57,7 +57,7 @@ def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512
     from ..demo import SHAPES as MODEL_SHAPES
     from ..demo import shaped_config
     from ..generate.kernels import paged_attention as pa
-    from ..generate.fast.arena import PAGE
+    from ..generate.fast.paged_cache import PAGE
     from ..generate.fast.schedule import pages_for
     from ..memory.estimate import attention_dims
 

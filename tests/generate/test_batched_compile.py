@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 import nvkit
 from nvkit.generate.fast import FastDecoder
-from nvkit.generate.fast.fused_rows import decode_rows_step, mark_dynamic
+from nvkit.generate.fast.llama_rows_step import decode_rows_step, mark_dynamic
 
 PAGE = 16
 
@@ -64,8 +64,8 @@ def test_one_compiled_layer_serves_every_layer_class_and_pool():
     """``FastOptions.regional`` on the batched path: the rows layer and the head compiled on their
     own give the eager step's logits and cache writes; one compile of each serves every layer,
     batch-size class and pool (a batch of one again compiled apart)."""
-    from nvkit.generate.fast.fused import decode_head
-    from nvkit.generate.fast.fused_rows import decode_rows_layer
+    from nvkit.generate.fast.llama_step import decode_head
+    from nvkit.generate.fast.llama_rows_step import decode_rows_layer
     m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
     fw = FastDecoder(m, graphs=False)._fw
     assert len(fw.layers) > 1

@@ -15,7 +15,7 @@ import nvkit
 import nvkit.generate.fast as fast
 from nvkit.errors import NvkitError
 from nvkit.generate import paths
-from nvkit.generate.fast import arena
+from nvkit.generate.fast import paged_cache as arena
 from nvkit.generate.fast.rows import BatchedDecoder
 from nvkit.generate.fast.sampling import RowParams, choose_rows, counter_uniform, request_seeds
 from tests import demo_model  # noqa: E402
@@ -237,7 +237,7 @@ def test_pool_plan_fits_rows_to_memory(s):
 
 
 def test_prefill_budget_grows_with_the_pool_within_its_bounds(s):
-    from nvkit.generate.fast import arena
+    from nvkit.generate.fast import paged_cache as arena
     per = arena.prefill_bytes_per_token(1024, 16, 8, 128, 3072, 2)  # the Qwen3-0.6B shape in bf16
     assert per == 2 * (3 * 1024 + 32 * 128 + 64 * 128 + 3 * 3072) + 4 * 1024
     assert arena.prefill_budget(0, per) == arena.PREFILL_TOKENS  # a small pool keeps the floor
@@ -333,8 +333,8 @@ def test_graph_pools_go_with_the_last_graph_that_shares_them():
     """The allocator frees a graph pool once its graphs are gone, and a capture into that handle
     again fails inside torch: an arena (the batched path's graphs) and a cache (the batch-1 prefill
     graphs) forget the handle with their last graph and keep it while one is left."""
-    from nvkit.generate.fast.arena import Arena
-    from nvkit.generate.fast.cache import Cache
+    from nvkit.generate.fast.paged_cache import Arena
+    from nvkit.generate.fast.static_cache import Cache
     none = dict.fromkeys(["keys", "values", "cos", "sin", "tok", "pos", "table", "seed", "min_pos", "temperature",
                           "top_p", "penalty", "eos_mask", "out"])
     a = Arena(pages=2, rows=1, width=1, **none)

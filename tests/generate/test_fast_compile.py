@@ -34,12 +34,12 @@ def test_decode_step_compiles_fullgraph_with_and_without_adapters():
 
 def test_one_compiled_layer_serves_every_layer_and_computes_the_whole_step():
     """``FastOptions.regional``: the decode layer and the head compiled on their own
-    (``fused.decode_layer``, ``decode_head``) give the eager step's logits, with and without
+    (``llama_step.decode_layer``, ``decode_head``) give the eager step's logits, with and without
     adapters, and one compile of the layer serves all the model's layers."""
     from peft import LoraConfig, get_peft_model
     from torch._dynamo.testing import CompileCounterWithBackend
 
-    from nvkit.generate.fast.fused import decode_head, decode_layer, decode_step
+    from nvkit.generate.fast.llama_step import decode_head, decode_layer, decode_step
     torch.manual_seed(0)
     m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
     get_peft_model(m, LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)).eval()
@@ -96,7 +96,7 @@ def test_the_folded_adapter_layer_compiles_and_computes_the_unfolded_step():
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from nvkit.errors import NvkitError
-    from nvkit.generate.fast.fused import decode_head, decode_layer, decode_step
+    from nvkit.generate.fast.llama_step import decode_head, decode_layer, decode_step
     from nvkit.generate.fast.options import FastOptions
     torch.manual_seed(0)
     m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()

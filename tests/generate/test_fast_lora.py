@@ -165,7 +165,7 @@ def test_folded_products_keep_the_adapters_precision():
     """In bf16 weights with a float32 adapter, the folded form computes what PEFT does (the base
     output rounded to bf16, the adapter's products in float32 added, rounded again) up to the
     last bit of a few outputs: A's two halves carry it to about 16 bits, not bf16's 8."""
-    from nvkit.generate.fast.fused import linear
+    from nvkit.generate.fast.llama_step import linear
     torch.manual_seed(0)
     n, h, r = 512, 256, 16
     x = torch.randn(1, h).to(torch.bfloat16)

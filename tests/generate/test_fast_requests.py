@@ -12,7 +12,7 @@ import nvkit
 import nvkit.generate.fast as fast
 from nvkit.errors import NvkitError
 from nvkit.generate import paths
-from nvkit.generate.fast import cache as fast_cache
+from nvkit.generate.fast import static_cache as fast_cache
 from tests import demo_model  # noqa: E402
 
 NEVER = 10 ** 7

@@ -1,4 +1,4 @@
-"""Where a first request's wait went (``nvkit.generate.fast.graphs.Timings``) and how the stats
+"""Where a first request's wait went (``nvkit.generate.fast.cuda_graphs.Timings``) and how the stats
 line says it. The parts are timed around the CUDA-graph capture, so their figures come from the
 GPU tests (tests/gpu/test_fast_session_gpu.py); here the bookkeeping and the wording."""
 
@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from nvkit.generate.fast.graphs import PARTS, Timings
+from nvkit.generate.fast.cuda_graphs import PARTS, Timings
 from nvkit.generate.stats import GenerationStats
 
 

@@ -15,8 +15,8 @@ from tests import demo_model  # noqa: E402
 import nvkit
 from nvkit.benchmarks import decode as bench_decode
 from nvkit.generate import batch as generation, paths
-from nvkit.generate.fast import single as fast_decoder, graphs as fast_graphs
-from nvkit.generate.fast.cache import GraphKey
+from nvkit.generate.fast import cuda_graphs as fast_graphs, single as fast_decoder
+from nvkit.generate.fast.static_cache import GraphKey
 import nvkit.generate.fast as fast
 from nvkit.errors import NvkitError, error_summary
 from nvkit.generate.stats import GenerationStats
@@ -185,7 +185,7 @@ def test_resolve_knows_what_the_fast_path_implements(s):
                         (dict(foo=1), "foo")):
         none, why = fast.resolve(s.model, dict(max_new_tokens=5, do_sample=False, **extra))
         assert none is None and name in why, extra
-    from nvkit.generate.fast.cache import prefill_class, size_class
+    from nvkit.generate.fast.static_cache import prefill_class, size_class
     assert size_class(10, 4096, 40960) == 4096 and size_class(5000, 4096, 40960) == 8192
     assert size_class(10, 4096, 1024) == 1024  # never past the model's whole context
     assert prefill_class(1, 4096) == 16 and prefill_class(17, 4096) == 32 and prefill_class(3000, 4096) is None
@@ -495,7 +495,7 @@ def test_fast_pdl_and_inductor_options(s, monkeypatch):
 
 @pytest.mark.parametrize("arch", ["llama", "llama-bias", "qwen2", "mistral", "qwen3"])
 def test_fused_step_matches_the_model_for_each_family(arch):
-    """Each architecture in fast.fused.FUSABLE (random tiny fp32 weights, so ties are not an issue at
+    """Each architecture in fast.fused_weights.FUSABLE (random tiny fp32 weights, so ties are not an issue at
     fp32): the fused step's logits equal the model's own forward step by step, biases included."""
     import transformers as T
     torch.manual_seed(0)

@@ -11,8 +11,8 @@ import nvkit
 import nvkit.generate.fast as fast
 from nvkit import events
 from nvkit.generate.fast.rows import BatchedDecoder
-from nvkit.generate.fast.fused_rows import RowsPrefillStep, paged_positions, prefill_rows_step
-from nvkit.generate.fast.graphs import Timings
+from nvkit.generate.fast.llama_rows_step import RowsPrefillStep, paged_positions, prefill_rows_step
+from nvkit.generate.fast.cuda_graphs import Timings
 from nvkit.generate.fast.prefill_rows import RowsPrefill
 from tests import demo_model
 

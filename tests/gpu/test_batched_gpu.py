@@ -95,11 +95,11 @@ def test_each_prompt_decodes_as_it_does_alone(demo_cuda):
 
 def test_a_failed_capture_leaves_the_stream_and_random_draws_as_they_were():
     """A capture into a pool handle whose graphs are all gone fails inside torch (the allocator's
-    assert) after the generator was told a capture began; ``graphs.capture`` puts the current
+    assert) after the generator was told a capture began; ``cuda_graphs.capture`` puts the current
     stream and the generator back, so the fallbacks and the user's next draws still run."""
     import contextlib
     import gc
-    from nvkit.generate.fast import graphs
+    from nvkit.generate.fast import cuda_graphs as graphs
     dev = torch.device("cuda")
     x = torch.ones(1 << 16, device=dev)
     kept = []

@@ -4,10 +4,10 @@ K decode steps per CUDA-graph replay (docs/fast-path.md).
 Modules: ``support`` (which path runs a request, and why not the faster one), ``decoders`` (the
 runners a session owns, ``prepare``), ``runner`` (``GraphRunner``: what both runners share),
 ``compile_policy`` (when to compile, and keeping the faster step, measured), ``single``
-(``FastDecoder``, batch 1 on a static cache: ``cache``, ``replay``), ``rows``
-(``BatchedDecoder``, many prompts on a paged cache: ``arena``, ``schedule``, ``rows_replay``,
-``prefill_rows``), ``fused``/``fused_rows`` (the Llama-family steps), ``lora`` (adapters in those
-steps), ``sampling`` (the token pick), ``options`` (``FastOptions``), ``graphs`` (capturing a step),
+(``FastDecoder``, batch 1 on a static cache: ``static_cache``, ``replay``), ``rows``
+(``BatchedDecoder``, many prompts on a paged cache: ``paged_cache``, ``schedule``, ``rows_replay``,
+``prefill_rows``), ``llama_step``/``llama_rows_step`` (the Llama-family steps), ``lora`` (adapters in those
+steps), ``sampling`` (the token pick), ``options`` (``FastOptions``), ``cuda_graphs`` (capturing a step),
 ``artifacts`` (compile artifacts on disk). The Triton kernels are in ``nvkit.generate.kernels``."""
 
 from ...lazy import lazy_names

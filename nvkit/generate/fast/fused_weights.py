@@ -8,7 +8,7 @@ wrapped later (a LoRA layer) or swapped (another RMSNorm implementation) changes
 captured graphs read. ``FusedWeights.sync`` copies weights the model replaced (an adapter merged,
 new weights loaded) into the tensors the graphs read, so no capture is repeated for that. With
 spare rows (``FusedWeights(spare=...)``, ``FastOptions.lora_fold``) the batch-1 step can fold an
-adapter's first product into the base one (``fused.linear``).
+adapter's first product into the base one (``llama_step.linear``).
 """
 
 from __future__ import annotations

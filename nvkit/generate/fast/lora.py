@@ -10,7 +10,7 @@ capture. Only a larger total rank than the buffers hold makes new ones.
 
 ``fold=True`` (``FastOptions.lora_fold``) also writes each group's A, split into a high and a low
 half in the weights' dtype, into the spare rows ``FusedWeights`` keeps below the group's weights,
-so the batch-1 step computes the base product and x A.T in one reduction (``fused.linear``). It
+so the batch-1 step computes the base product and x A.T in one reduction (``llama_step.linear``). It
 takes effect where the spare rows hold the buffers' rank; else the products stay apart.
 """
 

@@ -44,7 +44,7 @@ class FastOptions:
       the uncompiled step, and the compiled one decodes faster only by a fraction, so the compile
       waits until the decoding it speeds up has shown it will pay. 0: compile at the first
       request. ``fast.prepare`` compiles at once.
-    - ``fused``: nvkit's own decode step for the Llama family (None: where the model fits it).
+    - ``llama_step``: nvkit's own decode step for the Llama family (None: where the model fits it).
     - ``attention``: the fused step's attention, one of ``ATTENTION_KINDS`` or "auto".
     - ``min_tokens``: with ``fast=None`` and nothing captured yet, only requests of at least this
       many new tokens pay the one-time capture themselves; shorter ones run plain ``generate``.

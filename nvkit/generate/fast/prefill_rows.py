@@ -6,7 +6,7 @@ small elementwise ones (the fp32 RMSNorms, RoPE, the KV-head repeat), and on a G
 longer issuing them than the GPU spends running them: a 64-prompt request waits for its first
 token mostly on Python. inductor fuses each layer's elementwise work into a few kernels, so the
 host work shrinks with the kernel count and the GPU reads each activation once. What is compiled
-is one decoder layer (``fused_rows.prefill_rows_layer``), called for every layer with that layer's
+is one decoder layer (``llama_rows_step.prefill_rows_layer``), called for every layer with that layer's
 tensors: the compile is about one layer's worth, not the whole unrolled model's. The rows, the
 padded length and the pool are dynamic dimensions, so one compile serves every group; a group of
 one prompt runs with a second, empty row (its keys go to the scratch page) because torch
@@ -43,7 +43,7 @@ MEASURE_CALLS = 2
 
 
 class RowsPrefill:
-    """``prefill(ids, last, where, cos, sin, keys, values)`` as ``fused_rows.prefill_rows_step``
+    """``prefill(ids, last, where, cos, sin, keys, values)`` as ``llama_rows_step.prefill_rows_step``
     returns it (``eager``), its layer compiled when ``compile`` (else the eager prefill itself).
 
     ``page`` and ``scratch`` (a page id whose contents are never read) place the keys of the empty

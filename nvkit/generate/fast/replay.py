@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable
 
-from .cache import Cache
+from .static_cache import Cache
 
 
 def replays(c: Cache, replay, first, sampling, on_tokens, stop_event, stops, keep_logits: bool, kept: list) -> list[int]:

@@ -38,12 +38,12 @@ from typing import Callable
 from ... import events
 from ...errors import NvkitError
 from ...memory.estimate import kv_bytes_per_token
-from . import artifacts, graphs as graphs_mod, rows_replay
-from .arena import (CLASSES, MAX_ROWS, PAGE, Arena, RowsKey, batch_class, new_arena, plan, prefill_budget,
+from . import artifacts, cuda_graphs as graphs_mod, rows_replay
+from .paged_cache import (CLASSES, MAX_ROWS, PAGE, Arena, RowsKey, batch_class, new_arena, plan, prefill_budget,
                     prefill_bytes_per_token)
 from .single import FastDecoder
-from .fused import decode_head
-from .fused_rows import decode_rows_layer, decode_rows_step, mark_dynamic, prefill_rows_step
+from .llama_step import decode_head
+from .llama_rows_step import decode_rows_layer, decode_rows_step, mark_dynamic, prefill_rows_step
 from .prefill_rows import RowsPrefill
 from .replay import ticking
 from .runner import GraphRunner, KeptReplay, reset_code, triton_cannot_run_on
@@ -57,7 +57,7 @@ class BatchedDecoder(GraphRunner):
     ``single``: the session's batch-1 ``FastDecoder``, whose options, fused weights and adapter
     buffers this one shares. ``graphs=False`` (default: as ``single``) runs without CUDA graphs
     or compile, for checking on a CPU. ``max_rows``: rows at once (a class of ``CLASSES``).
-    ``prefill_tokens``: padded prompt tokens per prefill forward (None: ``arena.prefill_budget``
+    ``prefill_tokens``: padded prompt tokens per prefill forward (None: ``paged_cache.prefill_budget``
     of the request's pool)."""
 
     label = "fast batch"
@@ -168,7 +168,7 @@ class BatchedDecoder(GraphRunner):
         return prefill_budget(a.pages * self._page_bytes(), per_token)
 
     def plan(self, prompt_lens: list[int], max_new: int, free_bytes: int | None = None) -> tuple[int, int]:
-        """(rows, pool pages incl. the scratch page) for prompts of these lengths (``arena.plan``)."""
+        """(rows, pool pages incl. the scratch page) for prompts of these lengths (``paged_cache.plan``)."""
         return plan(prompt_lens, max_new, self.max_rows, self._page_bytes() if free_bytes is not None else 0,
                     free_bytes)
 

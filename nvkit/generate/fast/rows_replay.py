@@ -10,8 +10,8 @@ from __future__ import annotations
 import collections
 from typing import Callable
 
-from .arena import PAGE, Arena, batch_class
-from .fused_rows import paged_positions
+from .paged_cache import PAGE, Arena, batch_class
+from .llama_rows_step import paged_positions
 from .sampling import RowParams, Sampling, choose_rows
 from .schedule import SCRATCH, Scheduler, Sequence
 

@@ -30,7 +30,7 @@ from typing import Callable, Mapping
 from ... import events
 from ...errors import NvkitError, error_summary
 from ...memory.estimate import attention_dims
-from . import artifacts, graphs as graphs_mod
+from . import artifacts, cuda_graphs as graphs_mod
 from .compile_policy import CompilePolicy, Verdict, time_replays
 from .fused_weights import qk_norm_why
 from .options import FastOptions

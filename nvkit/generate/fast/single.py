@@ -7,13 +7,13 @@ picked token is written into the next step's input buffer on the device, so the 
 per K tokens, reads K ids with one copy, checks EOS, stop strings and the stop event, and streams
 the K tokens at once (up to K-1 extra steps are computed past an EOS and dropped).
 
-The step is nvkit's fused one for the Llama family (``fused``), else the model's own forward over a
+The step is nvkit's fused one for the Llama family (``llama_step``), else the model's own forward over a
 ``StaticCache``. A decoder first captures it uncompiled, K steps into one graph, the fused step's
 norms, activation and adapter products in nvkit's Triton kernels: that takes seconds. When the
 compile is due (``compile_policy``), the next long request compiles the step with inductor
 (``torch.compile(fullgraph=True)``, no cudagraphs of its own), captures it, measures it against
 the uncompiled graph and keeps the faster. Compiling happens once per session and cache size class
-(``cache``), and with ``FastOptions.disk_cache`` its artifacts are kept on disk (``artifacts``) so
+(``static_cache``), and with ``FastOptions.disk_cache`` its artifacts are kept on disk (``artifacts``) so
 another process compiles in seconds. A graph for another sampling mode reuses the step the
 cache's graphs run and costs a second. The fused step's prompt prefill is captured too, once per
 prompt-length class, without compiling.
@@ -27,9 +27,9 @@ from typing import Callable
 
 from ... import events
 from ...errors import NvkitError
-from . import artifacts, graphs as graphs_mod, lora as lora_mod
-from .cache import Cache, GraphKey, model_step, new_cache, prefill_class, set_request, size_class
-from .fused import decode_head, decode_layer, decode_step, prefill_step
+from . import artifacts, cuda_graphs as graphs_mod, lora as lora_mod
+from .static_cache import Cache, GraphKey, model_step, new_cache, prefill_class, set_request, size_class
+from .llama_step import decode_head, decode_layer, decode_step, prefill_step
 from .fused_weights import FusedWeights, fusable_why
 from .options import FOLD_RANK, FastOptions, default_options
 from .replay import replays, ticking

@@ -1,5 +1,5 @@
 """The residual sum with the RMSNorm after it, in one Triton kernel, for the decode steps that run
-without ``torch.compile`` (``fused``'s and ``fused_rows``' steps with ``kernels=True``).
+without ``torch.compile`` (``llama_step``'s and ``llama_rows_step``' steps with ``kernels=True``).
 
 Why: the uncompiled step launches each elementwise operation as a kernel of its own (the norm
 alone is eight), and at batch 1 every launch costs a few microseconds whatever its work; inside

@@ -70,6 +70,6 @@ def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias, lora=None) -> torch.Tensor:
-    """``fused.linear`` with an adapter's products (``lora`` = (A, B)) in ``lora_add``'s kernels."""
+    """``llama_step.linear`` with an adapter's products (``lora`` = (A, B)) in ``lora_add``'s kernels."""
     y = torch.nn.functional.linear(x, weight, bias)
     return y if lora is None else lora_add(y, x, lora[0], lora[1])

@@ -1,4 +1,4 @@
-"""nvkit's Triton kernels inside the uncompiled fused decode step (``fused.decode_step`` with
+"""nvkit's Triton kernels inside the uncompiled fused decode step (``llama_step.decode_step`` with
 ``kernels=True``: ``add_rms_norm``, ``silu_mul`` and ``lora_add``'s ``linear`` of
 ``nvkit.generate.kernels``), run by Triton's interpreter on the CPU (TRITON_INTERPRET=1 must be set
 before triton is imported: hence a child process): the demo model's step against the step of torch
@@ -23,8 +23,8 @@ def test_the_step_with_kernels_decodes_as_the_step_of_torch_operations():
         from peft import LoraConfig, get_peft_model
         from tests import demo_model
         from nvkit.generate.fast import lora as lora_mod
-        from nvkit.generate.fast.cache import new_cache
-        from nvkit.generate.fast.fused import decode_step
+        from nvkit.generate.fast.static_cache import new_cache
+        from nvkit.generate.fast.llama_step import decode_step
         from nvkit.generate.fast.fused_weights import FusedWeights
         torch.manual_seed(0)
         s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")

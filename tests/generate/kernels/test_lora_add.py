@@ -12,7 +12,7 @@ from tests.triton_interpreter import interpret as _interpret  # noqa: E402
 
 
 def lora_add_reference(y, x, a, b):
-    """``lora_add`` in torch's operations (``fused.linear``'s products apart)."""
+    """``lora_add`` in torch's operations (``llama_step.linear``'s products apart)."""
     import torch.nn.functional as F
     return (y + F.linear(F.linear(x.to(a.dtype), a), b)).to(y.dtype)
 

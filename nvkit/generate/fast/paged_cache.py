@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from ...errors import NvkitError
-from .graphs import drop
+from .cuda_graphs import drop
 from .schedule import SCRATCH, pages_for
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class Arena:
 
     def drop_graphs(self, which: Callable[[tuple], bool] | None = None) -> None:
         """Drop the graphs whose key ``which`` accepts (None: all), and the pool handle with the
-        last of them (``graphs.drop``)."""
+        last of them (``cuda_graphs.drop``)."""
         self.pool = drop(self.graphs, self.pool, which)
 
     def restore(self, saved: list) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from .graphs import drop
+from .cuda_graphs import drop
 
 if TYPE_CHECKING:
     from torch import Tensor

@@ -1,7 +1,7 @@
 """nvkit's fused Llama-family steps over many sequences at once, on a paged KV cache (the
 batched fast path, ``batched.BatchedDecoder``).
 
-The same layer as ``fused.decode_step`` (the same weights, norms, RoPE and LoRA products, so the
+The same layer as ``llama_step.decode_step`` (the same weights, norms, RoPE and LoRA products, so the
 same rounding), with a row axis: row b feeds ``tok[b]`` at its own position ``pos[b]`` and reads
 and writes its keys and values through its page table ``table[b]`` (see
 ``kernels.paged_attention.paged_decode_attention``). Every layer's keys are one (pool positions, KV heads,
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .fused import layer_args, linear, rope, rms_norm
+from .llama_step import layer_args, linear, rope, rms_norm
 from .fused_weights import FusedWeights
 
 
@@ -31,7 +31,7 @@ def paged_positions(table, page: int, length: int):
 def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: int, kernels: bool = False) -> Callable:
     """One layer of the rows decode step, on tensors only: ``layer(h, delta, pos, table, cos, sin,
     c, s, where, here, mask, keys, values, *layer_args(w, lo))`` -> (h, delta), the residual
-    carried as ``fused.decode_layer`` carries it (the layer's input is ``h + delta``). "triton"
+    carried as ``llama_step.decode_layer`` carries it (the layer's input is ``h + delta``). "triton"
     reads ``pos``, ``table`` and the rotary tables ``cos``/``sin``; "matmul" reads the rows'
     rotary values ``c``/``s``, their pool indices ``where``, new positions ``here`` and ``mask``
     (``decode_rows_step`` makes them once per step). ``kernels``: the sums with their norms, the
@@ -89,13 +89,13 @@ def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, lay
     ``cos``/``sin``: (positions, head_dim); ``keys``/``values``: one pool tensor per layer). Writes
     each row's new key and value at its position; the caller advances ``pos``.
 
-    ``layer`` and ``head``: the functions of ``decode_rows_layer`` and ``fused.decode_head`` to run
+    ``layer`` and ``head``: the functions of ``decode_rows_layer`` and ``llama_step.decode_head`` to run
     (default: those, eager). Given, they are compiled ones, and the sizes that change from one
     batch class or pool to the next are marked dynamic before each call. ``kernels``: the default
     layer and head with nvkit's Triton kernels (``decode_rows_layer``)."""
     import torch
     import torch.nn.functional as F
-    from .fused import decode_head
+    from .llama_step import decode_head
     neg = torch.finfo(torch.float32).min
     regional = layer is not None
     layer = layer or decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, page, kernels)
@@ -216,7 +216,7 @@ class RowsPrefillStep:
     values written at the pool indices ``where`` ((rows, length): a padded position's index points
     into the scratch page), and the logits of each row's position ``last[b]`` (its prompt's last
     token). Padding at the end leaves the prompt's own results as they are (causal attention), as
-    ``fused.prefill_step`` relies on too.
+    ``llama_step.prefill_step`` relies on too.
 
     The layers run through ``eager_layer`` (default: ``prefill_rows_layer``'s function);
     ``with_layer(fn)`` is the same prefill through ``fn`` instead (that function compiled), with

@@ -71,7 +71,7 @@ def _folded(x, weight, bias, a, b, stacked):
 
 def layer_args(w: LayerWeights, lo, fold: bool = False) -> tuple:
     """The weights of layer ``w`` and its adapter buffers ``lo`` (a ``lora.LayerLora``, or None)
-    in the order the per-layer functions (``decode_layer``, ``fused_rows.prefill_rows_layer``)
+    in the order the per-layer functions (``decode_layer``, ``llama_rows_step.prefill_rows_layer``)
     take them: tensors only, so one compile of such a function serves every layer. ``fold``:
     the adapters folded into the base products where ``lo`` has them so (one token only)."""
     if fold and lo is not None and lo.folded is not None:
@@ -158,8 +158,8 @@ def decode_head(fw: FusedWeights, kernels: bool = False) -> Callable:
 
 def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, layer: Callable | None = None,
                 head: Callable | None = None, kernels: bool = False) -> Callable:
-    """One decode step for one token: reads ``cache.tok`` at position ``cache.pos``, writes its key
-    and value into the cache, advances ``cache.pos`` and returns (1, vocab) float logits.
+    """One decode step for one token: reads ``static_cache.tok`` at position ``static_cache.pos``, writes its key
+    and value into the cache, advances ``static_cache.pos`` and returns (1, vocab) float logits.
 
     ``attention``: "matmul" (two batched products, masked by the position), "triton" (nvkit's
     split-cache decode kernel: two small kernels per layer, nothing read past the position) or
@@ -197,7 +197,7 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, l
 def prefill_step(fw: FusedWeights, cache, lora=None) -> Callable:
     """The prompt's forward from position 0: ``prefill(ids)`` takes the prompt's ids ((L,), padded
     at the end or not), writes keys and values of positions 0..L-1 into the cache and returns the
-    (1, vocab) float logits of position ``cache.last`` (the prompt's last token).
+    (1, vocab) float logits of position ``static_cache.last`` (the prompt's last token).
 
     Padding the prompt to a few length classes lets one CUDA graph per class serve every prompt;
     the padded positions come after the prompt, so causal attention keeps them out of the prompt's

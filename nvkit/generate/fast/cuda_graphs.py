@@ -83,7 +83,7 @@ def capture(device, body: Callable[[], None], rewind: Callable[[], None], *, com
 
 
 def drop(graphs: dict, pool, which: Callable[[tuple], bool] | None = None):
-    """Drop the graphs (key -> replay) whose key ``which`` accepts (None: all) from ``graphs``,
+    """Drop the graphs (key -> replay) whose key ``which`` accepts (None: all) from ``cuda_graphs``,
     which share the memory pool ``pool``; returns the pool handle to keep: None once no graph is
     left, since the allocator frees a pool whose graphs are all gone and a capture into that
     handle again fails inside torch (an internal assert in the caching allocator)."""
