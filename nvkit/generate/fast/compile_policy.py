@@ -101,17 +101,15 @@ class CompilePolicy:
         return True
 
     def words(self, uncompiled_how: str, regional: bool, tokens_per_replay: int) -> str:
-        """How the step runs, for the stats line."""
-        measured = {k: v for k, v in self.verdicts.items()}
+        """How the step runs, for the stats line (the base step's measurement where there is one)."""
+        v = self.verdicts.get(False) or next(iter(self.verdicts.values()), None)
+        measured = f" ({v.words(tokens_per_replay)})" if v is not None else ""
         if self.compiled:
-            how = "compiled by layer" if regional else "compiled"
-            v = measured.get(False) or next(iter(measured.values()), None)
-            return how + (f" ({v.words(tokens_per_replay)})" if v is not None else "")
+            return ("compiled by layer" if regional else "compiled") + measured
         if self.error:
             return f"eager: torch.compile failed ({self.error})"
-        v = measured.get(False) or next(iter(measured.values()), None)
-        if v is not None:
-            return f"{uncompiled_how} ({v.words(tokens_per_replay)})"
+        if measured:
+            return uncompiled_how + measured
         if self.enabled:
             return f"{uncompiled_how} (compiled once it has decoded {self.options.compile_after:g} s)"
         return uncompiled_how
