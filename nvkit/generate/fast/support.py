@@ -63,52 +63,42 @@ def _layers_why(base) -> str | None:
     return None
 
 
+def _forward_why(base) -> str | None:
+    """Why the model's own forward cannot be the step (families the fused step does not cover)."""
+    if not getattr(base, "_can_compile_fullgraph", False):
+        return f"{type(base).__name__} does not support a static KV cache"
+    attn = getattr(base.config, "_attn_implementation", None)
+    if attn not in ("sdpa", "eager"):
+        return f"attention backend {attn!r}: the fast path passes its own mask, which needs 'sdpa' or 'eager'"
+    return None
+
+
 def single_why(session, gen: dict) -> str | None:
     """Why one prompt cannot take the batch-1 fast path here (None when it can)."""
-    why = _placement_why(session, "the fast path")
-    if why:
-        return why
     model = session.model
     base = base_model(model)
     fused_why = fusable_why(base)
-    if getattr(model, "peft_config", None):
-        why = lora_why(model)
-        if why:
-            return why
-        if fused_why:
-            return f"adapters run on the fast path in nvkit's fused step, which does not fit this model ({fused_why})"
-    why = _layers_why(base)
-    if why:
-        return why
-    if fused_why:  # the model's own forward runs the steps
-        if not getattr(base, "_can_compile_fullgraph", False):
-            return f"{type(base).__name__} does not support a static KV cache"
-        attn = getattr(base.config, "_attn_implementation", None)
-        if attn not in ("sdpa", "eager"):
-            return f"attention backend {attn!r}: the fast path passes its own mask, which needs 'sdpa' or 'eager'"
-    return resolve(base, gen)[1]
+    adapters = bool(getattr(model, "peft_config", None))
+    return (_placement_why(session, "the fast path")
+            or (adapters and lora_why(model))
+            or (adapters and fused_why and f"adapters run on the fast path in nvkit's fused step, which does not "
+                                           f"fit this model ({fused_why})")
+            or _layers_why(base)
+            or (fused_why and _forward_why(base))
+            or resolve(base, gen)[1])
 
 
 def rows_why(session, gen: dict) -> str | None:
     """Why a list cannot take the rows fast path here (None when it can)."""
-    why = _placement_why(session, "the batched fast path")
-    if why:
-        return why
     model = session.model
     base = base_model(model)
-    why = fusable_why(base)
-    if why:
-        return f"it runs nvkit's fused step, which does not fit this model ({why})"
-    if default_options().fused is False:
-        return "the fused step is turned off (NVKIT_FAST_FUSED=0)"
-    why = _layers_why(base)
-    if why:
-        return why
-    if getattr(model, "peft_config", None):
-        why = lora_why(model)
-        if why:
-            return why
-    return resolve(base, gen)[1]
+    fused_why = fusable_why(base)
+    return (_placement_why(session, "the batched fast path")
+            or (fused_why and f"it runs nvkit's fused step, which does not fit this model ({fused_why})")
+            or (default_options().fused is False and "the fused step is turned off (NVKIT_FAST_FUSED=0)")
+            or _layers_why(base)
+            or (getattr(model, "peft_config", None) and lora_why(model))
+            or resolve(base, gen)[1])
 
 
 def batch_why(session, gen: dict) -> str | None:
