@@ -104,6 +104,43 @@ def test_without_compile_it_is_the_eager_prefill(fw):
     assert not pre.compiled and pre.error is None
 
 
+class _Ticks:
+    """A clock whose reads around each timed call give that call ``costs[i]`` seconds, in turn."""
+
+    def __init__(self, costs):
+        self.t, self.costs, self.reads = 0.0, list(costs), 0
+
+    def __call__(self):
+        self.reads += 1
+        if self.reads % 2 == 0:  # the read after the call
+            self.t += self.costs[(self.reads // 2 - 1) % len(self.costs)]
+        return self.t
+
+
+@pytest.mark.parametrize("eager_s, compiled_s", [(1.0, 2.0), (2.0, 1.0)])
+def test_the_call_that_compiles_keeps_the_faster_prefill(fw, eager_s, compiled_s):
+    """Right after the compile the same call times eager and compiled in alternation; the slower
+    is dropped, and the first tokens (and keys) are the kept kind's."""
+    eager = prefill_rows_step(fw)
+    since = events.now()
+    timings = Timings()
+    pre = RowsPrefill(eager, compile=True, page=PAGE, scratch=SCRATCH, timings=timings, clock=_Ticks([eager_s, compiled_s]))
+    pre.measure = True  # on the CPU too (None measures on CUDA only)
+    args = _inputs(fw, 3, 32, 5)
+    with torch.inference_mode():
+        ref = eager(*_copy(args))
+        got = pre(*_copy(args))
+        again = pre(*_copy(args))
+    assert torch.allclose(got, ref, atol=1e-4) and torch.allclose(again, ref, atol=1e-4)
+    assert timings["measure"] > 0
+    if eager_s < compiled_s:
+        assert not pre.compiled and pre.declined.startswith("measured ") and pre.error is None
+        assert any("compiled prefill is slower" in e.text for e in events.events(since))
+        assert torch.equal(again, eager(*_copy(args)))  # the eager prefill runs from now on
+    else:
+        assert pre.compiled and pre.declined is None
+
+
 class _Clock:
     """A clock each eager prefill call advances by ``step`` seconds."""
 

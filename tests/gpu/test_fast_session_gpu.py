@@ -46,7 +46,9 @@ def test_one_capture_serves_every_length(demo_cuda):
     d = fast.decoder(s)
     assert s.last_stats.path == "fast" and d.counts["compiles"] == 1 and not d.compiled, d.counts
     prepared = s.last_stats.prepared  # where the first request's wait went, in its stats line
-    assert "warm-up" in prepared and "compile" not in prepared and "prepared first" in str(s.last_stats), prepared
+    # parts under 0.05 s are left out of the words (a warm process's warm-up), so the parts are read
+    assert d.timings.get("warm-up", 0) > 0 and "compile and warm-up" not in d.timings, d.timings
+    assert "compile" not in prepared and "prepared first" in str(s.last_stats), prepared
     seen = []
     for prompt, n in [(PROMPTS[1], 40), (PROMPTS[2], 100), (PROMPTS[0] * 20, 200), (PROMPTS[1], 16), (PROMPTS[2], 600)]:
         t = time.perf_counter()
@@ -225,7 +227,7 @@ def test_prefill_of_a_64_token_prompt_on_the_qwen3_shape():
         st = s.last_stats
         print(f"64-token prompt: time to first token {[round(x * 1000, 1) for x in ttfts]} ms (target ≤ 25); {st}")
         assert st.path == "fast" and st.prompt_tokens >= 60
-        assert sorted(ttfts)[2] < 0.25, ttfts  # a tenth of a second would mean the prefill is not graphed
+        assert sorted(ttfts)[2] <= 0.025, ttfts  # the median of five: a graphed prefill
         d = fast.decoder(s)
         assert d.counts["compiles"] == 1 and d.counts["prefill graphs"] >= 6, d.counts
         t = time.perf_counter()

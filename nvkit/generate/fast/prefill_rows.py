@@ -19,9 +19,13 @@ that way in this decoder (a few calls of dozens of prompts), and compiles at its
 artifacts of an earlier compile on disk make that compile cheap, so then it compiles at once.
 ``compile_after=0`` compiles at the first call.
 
-Compiling is kept only where it measures faster (``compile_policy``'s rule): on the GPU the
-first calls after the compile alternate between the compiled and the eager prefill, each timed to
-its end per padded token, and the slower is dropped for the decoder's life (``declined`` says so).
+Compiling is kept only where it measures faster (``compile_policy``'s rule): on the GPU the call
+that compiles then runs the eager and the compiled prefill in alternation on its own prompts
+(``MEASURE_CALLS`` each, timed to their end), and the slower is dropped for the decoder's life
+(``declined`` says so). The measurement is paid once, inside the call that already waits for the
+compile, so no later request runs a slower prefill to be timed. Running the prefill again on the
+same prompts is harmless: it writes the same positions' keys again, and the kept kind runs last,
+so the keys and the first tokens come from the prefill that stays.
 
 A compile that fails gives way to the eager prefill for the rest of the decoder's life (the
 reason stays in ``error``); the compile artifacts go to disk under a key of their own.
@@ -69,8 +73,9 @@ class RowsPrefill:
         self._asked_disk = False
         #: why the eager prefill was kept although compiled (measured slower), None otherwise
         self.declined: str | None = None
-        self.measure = True
-        self._timed = {"compiled": [0.0, 0, 0], "eager": [0.0, 0, 0]}  # seconds, padded tokens, calls
+        #: measure compiled against eager after the compile: None on CUDA only (where the host
+        #: time the compile saves is what a user waits for), True/False always/never
+        self.measure: bool | None = None
         if compile:
             import torch
             # fullgraph: a graph break would put the host back inside the layer
@@ -105,8 +110,6 @@ class RowsPrefill:
             out = self.eager(ids, last, where, cos, sin, keys, values)
             self.eager_seconds += self._clock() - t
             return out
-        if not self._first and self._measuring(ids):
-            return self._timed_call(ids, last, where, cos, sin, keys, values)
         rows = ids.shape[0]
         if rows == 1:
             ids, last, where = self._with_empty_row(ids, last, where)
@@ -119,6 +122,8 @@ class RowsPrefill:
                 self._first = False
                 if self._store is not None:
                     self._store()
+                if self.measure or (self.measure is None and ids.device.type == "cuda"):
+                    return self._measured(ids[:rows], last[:rows], where[:rows], cos, sin, keys, values)
             else:
                 out = self._fn(ids, last, where, cos, sin, keys, values)
         except Exception as e:  # noqa: BLE001 - the eager prefill computes the same; say why and go on
@@ -128,36 +133,34 @@ class RowsPrefill:
             return self.eager(ids, last, where, cos, sin, keys, values)
         return out[:rows]
 
-    def _measuring(self, ids) -> bool:
-        t = self._timed
-        return (self.measure and ids.device.type == "cuda"
-                and min(t["compiled"][2], t["eager"][2]) < MEASURE_CALLS)
-
-    def _timed_call(self, ids, last, where, cos, sin, keys, values):
-        """One call of the kind with fewer timed calls, timed to its end on the device; once both
-        have ``MEASURE_CALLS``, the slower per padded token is dropped."""
+    def _measured(self, ids, last, where, cos, sin, keys, values):
+        """Right after the compile: the eager and the compiled prefill of these prompts in
+        alternation, each call timed to its end on the device; the slower is dropped. The kept
+        kind runs last, so its keys are the ones in the cache; returns its first tokens."""
         import torch
-        t = self._timed
-        kind = "compiled" if t["compiled"][2] <= t["eager"][2] else "eager"
-        torch.cuda.synchronize(ids.device)
-        start = self._clock()
-        if kind == "compiled":
-            out = self._compiled_call(self._fn, ids, last, where, cos, sin, keys, values)
-        else:
-            out = self.eager(ids, last, where, cos, sin, keys, values)
-        torch.cuda.synchronize(ids.device)
-        t[kind][0] += self._clock() - start
-        t[kind][1] += int(ids.numel())
-        t[kind][2] += 1
-        if self.error is None and min(t["compiled"][2], t["eager"][2]) >= MEASURE_CALLS:
-            per = {k: v[0] / max(1, v[1]) * 1000 for k, v in t.items()}
-            if per["compiled"] > per["eager"]:
-                self.declined = (f"measured {per['eager'] * 1e3:.2f} ms per 1,000 prompt tokens against "
-                                 f"{per['compiled'] * 1e3:.2f} compiled")
-                events.record("compile", f"fast batch: the compiled prefill is slower here ({self.declined}); "
-                                         "prefilling eagerly")
-                self._fn = None
-        return out
+        sync = (lambda: torch.cuda.synchronize(ids.device)) if ids.device.type == "cuda" else (lambda: None)
+        calls = {"eager": lambda: self.eager(ids, last, where, cos, sin, keys, values),
+                 "compiled": lambda: self._compiled_call(self._fn, ids, last, where, cos, sin, keys, values)}
+        best = {k: float("inf") for k in calls}
+        part = self._timings.part("measure") if self._timings is not None else contextlib.nullcontext()
+        with part:
+            for _ in range(MEASURE_CALLS):
+                for kind, call in calls.items():
+                    sync()
+                    start = self._clock()
+                    out = call()
+                    sync()
+                    best[kind] = min(best[kind], self._clock() - start)
+                    if self.error is not None:  # the compiled call failed: the eager prefill stays
+                        return self.eager(ids, last, where, cos, sin, keys, values)
+            if best["compiled"] <= best["eager"]:
+                return out  # the compiled call ran last
+            per = {k: v / max(1, int(ids.numel())) * 1e6 for k, v in best.items()}  # ms per 1,000 tokens
+            self.declined = f"measured {per['eager']:.2f} ms per 1,000 prompt tokens against {per['compiled']:.2f} compiled"
+            events.record("compile", f"fast batch: the compiled prefill is slower here ({self.declined}); "
+                                     "prefilling eagerly")
+            self._fn = None
+            return calls["eager"]()
 
     def _compiled_call(self, fn, ids, last, where, cos, sin, keys, values):
         rows = ids.shape[0]

@@ -46,7 +46,7 @@ from .llama_step import decode_head
 from .llama_rows_step import decode_rows_layer, decode_rows_step, mark_dynamic, prefill_rows_step
 from .prefill_rows import RowsPrefill
 from .replay import ticking
-from .runner import GraphRunner, KeptReplay, reset_code, triton_cannot_run_on
+from .runner import GraphRunner, KeptReplay, triton_cannot_run_on
 from .sampling import RowParams, Sampling, StopStrings, choose_rows
 from .schedule import SCRATCH, Scheduler, Sequence, pages_for
 
@@ -87,7 +87,11 @@ class BatchedDecoder(GraphRunner):
         self._prefill_now = False    # compile_prefill_next() was called
         self._restored: dict = {}    # artifacts digest -> whether they were found on disk (once per decoder)
         self._warm: set = set()      # LoRA on? values whose step was compiled (or captured eagerly) once
-        self._uncompiled: set = set()  # LoRA on? values whose graphs run the uncompiled step
+        #: LoRA on? values whose compiled step was captured once (its compile is paid for)
+        self._compiled_once: set = set()
+        #: (LoRA on?, batch class) -> whether the compiled step is kept there: measured per class,
+        #: since the compiled step can lose on a row or two and win on a full list
+        self._kept: dict = {}
         self.last_batches: collections.Counter = collections.Counter()  # batch class -> replays, last request
 
     def _choose_attention(self, asked: str) -> tuple[str, str | None]:
@@ -104,7 +108,7 @@ class BatchedDecoder(GraphRunner):
 
     def describe(self) -> str:
         """How this decoder runs, in a few words for the stats line."""
-        parts = [f"fused step over rows, {self._how(self.variant.regional)}", f"paged {self.attention} attention"]
+        parts = [f"fused step over rows, {self._class_how()}", f"paged {self.attention} attention"]
         prefills = list(self._prefills.values())
         if any(p.error for p in prefills):
             parts.append(f"eager prefill: its compile failed ({next(p.error for p in prefills if p.error)})")
@@ -120,6 +124,17 @@ class BatchedDecoder(GraphRunner):
             parts.append("batch " + "/".join(str(b) for b in sorted(self.last_batches, reverse=True)))
         parts.append(f"{self.k} steps per replay")
         return ", ".join(parts)
+
+    def _class_how(self) -> str:
+        """How the last request's largest batch class ran: the step kept there and its measurement."""
+        cls = ((self._lora is not None), max(self.last_batches)) if self.last_batches else None
+        if cls not in self._kept or not self.graphs:
+            return self._how(self.variant.regional)
+        v = self.policy.verdicts.get(cls)
+        measured = f" ({v.words(self.k * cls[1])})" if v is not None else ""
+        if self._kept[cls]:
+            return ("compiled by layer" if self.variant.regional else "compiled") + measured
+        return ("uncompiled with nvkit kernels" if self.kernels else "uncompiled") + measured
 
     # --- the model's state -------------------------------------------------------------------------
     def _adopt(self) -> bool:
@@ -143,7 +158,8 @@ class BatchedDecoder(GraphRunner):
             for key in [k for k in d if lora_on is None or k == lora_on]:
                 del d[key]
         self._warm = {k for k in self._warm if lora_on is not None and k != lora_on}
-        self._uncompiled = {k for k in self._uncompiled if lora_on is not None and k != lora_on}
+        self._compiled_once = {k for k in self._compiled_once if lora_on is not None and k != lora_on}
+        self._kept = {c: v for c, v in self._kept.items() if lora_on is not None and c[0] != lora_on}
         a = self._arena
         if a is not None:
             a.drop_graphs(lambda g: lora_on is None or g.lora == lora_on)
@@ -300,14 +316,18 @@ class BatchedDecoder(GraphRunner):
         return self.capture_or_fall_back(capture, compiling, clean)
 
     def _graph(self, a: Arena, key: RowsKey, on_progress=None):
+        """The graph of ``key``'s batch class. Once the compiled step is due (or paid for), each
+        class is measured once, compiled against uncompiled, and keeps the faster."""
         import torch
         lora_on = key.lora
-        due = self.compile_due(lora_on)
-        upgrade = due and lora_on in self._uncompiled  # the compiled step's turn: measured against these graphs
-        if key in a.graphs and not upgrade:
+        cls = (lora_on, key.batch)
+        kept = self._kept.get(cls)
+        paid = lora_on in self._compiled_once
+        measure_now = kept is None and (paid or self.compile_due(lora_on))
+        if key in a.graphs and not measure_now:
             return a.graphs[key]
-        expensive = lora_on not in self._warm or upgrade
-        compiling = due if expensive else lora_on not in self._uncompiled
+        compiling = measure_now or bool(kept)
+        expensive = lora_on not in self._warm or (compiling and not paid)
         if not self.graphs:
             a.graphs[key] = self._body(a, key, self._step(lora_on), False)
             self._warm.add(lora_on)
@@ -327,16 +347,19 @@ class BatchedDecoder(GraphRunner):
             with ticking(on_progress if expensive else None):
                 restored = self._restore_artifacts(disk_key)
                 graph, compiled = self._capture(a, key, compiling)
-                if compiled and expensive:
+                if compiled:
+                    self._compiled_once.add(lora_on)
+                if compiled and measure_now:
                     verdict, graph, compiled = self._measured(a, key, graph)
         finally:
             torch.cuda.synchronize(self.device)
             a.restore(saved)
-        if compiled and expensive:  # the compiled step replaces the uncompiled one's graphs
-            a.drop_graphs(lambda g: g.lora == lora_on and g != key)
-            self._uncompiled.discard(lora_on)
-        elif not compiled:
-            self._uncompiled.add(lora_on)
+        if compiling and (compiled or verdict is not None):
+            self._kept[cls] = compiled
+        if lora_on in self._compiled_once and not paid:
+            # the first compiled capture: the other classes' graphs ran the uncompiled step
+            # unmeasured, so each is captured again (and measured) when next used
+            a.drop_graphs(lambda g: g.lora == lora_on and g != key and (g.lora, g.batch) not in self._kept)
         self.counts["compiles" if expensive else "graphs"] += 1
         self._warm.add(lora_on)
         if expensive and (compiled or verdict is not None):
@@ -349,18 +372,17 @@ class BatchedDecoder(GraphRunner):
 
     def _measured(self, a: Arena, key: RowsKey, graph):
         """The compiled ``graph`` against the uncompiled one of the same class, timed with every
-        row parked; returns (verdict, the graph kept, whether it is the compiled one)."""
-        uncompiled = a.graphs.get(key) if key.lora in self._uncompiled else None
+        row parked; returns (verdict, the graph kept, whether it is the compiled one). A graph
+        already at ``key`` is the uncompiled step's: a measured class is never measured again."""
+        uncompiled = a.graphs.get(key)
         if uncompiled is None:
             u_graph, _ = self._capture(a, key, False)
             uncompiled = u_graph.replay
         verdict = self.measure(graph.replay, uncompiled, a.pos.zero_)
-        if self.policy.decide(key.lora, verdict):
+        if self.policy.decide((key.lora, key.batch), verdict):
             return verdict, graph, True
-        events.record("compile", f"fast batch: the compiled rows step is slower here "
-                                 f"({verdict.words(self.k * key.batch)}); the uncompiled step stays")
-        if key.lora in self._compiled:
-            reset_code({key.lora: self._compiled.pop(key.lora)})
+        events.record("compile", f"fast batch: the compiled rows step is slower at {key.batch} rows "
+                                 f"({verdict.words(self.k * key.batch)}); the uncompiled step runs there")
         return verdict, KeptReplay(uncompiled), False
 
     def _disk_key(self, lora_on: bool, part: str = "step") -> str | None:
@@ -418,7 +440,7 @@ class BatchedDecoder(GraphRunner):
                             lambda new: rows_replay.prefill(a, new, sampling, self._prefill_fn(lora_on),
                                                             self.prefill_tokens_for(a), on_progress),
                             stop_event, on_tokens, self.last_batches)
-            if lora_on in self._uncompiled:  # the list's decoding, its captures left out
+            if lora_on not in self._compiled_once:  # the list's decoding, its captures left out
                 prepared = sum(self.timings.since(before).values())
                 self.uncompiled_seconds += max(0.0, time.perf_counter() - t - prepared)
             return [s.tokens if s.finished else None for s in seqs]
