@@ -22,7 +22,7 @@ from .. import events
 from ..errors import NvkitError, error_summary
 from ..threads import Job
 from . import batch as batch_path
-from .fast import decoders as fast_decoders, sampling as fast_sampling, support
+from .fast import decoders as fast_decoders, first_request, sampling as fast_sampling, support
 from .stats import GenerationStats
 
 
@@ -154,6 +154,9 @@ def run_plain(session, req: Request) -> list[str]:
                 break
             produced += 1
     stats.new_tokens = produced
+    if single and produced >= 2 and session.device.type == "cuda":
+        # what a short first request weighs against capturing the fast path (fast.first_request)
+        session.decoders.plain_per_token = (time.perf_counter() - t0) / produced
     return [tok.decode(row, skip_special_tokens=True) for row in new]
 
 
@@ -201,6 +204,8 @@ def run_fast(session, req: Request, route: support.Route | None = None) -> list[
                    on_progress=preparing)
     finally:
         stats.prepared = d.timings.since(before).describe()
+    if fresh:  # what the next session's short first request weighs against plain generate
+        first_request.remember_capture(d.model, session.device, sum(d.timings.values()))
     stats.detail = d.describe()
     streamer.end()
     return [tok.decode(produced, skip_special_tokens=True)]

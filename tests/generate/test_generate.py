@@ -293,7 +293,7 @@ def test_fast_default_waits_for_nothing_on_short_requests(s):
     request that fits its cache takes it, whatever its length or sampling mode."""
     greedy = dict(max_new_tokens=24, do_sample=False)
     why = _worth(s, "Hello there", greedy)
-    assert why and f"< {fast.default_options().min_tokens}" in why and "prepare" in why
+    assert why and "not captured yet" in why and "prepare" in why  # the reasons: tests/generate/test_first_request.py
     assert _worth(s, "Hello there", dict(greedy, max_new_tokens=fast.default_options().min_tokens)) is None
     d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
     fast.swap(s, d)  # as fast.decoder(session) keeps it

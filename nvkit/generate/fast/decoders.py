@@ -27,6 +27,9 @@ class Decoders:
     def __init__(self):
         self.single: FastDecoder | None = None
         self.rows: BatchedDecoder | None = None
+        #: seconds per new token of the session's last plain request on the GPU (None: none yet),
+        #: what a short first request weighs against the fast path's capture (first_request)
+        self.plain_per_token: float | None = None
         self._lock = threading.Lock()
 
     def decoder(self, model, **overrides) -> FastDecoder:

@@ -46,8 +46,9 @@ class FastOptions:
       request. ``fast.prepare`` compiles at once.
     - ``llama_step``: nvkit's own decode step for the Llama family (None: where the model fits it).
     - ``attention``: the fused step's attention, one of ``ATTENTION_KINDS`` or "auto".
-    - ``min_tokens``: with ``fast=None`` and nothing captured yet, only requests of at least this
-      many new tokens pay the one-time capture themselves; shorter ones run plain ``generate``.
+    - ``min_tokens``: with ``fast=None`` and nothing captured yet, requests of at least this many
+      new tokens pay the one-time capture themselves; a shorter one runs plain ``generate`` unless
+      the capture is expected to answer it sooner (``first_request``).
     - ``cache_tokens``: the smallest KV-cache size class; a request that needs more doubles it.
     - ``disk_cache``: keep compile artifacts under nvkit's cache folder so a new process captures
       in seconds.

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import NvkitError
+from . import first_request
 from .fused_weights import fusable_why
 from .lora import lora_why
 from .options import default_options
@@ -116,16 +117,21 @@ def batch_why(session, gen: dict) -> str | None:
 
 def worth_capturing(session, prompt_tokens: int, gen: dict, sampling: Sampling) -> str | None:
     """For ``fast=None``: None when the batch-1 fast path should run this request now, else why
-    plain ``generate`` is the quicker answer (nothing captured for it yet, and too short to pay
-    for that). Once the session's fast path is captured, every request that fits its cache runs on it."""
+    plain ``generate`` is the quicker answer. Once the session's fast path is captured, every
+    request that fits its cache runs on it; before that, a request of ``min_tokens`` or more pays
+    the capture, and a shorter one runs where it is expected to answer sooner (``first_request``)."""
     min_tokens = default_options().min_tokens
     d = session.decoders.single
     if d is not None and d.ready(prompt_tokens, sampling):
         return None
-    if int(gen["max_new_tokens"]) >= min_tokens:
+    n = int(gen["max_new_tokens"])
+    if n >= min_tokens:
         return None
-    return (f"not compiled yet, and {gen['max_new_tokens']} new tokens (< {min_tokens}) would not pay for it; "
-            f"nvkit.generate.fast.prepare(s), fast=True or a request of ≥ {min_tokens} tokens compiles it once")
+    expected = first_request.estimate(base_model(session.model), session.device, session.decoders.plain_per_token, n)
+    if expected.capture_pays:
+        return None
+    return (f"not captured yet, and {expected.words(n)}; nvkit.generate.fast.prepare(s), fast=True or a request "
+            f"of ≥ {min_tokens} tokens captures it once")
 
 
 def worth_batching(session, n_prompts: int, gen: dict) -> str | None:

@@ -1,0 +1,135 @@
+"""A short request before anything is captured: plain ``generate`` or capture the fast path first,
+whichever is expected to answer sooner.
+
+Plain ``generate`` on a GPU is bound by the host: every new token issues a few dozen kernels per
+decoder layer, so its cost per token grows with the layer count and hardly with the model's width.
+The fast path's first request pays the capture of the uncompiled step first (about a second for a
+small model), then decodes many times faster. For ``n`` new tokens:
+
+    plain:  n × (plain seconds per token)
+    fast:   capture seconds + n × (fast seconds per token)
+
+and the smaller wins. Both sides are taken from this machine where they are known:
+
+- the plain cost per token from the session's own plain requests on the GPU (``Decoders.plain``);
+- the capture's seconds from ``$NVKIT_CACHE/fast-decode/first-capture.json``, where every session
+  writes what its first capture took, keyed by the model's shape, dtype, GPU and versions (the
+  compile artifacts' key), so a machine that has run nvkit before knows its own cost.
+
+Before either is known, a prior stands in (``PLAIN_SECONDS_PER_LAYER`` and, for a session whose
+plain path has not run yet, ``PLAIN_FIRST_CALL_SECONDS``; ``CAPTURE_SECONDS``). The
+file is JSON numbers, read under :mod:`nvkit.cache`'s rule like every file nvkit reads back; a
+missing, foreign or broken file means the prior.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from ... import cache
+from . import artifacts
+
+log = logging.getLogger(__name__)
+
+#: plain generate's host time per new token and decoder layer before a plain request is measured:
+#: about thirty small kernels per layer, each a few tens of microseconds to issue
+PLAIN_SECONDS_PER_LAYER = 0.002
+#: what a process's first plain request pays once on top (generate's lazy set-up, first launches)
+PLAIN_FIRST_CALL_SECONDS = 0.4
+#: a first capture (set-up, warm-up, capture of the uncompiled step) before one is on record here
+CAPTURE_SECONDS = 1.5
+#: the fast path's seconds per token counted against it (a slow case: a small model's uncompiled
+#: step decodes several times faster than this)
+FAST_SECONDS_PER_TOKEN = 0.004
+#: entries kept in the file (the most recent models)
+KEEP = 64
+
+
+@dataclass(frozen=True)
+class Expected:
+    """Expected seconds of one request by each way, and where the figures came from."""
+    plain: float
+    fast: float
+    capture: float
+    plain_measured: bool
+    capture_measured: bool
+
+    @property
+    def capture_pays(self) -> bool:
+        return self.fast <= self.plain
+
+    def words(self, new_tokens: int) -> str:
+        plain_from = "measured in this session" if self.plain_measured else "estimated"
+        capture_from = "as measured on this machine" if self.capture_measured else "estimated"
+        return (f"plain generate answers {new_tokens} new tokens in about {self.plain:.2f} s ({plain_from}), "
+                f"the fast path in about {self.fast:.2f} s with its first capture ({self.capture:.1f} s, {capture_from})")
+
+
+def expected(new_tokens: int, plain_per_token: float, capture: float,
+             fast_per_token: float = FAST_SECONDS_PER_TOKEN, *, plain_first: float = 0.0,
+             plain_measured: bool = False, capture_measured: bool = False) -> Expected:
+    """The two expected times for ``new_tokens`` new tokens (``plain_first``: plain's one-off
+    set-up still to pay)."""
+    n = max(1, int(new_tokens))
+    return Expected(plain=plain_first + n * plain_per_token, fast=capture + n * fast_per_token, capture=capture,
+                    plain_measured=plain_measured, capture_measured=capture_measured)
+
+
+def _path():
+    return artifacts.folder() / "first-capture.json"
+
+
+def _key(model, device) -> str:
+    return artifacts.key(model, {"first": "capture"}, device)
+
+
+def _read() -> dict:
+    raw = cache.read_trusted_bytes(_path(), "the fast path's first-capture times")
+    if raw is None:
+        return {}
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        log.warning("%s is not JSON; the first-capture prior stands in", _path())
+        return {}
+    if not isinstance(data, dict):
+        return {}
+    return {k: float(v) for k, v in data.items()
+            if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 3600}
+
+
+def stored_capture(model, device) -> float | None:
+    """The seconds a first capture of this model took on this machine (None: not on record)."""
+    try:
+        return _read().get(_key(model, device))
+    except OSError:
+        return None
+
+
+def remember_capture(model, device, seconds: float) -> None:
+    """Keep what this session's first capture took, for the next session's first request. A cache
+    folder that cannot be written only means the prior next time."""
+    if not 0 < seconds < 3600:
+        return
+    try:
+        data = _read()
+        data.pop(_key(model, device), None)
+        data[_key(model, device)] = round(float(seconds), 3)
+        cache.own_dir(artifacts.folder().name)
+        cache.write_atomic(_path(), json.dumps(dict(list(data.items())[-KEEP:]), indent=0))
+    except OSError as e:
+        log.warning("could not keep the first capture's time in %s: %s", _path(), e)
+
+
+def estimate(model, device, plain_per_token: float | None, new_tokens: int) -> Expected:
+    """The expected times of a request of ``new_tokens`` on ``model`` (the base model) on
+    ``device`` now; ``plain_per_token``: the session's measured plain cost (None: not yet)."""
+    layers = int(getattr(model.config.get_text_config(), "num_hidden_layers", 0) or 24)
+    capture = stored_capture(model, device)
+    measured = plain_per_token is not None
+    return expected(new_tokens, plain_per_token if measured else layers * PLAIN_SECONDS_PER_LAYER,
+                    capture if capture is not None else CAPTURE_SECONDS,
+                    plain_first=0.0 if measured else PLAIN_FIRST_CALL_SECONDS,
+                    plain_measured=plain_per_token is not None, capture_measured=capture is not None)

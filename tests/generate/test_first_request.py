@@ -1,0 +1,99 @@
+"""A short request before anything is captured: plain generate or the fast path's capture first,
+by expected time (``fast.first_request``), with the capture's seconds kept per machine and model in
+a JSON file that is read back only under nvkit's cache rule."""
+
+import copy
+import json
+import math
+import os
+
+import pytest
+
+import nvkit
+import nvkit.generate.fast as fast
+from nvkit.generate.fast import first_request, support
+from tests import demo_model
+
+
+@pytest.fixture(scope="module")
+def s():
+    sess = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
+    yield sess
+    sess.unload()
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("NVKIT_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def _worth(s, n, plain_per_token=None):
+    s.decoders.plain_per_token = plain_per_token
+    gen = dict(max_new_tokens=n, do_sample=False)
+    try:
+        return support.worth_capturing(s, 3, gen, fast.resolve(s.model, gen)[0])
+    finally:
+        s.decoders.plain_per_token = None
+
+
+def test_the_quicker_way_wins():
+    slow_plain = first_request.expected(24, plain_per_token=0.09, capture=1.0, fast_per_token=0.002)
+    assert slow_plain.capture_pays and slow_plain.plain == pytest.approx(2.16) and slow_plain.fast == pytest.approx(1.048)
+    quick_plain = first_request.expected(8, plain_per_token=0.01, capture=1.0, fast_per_token=0.002)
+    assert not quick_plain.capture_pays
+    assert "0.08 s (estimated)" in quick_plain.words(8) and "1.0 s, estimated" in quick_plain.words(8)
+    measured = first_request.expected(8, 0.01, 1.0, plain_measured=True, capture_measured=True)
+    assert "measured in this session" in measured.words(8) and "as measured on this machine" in measured.words(8)
+
+
+def test_a_capture_time_is_kept_per_model_and_read_back(s, cache):
+    assert first_request.stored_capture(s.model, s.device) is None  # nothing on record: the prior
+    first_request.remember_capture(s.model, s.device, 0.8)
+    assert first_request.stored_capture(s.model, s.device) == pytest.approx(0.8)
+    other = copy.deepcopy(s.model)
+    other.config.rms_norm_eps = 1e-5  # another config: another entry
+    assert first_request.stored_capture(other, s.device) is None  # another shape, another entry
+    first_request.remember_capture(s.model, s.device, 1.25)  # the latest counts
+    assert first_request.stored_capture(s.model, s.device) == pytest.approx(1.25)
+    path = cache / "fast-decode" / "first-capture.json"
+    assert json.loads(path.read_text()) and oct(path.stat().st_mode & 0o777) == "0o600"
+
+
+@pytest.mark.parametrize("seconds", [0, -1.0, math.nan, math.inf, 1e9])
+def test_a_capture_time_that_is_not_one_is_not_kept(s, cache, seconds):
+    first_request.remember_capture(s.model, s.device, seconds)
+    assert first_request.stored_capture(s.model, s.device) is None
+
+
+@pytest.mark.parametrize("text", ["not json", "[1, 2]", '{"k": "x"}', ""])
+def test_a_broken_file_means_the_prior(s, cache, text):
+    first_request.remember_capture(s.model, s.device, 0.5)
+    path = cache / "fast-decode" / "first-capture.json"
+    key = next(iter(json.loads(path.read_text())))
+    path.write_text(text if text != '{"k": "x"}' else json.dumps({key: "x"}))
+    assert first_request.stored_capture(s.model, s.device) is None
+    first_request.remember_capture(s.model, s.device, 0.7)  # and the next session writes a good one
+    assert first_request.stored_capture(s.model, s.device) == pytest.approx(0.7)
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="file modes are POSIX")
+def test_a_file_others_can_write_is_not_read(s, cache):
+    first_request.remember_capture(s.model, s.device, 0.5)
+    path = cache / "fast-decode" / "first-capture.json"
+    os.chmod(path, 0o666)  # as a planted file in a shared cache would be
+    assert first_request.stored_capture(s.model, s.device) is None
+
+
+def test_the_first_short_request_takes_the_quicker_way(s, cache):
+    """The demo model has few layers: with the priors plain generate is the quicker answer; a plain
+    cost measured in this session and a capture on record here turn it around."""
+    why = _worth(s, 24)
+    assert why and "plain generate answers 24 new tokens" in why and "(estimated)" in why and "prepare" in why
+    assert _worth(s, 24, plain_per_token=0.09) is None  # 2.2 s plain against a 1.5 s capture
+    first_request.remember_capture(s.model, s.device, 30.0)  # a slow capture on record here
+    why = _worth(s, 24, plain_per_token=0.09)
+    assert why and "30.0 s, as measured on this machine" in why and "measured in this session" in why
+    first_request.remember_capture(s.model, s.device, 0.3)
+    assert _worth(s, 24, plain_per_token=0.05) is None
+    assert _worth(s, fast.default_options().min_tokens) is None  # long requests always capture
