@@ -357,9 +357,10 @@ class BatchedDecoder(GraphRunner):
         if compiling and (compiled or verdict is not None):
             self._kept[cls] = compiled
         if lora_on in self._compiled_once and not paid:
-            # the first compiled capture: the other classes' graphs ran the uncompiled step
-            # unmeasured, so each is captured again (and measured) when next used
-            a.drop_graphs(lambda g: g.lora == lora_on and g != key and (g.lora, g.batch) not in self._kept)
+            # the first compiled capture: the other graphs ran the uncompiled step unmeasured (or,
+            # another sampling mode of this class, not the step kept here), so each is captured
+            # again, and its class measured, when next used
+            a.drop_graphs(lambda g: g.lora == lora_on and g != key and self._kept.get((g.lora, g.batch)) is not False)
         self.counts["compiles" if expensive else "graphs"] += 1
         self._warm.add(lora_on)
         if expensive and (compiled or verdict is not None):
