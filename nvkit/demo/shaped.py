@@ -59,6 +59,28 @@ _LLAMA32_COMMON = dict(
     dtype="bfloat16",
 )
 
+# Gemma 3's text model (the 1B is text only; the 4B's text half): five sliding-window layers to
+# one global, GeGLU, 256-wide heads
+_GEMMA3_COMMON = dict(
+    model_type="gemma3_text",
+    architectures=["Gemma3ForCausalLM"],
+    head_dim=256,
+    hidden_activation="gelu_pytorch_tanh",
+    query_pre_attn_scalar=256,
+    rms_norm_eps=1e-6,
+    sliding_window_pattern=6,
+    attention_bias=False,
+    attention_dropout=0.0,
+    final_logit_softcapping=None,
+    attn_logit_softcapping=None,
+    initializer_range=0.02,
+    tie_word_embeddings=True,
+    bos_token_id=2,
+    eos_token_id=[1, 106],
+    pad_token_id=0,
+    dtype="bfloat16",
+)
+
 # name -> config fields, as published in each model's config.json on the Hub.
 SHAPES: dict[str, dict] = {
     "qwen3-0.6b": {**_QWEN3_COMMON, "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
@@ -77,6 +99,47 @@ SHAPES: dict[str, dict] = {
                      "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64},
     "llama-3.2-3b": {**_LLAMA32_COMMON, "hidden_size": 3072, "intermediate_size": 8192, "num_hidden_layers": 28,
                      "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128},
+    # Other families (issue 37). Phi-4-mini's longrope factor lists are left out: they change the
+    # rotary angles past 4 k positions, not the shape or the work per token.
+    "gemma-3-1b": {**_GEMMA3_COMMON, "vocab_size": 262144, "hidden_size": 1152, "intermediate_size": 6912,
+                   "num_hidden_layers": 26, "num_attention_heads": 4, "num_key_value_heads": 1,
+                   "max_position_embeddings": 32768, "sliding_window": 512,
+                   "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    "gemma-3-4b": {**_GEMMA3_COMMON, "vocab_size": 262208, "hidden_size": 2560, "intermediate_size": 10240,
+                   "num_hidden_layers": 34, "num_attention_heads": 8, "num_key_value_heads": 4,
+                   "max_position_embeddings": 131072, "sliding_window": 1024,
+                   "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}},
+    "phi-4-mini": dict(model_type="phi3", architectures=["Phi3ForCausalLM"], vocab_size=200064, hidden_size=3072,
+                       intermediate_size=8192, num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8,
+                       max_position_embeddings=131072, original_max_position_embeddings=4096,
+                       partial_rotary_factor=0.75,
+                       rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.75},
+                       rms_norm_eps=1e-5, hidden_act="silu", attention_bias=False, resid_pdrop=0.0, embd_pdrop=0.0,
+                       attention_dropout=0.0, sliding_window=262144, tie_word_embeddings=True,
+                       bos_token_id=199999, eos_token_id=199999, pad_token_id=199999, initializer_range=0.02,
+                       dtype="bfloat16"),
+    "smollm3-3b": dict(model_type="smollm3", architectures=["SmolLM3ForCausalLM"], vocab_size=128256, hidden_size=2048,
+                       intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=4,
+                       max_position_embeddings=65536, rope_parameters={"rope_type": "default", "rope_theta": 5000000.0},
+                       no_rope_layer_interval=4, use_sliding_window=False, rms_norm_eps=1e-6, hidden_act="silu",
+                       attention_bias=False, mlp_bias=False, tie_word_embeddings=True, bos_token_id=128000,
+                       eos_token_id=128012, pad_token_id=128004, initializer_range=0.02, dtype="bfloat16"),
+    "olmo-2-1b": dict(model_type="olmo2", architectures=["Olmo2ForCausalLM"], vocab_size=100352, hidden_size=2048,
+                      intermediate_size=8192, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
+                      max_position_embeddings=4096, rope_parameters={"rope_type": "default", "rope_theta": 500000.0},
+                      rms_norm_eps=1e-6, hidden_act="silu", attention_bias=False, tie_word_embeddings=False,
+                      bos_token_id=None, eos_token_id=100257, pad_token_id=100277, initializer_range=0.02,
+                      dtype="bfloat16"),
+    # mixture of experts: 64 experts of which 8 run per token (1.3 B active of 6.9 B)
+    "olmoe-1b-7b": dict(model_type="olmoe", architectures=["OlmoeForCausalLM"], vocab_size=50304, hidden_size=2048,
+                        intermediate_size=1024, num_hidden_layers=16, num_attention_heads=16, num_key_value_heads=16,
+                        num_experts=64, num_experts_per_tok=8, max_position_embeddings=4096,
+                        rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-5,
+                        hidden_act="silu", clip_qkv=None, norm_topk_prob=False, tie_word_embeddings=False,
+                        bos_token_id=None, eos_token_id=50279, pad_token_id=1, initializer_range=0.02,
+                        dtype="bfloat16"),
     # Not a real model: the Qwen3-0.6B layout and vocabulary with tiny layers, so the whole
     # build-and-load path can be tested on a CPU in seconds (about 10 M parameters, mostly embedding).
     "qwen3-tiny": {**_QWEN3_COMMON, "hidden_size": 64, "intermediate_size": 192, "num_hidden_layers": 2,
@@ -213,6 +276,12 @@ def fill_unspellable(model, n_tok: int, seed: int = 1) -> None:
         head[n_tok:] = row.to(head.dtype)
 
 
+def _pad(config):
+    """The model's own pad id where it has one, else its BOS (Qwen3 and Llama publish none)."""
+    pad = getattr(config, "pad_token_id", None)
+    return pad if pad is not None else config.bos_token_id
+
+
 def _build(name: str, out: Path, fingerprint: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
@@ -224,7 +293,7 @@ def _build(name: str, out: Path, fingerprint: str) -> None:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
     fill_unspellable(model, len(AutoTokenizer.from_pretrained(demo_path())))
     model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                                               pad_token_id=config.bos_token_id, do_sample=False)
+                                               pad_token_id=_pad(config), do_sample=False)
     model.save_pretrained(out, safe_serialization=True)
     n_params = sum(p.numel() for p in model.parameters())
     del model

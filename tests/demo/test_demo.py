@@ -181,3 +181,27 @@ def test_shaped_tiny_builds_once(tmp_path, monkeypatch):
     assert tok.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).strip()
     # an explicit cache_dir holds <name> directly
     assert demo.shaped("qwen3-tiny", cache_dir=tmp_path / "other") == str(tmp_path / "other" / "qwen3-tiny")
+
+
+# the published parameter counts (model cards and config.json), within 0.2 %
+PUBLISHED = {"qwen3-0.6b": 0.596e9, "llama-3.2-1b": 1.236e9, "gemma-3-1b": 1.000e9, "gemma-3-4b": 3.880e9,
+             "phi-4-mini": 3.836e9, "smollm3-3b": 3.075e9, "olmo-2-1b": 1.485e9, "olmoe-1b-7b": 6.919e9}
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_each_shape_has_its_published_size(name):
+    """Built on the meta device (no memory): the config transformers makes of the fields is the
+    published model's, its layer kinds included."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    cfg = demo.shaped_config(name)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    n = sum(p.numel() for p in model.parameters())
+    assert abs(n / PUBLISHED[name] - 1) < 0.002, (name, n)
+    assert type(model).__name__ == cfg.architectures[0]
+    if name.startswith("gemma-3"):
+        kinds = cfg.layer_types
+        assert kinds[5] == "full_attention" and kinds.count("full_attention") == cfg.num_hidden_layers // 6
+    if name == "smollm3-3b":
+        assert cfg.no_rope_layers[:4] == [1, 1, 1, 0]  # every fourth layer without RoPE
