@@ -310,6 +310,41 @@ def _session_cli(a, chosen: str, options: dict, flags: dict) -> int:
     return 0
 
 
+_FAMILIES_OPTIONS = {"shapes": "shapes", "new_tokens": "new_tokens", "n_prompts": "n_prompts",
+                     "batch_new_tokens": "list_tokens"}
+
+
+def _families_cli(a, chosen: str, options: dict, flags: dict):
+    """``nvkit bench --families``: its own options only; prints each family's row as it is done."""
+    from . import families
+    if chosen != "families":
+        raise NvkitError("--shapes belongs to --families.")
+    other = [k for k in options if k not in _FAMILIES_OPTIONS]
+    if other:
+        raise NvkitError(f"{flags.get(other[0], other[0])} does not apply to --families; it takes "
+                         f"{', '.join(flags[k] for k in _FAMILIES_OPTIONS)}.")
+    if a.model != "demo":
+        raise NvkitError("--families runs the shapes it names (--shapes), not a MODEL.")
+    kw = {_FAMILIES_OPTIONS[k]: v for k, v in options.items()}
+    shapes = kw.pop("shapes", families.FAMILIES)
+
+    def show(row):
+        if a.json:
+            return
+        if "error" in row:
+            print(f"{row['family']}: failed: {row['error']}", flush=True)
+            return
+        share = f"{row['roofline']:.0%}" if row["roofline"] is not None else "n/a"
+        rate = lambda v: f"{v:,.0f}" if v is not None else "n/a"  # noqa: E731
+        print(f"{row['family']} ({row['model_type']}): batch 1 {row['batch1_path']} {rate(row['batch1_tok_s'])} tok/s "
+              f"vs plain {rate(row['plain_tok_s'])} ({share} of the HBM roofline); list {row['list_path']} "
+              f"{rate(row['list_tok_s'])} tok/s vs padded plain {rate(row['padded_plain_tok_s'])}"
+              f"{'' if row['ok'] else ' · NOT HEALTHY: tokens short'}\n    batch 1: {row['batch1_detail']}\n"
+              f"    list: {row['list_detail']}", flush=True)
+
+    return families.run(shapes, on_row=show, **kw)
+
+
 def cli_main(argv) -> int:
     """``nvkit bench [MODEL] [--decode | --lora | --session] [options] [--json]``; see ``--help``."""
     p = argparse.ArgumentParser(
@@ -325,6 +360,9 @@ def cli_main(argv) -> int:
     mode.add_argument("--lora", action="store_true", help="LoRA fine-tune variants (nvkit.benchmarks.lora)")
     mode.add_argument("--session", action="store_true", help="one model, the request sequence a notebook user makes, "
                                                              "in fresh processes: cold, warm, restart (nvkit.benchmarks.session)")
+    mode.add_argument("--families", action="store_true", help="every model family on nvkit's default session: paths, "
+                                                              "rates against plain generate, the HBM roofline "
+                                                              "(nvkit.benchmarks.families)")
     p.add_argument("--json", action="store_true", help="print the rows as JSON")
     o = p.add_argument_group("options (in brackets the modes each applies to; 'default': the backend comparison, "
                              "without --decode or --lora)")
@@ -351,6 +389,9 @@ def cli_main(argv) -> int:
     o.add_argument("--device", help="[--lora] cuda or cpu (default: cuda when there is one)")
     o.add_argument("--short-runs", dest="short_runs", action="store_true",
                    help="[--lora] wall time of whole 20- and 200-step runs, plain vs nvkit, compile cache cold and warm")
+    fo = p.add_argument_group("--families options (besides --new-tokens, --n-prompts, --batch-new-tokens)")
+    fo.add_argument("--shapes", type=_csv, help="[--families] comma-separated shapes (default: "
+                                                "nvkit.benchmarks.families.FAMILIES)")
     so = p.add_argument_group("--session options")
     so.add_argument("--phases", type=_csv, help="[--session] some of cold, warm, restart (each in a process of its own; default cold,warm)")
     so.add_argument("--session-dir", dest="session_dir", help="[--session] the folder a cold and a later warm call share")
@@ -366,11 +407,18 @@ def cli_main(argv) -> int:
     json_rows: list[str] = []
 
     def run() -> int:
-        chosen = "decode" if a.decode else "lora" if a.lora else "session" if a.session else "compare"
+        chosen = ("decode" if a.decode else "lora" if a.lora else "session" if a.session
+                  else "families" if a.families else "compare")
         flags = {act.dest: act.option_strings[0] for act in p._actions if act.option_strings}
         options = {k: v for k, v in vars(a).items()
-                   if k not in ("model", "decode", "lora", "session", "json") and v is not None and v is not False}
+                   if k not in ("model", "decode", "lora", "session", "families", "json") and v is not None
+                   and v is not False}
         try:
+            if chosen == "families" or "shapes" in options:
+                df = _families_cli(a, chosen, options, flags)
+                if a.json:
+                    json_rows.append(df.to_json(orient="records", indent=2))
+                return 0 if len(df) and bool(df["ok"].all()) else 1
             if chosen == "session" or any(k in options for k in _SESSION_OPTIONS):
                 return _session_cli(a, chosen, options, flags)
             if a.short_runs and not a.lora:

@@ -1,0 +1,177 @@
+"""Every model family a user may load, as nvkit's default session runs it (``nvkit bench --families``).
+
+For each shape (random weights of a real model's published config, ``nvkit.demo.shaped``), in one
+process one after the other: which path one prompt and a list take (the stats line's words, so a
+plain fallback shows with its reason), the batch-1 decode rate against plain ``generate``, that
+rate's share of the HBM roofline, and a list's rate against padded plain ``generate``.
+
+The roofline: at batch 1 every new token reads the weights once, so the fastest possible decode
+is the GPU's memory bandwidth over the bytes read per token. Those are the weights' bytes, with a
+mixture of experts counting only the experts a token runs (``num_experts_per_tok`` of
+``num_experts``); the KV cache of a short prompt is left out (under 1 % here). The bandwidth is the
+GPU's nominal figure where nvkit knows the GPU, else what NVML's memory clock and bus width give.
+
+Each timed request is checked: it produced the tokens it claims (``min_new_tokens`` holds every
+prompt to its full length), and a row says so in ``ok``.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..checks import whole_number
+from ..errors import NvkitError
+
+#: the families issue 37 measures, and the Llama/Qwen3 shapes the fast path was built on
+FAMILIES = ("llama-3.2-1b", "qwen3-0.6b", "gemma-3-1b", "gemma-3-4b", "phi-4-mini", "smollm3-3b", "olmo-2-1b",
+            "olmoe-1b-7b")
+
+#: nominal HBM bandwidth (bytes/s) by the name NVML gives; NVML's clock and bus width are a
+#: fallback that some HBM parts under-report
+NOMINAL_BANDWIDTH = {
+    "NVIDIA H200": 4.8e12,
+    "NVIDIA H100 80GB HBM3": 3.35e12,
+    "NVIDIA H100 PCIe": 2.0e12,
+    "NVIDIA A100-SXM4-80GB": 2.039e12,
+    "NVIDIA A100-SXM4-40GB": 1.555e12,
+    "NVIDIA A100 80GB PCIe": 1.935e12,
+    "NVIDIA B200": 8.0e12,
+}
+
+PROMPT = "The history of the graphics processor began with"
+
+
+def bandwidth(device) -> float | None:
+    """The GPU's memory bandwidth in bytes/s (None on a CPU or where NVML cannot say)."""
+    import torch
+    if getattr(device, "type", str(device)) != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    if name in NOMINAL_BANDWIDTH:
+        return NOMINAL_BANDWIDTH[name]
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(torch.device(device).index or 0)
+        clock_hz = pynvml.nvmlDeviceGetMaxClockInfo(h, pynvml.NVML_CLOCK_MEM) * 1e6
+        bus_bytes = pynvml.nvmlDeviceGetMemoryBusWidth(h) / 8
+        return 2 * clock_hz * bus_bytes  # double data rate
+    except Exception:  # noqa: BLE001 - no NVML, or a GPU it does not describe: no roofline column
+        return None
+
+
+def bytes_per_token(model) -> int:
+    """The weight bytes one batch-1 decode step reads: all of them, but of a mixture of experts only
+    the experts a token runs."""
+    cfg = model.config.get_text_config()
+    experts = int(getattr(cfg, "num_experts", 0) or getattr(cfg, "num_local_experts", 0) or 0)
+    active = int(getattr(cfg, "num_experts_per_tok", 0) or 0)
+    total = 0
+    for name, p in model.named_parameters():
+        size = p.numel() * p.element_size()
+        if experts and active and ".experts." in f".{name}.":
+            size = size * active // experts
+        total += size
+    return total
+
+
+def roofline_share(bytes_read: int, seconds_per_token: float, bytes_per_second: float | None) -> float | None:
+    """The achieved read rate over the bandwidth (None without a bandwidth or a time)."""
+    if not bytes_per_second or not seconds_per_token or seconds_per_token <= 0:
+        return None
+    return bytes_read / seconds_per_token / bytes_per_second
+
+
+def _decode_rate(stats) -> float | None:
+    """Tokens after the first over the time after it (the stats' own figures)."""
+    if stats.time_to_first_token is None or stats.new_tokens < 2 or stats.seconds <= stats.time_to_first_token:
+        return None
+    return (stats.new_tokens - 1) / (stats.seconds - stats.time_to_first_token)
+
+
+def _timed(s, prompt, *, n: int, fast):
+    """The request run once untimed (a capture it pays is the session's first-request cost, not
+    its rate), then timed; returns (stats, wall seconds, whether it produced the tokens it claims)."""
+    kw = dict(max_new_tokens=n, min_new_tokens=n, fast=fast)
+    s.generate(prompt, **kw)
+    t = time.perf_counter()
+    out = s.generate(prompt, **kw)
+    wall = time.perf_counter() - t
+    st = s.last_stats
+    rows = len(prompt) if isinstance(prompt, list) else 1
+    healthy = st.new_tokens == rows * n and (len(out) == rows if isinstance(out, list) else isinstance(out, str))
+    return st, wall, healthy
+
+
+def run_family(model: str, *, new_tokens: int = 200, n_prompts: int = 32, list_tokens: int = 128,
+               plain_tokens: int | None = None) -> dict:
+    """One family's row (``model``: a shape name from ``nvkit.demo.SHAPES`` or a model folder)."""
+    import nvkit
+    from ..demo import SHAPES, shaped
+    from .decode import mixed_prompts
+    path = shaped(model) if model.lower() in SHAPES else model
+    cuda = _cuda()
+    s = nvkit.load(path, device_map="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32")
+    try:
+        one, one_wall, ok_one = _timed(s, PROMPT, n=new_tokens, fast=None)
+        plain, plain_wall, ok_plain = _timed(s, PROMPT, n=plain_tokens or min(new_tokens, 64), fast=False)
+        prompts = mixed_prompts(s.tokenizer, n_prompts, seed=0)
+        many, many_wall, ok_many = _timed(s, prompts, n=list_tokens, fast=None)
+        padded, padded_wall, ok_padded = _timed(s, prompts, n=list_tokens, fast=False)
+        rate, plain_rate = _decode_rate(one), _decode_rate(plain)
+        read = bytes_per_token(s.model)
+        return {
+            "family": model,
+            "model_type": s.model.config.get_text_config().model_type,
+            "batch1_path": one.path,
+            "batch1_tok_s": rate,
+            "plain_tok_s": plain_rate,
+            "batch1_vs_plain": rate / plain_rate if rate and plain_rate else None,
+            "roofline": roofline_share(read, 1 / rate if rate else 0.0, bandwidth(s.device)),
+            "list_path": many.path,
+            "list_tok_s": many.new_tokens / many_wall,
+            "padded_plain_tok_s": padded.new_tokens / padded_wall,
+            "list_vs_plain": (many.new_tokens / many_wall) / (padded.new_tokens / padded_wall),
+            "ok": ok_one and ok_plain and ok_many and ok_padded,
+            "batch1_detail": one.detail,
+            "list_detail": many.detail,
+            "gib_read_per_token": read / 2 ** 30,
+        }
+    finally:
+        s.unload()
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def run(shapes=FAMILIES, *, new_tokens: int = 200, n_prompts: int = 32, list_tokens: int = 128,
+        plain_tokens: int | None = None, on_row=None):
+    """The table, one row per shape (a DataFrame). ``on_row(row)`` hears each row as it is done; a
+    shape that fails to run gives a row with its error instead of stopping the others."""
+    import pandas as pd
+    whole_number("new_tokens", new_tokens, 2)
+    whole_number("n_prompts", n_prompts, 2)
+    whole_number("list_tokens", list_tokens, 2)
+    if plain_tokens is not None:
+        whole_number("plain_tokens", plain_tokens, 2)
+    shapes = list(shapes)
+    if not shapes:
+        raise NvkitError("--families needs at least one shape (see nvkit.demo.SHAPES).")
+    from ..demo import SHAPES
+    unknown = [n for n in shapes if n.lower() not in SHAPES]
+    if unknown:
+        raise NvkitError(f"Unknown shape {unknown[0]!r} for --families. Known: {', '.join(sorted(SHAPES))}.")
+    rows = []
+    for name in shapes:
+        try:
+            row = run_family(name, new_tokens=new_tokens, n_prompts=n_prompts, list_tokens=list_tokens,
+                             plain_tokens=plain_tokens)
+        except Exception as e:  # noqa: BLE001 - one family's failure is that family's row
+            from ..errors import error_summary
+            row = {"family": name, "ok": False, "error": error_summary(e)}
+        rows.append(row)
+        if on_row is not None:
+            on_row(row)
+    return pd.DataFrame(rows)
