@@ -38,25 +38,11 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import nvkit
+from nvkit.benchmarks.decode_profile import kind as _kind
 from nvkit.benchmarks.lora import loop_rows
 from nvkit.demo import shaped
 
 CUDA = torch.cuda.is_available()
-
-
-def _kind(name: str) -> str:
-    n = name.lower()
-    if "paged_rope_split" in n or "rope_split" in n or "combine_kernel" in n or "split_kernel" in n:
-        return "nvkit attention"
-    if any(w in n for w in ("gemm", "cutlass", "nvjet", "cublas", "sm90_xmma", "sm80_xmma", "splitk", "gemv")):
-        return "GEMM"
-    if n.startswith("triton_") or "triton" in n:
-        return "inductor/Triton fused"
-    if "flash" in n or "fmha" in n or "attention" in n:
-        return "SDPA attention"
-    if "memcpy" in n or "memset" in n:
-        return "copies"
-    return "other"
 
 
 def _kernels(prof) -> list[tuple[str, float, int]]:

@@ -54,6 +54,7 @@
 #   engine-a/engine-b  the fast path's GPU tests (batch 1 and session / rows), for two lanes
 #   policy   the measured compile policy on SHAPES (default qwen3-4b llama-3.2-1b qwen3-0.6b): the
 #            session against the uncompiled and the always-compiled step (scripts/compile_policy_check.py)
+#   decode-profile  nvkit bench shape:S --decode --profile for SHAPES (default qwen3-0.6b llama-3.2-1b qwen3-4b)
 #   families  nvkit bench --families, one process per shape (FAMILIES picks; each row as JSON in $OUT)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 #   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
@@ -158,6 +159,10 @@ case "$phase" in
     T=${TB:-420} t tests/gpu/test_batched_gpu.py tests/gpu/test_fast_gpu.py::test_batch_path_keeps_input_order -k "not first_batched_call"
     T=100 t tests/gpu/kernels/test_kernel_memory_gpu.py
     T=100 t tests/gpu/test_exact_tokens_gpu.py ;;
+  decode-profile)
+    for sh in ${SHAPES:-qwen3-0.6b llama-3.2-1b qwen3-4b}; do
+      T=${TP:-300} bench shape:$sh --decode --profile
+    done ;;
   families)
     # every family on the default session, one process per shape (a failing one leaves the others):
     # FAMILIES="gemma-3-1b phi-4-mini" picks some (default nvkit.benchmarks.families.FAMILIES)

@@ -345,6 +345,31 @@ def _families_cli(a, chosen: str, options: dict, flags: dict):
     return families.run(shapes, on_row=show, **kw)
 
 
+def _profile_cli(a, chosen: str, options: dict, flags: dict) -> int:
+    """``nvkit bench MODEL --decode --profile [--new-tokens N]``."""
+    from . import decode_profile
+    if chosen != "decode":
+        raise NvkitError("--profile belongs to --decode.")
+    if a.json:
+        raise NvkitError("--json does not apply to --decode --profile: it prints its summary as text.")
+    other = [k for k in options if k != "new_tokens"]
+    if other:
+        raise NvkitError(f"{flags.get(other[0], other[0])} does not apply to --decode --profile; it takes --new-tokens.")
+    n = options.get("new_tokens", 256)
+    if not isinstance(n, int) or n < 2:
+        raise NvkitError(f"--new-tokens must be at least 2 for a profile, not {n}.")
+    model = a.model
+    if model.startswith("shape:"):
+        from ..demo import shaped
+        model = shaped(model.split(":", 1)[1])
+    elif model == "demo":
+        from ..demo import path as demo_path
+        model = demo_path()
+    summary = decode_profile.profile(model, new_tokens=n)
+    print(summary.text())
+    return 0
+
+
 def cli_main(argv) -> int:
     """``nvkit bench [MODEL] [--decode | --lora | --session] [options] [--json]``; see ``--help``."""
     p = argparse.ArgumentParser(
@@ -379,6 +404,9 @@ def cli_main(argv) -> int:
                                               "(python -m nvkit.benchmarks.decode --help lists them)")
     o.add_argument("--n-prompts", dest="n_prompts", type=int, help="[--decode] prompts of the batch group")
     o.add_argument("--batch-new-tokens", dest="batch_new_tokens", type=int, help="[--decode] new tokens per batch prompt")
+    o.add_argument("--profile", action="store_true", help="[--decode] one batch-1 request on the prepared fast path, "
+                                                          "per token: kernels, GPU busy time, bytes/s, share of "
+                                                          "the HBM roofline (nvkit.benchmarks.decode_profile)")
     o.add_argument("--k-steps", dest="k_steps", type=int, help="[--decode] fast-path decode steps per graph replay")
     o.add_argument("--seq-len", dest="seq_len", type=int, help="[--lora] tokens per training row")
     o.add_argument("--steps", type=int, help="[--lora] timed training steps")
@@ -414,6 +442,8 @@ def cli_main(argv) -> int:
                    if k not in ("model", "decode", "lora", "session", "families", "json") and v is not None
                    and v is not False}
         try:
+            if options.pop("profile", False):
+                return _profile_cli(a, chosen, options, flags)
             if chosen == "families" or "shapes" in options:
                 df = _families_cli(a, chosen, options, flags)
                 if a.json:

@@ -1,0 +1,153 @@
+"""Where a batch-1 decode token's time goes (``nvkit bench MODEL --decode --profile``).
+
+Batch-1 decode is bound by memory: each token reads every weight once, so the fastest possible
+token takes the weights' bytes over the GPU's bandwidth (``families.roofline_share``). What keeps a
+decoder from it is visible per token in a profile of one request on the session's fast path:
+
+- kernels per token: each launch has a set-up and a tail in which few weights stream;
+- GPU busy time per token: the union of the kernels' intervals (overlapping kernels, as
+  programmatic dependent launch lets them, count once);
+- the gaps: the token's wall time minus the busy time, the GPU waiting on the host;
+- achieved bytes/s and its share of the bandwidth, from the token's wall time.
+
+The arithmetic (``summarize``) takes plain (name, start µs, end µs) kernel records so it is tested
+on the CPU; ``profile`` records them with torch's profiler (CUPTI sees the kernels inside CUDA-graph
+replays) around one timed request.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..errors import NvkitError
+
+
+def kind(name: str) -> str:
+    """A kernel's kind by its name: GEMM, nvkit's attention, inductor/Triton fused, SDPA attention,
+    copies, other."""
+    n = name.lower()
+    if "paged_rope_split" in n or "rope_split" in n or "combine_kernel" in n or "split_kernel" in n:
+        return "nvkit attention"
+    if any(w in n for w in ("gemm", "cutlass", "nvjet", "cublas", "sm90_xmma", "sm80_xmma", "splitk", "gemv")):
+        return "GEMM"
+    if n.startswith("triton_") or "triton" in n:
+        return "inductor/Triton fused"
+    if "flash" in n or "fmha" in n or "attention" in n:
+        return "SDPA attention"
+    if "memcpy" in n or "memset" in n:
+        return "copies"
+    return "other"
+
+
+def busy_us(intervals) -> float:
+    """The length of the union of (start, end) intervals, in their unit."""
+    total, end = 0.0, None
+    for s, e in sorted(intervals):
+        if end is None or s > end:
+            total += e - s
+            end = e
+        elif e > end:
+            total += e - end
+            end = e
+    return total
+
+
+@dataclass
+class Summary:
+    """One profiled request, per token."""
+    tokens: int
+    wall_us: float            # the request's decode wall time per token
+    kernels: float            # launches per token
+    busy_us: float            # GPU busy time per token (the kernels' union)
+    bytes_per_token: int
+    bandwidth: float | None   # bytes/s (None: unknown)
+    by_kind: dict = field(default_factory=dict)  # kind -> (µs per token, launches per token)
+    detail: str = ""          # how the fast path ran (its stats line's words)
+
+    @property
+    def gap_share(self) -> float:
+        """The share of the token's wall time the GPU ran no kernel."""
+        return max(0.0, 1 - self.busy_us / self.wall_us) if self.wall_us > 0 else 0.0
+
+    @property
+    def achieved(self) -> float:
+        """Weight bytes read per second over the token's wall time."""
+        return self.bytes_per_token / (self.wall_us * 1e-6) if self.wall_us > 0 else 0.0
+
+    @property
+    def roofline(self) -> float | None:
+        return self.achieved / self.bandwidth if self.bandwidth else None
+
+    def text(self) -> str:
+        share = f"{self.roofline:.0%} of the HBM roofline" if self.roofline is not None else "roofline unknown"
+        lines = [f"fast path: {self.detail}"] if self.detail else []
+        lines += [f"per token ({self.tokens} tokens): {self.wall_us:.1f} µs wall, {self.kernels:.0f} kernels, "
+                 f"GPU busy {self.busy_us:.1f} µs ({self.gap_share:.0%} idle), {self.achieved / 1e9:,.0f} GB/s read "
+                 f"({share}; {self.bytes_per_token / 2 ** 20:,.0f} MiB of weights per token)"]
+        for k, (us, n) in sorted(self.by_kind.items(), key=lambda kv: -kv[1][0]):
+            lines.append(f"    {k:24s} {us:9.1f} µs  {n:6.1f} launches")
+        return "\n".join(lines)
+
+
+def summarize(kernels, tokens: int, wall_s: float, bytes_per_token: int, bandwidth: float | None) -> Summary:
+    """``kernels``: (name, start µs, end µs) of every kernel the request ran; ``wall_s``: the decode
+    time of its ``tokens`` tokens."""
+    if tokens < 1 or wall_s <= 0:
+        raise NvkitError(f"A profile needs at least one token and a positive time (got {tokens} tokens "
+                         f"in {wall_s} s).")
+    kernels = list(kernels)
+    by_kind: dict = {}
+    for name, s, e in kernels:
+        k = by_kind.setdefault(kind(name), [0.0, 0])
+        k[0] += e - s
+        k[1] += 1
+    return Summary(tokens=tokens, wall_us=wall_s * 1e6 / tokens, kernels=len(kernels) / tokens,
+                   busy_us=busy_us((s, e) for _, s, e in kernels) / tokens, bytes_per_token=bytes_per_token,
+                   bandwidth=bandwidth, by_kind={k: (us / tokens, n / tokens) for k, (us, n) in by_kind.items()})
+
+
+def _kernel_records(prof) -> list[tuple[str, float, float]]:
+    from torch.autograd import DeviceType
+    out = []
+    for e in prof.events():
+        if getattr(e, "device_type", None) == DeviceType.CUDA and e.time_range.end > e.time_range.start:
+            out.append((e.name, float(e.time_range.start), float(e.time_range.end)))
+    return out
+
+
+def profile(model: str, *, new_tokens: int = 256, prompt: str = "The history of the graphics processor began with"):
+    """Profile one batch-1 request of ``new_tokens`` on the session's fast path after it is prepared
+    (compiled and captured, as a session runs after ``fast.prepare``); returns the ``Summary``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile as torch_profile
+
+    import nvkit
+    from ..generate import fast
+    from .families import bandwidth, bytes_per_token
+    if not torch.cuda.is_available():
+        raise NvkitError("--profile times CUDA kernels: it needs a GPU (this machine has no CUDA).")
+    s = nvkit.load(model, device_map="cuda", dtype="bfloat16")
+    try:
+        fast.prepare(s, max_new_tokens=new_tokens)
+        kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, fast=True)
+        s.generate(prompt, **kw)
+        with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+            t = time.perf_counter()
+            s.generate(prompt, **kw)
+            torch.cuda.synchronize()
+            wall = time.perf_counter() - t
+        st = s.last_stats
+        if st.path != "fast" or st.new_tokens != new_tokens:
+            raise NvkitError(f"The profiled request did not run {new_tokens} tokens on the fast path: {st}")
+        decode_s = wall - (st.time_to_first_token or 0.0)
+        records = _kernel_records(prof)
+        first = min((s0 for _, s0, _ in records), default=0.0)
+        # the prompt's prefill and the first token are left out: the kernels from the first token on
+        cut = first + (st.time_to_first_token or 0.0) * 1e6
+        decode = [r for r in records if r[1] >= cut]
+        summary = summarize(decode, max(1, new_tokens - 1), decode_s, bytes_per_token(s.model), bandwidth(s.device))
+        summary.detail = st.detail
+        return summary
+    finally:
+        s.unload()
