@@ -400,7 +400,7 @@ def cli_main(argv) -> int:
     o.add_argument("--repeats", type=int, help="[default, --decode] timed runs per row (the median is shown)")
     o.add_argument("--dtype", help="[default, --decode] e.g. auto, bfloat16, float32")
     o.add_argument("--batch-size", dest="batch_size", type=int, help="[default, --lora] prompts per batch / rows per step")
-    o.add_argument("--paths", type=_csv, help="[--decode] comma-separated paths, e.g. fast,fast+triton "
+    o.add_argument("--paths", type=_csv, help="[--decode] comma-separated paths, e.g. fast,fast+split "
                                               "(python -m nvkit.benchmarks.decode --help lists them)")
     o.add_argument("--n-prompts", dest="n_prompts", type=int, help="[--decode] prompts of the batch group")
     o.add_argument("--batch-new-tokens", dest="batch_new_tokens", type=int, help="[--decode] new tokens per batch prompt")

@@ -46,8 +46,8 @@ SINGLE_PATHS = ("generate", "static+compile", "fast")
 BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # Variants of the fast path, to compare in one process before changing its defaults. Besides the
 # names below, any "fast+OPT+OPT..." works, OPT one of: eager (no torch.compile: own capture of the
-# eager forward), matmul (attention as two batched products: attention="matmul"), triton (nvkit's
-# split-cache decode attention kernel: attention="triton"), tfused (the same kernel also doing q/k
+# eager forward), matmul (attention as two batched products: attention="matmul"), split (nvkit's
+# split-cache decode attention kernel: attention="triton-split"), tfused (the same kernel also doing q/k
 # norms, RoPE and the cache writes: attention="triton-fused"), pdl (Programmatic Dependent Launch
 # between inductor's kernels: pdl=True, the default where torch can; nopdl turns it off), combo
 # (inductor's combo_kernels: independent small kernels launched as one), regional (one decoder
@@ -76,7 +76,7 @@ MIXED_TOKENS = (16, 512)
 
 # option -> (FastOptions field, value)
 _FAST_OPTIONS = {"eager": ("compile", False), "matmul": ("attention", "matmul"),
-                 "triton": ("attention", "triton"), "tfused": ("attention", "triton-fused"), "pdl": ("pdl", True),
+                 "split": ("attention", "triton-split"), "tfused": ("attention", "triton-fused"), "pdl": ("pdl", True),
                  "nopdl": ("pdl", False), "combo": ("inductor", {"combo_kernels": True}),
                  "regional": ("regional", True), "whole": ("regional", False), "fold": ("lora_fold", True),
                  "notune": ("tune", False)}

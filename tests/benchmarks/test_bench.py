@@ -105,8 +105,8 @@ def test_cli_decode_paths(monkeypatch, capsys):
     import nvkit.benchmarks.decode as bd
     seen = {}
     _recording(monkeypatch, bd, seen, pd.DataFrame([{"path": "fast", "tokens_per_s": 1.0}]))
-    assert cli_main(["demo", "--decode", "--paths", "fast, fast+triton", "--repeats", "2"]) == 0
-    assert seen[bd.__name__] == dict(model="demo", paths=["fast", "fast+triton"], repeats=2)
+    assert cli_main(["demo", "--decode", "--paths", "fast, fast+split", "--repeats", "2"]) == 0
+    assert seen[bd.__name__] == dict(model="demo", paths=["fast", "fast+split"], repeats=2)
     assert cli_main(["demo", "--paths", "fast"]) == 2  # --paths without --decode
     assert "--paths does not apply to the backend comparison (no --decode/--lora): it belongs to --decode" \
         in capsys.readouterr().err

@@ -84,7 +84,7 @@ def test_the_route_of_a_request_is_decided_once_with_its_tokens(s):
     r = fast.route(_on_gpu(s), ["Hello there"], greedy, None)
     assert r.path == "fast" and r.ids == [s.tokenizer("Hello there")["input_ids"]] and r.sampling.max_new_tokens == 200
     short = fast.route(_on_gpu(s), ["Hello there"], dict(greedy, max_new_tokens=8), None)
-    assert short.path == "generate" and short.off[0].startswith("fast path off: not compiled yet")
+    assert short.path == "generate" and short.off[0].startswith("fast path off: not captured yet")
     assert fast.route(_on_gpu(s), ["Hello there"], dict(greedy, max_new_tokens=8), True).path == "fast"
     assert fast.route(_on_gpu(s), ["Hello"], greedy, False).path == "generate"
     assert fast.route(s, ["Hello"], greedy, None).path == "generate"  # on the CPU: nothing to say
@@ -111,3 +111,13 @@ def test_prepare_says_why_the_fast_path_cannot_run_here(s):
     with pytest.raises(NvkitError, match="max_new_tokens must be a whole number"):
         fast.prepare(s, max_new_tokens=0)
     assert s.generate("Hello", max_new_tokens=2) is not None
+
+
+@pytest.mark.parametrize("asked, match", [("triton", "named two kernels; say which: 'triton-fused'"),
+                                          ("flash", "attention must be one of 'matmul', 'triton-split'")])
+def test_one_word_per_attention_kernel(asked, match):
+    """'triton' once meant the split kernel at batch 1 and the paged one in lists: it is refused
+    with the two names, so a setting never picks another kernel than the one its user meant."""
+    with pytest.raises(NvkitError, match=match):
+        FastOptions(attention=asked)
+    assert FastOptions(attention="triton-split").attention == "triton-split"

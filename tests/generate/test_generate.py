@@ -314,22 +314,22 @@ def test_fast_default_waits_for_nothing_on_short_requests(s):
 
 def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
     with pytest.raises(NvkitError, match="fused decode step"):
-        fast.FastDecoder(s.model, graphs=False, fused=False, attention="triton")
+        fast.FastDecoder(s.model, graphs=False, fused=False, attention="triton-split")
     odd = AutoModelForCausalLM.from_pretrained(nvkit.demo.path())
     odd.config.head_dim = 48  # read by the check only; the weights stay as they are
     with pytest.raises(NvkitError, match="power-of-two head_dim"):
-        fast.FastDecoder(odd, graphs=False, attention="triton")
+        fast.FastDecoder(odd, graphs=False, attention="triton-split")
     # triton-fused applies the q/k norms itself: only plain per-head RMS norms with one epsilon
     other = AutoModelForCausalLM.from_pretrained(nvkit.demo.path())
     attn0 = other.model.layers[0].self_attn
     assert fast.FastDecoder(other, graphs=False, attention="triton-fused").attention == "triton-fused"
     attn0.k_norm.variance_epsilon = 1e-3
-    with pytest.raises(NvkitError, match="different epsilons.*attention='triton' does"):
+    with pytest.raises(NvkitError, match="different epsilons.*attention='triton-split' does"):
         fast.FastDecoder(other, graphs=False, attention="triton-fused")
     attn0.q_norm = torch.nn.LayerNorm(attn0.head_dim)
     with pytest.raises(NvkitError, match="not a per-head RMS norm"):
         fast.FastDecoder(other, graphs=False, attention="triton-fused")
-    assert fast.FastDecoder(other, graphs=False, attention="triton").attention == "triton"  # norms stay the model's
+    assert fast.FastDecoder(other, graphs=False, attention="triton-split").attention == "triton-split"  # norms stay the model's
     # "auto" takes triton-fused where it fits and says why not where it does not: on a CPU, never
     on_cpu = fast.FastDecoder(s.model, graphs=False, attention="auto")
     assert on_cpu.attention == "matmul" and "run on CUDA GPUs" in on_cpu.attention_why
@@ -346,7 +346,7 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
         monkeypatch.delattr(kernels, name, raising=False)  # else `from ..kernels import` finds it there
     monkeypatch.setitem(sys.modules, "triton", None)  # as if not installed
     with pytest.raises(NvkitError, match="needs the triton package"):
-        fast.FastDecoder(s.model, graphs=False, attention="triton")
+        fast.FastDecoder(s.model, graphs=False, attention="triton-split")
 
 
 def test_auto_attention_gives_way_to_matmul_when_the_triton_step_fails(s, monkeypatch):
@@ -446,7 +446,7 @@ def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     assert opts("fast+matmul")["attention"] == "matmul"
     assert opts("fast eager")["compile"] is False
     assert opts("fast without pdl")["pdl"] is False
-    assert opts("fast+triton")["attention"] == "triton"
+    assert opts("fast+split")["attention"] == "triton-split"
     assert opts("fast+pdl+tfused+combo+k16") == dict(compile=True, attention="triton-fused", pdl=True,
                                                   inductor={"combo_kernels": True}, k_steps=16, regional=None,
                                                   lora_fold=None, tune=None)

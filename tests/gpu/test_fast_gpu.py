@@ -105,9 +105,9 @@ def test_fast_sampling_is_seeded_and_options_fall_back(demo_cuda):
     assert s.last_stats.path == "fast" and isinstance(chat, str)
 
 
-@pytest.mark.parametrize("kind", ["triton", "triton-fused"])
+@pytest.mark.parametrize("kind", ["triton-split", "triton-fused"])
 def test_triton_attention_is_token_identical(demo_cuda, kind):
-    """nvkit's split-cache decode-attention kernels (attention='triton'; 'triton-fused' also does
+    """nvkit's split-cache decode-attention kernels (attention='triton-split'; 'triton-fused' also does
     the q/k norms, RoPE and cache writes), compiled and captured: the same greedy tokens as plain
     generate on the demo model."""
     s = demo_cuda

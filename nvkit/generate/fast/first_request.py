@@ -81,8 +81,11 @@ def _path():
     return artifacts.folder() / "first-capture.json"
 
 
-def _key(model, device) -> str:
-    return artifacts.key(model, {"first": "capture"}, device)
+def _key(model, device) -> str | None:
+    try:
+        return artifacts.key(model, {"first": "capture"}, device)
+    except Exception:  # noqa: BLE001 - a device torch cannot describe: no record, the prior stands in
+        return None
 
 
 def _read() -> dict:
@@ -102,8 +105,11 @@ def _read() -> dict:
 
 def stored_capture(model, device) -> float | None:
     """The seconds a first capture of this model took on this machine (None: not on record)."""
+    key = _key(model, device)
+    if key is None:
+        return None
     try:
-        return _read().get(_key(model, device))
+        return _read().get(key)
     except OSError:
         return None
 
@@ -111,12 +117,13 @@ def stored_capture(model, device) -> float | None:
 def remember_capture(model, device, seconds: float) -> None:
     """Keep what this session's first capture took, for the next session's first request. A cache
     folder that cannot be written only means the prior next time."""
-    if not 0 < seconds < 3600:
+    key = _key(model, device)
+    if key is None or not 0 < seconds < 3600:
         return
     try:
         data = _read()
-        data.pop(_key(model, device), None)
-        data[_key(model, device)] = round(float(seconds), 3)
+        data.pop(key, None)
+        data[key] = round(float(seconds), 3)
         cache.own_dir(artifacts.folder().name)
         cache.write_atomic(_path(), json.dumps(dict(list(data.items())[-KEEP:]), indent=0))
     except OSError as e:

@@ -8,7 +8,7 @@ and writes its keys and values through its page table ``table[b]`` (see
 head_dim) tensor. Every size that varies from one request to the next (rows, table width, pool,
 rotary tables) is an argument, so one compile serves every batch-size class and pool.
 
-Attention: "triton" (nvkit's paged kernel: q/k norms, RoPE, the cache write and the attention of
+Attention: "paged" (nvkit's paged kernel: q/k norms, RoPE, the cache write and the attention of
 every row in two kernels) or "matmul" (plain torch: each row's cache gathered through its table
 and masked at its position; the CPU path, and the fallback where the kernel cannot run).
 """
@@ -31,7 +31,7 @@ def paged_positions(table, page: int, length: int):
 def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: int, kernels: bool = False) -> Callable:
     """One layer of the rows decode step, on tensors only: ``layer(h, delta, pos, table, cos, sin,
     c, s, where, here, mask, keys, values, *layer_args(w, lo))`` -> (h, delta), the residual
-    carried as ``llama_step.decode_layer`` carries it (the layer's input is ``h + delta``). "triton"
+    carried as ``llama_step.decode_layer`` carries it (the layer's input is ``h + delta``). "paged"
     reads ``pos``, ``table`` and the rotary tables ``cos``/``sin``; "matmul" reads the rows'
     rotary values ``c``/``s``, their pool indices ``where``, new positions ``here`` and ``mask``
     (``decode_rows_step`` makes them once per step). ``kernels``: the sums with their norms, the
@@ -40,7 +40,7 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     import torch
     import torch.nn.functional as F
     groups = nh // nkv
-    if attention == "triton":
+    if attention == "paged":
         from ..kernels.paged_attention import paged_decode_attention
     proj = linear
     if kernels:
@@ -57,7 +57,7 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
             h = h + delta
             x = rms_norm(h, in_norm, in_eps)
         qkv = proj(x, qkv_w, qkv_bias, lo_qkv).view(-1, nh + 2 * nkv, hd)
-        if attention == "triton":
+        if attention == "paged":
             o = paged_decode_attention(qkv, q_norm, k_norm, cos, sin, keys, values, pos, table, page, scaling, qk_eps)
         else:
             q, k, v = qkv.split((nh, nkv, nkv), dim=1)
@@ -104,7 +104,7 @@ def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, lay
     def step(tok, pos, table, cos, sin, keys, values):
         h = F.embedding(tok, fw.embed)                                 # (rows, hidden)
         c = s = where = here = mask = None
-        if attention != "triton":
+        if attention != "paged":
             c, s = cos.index_select(0, pos).unsqueeze(1), sin.index_select(0, pos).unsqueeze(1)  # (rows, 1, hd)
             length = table.shape[1] * page
             where = paged_positions(table, page, length)               # (rows, length) pool indices

@@ -99,7 +99,7 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
         from ..kernels.add_rms_norm import add_rms_norm
         from ..kernels.lora_add import linear as proj
         from ..kernels.silu_mul import silu_mul
-    if attention == "triton":
+    if attention == "triton-split":
         from ..kernels.decode_attention import decode_attention
     if attention == "triton-fused":
         from ..kernels.decode_attention import decode_attention_rope
@@ -123,7 +123,7 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
             q, k = rope(q, cos, sin), rope(k, cos, sin)
             keys.index_copy_(1, where, k.view(nkv, 1, hd))
             values.index_copy_(1, where, v.view(nkv, 1, hd))
-            if attention == "triton":
+            if attention == "triton-split":
                 o = decode_attention(q, keys, values, pos, scaling)
             else:
                 scores = torch.matmul(q.view(nkv, groups, hd), keys.transpose(1, 2)).float() * scaling + mask
@@ -161,7 +161,7 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, l
     """One decode step for one token: reads ``static_cache.tok`` at position ``static_cache.pos``, writes its key
     and value into the cache, advances ``static_cache.pos`` and returns (1, vocab) float logits.
 
-    ``attention``: "matmul" (two batched products, masked by the position), "triton" (nvkit's
+    ``attention``: "matmul" (two batched products, masked by the position), "triton-split" (nvkit's
     split-cache decode kernel: two small kernels per layer, nothing read past the position) or
     "triton-fused" (the same kernels also apply the q/k norms and RoPE and write the new key and
     value into the cache, which the other kinds do in kernels of their own). ``lora``: a
@@ -175,7 +175,7 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, l
     layer = layer or decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, kernels)
     head = head or decode_head(fw, kernels)
     fold = not kernels
-    matmul = attention not in ("triton", "triton-fused")
+    matmul = attention not in ("triton-split", "triton-fused")
 
     def step(tok):
         pos = cache.pos

@@ -20,7 +20,7 @@ from ...checks import env_flag, env_int, env_number, env_set, number
 from ...errors import NvkitError
 
 #: the fused step's attention kinds ("auto": triton-fused where it fits, see ``FastDecoder``)
-ATTENTION_KINDS = ("matmul", "triton", "triton-fused")
+ATTENTION_KINDS = ("matmul", "triton-split", "triton-fused")
 DEFAULT_ATTENTION = "auto"
 #: the smallest KV-cache size class, in tokens: one capture serves every request that fits in it
 DEFAULT_CACHE_TOKENS = 4096
@@ -93,6 +93,10 @@ class FastOptions:
         object.__setattr__(self, "compile_after", number("compile_after", self.compile_after, 0))
         if self.fused not in (None, True, False):
             raise NvkitError(f"fused must be True, False or None (where it fits), not {self.fused!r}.")
+        if self.attention == "triton":
+            raise NvkitError("attention='triton' named two kernels; say which: 'triton-fused' (the one 'auto' picks "
+                             "at batch 1) or 'triton-split' (the split-cache kernel, kept for comparisons). Lists "
+                             "run the paged kernel with either.")
         if self.attention not in ATTENTION_KINDS + ("auto",):
             raise NvkitError(f"attention must be one of {', '.join(map(repr, ATTENTION_KINDS + ('auto',)))}, "
                              f"not {self.attention!r}.")

@@ -95,20 +95,20 @@ class BatchedDecoder(GraphRunner):
         self.last_batches: collections.Counter = collections.Counter()  # batch class -> replays, last request
 
     def _choose_attention(self, asked: str) -> tuple[str, str | None]:
-        """("triton" | "matmul", why "auto" did not take the kernel). The paged kernel applies the
+        """("paged" | "matmul", why "auto" did not take the kernel). The paged kernel applies the
         q/k norms itself, so it needs per-head RMS norms (or none) and a power-of-two head size."""
         if asked == "matmul":
             return "matmul", None
-        why = (triton_cannot_run_on(self.device) if asked == "auto" else None) or self.kernel_why("triton", qk_norms=True)
+        why = (triton_cannot_run_on(self.device) if asked == "auto" else None) or self.kernel_why("paged", qk_norms=True)
         if why is None:
-            return "triton", None
+            return "paged", None
         if asked != "auto":
             raise NvkitError(f"The batched path's paged Triton attention cannot run: {why}.")
         return "matmul", why
 
     def describe(self) -> str:
         """How this decoder runs, in a few words for the stats line."""
-        parts = [f"fused step over rows, {self._class_how()}", f"paged {self.attention} attention"]
+        parts = [f"fused step over rows, {self._class_how()}", f"{self.attention} attention"]
         prefills = list(self._prefills.values())
         if any(p.error for p in prefills):
             parts.append(f"eager prefill: its compile failed ({next(p.error for p in prefills if p.error)})")

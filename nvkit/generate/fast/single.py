@@ -102,7 +102,7 @@ class FastDecoder(GraphRunner):
         why = self.kernel_why(kind, qk_norms=False)
         if why is None and kind == "triton-fused":
             why = self.kernel_why(kind, qk_norms=True)
-            return f"{why}. attention='triton' does" if why else None
+            return f"{why}. attention='triton-split' does" if why else None
         return why
 
     def describe(self) -> str:

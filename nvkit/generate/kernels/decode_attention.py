@@ -16,7 +16,7 @@ opaque node and calls it at run time, Triton compiles the kernels in this proces
 (warm-up) call, and CUDA-graph capture records their launches. Why not ``triton_op``, which hands
 the kernels to inductor: on a Hopper GPU with torch 2.11 inductor's compile workers failed on them
 ("SubprocException"), while the same kernels compiled and decoded the right tokens when launched
-directly. Used by ``nvkit.fast`` with ``attention="triton"`` (``decode_attention``) and
+directly. Used by ``nvkit.fast`` with ``attention="triton-split"`` (``decode_attention``) and
 ``attention="triton-fused"`` (``decode_attention_rope``); the batched path's kernel over a paged
 cache is ``paged_attention``. The references in plain torch: ``attend_reference`` (in
 ``nvkit.benchmarks.attention``, which checks the paged kernel against it too) and, built on it,

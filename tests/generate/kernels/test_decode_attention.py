@@ -4,7 +4,7 @@ in), run by Triton's interpreter on the CPU (TRITON_INTERPRET=1, which must be s
 imported: hence a child process), against the references in plain torch: ``attend_rope_reference``
 below, built on ``attend_reference`` and ``rope_reference`` (in ``nvkit.benchmarks.attention``,
 whose paged-attention benchmark checks against them too). The GPU run of the same kernels is
-tests/gpu/test_fast_gpu.py and the "fast+triton" decode benchmark."""
+tests/gpu/test_fast_gpu.py and the "fast+split" decode benchmark."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_shape_checks():
 
 
 def test_fast_decoder_with_triton_attention_decodes_like_matmul():
-    """The whole fused step with attention='triton' and 'triton-fused' (no CUDA graphs: the CPU
+    """The whole fused step with attention='triton-split' and 'triton-fused' (no CUDA graphs: the CPU
     checks the logic):
     the demo model's greedy tokens are the matmul path's, logits within bf16 rounding."""
     out = _interpret("""
@@ -84,7 +84,7 @@ def test_fast_decoder_with_triton_attention_decodes_like_matmul():
         with torch.inference_mode():
             ref = fast.FastDecoder(m, k_steps=4, graphs=False)
             a, ref_logits = ref.trace(ids, sampling)
-            for kind in ("triton", "triton-fused"):
+            for kind in ("triton-split", "triton-fused"):
                 tri = fast.FastDecoder(m, k_steps=4, graphs=False, attention=kind)
                 b, lb = tri.trace(ids, sampling)
                 assert a == b, (kind, a, b)

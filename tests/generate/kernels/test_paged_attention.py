@@ -90,7 +90,7 @@ def test_paged_kernel_matches_reference_for_ragged_rows():
 
 
 def test_batched_decoder_with_the_paged_kernel_decodes_like_matmul():
-    """The whole batched step with attention='triton' (the paged kernel) against 'matmul', on the
+    """The whole batched step with the paged kernel (attention='paged') against 'matmul', on the
     demo model (bf16) without graphs: the same greedy tokens for prompts of different lengths;
     and the op traces whole with dynamic rows under torch.compile."""
     out = _interpret("""
@@ -106,7 +106,7 @@ def test_batched_decoder_with_the_paged_kernel_decodes_like_matmul():
         with torch.inference_mode():
             ref = BatchedDecoder(fast.FastDecoder(m, k_steps=4, graphs=False), max_rows=2).generate(prompts, sampling)
             tri = BatchedDecoder(fast.FastDecoder(m, k_steps=4, graphs=False, attention="triton-fused"), max_rows=2)
-            assert tri.attention == "triton"
+            assert tri.attention == "paged"
             got = tri.generate(prompts, sampling)
         assert got == ref, (got, ref)
 
