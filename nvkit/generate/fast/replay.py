@@ -18,10 +18,12 @@ from typing import Callable
 from .static_cache import Cache
 
 
-def replays(c: Cache, replay, first, sampling, on_tokens, stop_event, stops, keep_logits: bool, kept: list) -> list[int]:
+def replays(c: Cache, replay, first, sampling, *, on_tokens=None, stop_event=None, stops=None,
+            kept: list | None = None) -> list[int]:
     """The host side of one request after its first token: replay the graph (K tokens each),
-    hand each chunk to ``on_tokens``, stop at EOS, a stop string, ``stop_event`` or
-    ``sampling.max_new_tokens``; returns the new ids. ``kept`` collects logits when kept."""
+    hand each chunk to ``on_tokens``, stop at EOS, a stop string (``stops``), ``stop_event`` or
+    ``sampling.max_new_tokens``; returns the new ids. ``kept``: a list that collects each step's
+    logits (``FastDecoder.trace``; None, as requests run, copies none)."""
     eos = set(sampling.eos)
     pending: collections.deque = collections.deque()
     planned = 1  # tokens covered by the replays queued so far, if no EOS comes
@@ -31,7 +33,7 @@ def replays(c: Cache, replay, first, sampling, on_tokens, stop_event, stops, kee
         if planned >= sampling.max_new_tokens or (stop_event is not None and stop_event.is_set()):
             return
         replay()
-        pending.append(_readout(c, (planned - 1) // c.k, keep_logits))
+        pending.append(_readout(c, (planned - 1) // c.k, kept is not None))
         planned += c.k
 
     queue_next()  # before the first token's sync: the GPU goes on while the host streams it
@@ -57,7 +59,8 @@ def replays(c: Cache, replay, first, sampling, on_tokens, stop_event, stops, kee
             break
         queue_next()
         chunk, logits_k = _collect(pending.popleft())
-        kept.extend(logits_k)
+        if kept is not None:
+            kept.extend(logits_k)
     _drain(pending)
     return tokens
 

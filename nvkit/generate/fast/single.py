@@ -416,10 +416,11 @@ class FastDecoder(GraphRunner):
             c.pos.fill_(n)
             first = choose(logits, c, sampling.key)
             c.tok.copy_(first.view(1, 1))
-            kept = [logits[0].clone()] if keep_logits else []
+            kept = [logits[0].clone()] if keep_logits else None
             stops = StopStrings(tokenizer, sampling.stop_strings, input_ids[0].tolist()) if sampling.stop_strings else None
-            tokens = replays(c, replay, first, sampling, on_tokens, stop_event, stops, keep_logits, kept)
-            self.last_logits = kept[:len(tokens)]
+            tokens = replays(c, replay, first, sampling, on_tokens=on_tokens, stop_event=stop_event, stops=stops,
+                             kept=kept)
+            self.last_logits = kept[:len(tokens)] if kept is not None else []
             if lora_on in c.uncompiled:
                 self.uncompiled_seconds += time.perf_counter() - t
             return tokens
