@@ -122,12 +122,12 @@ def profile(model: str, *, new_tokens: int = 256, prompt: str = "The history of 
     import torch
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
-    import nvkit
+    from ..model.session import load
     from ..generate import fast
     from .families import bandwidth, bytes_per_token
     if not torch.cuda.is_available():
         raise NvkitError("--profile times CUDA kernels: it needs a GPU (this machine has no CUDA).")
-    s = nvkit.load(model, device_map="cuda", dtype="bfloat16")
+    s = load(model, device_map="cuda", dtype="bfloat16")
     try:
         fast.prepare(s, max_new_tokens=new_tokens)
         kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, fast=True)

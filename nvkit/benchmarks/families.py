@@ -106,12 +106,12 @@ def _timed(s, prompt, *, n: int, fast):
 def run_family(model: str, *, new_tokens: int = 200, n_prompts: int = 32, list_tokens: int = 128,
                plain_tokens: int | None = None) -> dict:
     """One family's row (``model``: a shape name from ``nvkit.demo.SHAPES`` or a model folder)."""
-    import nvkit
+    from ..model.session import load
     from ..demo import SHAPES, shaped
     from .decode import mixed_prompts
     path = shaped(model) if model.lower() in SHAPES else model
     cuda = _cuda()
-    s = nvkit.load(path, device_map="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32")
+    s = load(path, device_map="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32")
     try:
         one, one_wall, ok_one = _timed(s, PROMPT, n=new_tokens, fast=None)
         plain, plain_wall, ok_plain = _timed(s, PROMPT, n=plain_tokens or min(new_tokens, 64), fast=False)
