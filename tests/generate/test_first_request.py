@@ -42,8 +42,8 @@ def test_the_quicker_way_wins():
     assert slow_plain.capture_pays and slow_plain.plain == pytest.approx(2.16) and slow_plain.fast == pytest.approx(1.048)
     quick_plain = first_request.expected(8, plain_per_token=0.01, capture=1.0, fast_per_token=0.002)
     assert not quick_plain.capture_pays
-    assert "0.08 s (estimated)" in quick_plain.words(8) and "1.0 s, estimated" in quick_plain.words(8)
-    measured = first_request.expected(8, 0.01, 1.0, plain_measured=True, capture_measured=True)
+    assert "0.08 s (estimated)" in quick_plain.words(8) and "(1.0 s, estimated)" in quick_plain.words(8)
+    measured = first_request.expected(8, 0.01, 1.0, plain_measured=True, capture_from="as measured on this machine")
     assert "measured in this session" in measured.words(8) and "as measured on this machine" in measured.words(8)
 
 
@@ -97,3 +97,20 @@ def test_the_first_short_request_takes_the_quicker_way(s, cache):
     first_request.remember_capture(s.model, s.device, 0.3)
     assert _worth(s, 24, plain_per_token=0.05) is None
     assert _worth(s, fast.default_options().min_tokens) is None  # long requests always capture
+
+
+def test_a_session_whose_decoder_has_captured_weighs_one_more_graph(s, cache):
+    """Another sampling mode or an adapter switched on (compare's two sides): the decoder exists,
+    so one more graph costs what this session's graphs took, not a first capture."""
+    d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
+    fast.swap(s, d)  # as fast.decoder(session) keeps it
+    try:
+        first_request.remember_capture(s.model, s.device, 30.0)  # a slow first capture on record
+        assert _worth(s, 24, plain_per_token=0.05)  # no graph in this session yet: the record counts
+        d.capture_seconds[(256, ("greedy", 0, False, False), False, False)] = 0.2
+        d.capture_seconds[("prefill", 16, False)] = 5.0  # a prefill graph is not a decode step's capture
+        assert _worth(s, 24, plain_per_token=0.05) is None  # 1.2 s plain against 0.3 s
+        why = _worth(s, 2, plain_per_token=0.05)
+        assert why and "(0.2 s, as this session's graphs took)" in why
+    finally:
+        fast.forget(s)

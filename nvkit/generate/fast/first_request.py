@@ -54,7 +54,7 @@ class Expected:
     fast: float
     capture: float
     plain_measured: bool
-    capture_measured: bool
+    capture_from: str  # where the capture's seconds came from, for the reason's words
 
     @property
     def capture_pays(self) -> bool:
@@ -62,19 +62,18 @@ class Expected:
 
     def words(self, new_tokens: int) -> str:
         plain_from = "measured in this session" if self.plain_measured else "estimated"
-        capture_from = "as measured on this machine" if self.capture_measured else "estimated"
         return (f"plain generate answers {new_tokens} new tokens in about {self.plain:.2f} s ({plain_from}), "
-                f"the fast path in about {self.fast:.2f} s with its first capture ({self.capture:.1f} s, {capture_from})")
+                f"the fast path in about {self.fast:.2f} s with its capture first ({self.capture:.1f} s, {self.capture_from})")
 
 
 def expected(new_tokens: int, plain_per_token: float, capture: float,
              fast_per_token: float = FAST_SECONDS_PER_TOKEN, *, plain_first: float = 0.0,
-             plain_measured: bool = False, capture_measured: bool = False) -> Expected:
+             plain_measured: bool = False, capture_from: str = "estimated") -> Expected:
     """The two expected times for ``new_tokens`` new tokens (``plain_first``: plain's one-off
     set-up still to pay)."""
     n = max(1, int(new_tokens))
     return Expected(plain=plain_first + n * plain_per_token, fast=capture + n * fast_per_token, capture=capture,
-                    plain_measured=plain_measured, capture_measured=capture_measured)
+                    plain_measured=plain_measured, capture_from=capture_from)
 
 
 def _path():
@@ -130,13 +129,20 @@ def remember_capture(model, device, seconds: float) -> None:
         log.warning("could not keep the first capture's time in %s: %s", _path(), e)
 
 
-def estimate(model, device, plain_per_token: float | None, new_tokens: int) -> Expected:
+def estimate(model, device, plain_per_token: float | None, new_tokens: int,
+             session_captures: list[float] | None = None) -> Expected:
     """The expected times of a request of ``new_tokens`` on ``model`` (the base model) on
-    ``device`` now; ``plain_per_token``: the session's measured plain cost (None: not yet)."""
+    ``device`` now; ``plain_per_token``: the session's measured plain cost (None: not yet);
+    ``session_captures``: seconds of the graphs the session's decoder has captured already, the
+    cost of one more (another sampling mode, an adapter switched on or off) where there are some."""
     layers = int(getattr(model.config.get_text_config(), "num_hidden_layers", 0) or 24)
-    capture = stored_capture(model, device)
     measured = plain_per_token is not None
-    return expected(new_tokens, plain_per_token if measured else layers * PLAIN_SECONDS_PER_LAYER,
-                    capture if capture is not None else CAPTURE_SECONDS,
+    if session_captures:
+        capture, source = min(session_captures), "as this session's graphs took"
+    else:
+        stored = stored_capture(model, device)
+        capture, source = ((stored, "as measured on this machine") if stored is not None
+                           else (CAPTURE_SECONDS, "estimated"))
+    return expected(new_tokens, plain_per_token if measured else layers * PLAIN_SECONDS_PER_LAYER, capture,
                     plain_first=0.0 if measured else PLAIN_FIRST_CALL_SECONDS,
-                    plain_measured=plain_per_token is not None, capture_measured=capture is not None)
+                    plain_measured=measured, capture_from=source)

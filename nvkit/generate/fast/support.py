@@ -127,7 +127,9 @@ def worth_capturing(session, prompt_tokens: int, gen: dict, sampling: Sampling) 
     n = int(gen["max_new_tokens"])
     if n >= min_tokens:
         return None
-    expected = first_request.estimate(base_model(session.model), session.device, session.decoders.plain_per_token, n)
+    again = [v for k, v in (d.capture_seconds.items() if d is not None else ()) if k[0] != "prefill"]
+    expected = first_request.estimate(base_model(session.model), session.device, session.decoders.plain_per_token, n,
+                                      session_captures=again)
     if expected.capture_pays:
         return None
     return (f"not captured yet, and {expected.words(n)}; nvkit.generate.fast.prepare(s), fast=True or a request "
