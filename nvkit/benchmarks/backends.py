@@ -299,15 +299,21 @@ def _session_cli(a, chosen: str, options: dict, flags: dict) -> int:
                          f"{', '.join(flags[k] for k in _SESSION_OPTIONS)}.")
     from . import session as bench_session
     model = a.model
-    if model.startswith("shape:"):
-        from ..demo import shaped
-        model = shaped(model.split(":", 1)[1])
+    model = _model_path(model)
     # "none" on the command line is run()'s "" (no request on that path)
     paths = {k: ("" if v.strip().lower() == "none" else v) for k in ("plain", "static")
              if (v := getattr(a, k)) is not None}
     bench_session.run_phases(model=model, csv=a.csv, folder=a.session_dir, phases=tuple(a.phases or ("cold", "warm")),
                              **paths)
     return 0
+
+
+def _model_path(model: str) -> str:
+    """``shape:NAME`` built (or found) as a random-weight folder; any other name as given."""
+    if model.startswith("shape:"):
+        from ..demo import shaped
+        return shaped(model.split(":", 1)[1])
+    return model
 
 
 _FAMILIES_OPTIONS = {"shapes": "shapes", "new_tokens": "new_tokens", "n_prompts": "n_prompts",
@@ -359,10 +365,8 @@ def _profile_cli(a, chosen: str, options: dict, flags: dict) -> int:
     if not isinstance(n, int) or n < 2:
         raise NvkitError(f"--new-tokens must be at least 2 for a profile, not {n}.")
     model = a.model
-    if model.startswith("shape:"):
-        from ..demo import shaped
-        model = shaped(model.split(":", 1)[1])
-    elif model == "demo":
+    model = _model_path(model)
+    if model == "demo":
         from ..demo import path as demo_path
         model = demo_path()
     summary = decode_profile.profile(model, new_tokens=n)
@@ -456,9 +460,7 @@ def cli_main(argv) -> int:
             options.pop("short_runs", None)
             check_options(chosen, options, spell=lambda n: flags.get(n, n), mode_names=_CLI_MODES)
             model = a.model
-            if model.startswith("shape:"):
-                from ..demo import shaped
-                model = shaped(model.split(":", 1)[1])
+            model = _model_path(model)
             if a.decode and a.json:
                 options["show"] = False  # its printed table would break the JSON
             if a.short_runs:

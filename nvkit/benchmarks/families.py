@@ -8,7 +8,7 @@ rate's share of the HBM roofline, and a list's rate against padded plain ``gener
 The roofline: at batch 1 every new token reads the weights once, so the fastest possible decode
 is the GPU's memory bandwidth over the bytes read per token. Those are the weights' bytes, with a
 mixture of experts counting only the experts a token runs (``num_experts_per_tok`` of
-``num_experts``); the KV cache of a short prompt is left out (under 1 % here). The bandwidth is the
+``num_experts``); the KV cache of a short prompt is left out (small beside the weights). The bandwidth is the
 GPU's nominal figure where nvkit knows the GPU, else what NVML's memory clock and bus width give.
 
 Each timed request is checked: it produced the tokens it claims (``min_new_tokens`` holds every

@@ -100,11 +100,16 @@ class CompilePolicy:
         self.compiled = True
         return True
 
-    def words(self, uncompiled_how: str, regional: bool, tokens_per_replay: int) -> str:
-        """How the step runs, for the stats line (the base step's measurement where there is one)."""
-        v = self.verdicts.get(False) or next(iter(self.verdicts.values()), None)
+    def words(self, uncompiled_how: str, regional: bool, tokens_per_replay: int, kind=None) -> str:
+        """How the step runs, for the stats line: with ``kind`` (a key of ``verdicts``), the step
+        kept for that kind and its measurement; else the base step's measurement where there is one."""
+        if kind is None:
+            v, compiled = self.verdicts.get(False) or next(iter(self.verdicts.values()), None), self.compiled
+        else:
+            v = self.verdicts.get(kind)
+            compiled = v.keep_compiled if v is not None else self.compiled
         measured = f" ({v.words(tokens_per_replay)})" if v is not None else ""
-        if self.compiled:
+        if compiled:
             return ("compiled by layer" if regional else "compiled") + measured
         if self.error:
             return f"eager: torch.compile failed ({self.error})"

@@ -3,8 +3,8 @@ whichever is expected to answer sooner.
 
 Plain ``generate`` on a GPU is bound by the host: every new token issues a few dozen kernels per
 decoder layer, so its cost per token grows with the layer count and hardly with the model's width.
-The fast path's first request pays the capture of the uncompiled step first (about a second for a
-small model), then decodes many times faster. For ``n`` new tokens:
+The fast path's first request pays the capture of the uncompiled step first, then decodes many
+times faster. For ``n`` new tokens:
 
     plain:  n × (plain seconds per token)
     fast:   capture seconds + n × (fast seconds per token)
@@ -34,14 +34,13 @@ from . import artifacts
 log = logging.getLogger(__name__)
 
 #: plain generate's host time per new token and decoder layer before a plain request is measured:
-#: about thirty small kernels per layer, each a few tens of microseconds to issue
+#: a few dozen small kernels per layer, each issued by the host
 PLAIN_SECONDS_PER_LAYER = 0.002
 #: what a process's first plain request pays once on top (generate's lazy set-up, first launches)
 PLAIN_FIRST_CALL_SECONDS = 0.4
 #: a first capture (set-up, warm-up, capture of the uncompiled step) before one is on record here
 CAPTURE_SECONDS = 1.5
-#: the fast path's seconds per token counted against it (a slow case: a small model's uncompiled
-#: step decodes several times faster than this)
+#: the fast path's seconds per token counted against it: a slow case, so the rule leans to plain
 FAST_SECONDS_PER_TOKEN = 0.004
 #: entries kept in the file (the most recent models)
 KEEP = 64

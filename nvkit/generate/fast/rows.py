@@ -128,13 +128,9 @@ class BatchedDecoder(GraphRunner):
     def _class_how(self) -> str:
         """How the last request's largest batch class ran: the step kept there and its measurement."""
         cls = ((self._lora is not None), max(self.last_batches)) if self.last_batches else None
-        if cls not in self._kept or not self.graphs:
+        if cls not in self._kept:
             return self._how(self.variant.regional)
-        v = self.policy.verdicts.get(cls)
-        measured = f" ({v.words(self.k * cls[1])})" if v is not None else ""
-        if self._kept[cls]:
-            return ("compiled by layer" if self.variant.regional else "compiled") + measured
-        return ("uncompiled with nvkit kernels" if self.kernels else "uncompiled") + measured
+        return self._how(self.variant.regional, kind=cls, tokens_per_replay=self.k * cls[1])
 
     # --- the model's state -------------------------------------------------------------------------
     def _adopt(self) -> bool:

@@ -165,13 +165,14 @@ class GraphRunner:
         raise NotImplementedError
 
     # --- shared steps ----------------------------------------------------------------------------
-    def _how(self, regional: bool) -> str:
-        """How the step runs ("compiled by layer (measured …)", "uncompiled with nvkit kernels …")."""
+    def _how(self, regional: bool, kind=None, tokens_per_replay: int | None = None) -> str:
+        """How the step runs ("compiled by layer (measured …)", "uncompiled with nvkit kernels …");
+        ``kind``: the measured kind to say it for (``CompilePolicy.words``)."""
         if not self.graphs:
             return "eager, no CUDA graphs"
         how = "uncompiled" if self.options.compile else "eager"
         how += " with nvkit kernels" if self.kernels else ""
-        return self.policy.words(how, regional, self.k)
+        return self.policy.words(how, regional, tokens_per_replay or self.k, kind)
 
     def kernel_why(self, kind: str, qk_norms: bool) -> str | None:
         """Why nvkit's Triton attention ``kind`` cannot run for this model (None: it can):
