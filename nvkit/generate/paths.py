@@ -155,8 +155,12 @@ def run_plain(session, req: Request) -> list[str]:
             produced += 1
     stats.new_tokens = produced
     if single and produced >= 2 and session.device.type == "cuda":
-        # what a short first request weighs against capturing the fast path (fast.first_request)
-        session.decoders.plain_per_token = (time.perf_counter() - t0) / produced
+        # what a short first request weighs against capturing the fast path (fast.first_request):
+        # this session's, and a session's first one for the next session on this machine
+        per_token = (time.perf_counter() - t0) / produced
+        if session.decoders.plain_per_token is None:
+            first_request.remember_plain(support.base_model(model), session.device, per_token)
+        session.decoders.plain_per_token = per_token
     return [tok.decode(row, skip_special_tokens=True) for row in new]
 
 

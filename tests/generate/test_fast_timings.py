@@ -67,3 +67,25 @@ def test_a_new_decoder_times_its_set_up_and_a_run_without_graphs_prepares_nothin
     finally:
         fast.forget(s)
         s.unload()
+
+
+def test_a_capture_clears_the_cached_blas_workspaces_before_and_after(monkeypatch):
+    """``own_blas_workspace`` (tests/gpu/test_cuda_graphs_gpu.py shows why on a GPU): the capture
+    inside it finds no cached cuBLAS workspace, and nothing after it finds the capture's, also
+    when the capture fails."""
+    import torch
+
+    from nvkit.generate.fast import cuda_graphs
+    calls = []
+    monkeypatch.setattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: calls.append("clear"), raising=False)
+    with cuda_graphs.own_blas_workspace():
+        calls.append("capture")
+    assert calls == ["clear", "capture", "clear"]
+    calls.clear()
+    with pytest.raises(RuntimeError):
+        with cuda_graphs.own_blas_workspace():
+            raise RuntimeError("the capture failed")
+    assert calls == ["clear", "clear"]
+    monkeypatch.delattr(torch._C, "_cuda_clearCublasWorkspaces")  # a torch without it (a CPU build): nothing to clear
+    with cuda_graphs.own_blas_workspace():
+        pass

@@ -43,7 +43,8 @@ def test_the_quicker_way_wins():
     quick_plain = first_request.expected(8, plain_per_token=0.01, capture=1.0, fast_per_token=0.002)
     assert not quick_plain.capture_pays
     assert "0.08 s (estimated)" in quick_plain.words(8) and "(1.0 s, estimated)" in quick_plain.words(8)
-    measured = first_request.expected(8, 0.01, 1.0, plain_measured=True, capture_from="as measured on this machine")
+    measured = first_request.expected(8, 0.01, 1.0, plain_from="measured in this session",
+                                      capture_from="as measured on this machine")
     assert "measured in this session" in measured.words(8) and "as measured on this machine" in measured.words(8)
 
 
@@ -54,8 +55,11 @@ def test_a_capture_time_is_kept_per_model_and_read_back(s, cache):
     other = copy.deepcopy(s.model)
     other.config.rms_norm_eps = 1e-5  # another config: another entry
     assert first_request.stored_capture(other, s.device) is None  # another shape, another entry
-    first_request.remember_capture(s.model, s.device, 1.25)  # the latest counts
-    assert first_request.stored_capture(s.model, s.device) == pytest.approx(1.25)
+    # the smallest counts: a process's first capture also pays one-off costs a later one may not
+    first_request.remember_capture(s.model, s.device, 1.25)
+    assert first_request.stored_capture(s.model, s.device) == pytest.approx(0.8)
+    first_request.remember_capture(s.model, s.device, 0.6)
+    assert first_request.stored_capture(s.model, s.device) == pytest.approx(0.6)
     path = cache / "fast-decode" / "first-capture.json"
     assert json.loads(path.read_text()) and oct(path.stat().st_mode & 0o777) == "0o600"
 
@@ -97,6 +101,21 @@ def test_the_first_short_request_takes_the_quicker_way(s, cache):
     first_request.remember_capture(s.model, s.device, 0.3)
     assert _worth(s, 24, plain_per_token=0.05) is None
     assert _worth(s, fast.default_options().min_tokens) is None  # long requests always capture
+
+
+def test_a_first_plain_request_on_this_machine_stands_in_for_the_prior(s, cache):
+    """A session that has not run plain generate yet takes a first plain request's cost per token
+    on this machine (one-off costs included) before the layer-count prior; its own measure wins."""
+    first_request.remember_capture(s.model, s.device, 1.0)
+    assert _worth(s, 24)  # the demo's few layers: plain is estimated quicker than a 1 s capture
+    first_request.remember_plain(s.model, s.device, 0.1)  # a slow host: 2.4 s for 24 tokens
+    e = first_request.estimate(s.model, s.device, None, 24)
+    assert e.plain == pytest.approx(2.4) and "as a first request took on this machine" in e.words(24)
+    assert _worth(s, 24) is None
+    first_request.remember_plain(s.model, s.device, 0.02)  # the latest first request counts
+    assert first_request.stored_plain(s.model, s.device) == pytest.approx(0.02) and _worth(s, 24)
+    assert _worth(s, 24, plain_per_token=0.2) is None  # the session's own measure before the record
+    assert first_request.stored_capture(s.model, s.device) == pytest.approx(1.0)  # two entries, one file
 
 
 def test_a_session_whose_decoder_has_captured_weighs_one_more_graph(s, cache):

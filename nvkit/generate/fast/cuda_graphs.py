@@ -69,7 +69,7 @@ def capture(device, body: Callable[[], None], rewind: Callable[[], None], *, com
         graph = torch.cuda.CUDAGraph()
         stream = torch.cuda.current_stream(device)
         try:
-            with torch.cuda.graph(graph, pool=pool):
+            with own_blas_workspace(), torch.cuda.graph(graph, pool=pool):
                 body()
         except BaseException:
             # torch.cuda.graph leaves its capture stream current when the capture fails to begin
@@ -80,6 +80,27 @@ def capture(device, body: Callable[[], None], rewind: Callable[[], None], *, com
             raise
         torch.cuda.synchronize(device)
     return graph
+
+
+@contextlib.contextmanager
+def own_blas_workspace():
+    """cuBLAS keeps one workspace per (handle, stream), and every ``torch.cuda.graph`` captures on
+    the same stream unless told otherwise: a graph captured after another one would bake in the
+    other's workspace, which lives in the other graph's memory pool, and destroying any graph
+    captured on that stream (torch clears the stream's workspaces then), or a compiled model's
+    CUDA graph trees (they clear them all), would leave it pointing at freed memory. Clearing the
+    cached workspaces before the capture makes it allocate its own inside its own pool, alive as
+    long as the graph is; clearing them after keeps eager work and other captures out of it.
+    (torch's CUDA graph trees do the same around their captures.)"""
+    import torch
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    try:
+        yield
+    finally:
+        if clear is not None:
+            clear()
 
 
 def drop(graphs: dict, pool, which: Callable[[tuple], bool] | None = None):

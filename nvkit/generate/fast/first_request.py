@@ -11,10 +11,16 @@ times faster. For ``n`` new tokens:
 
 and the smaller wins. Both sides are taken from this machine where they are known:
 
-- the plain cost per token from the session's own plain requests on the GPU (``Decoders.plain``);
-- the capture's seconds from ``$NVKIT_CACHE/fast-decode/first-capture.json``, where every session
-  writes what its first capture took, keyed by the model's shape, dtype, GPU and versions (the
-  compile artifacts' key), so a machine that has run nvkit before knows its own cost.
+- the plain cost per token from the session's own plain requests on the GPU
+  (``Decoders.plain_per_token``), else from a session's first plain request on this machine;
+- the capture's seconds from a session's first capture on this machine.
+
+Both machine figures are kept in ``$NVKIT_CACHE/fast-decode/first-capture.json``, keyed by the
+model's shape, dtype, GPU and versions (the compile artifacts' key), so a machine that has run nvkit
+before knows its own costs. The capture kept is the smallest seen: a process's first capture also
+pays one-off costs (Triton's kernels loaded or compiled, the CUDA libraries' set-up) that a later
+session may not, and a record that only grew would keep a machine on plain ``generate`` for good.
+A session's first plain request pays its own one-off costs too, so its cost per token is the one kept.
 
 Before either is known, a prior stands in (``PLAIN_SECONDS_PER_LAYER`` and, for a session whose
 plain path has not run yet, ``PLAIN_FIRST_CALL_SECONDS``; ``CAPTURE_SECONDS``). The
@@ -34,10 +40,10 @@ from . import artifacts
 log = logging.getLogger(__name__)
 
 #: plain generate's host time per new token and decoder layer before a plain request is measured:
-#: a few dozen small kernels per layer, each issued by the host
-PLAIN_SECONDS_PER_LAYER = 0.002
+#: a few dozen small kernels per layer, each issued by the host (a data-centre GPU's host is not fast)
+PLAIN_SECONDS_PER_LAYER = 0.003
 #: what a process's first plain request pays once on top (generate's lazy set-up, first launches)
-PLAIN_FIRST_CALL_SECONDS = 0.4
+PLAIN_FIRST_CALL_SECONDS = 0.5
 #: a first capture (set-up, warm-up, capture of the uncompiled step) before one is on record here
 CAPTURE_SECONDS = 1.5
 #: the fast path's seconds per token counted against it: a slow case, so the rule leans to plain
@@ -52,36 +58,35 @@ class Expected:
     plain: float
     fast: float
     capture: float
-    plain_measured: bool
-    capture_from: str  # where the capture's seconds came from, for the reason's words
+    plain_from: str    # where plain's seconds per token came from, for the reason's words
+    capture_from: str  # where the capture's seconds came from
 
     @property
     def capture_pays(self) -> bool:
         return self.fast <= self.plain
 
     def words(self, new_tokens: int) -> str:
-        plain_from = "measured in this session" if self.plain_measured else "estimated"
-        return (f"plain generate answers {new_tokens} new tokens in about {self.plain:.2f} s ({plain_from}), "
+        return (f"plain generate answers {new_tokens} new tokens in about {self.plain:.2f} s ({self.plain_from}), "
                 f"the fast path in about {self.fast:.2f} s with its capture first ({self.capture:.1f} s, {self.capture_from})")
 
 
 def expected(new_tokens: int, plain_per_token: float, capture: float,
              fast_per_token: float = FAST_SECONDS_PER_TOKEN, *, plain_first: float = 0.0,
-             plain_measured: bool = False, capture_from: str = "estimated") -> Expected:
+             plain_from: str = "estimated", capture_from: str = "estimated") -> Expected:
     """The two expected times for ``new_tokens`` new tokens (``plain_first``: plain's one-off
     set-up still to pay)."""
     n = max(1, int(new_tokens))
     return Expected(plain=plain_first + n * plain_per_token, fast=capture + n * fast_per_token, capture=capture,
-                    plain_measured=plain_measured, capture_from=capture_from)
+                    plain_from=plain_from, capture_from=capture_from)
 
 
 def _path():
     return artifacts.folder() / "first-capture.json"
 
 
-def _key(model, device) -> str | None:
+def _key(model, device, what: str = "capture") -> str | None:
     try:
-        return artifacts.key(model, {"first": "capture"}, device)
+        return artifacts.key(model, {"first": what}, device)
     except Exception:  # noqa: BLE001 - a device torch cannot describe: no record, the prior stands in
         return None
 
@@ -103,7 +108,16 @@ def _read() -> dict:
 
 def stored_capture(model, device) -> float | None:
     """The seconds a first capture of this model took on this machine (None: not on record)."""
-    key = _key(model, device)
+    return _stored(model, device, "capture")
+
+
+def stored_plain(model, device) -> float | None:
+    """Seconds per new token of a session's first plain request of this model on this machine."""
+    return _stored(model, device, "plain")
+
+
+def _stored(model, device, what: str) -> float | None:
+    key = _key(model, device, what)
     if key is None:
         return None
     try:
@@ -113,15 +127,24 @@ def stored_capture(model, device) -> float | None:
 
 
 def remember_capture(model, device, seconds: float) -> None:
-    """Keep what this session's first capture took, for the next session's first request. A cache
-    folder that cannot be written only means the prior next time."""
-    key = _key(model, device)
+    """Keep what this session's first capture took, if less than the record, for the next
+    session's first request. A cache folder that cannot be written only means the prior next time."""
+    _remember(model, device, "capture", seconds, keep_smaller=True)
+
+
+def remember_plain(model, device, seconds_per_token: float) -> None:
+    """Keep what a session's first plain request cost per new token here."""
+    _remember(model, device, "plain", seconds_per_token, keep_smaller=False)
+
+
+def _remember(model, device, what: str, seconds: float, keep_smaller: bool) -> None:
+    key = _key(model, device, what)
     if key is None or not 0 < seconds < 3600:
         return
     try:
         data = _read()
-        data.pop(key, None)
-        data[key] = round(float(seconds), 3)
+        old = data.pop(key, None)
+        data[key] = round(min(float(seconds), old) if keep_smaller and old is not None else float(seconds), 4)
         cache.own_dir(artifacts.folder().name)
         cache.write_atomic(_path(), json.dumps(dict(list(data.items())[-KEEP:]), indent=0))
     except OSError as e:
@@ -136,12 +159,17 @@ def estimate(model, device, plain_per_token: float | None, new_tokens: int,
     cost of one more (another sampling mode, an adapter switched on or off) where there are some."""
     layers = int(getattr(model.config.get_text_config(), "num_hidden_layers", 0) or 24)
     measured = plain_per_token is not None
+    stored_per_token = None if measured else stored_plain(model, device)
     if session_captures:
         capture, source = min(session_captures), "as this session's graphs took"
     else:
         stored = stored_capture(model, device)
         capture, source = ((stored, "as measured on this machine") if stored is not None
                            else (CAPTURE_SECONDS, "estimated"))
-    return expected(new_tokens, plain_per_token if measured else layers * PLAIN_SECONDS_PER_LAYER, capture,
-                    plain_first=0.0 if measured else PLAIN_FIRST_CALL_SECONDS,
-                    plain_measured=measured, capture_from=source)
+    if measured:
+        per_token, first, plain_from = plain_per_token, 0.0, "measured in this session"
+    elif stored_per_token is not None:  # a first request's figure: its one-off costs are in it
+        per_token, first, plain_from = stored_per_token, 0.0, "as a first request took on this machine"
+    else:
+        per_token, first, plain_from = layers * PLAIN_SECONDS_PER_LAYER, PLAIN_FIRST_CALL_SECONDS, "estimated"
+    return expected(new_tokens, per_token, capture, plain_first=first, plain_from=plain_from, capture_from=source)

@@ -15,8 +15,9 @@ compile is due (``compile_policy``), the next long request compiles the step wit
 the uncompiled graph and keeps the faster. Compiling happens once per session and cache size class
 (``static_cache``), and with ``FastOptions.disk_cache`` its artifacts are kept on disk (``artifacts``) so
 another process compiles in seconds. A graph for another sampling mode reuses the step the
-cache's graphs run and costs a second. The fused step's prompt prefill is captured too, once per
-prompt-length class, without compiling.
+cache's graphs run and costs a second. The fused step's prompt prefill is captured too, without
+compiling, once per prompt-length class: the second time a prompt of that class comes (the first
+runs eagerly), or up front in ``prepare``.
 """
 
 from __future__ import annotations
@@ -313,8 +314,9 @@ class FastDecoder(GraphRunner):
             c.kv.reset()
         c.pos.zero_()
 
-    def _prefill(self, c: Cache, input_ids, lora_on: bool):
-        """Run the prompt into the cache; returns its last position's (1, vocab) float logits."""
+    def _prefill(self, c: Cache, input_ids, lora_on: bool, capture: bool = False):
+        """Run the prompt into the cache; returns its last position's (1, vocab) float logits.
+        ``capture``: capture its length class's graph now even if no prompt of it came before."""
         n = int(input_ids.shape[-1])
         if self._fw is None:  # the model's own forward, eagerly (any length)
             out = self.model(input_ids=input_ids, past_key_values=c.kv, use_cache=True, logits_to_keep=1)
@@ -331,6 +333,14 @@ class FastDecoder(GraphRunner):
 
             def body():
                 c.first_logits.copy_(fn(c.prompt[0, :length]))
+            if pkey not in c.prefills_seen and not capture:
+                # a class's first prompt runs the graph's code eagerly (the same padded shapes, so
+                # the same logits as its graph will give): a capture costs a warm-up run and the
+                # capture on top, which a session's first short request or a one-off prompt length
+                # would wait for and never get back
+                c.prefills_seen.add(pkey)
+                body()
+                return c.first_logits
             if self.graphs:
                 import torch
                 if c.pool is None:
@@ -375,7 +385,8 @@ class FastDecoder(GraphRunner):
                     length = prefill_class(n, c.length)
                     if length is None or length > max(prefill_up_to, 1):
                         break
-                    self._prefill(c, torch.zeros((1, length), dtype=torch.long, device=self.device), lora_on)
+                    self._prefill(c, torch.zeros((1, length), dtype=torch.long, device=self.device), lora_on,
+                                  capture=True)
                     n = length + 1
             return time.perf_counter() - t
 

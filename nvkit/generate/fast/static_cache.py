@@ -75,6 +75,9 @@ class Cache:
     graphs: dict = field(default_factory=dict)    # GraphKey -> replay
     uncompiled: set = field(default_factory=set)  # lora on? values whose graphs run the uncompiled step
     prefills: dict = field(default_factory=dict)  # (padded length, lora on?) -> replay
+    #: (padded length, lora on?) of the prompts prefilled eagerly so far: a class's graph is
+    #: captured the second time a prompt of it comes (single.FastDecoder._prefill)
+    prefills_seen: set = field(default_factory=set)
     pool: Any = None       # the memory pool the prefill graphs share (they never run at once)
     host: list | None = None       # two (pinned K-id buffer, CUDA event) pairs the host reads replays through
 
