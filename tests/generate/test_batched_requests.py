@@ -221,6 +221,26 @@ def test_stop_returns_what_finished_in_input_order(s):
     assert sum(bd.last_batches.values()) <= len(seen)  # every replay queued was read; none after the stop's
 
 
+def test_a_pool_never_shrinks_and_grows_once_with_room_to_spare(s):
+    """Issue 39: a smaller list after a bigger one runs in the pool (and on the graphs) the bigger
+    one left; a list the pool cannot hold gets one new pool, with rows for ``max_rows`` prompts,
+    twice the pages and everything the old one held, and the lists after it fit."""
+    bd = _decoder(s.model, max_rows=16)
+    _batched(s, bd, PROMPTS[:2], max_new_tokens=5, eos_token_id=NEVER)
+    first = bd._arena
+    assert first.rows == 16  # rows for max_rows prompts from the first list on
+    got = _batched(s, bd, PROMPTS * 2, max_new_tokens=40, eos_token_id=NEVER)  # more pages than it has
+    grown = bd._arena
+    assert grown is not first and grown.pages >= 2 * first.pages and grown.width >= first.width
+    assert got[0] == _plain(s, PROMPTS[0], max_new_tokens=40, eos_token_id=NEVER)
+    graphs = dict(grown.graphs)
+    for prompts, n in ((PROMPTS[:1], 5), (PROMPTS[:3], 30), (PROMPTS * 2, 40), (PROMPTS[1:2], 12)):
+        got = _batched(s, bd, prompts, max_new_tokens=n, eos_token_id=NEVER)
+        assert bd._arena is grown, (len(prompts), n)
+        assert got[-1] == _plain(s, prompts[-1], max_new_tokens=n, eos_token_id=NEVER)
+    assert all(grown.graphs[k] is g for k, g in graphs.items())  # nothing captured again
+
+
 def test_pool_plan_fits_rows_to_memory(s):
     bd = _decoder(s.model, max_rows=8)
     bd._adopt()

@@ -39,8 +39,8 @@ from ... import events
 from ...errors import NvkitError
 from ...memory.estimate import kv_bytes_per_token
 from . import artifacts, cuda_graphs as graphs_mod, rows_replay
-from .paged_cache import (CLASSES, MAX_ROWS, PAGE, Arena, RowsKey, batch_class, new_arena, plan, prefill_budget,
-                    prefill_bytes_per_token)
+from .paged_cache import (CLASSES, MAX_ROWS, MEMORY_SHARE, PAGE, Arena, RowsKey, batch_class,
+                          new_arena, plan, prefill_budget, prefill_bytes_per_token)
 from .single import FastDecoder
 from .llama_step import decode_head
 from .llama_rows_step import decode_rows_layer, decode_rows_step, mark_dynamic, prefill_rows_step
@@ -185,20 +185,27 @@ class BatchedDecoder(GraphRunner):
                     free_bytes)
 
     def _arena_for(self, seqs: list[Sequence], max_new: int, penalty: bool) -> Arena:
+        """The pool and row buffers the request runs in: the session's own whenever it holds the
+        request (never shrunk: a smaller list runs on the graphs captured already), else a new one
+        that holds the old one's and grows (rows for ``max_rows`` prompts, whose buffers are small;
+        at least twice the old pages, within ``MEMORY_SHARE`` of free memory)."""
         import torch
         a = self._arena
-        free = None
-        if self.device.type == "cuda":
-            free = torch.cuda.mem_get_info(self.device)[0] + (self._arena_bytes(a) if a is not None else 0)
+        free = (torch.cuda.mem_get_info(self.device)[0] + (self._arena_bytes(a) if a is not None else 0)
+                if self.device.type == "cuda" else None)
         rows, pages = self.plan([len(s.prompt) for s in seqs], max_new, free)
         width = pages_for(max(len(s.prompt) for s in seqs) + max_new + 2 * self.k + 2, PAGE)
         cls = batch_class(rows)
-        if (a is not None and a.pages >= pages and a.rows >= cls and a.width >= width and a.pages <= 2 * pages + 8
+        if (a is not None and a.pages >= pages and a.rows >= cls and a.width >= width
                 and (a.seen is not None or not penalty)):
             return a
+        spare = 2 * a.pages if a is not None else 0  # growing lists replace it a few times at most
+        if free is not None:
+            spare = min(spare, int(MEMORY_SHARE * free) // self._page_bytes())
+        pages, cls = max(pages, spare), max(cls, self.max_rows)
         if a is not None:
-            events.record("compile", f"fast batch: a pool of {pages} pages and {cls} rows replaces the one of "
-                                     f"{a.pages} pages and {a.rows} rows; its graphs are captured again")
+            width, penalty = max(width, a.width), penalty or a.seen is not None
+            events.record("compile", f"fast batch: a pool of {pages} pages replaces {a.pages}; its graphs are captured again")
         self._drop_arena()
         self._arena = new_arena(self._fw, pages, cls, width, self.k, self.vocab, penalty, self.device)
         return self._arena
