@@ -42,6 +42,8 @@ def fusable_why(model) -> str | None:
         return "the model does not have the usual decoder layout"
     if getattr(inner.rotary_emb, "rope_type", "default") in ("dynamic", "longrope"):
         return "its RoPE rescales with the length at run time"
+    if "sliding_attention" in layer_kinds(cfg):
+        return f"it has sliding-window attention layers (a window of {cfg.sliding_window} tokens)"
     if getattr(cfg, "hidden_act", "silu") != "silu":
         return f"its MLP activation is {cfg.hidden_act!r}"
     import torch.nn as nn
@@ -55,6 +57,20 @@ def fusable_why(model) -> str | None:
             if _norm_eps(norm) is None:
                 return f"its layer norm ({type(norm).__name__}) is not an RMS norm with a weight"
     return None
+
+
+def layer_kinds(cfg) -> list[str]:
+    """Each decoder layer's attention as the model's forward applies it: transformers' own
+    ``layer_types`` where the config has them, else every layer sliding where the config sets a
+    ``sliding_window`` (the Mistral and Phi-3 families mask every layer to it); a window at least as
+    long as the model's context is full attention."""
+    window = getattr(cfg, "sliding_window", None)
+    context = getattr(cfg, "max_position_embeddings", None)
+    unbounded = not window or (context is not None and window >= context)
+    types = getattr(cfg, "layer_types", None)
+    if not types:
+        types = ["full_attention" if unbounded else "sliding_attention"] * int(getattr(cfg, "num_hidden_layers", 1) or 1)
+    return ["full_attention" if t == "sliding_attention" and unbounded else t for t in types]
 
 
 def _norm_eps(norm) -> float | None:

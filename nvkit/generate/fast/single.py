@@ -29,7 +29,7 @@ from typing import Callable
 from ... import events
 from ...errors import NvkitError
 from . import artifacts, cuda_graphs as graphs_mod, lora as lora_mod
-from .static_cache import Cache, GraphKey, model_step, new_cache, prefill_class, set_request, size_class
+from .static_cache import Cache, GraphKey, model_prefill, model_step, new_cache, prefill_class, set_request, size_class
 from .llama_step import decode_head, decode_layer, decode_step, prefill_step
 from .fused_weights import FusedWeights, fusable_why
 from .options import FOLD_RANK, FastOptions, default_options
@@ -319,8 +319,7 @@ class FastDecoder(GraphRunner):
         ``capture``: capture its length class's graph now even if no prompt of it came before."""
         n = int(input_ids.shape[-1])
         if self._fw is None:  # the model's own forward, eagerly (any length)
-            out = self.model(input_ids=input_ids, past_key_values=c.kv, use_cache=True, logits_to_keep=1)
-            return out.logits[:, -1, :].float()
+            return model_prefill(self.model, c, input_ids)
         length = prefill_class(n, c.length)
         c.last.fill_(n - 1)
         if length is None:  # longer than any class: eagerly, at its own length

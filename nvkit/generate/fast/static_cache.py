@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from .cuda_graphs import drop
+from .fused_weights import layer_kinds
 
 if TYPE_CHECKING:
     from torch import Tensor
@@ -112,11 +113,36 @@ def new_cache(model, fw, length: int, k: int, device) -> Cache:
             c.cos, c.sin = fw.rotary(length)
     if fw is None:
         from transformers import StaticCache
+        from transformers.cache_utils import StaticLayer
         c.kv = StaticCache(config=model.config, max_cache_len=length)
+        # A sliding-window layer keeps every position too, and its mask keeps it to the window
+        # (model_masks): transformers' own sliding layer rolls its window on a count kept on the
+        # host, which a captured step replayed at other positions cannot follow.
+        c.kv.layers = [StaticLayer(max_cache_len=length) if getattr(layer, "is_sliding", False) else layer
+                       for layer in c.kv.layers]
         # Allocate it now: lazy allocation inside a traced or captured region would move it.
-        model(input_ids=c.tok, past_key_values=c.kv, use_cache=True, logits_to_keep=1)
+        model(input_ids=c.tok, attention_mask=model_masks(model, c.arange, c.pos.view(1)),
+              position_ids=c.pos.view(1, 1), past_key_values=c.kv, use_cache=True, logits_to_keep=1)
         c.kv.reset()
     return c
+
+
+def model_masks(model, arange, positions):
+    """The additive attention masks of queries at ``positions`` ((q,) on the device) over a cache
+    of ``arange`` positions, for the model's own forward: one (1, 1, q, length) mask, or a mask per
+    layer type ({"full_attention": …, "sliding_attention": …}, as transformers' hybrid models take
+    them) when the model has layers of both kinds. In the model's dtype: sdpa takes it as is."""
+    import torch
+    cfg = model.config.get_text_config()
+    window = cfg.sliding_window if "sliding_attention" in layer_kinds(cfg) else None
+    types = sorted(set(getattr(cfg, "layer_types", None) or layer_kinds(cfg)))
+    zero = torch.zeros((), dtype=model.dtype, device=arange.device)
+    neg = torch.full((), torch.finfo(model.dtype).min, dtype=model.dtype, device=arange.device)
+    keys, queries = arange.view(1, -1), positions.view(-1, 1)
+    seen = keys <= queries
+    masks = {t: torch.where(seen & (keys > queries - window) if t == "sliding_attention" and window else seen,
+                            zero, neg).view(1, 1, *seen.shape) for t in types}
+    return masks if len(masks) > 1 else masks[types[0]]
 
 
 def set_request(c: Cache, prompt_ids, sampling, vocab: int) -> None:
@@ -136,22 +162,25 @@ def set_request(c: Cache, prompt_ids, sampling, vocab: int) -> None:
     c.pos.fill_(n)
 
 
+def model_prefill(model, c: Cache, input_ids):
+    """The prompt ((1, n) ids) through the model's own forward into the cache's ``StaticCache``
+    from position 0, with the decode step's masks; returns its last position's (1, vocab) float logits."""
+    at = c.arange[:input_ids.shape[-1]]
+    out = model(input_ids=input_ids, attention_mask=model_masks(model, c.arange, at), position_ids=at.view(1, -1),
+                past_key_values=c.kv, use_cache=True, logits_to_keep=1)
+    return out.logits[:, -1, :].float()
+
+
 def model_step(model, c: Cache, device) -> Callable:
     """The model's own forward over the cache's ``StaticCache`` as the decode step (architectures
     the fused step does not cover): ``step(tok)`` → the (1, vocab) float logits."""
-    import torch
-    length = c.length
     layer0 = c.kv.layers[0]
-    zero = torch.zeros((), dtype=model.dtype, device=device)
-    neg = torch.full((), torch.finfo(model.dtype).min, dtype=model.dtype, device=device)
 
     def step(tok):
         # The position lives on the device (the cache's own counter), so the graph needs no host input.
         pos = layer0.cumulative_length
-        # additive mask in the model dtype: sdpa takes it as is (a bool one is converted in every layer)
-        mask = torch.where(c.arange <= pos, zero, neg).view(1, 1, 1, length)
-        out = model(input_ids=tok, attention_mask=mask, position_ids=pos.view(1, 1), past_key_values=c.kv,
-                    use_cache=True, logits_to_keep=1)
+        out = model(input_ids=tok, attention_mask=model_masks(model, c.arange, pos.view(1)), position_ids=pos.view(1, 1),
+                    past_key_values=c.kv, use_cache=True, logits_to_keep=1)
         c.pos.add_(1)
         return out.logits[:, -1, :].float()
     return step

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from ...errors import NvkitError
 from . import first_request
-from .fused_weights import fusable_why
+from .fused_weights import fusable_why, layer_kinds
 from .lora import lora_why
 from .options import default_options
 from .sampling import Sampling, resolve
@@ -58,9 +58,15 @@ def _placement_why(session, what: str) -> str | None:
 
 
 def _layers_why(base) -> str | None:
-    layer_types = getattr(base.config.get_text_config(), "layer_types", None) or []
-    if any(t != "full_attention" for t in layer_types):
-        return "the model has sliding-window or other non-full attention layers"
+    """Why the model's attention layers rule the fast paths out: full and sliding-window attention
+    run (sliding windows in the model's own forward, ``static_cache.model_masks``), other kinds
+    (chunked, linear, bidirectional) do not."""
+    cfg = base.config.get_text_config()
+    other = sorted(set(layer_kinds(cfg)) - {"full_attention", "sliding_attention"})
+    if other:
+        return f"the model has {', '.join(other)} layers"
+    if getattr(cfg, "use_bidirectional_attention", False):
+        return "the model attends in both directions"
     return None
 
 
@@ -111,6 +117,9 @@ def batch_why(session, gen: dict) -> str | None:
         return why
     if getattr(session.model, "peft_config", None):
         return "a LoRA adapter is attached"
+    if "sliding_attention" in layer_kinds(base_model(session.model).config.get_text_config()):
+        # transformers' paged cache with sliding windows is not one nvkit has checked: padded generate runs the list
+        return "the model has sliding-window layers"
     extra = sorted(k for k in gen if k not in BATCH_OPTIONS)
     return f"{', '.join(extra)} not supported" if extra else None
 
