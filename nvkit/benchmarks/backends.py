@@ -389,6 +389,10 @@ def cli_main(argv) -> int:
     mode.add_argument("--lora", action="store_true", help="LoRA fine-tune variants (nvkit.benchmarks.lora)")
     mode.add_argument("--session", action="store_true", help="one model, the request sequence a notebook user makes, "
                                                              "in fresh processes: cold, warm, restart (nvkit.benchmarks.session)")
+    mode.add_argument("--afternoon", action="store_true", help="one session through issue 39's afternoon: a first "
+                                                               "short request, lists of many sizes, same-answer checks, "
+                                                               "a fine-tune and compare, each against its target "
+                                                               "(nvkit.benchmarks.afternoon)")
     mode.add_argument("--families", action="store_true", help="every model family on nvkit's default session: paths, "
                                                               "rates against plain generate, the HBM roofline "
                                                               "(nvkit.benchmarks.families)")
@@ -440,10 +444,10 @@ def cli_main(argv) -> int:
 
     def run() -> int:
         chosen = ("decode" if a.decode else "lora" if a.lora else "session" if a.session
-                  else "families" if a.families else "compare")
+                  else "families" if a.families else "afternoon" if a.afternoon else "compare")
         flags = {act.dest: act.option_strings[0] for act in p._actions if act.option_strings}
         options = {k: v for k, v in vars(a).items()
-                   if k not in ("model", "decode", "lora", "session", "families", "json") and v is not None
+                   if k not in ("model", "decode", "lora", "session", "families", "afternoon", "json") and v is not None
                    and v is not False}
         try:
             if options.pop("profile", False):
@@ -453,6 +457,15 @@ def cli_main(argv) -> int:
                 if a.json:
                     json_rows.append(df.to_json(orient="records", indent=2))
                 return 0 if len(df) and bool(df["ok"].all()) else 1
+            if chosen == "afternoon":
+                if options:
+                    first = next(iter(options))
+                    raise NvkitError(f"{flags.get(first, first)} does not apply to --afternoon; it takes MODEL and --json.")
+                from . import afternoon
+                df = afternoon.run(_model_path(a.model), show=not a.json)
+                if a.json:
+                    json_rows.append(df.to_json(orient="records", indent=2))
+                return 0 if (df["ok"] != False).all() else 1  # noqa: E712 - None: the target does not apply here
             if chosen == "session" or any(k in options for k in _SESSION_OPTIONS):
                 return _session_cli(a, chosen, options, flags)
             if a.short_runs and not a.lora:

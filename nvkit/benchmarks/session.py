@@ -43,7 +43,7 @@ def _prompt(tok, n_tokens: int, seed: int = 0) -> str:
     return tok.decode(ids, skip_special_tokens=True)
 
 
-def _load(model):
+def load_session(model):
     from ..model.session import Session, load
     if isinstance(model, Session):
         return model
@@ -100,7 +100,7 @@ def run(model="qwen3-0.6b", requests=REQUESTS, plain="100,200", static="all", fi
     for name, v in (("finetune_steps", finetune_steps), ("n_prompts", n_prompts), ("list_new_tokens", list_new_tokens),
                     ("prompt_len", prompt_len)):
         require(isinstance(v, int) and not isinstance(v, bool) and v >= 0, f"{name} must be a whole number ≥ 0, not {v!r}.")
-    s = _load(model)
+    s = load_session(model)
     tok = s.tokenizer
     never = int(s.model.config.get_text_config().vocab_size)
     prompt = _prompt(tok, prompt_len)
