@@ -5,12 +5,18 @@ One loaded model answers each prompt twice: once with the adapter switched off (
 is exactly the base model) and once with it on, with the same seed and generation settings, through
 the session's ordinary ``generate``. So the "base" column is what the base model says and the
 "tuned" column what the session says now, by construction; nothing is loaded twice.
+
+On a GPU both sides run on the fast path where it can run them: the graph of each side (adapter
+off and on) is captured before either side is timed, so a short comparison does not pay a capture
+inside one side's figure, nor fall back to plain ``generate`` for being short. The seconds that
+took are the comparison's ``prepared``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import html
+import time
 from dataclasses import dataclass
 
 from ..errors import NvkitError, require
@@ -35,10 +41,12 @@ class Comparison:
     """The rows of a comparison (``Row``: prompt, base, tuned, tok/s per side), printable, shown as
     a side-by-side table in a notebook, ``.to_frame()`` for pandas."""
 
-    def __init__(self, rows: list[Row], adapter: str, settings: dict):
+    def __init__(self, rows: list[Row], adapter: str, settings: dict, prepared: float = 0.0):
         self.rows = rows
         self.adapter = adapter
         self.settings = settings
+        #: seconds spent capturing both sides' fast path before either was timed
+        self.prepared = prepared
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -67,7 +75,8 @@ class Comparison:
         return f"<nvkit Comparison: {len(self.rows)} prompt(s), {changed} answer(s) changed by adapter {self.adapter!r}>"
 
     def _how(self) -> str:
-        return ", ".join(f"{k}={v!r}" for k, v in self.settings.items())
+        how = ", ".join(f"{k}={v!r}" for k, v in self.settings.items())
+        return how + (f"; fast path prepared first: {self.prepared:.1f} s" if self.prepared >= 0.05 else "")
 
     def _repr_html_(self) -> str:
         cell = "style='text-align:left;vertical-align:top;white-space:pre-wrap;padding:4px 8px'"
@@ -105,11 +114,32 @@ def _off(model, base: bool):
     return model.disable_adapter() if base else contextlib.nullcontext()
 
 
+def _prepare_fast(session, items: list[str], max_new_tokens: int, do_sample: bool, kwargs: dict) -> float:
+    """On a GPU, capture the fast path's graph of each side before either is timed (prefill graphs
+    are left to their prompts); returns the seconds it took. A side the fast path cannot run is
+    left to ``generate``'s own choice, with its reason in the stats as usual."""
+    if session.device.type != "cuda":
+        return 0.0
+    from ..generate.fast import decoders, support
+    gen = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, **kwargs)
+    longest = max(len(session.tokenizer(p)["input_ids"]) for p in items) + 64  # a chat template's tokens too
+    t = time.perf_counter()
+    for base in (True, False):
+        with _off(session.model, base):
+            if support.single_why(session, gen) is None:
+                try:
+                    decoders.prepare(session, max_new_tokens, longest, do_sample, prefill_up_to=0, **kwargs)
+                except NvkitError:
+                    pass  # generate chooses again for this side, and its stats line says why
+    return time.perf_counter() - t
+
+
 def compare(session, prompts, max_new_tokens: int = 50, do_sample: bool = False, seed: int = 0,
             **generation_kwargs) -> Comparison:
     """Generate each prompt with the adapter off (the base model) and on (the tuned model), same
     seed and settings, one loaded model; returns a ``Comparison``."""
     items, model, adapter = _prepare(session, prompts, generation_kwargs)
+    prepared = _prepare_fast(session, items, max_new_tokens, do_sample, generation_kwargs)
     rows = []
     for p in items:
         out = {}
@@ -120,13 +150,14 @@ def compare(session, prompts, max_new_tokens: int = 50, do_sample: bool = False,
             out[side] = (text, session.last_stats.tokens_per_second)
         rows.append(Row(p, out["base"][0], out["tuned"][0], out["base"][1], out["tuned"][1]))
     return Comparison(rows, adapter, dict(max_new_tokens=max_new_tokens, do_sample=do_sample, seed=seed,
-                                          **generation_kwargs))
+                                          **generation_kwargs), prepared)
 
 
 async def acompare(session, prompts, max_new_tokens: int = 50, do_sample: bool = False, seed: int = 0,
                    **generation_kwargs) -> Comparison:
     """``compare``, awaitable: the kernel keeps serving widgets (a Stop click) meanwhile."""
     items, model, adapter = _prepare(session, prompts, generation_kwargs)
+    prepared = _prepare_fast(session, items, max_new_tokens, do_sample, generation_kwargs)
     rows = []
     for p in items:
         out = {}
@@ -137,4 +168,4 @@ async def acompare(session, prompts, max_new_tokens: int = 50, do_sample: bool =
             out[side] = (text, session.last_stats.tokens_per_second)
         rows.append(Row(p, out["base"][0], out["tuned"][0], out["base"][1], out["tuned"][1]))
     return Comparison(rows, adapter, dict(max_new_tokens=max_new_tokens, do_sample=do_sample, seed=seed,
-                                          **generation_kwargs))
+                                          **generation_kwargs), prepared)

@@ -382,7 +382,7 @@ class FastDecoder(GraphRunner):
                 n = 1
                 while True:
                     length = prefill_class(n, c.length)
-                    if length is None or length > max(prefill_up_to, 1):
+                    if length is None or length > prefill_up_to:
                         break
                     self._prefill(c, torch.zeros((1, length), dtype=torch.long, device=self.device), lora_on,
                                   capture=True)
