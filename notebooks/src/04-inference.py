@@ -153,11 +153,19 @@ assert gen.text and gen.last_error is None
 # fifth or so faster; `nvkit.generate.fast.prepare(s)` (a warm-up cell, as below) compiles it at
 # once. One KV cache of 4096 tokens (doubled only when a request needs more) serves every request
 # that fits it: any prompt length, any number of new tokens; another sampling mode adds a quick
-# graph capture. Until the first capture, a short request (under 128 new tokens) runs plain
-# `generate` rather than wait for it, and the stats line says so; `fast=True` or a longer request
+# graph capture. Until the first capture, a short request (under 128 new tokens) takes whichever
+# way is expected to answer it sooner, plain `generate` or the capture first (each way's time as
+# measured on this machine), and the stats line says which and why; `fast=True` or a longer request
 # captures it, and from then on every request takes the fast path. While it captures or compiles,
 # `on_progress` (the Generate panel's status line, `%nvkit generate`) shows "preparing fast
 # decode… N s".
+#
+# Not every model family runs the same way: Llama, Mistral, Qwen2 and Qwen3 get nvkit's fused
+# step, other families (Gemma, Phi-3, GPT-2, ...) their own forward, captured the same way, and
+# the stats line names which. To see every family side by side on your GPU, with its rate against
+# plain `generate` and its share of the memory-bandwidth limit, run in a terminal (minutes):
+#
+#     nvkit bench --families
 
 # %%
 if not HAS_CUDA:
