@@ -1,0 +1,51 @@
+"""Every family issue 37 names, on the batch-1 fast path's step logic (issue 37): the Llama family
+on nvkit's fused step, the others (Gemma, Phi-3, SmolLM3, OLMo 2, Granite, Starcoder2, Cohere 2 and
+the mixtures of experts OLMoE, Qwen3-MoE, Mixtral, gpt-oss) on their own forward over the static
+cache, each greedy token for token as plain ``generate``. Tiny random models in float32 on the CPU,
+built from transformers' configs; the captured graphs of the same step run in
+tests/gpu/test_sliding_window_gpu.py and ``nvkit bench --families``."""
+
+import pytest
+import torch
+import transformers
+
+import nvkit.generate.fast as fast
+from nvkit.generate.fast import support
+
+NEVER = 10 ** 7
+SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256)
+MOE = dict(num_experts_per_tok=2)
+FAMILIES = {  # transformers' class prefix -> the config's own settings (a window of 6 crosses the 9-token prompt)
+    "Llama": {}, "Qwen2": {}, "Qwen3": dict(head_dim=16),
+    "Gemma": dict(head_dim=16), "Phi3": dict(pad_token_id=0), "SmolLM3": dict(no_rope_layer_interval=2, pad_token_id=0),
+    "Olmo2": {}, "Granite": dict(residual_multiplier=0.5, embedding_multiplier=2.0, logits_scaling=4.0),
+    "Starcoder2": {}, "Cohere2": dict(head_dim=16, sliding_window=6),
+    "Olmoe": dict(num_experts=4, **MOE), "Qwen3Moe": dict(num_experts=4, moe_intermediate_size=32, head_dim=16, **MOE),
+    "Mixtral": dict(num_local_experts=4, **MOE), "GptOss": dict(num_local_experts=4, head_dim=16, sliding_window=6, **MOE),
+}
+FUSED = {"Llama", "Qwen2", "Qwen3"}
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_family_decodes_as_plain_generate(family):
+    cfg = getattr(transformers, family + "Config")(**SIZES, **FAMILIES[family])
+    cfg._attn_implementation = "eager" if family == "GptOss" else "sdpa"  # gpt-oss's sinks: eager attention
+    torch.manual_seed(0)
+    model = getattr(transformers, family + "ForCausalLM")(cfg).eval()
+
+    class Session:  # what the support check reads: the model on a GPU, as a user's session has it
+        device = torch.device("cuda")
+        quantization = None
+    s = Session()
+    s.model = model
+    assert support.single_why(s, dict(max_new_tokens=8, do_sample=False)) is None
+    d = fast.FastDecoder(model, k_steps=4, graphs=False)
+    assert d.describe().startswith("fused step" if family in FUSED else "model forward"), d.describe()
+    ids = torch.randint(1, SIZES["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(1))
+    gen = dict(max_new_tokens=20, do_sample=False, eos_token_id=NEVER)
+    with torch.inference_mode():
+        ref = model.generate(ids, pad_token_id=0, **gen)[0, 9:].tolist()
+        sampling, why = fast.resolve(model, gen)
+        assert why is None, why
+        assert d.generate(ids, sampling) == ref
