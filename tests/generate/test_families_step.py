@@ -49,3 +49,64 @@ def test_each_family_decodes_as_plain_generate(family):
         sampling, why = fast.resolve(model, gen)
         assert why is None, why
         assert d.generate(ids, sampling) == ref
+
+
+def _tiny(family):
+    cfg = getattr(transformers, family + "Config")(**SIZES, **FAMILIES[family])
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return getattr(transformers, family + "ForCausalLM")(cfg).eval()
+
+
+@pytest.mark.parametrize("family", ["Phi3", "Gemma", "Olmoe"])
+def test_a_lora_adapter_runs_in_the_models_own_forward(family):
+    """A family the fused step does not cover runs its adapters in PEFT's own layers (any module
+    they wrap, Phi-3's fused qkv_proj and the experts' router included): the tuned tokens are PEFT's,
+    the adapter switched off gives the base model's, and each adapter state has a key of its own,
+    so a graph captured in one state never replays in another."""
+    from peft import LoraConfig, get_peft_model
+
+    from nvkit.generate.fast import lora
+    model = _tiny(family)
+    pm = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
+
+    class Session:
+        device = torch.device("cuda")
+        quantization = None
+    s = Session()
+    s.model = pm
+    assert support.single_why(s, dict(max_new_tokens=8, do_sample=False)) is None
+    d = fast.FastDecoder(pm.get_base_model(), k_steps=4, graphs=False)
+    ids = torch.randint(1, SIZES["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(1))
+    gen = dict(max_new_tokens=16, do_sample=False, eos_token_id=NEVER)
+    sampling, _ = fast.resolve(model, gen)
+
+    def both():
+        with torch.inference_mode():
+            return pm.generate(input_ids=ids, pad_token_id=0, **gen)[0, 9:].tolist(), d.generate(ids, sampling)
+    tuned, ours = both()
+    on = lora.forward_state(d.model)
+    assert ours == tuned and on and "LoRA in PEFT's own layers" in d.describe()
+    with pm.disable_adapter():
+        base, ours = both()
+        assert ours == base and lora.forward_state(d.model) == ()
+    assert base != tuned  # the adapter changes the answer, so the check above can tell them apart
+    pm.add_adapter("other", LoraConfig(r=2, target_modules="all-linear", init_lora_weights=False))
+    pm.set_adapter("other")
+    other = lora.forward_state(d.model)
+    assert other and other != on
+    tuned, ours = both()
+    assert ours == tuned
+    assert d._cache is not None and not [k for k in d._cache.graphs if k.lora and k.lora != other]  # older states dropped
+
+
+def test_other_adapter_types_on_the_models_own_forward_say_why():
+    from peft import PromptTuningConfig, get_peft_model
+    pm = get_peft_model(_tiny("Phi3"), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+
+    class Session:
+        device = torch.device("cuda")
+        quantization = None
+    s = Session()
+    s.model = pm
+    assert "PROMPT_TUNING" in support.single_why(s, dict(max_new_tokens=8, do_sample=False))

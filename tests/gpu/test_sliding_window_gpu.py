@@ -28,3 +28,35 @@ def test_a_sliding_window_model_runs_its_graphs_as_plain_generate(family):
         assert d.describe().startswith("model forward") and d.counts["compiles"] == 1, (d.describe(), d.counts)
     finally:
         d.release()
+
+
+@pytest.mark.parametrize("family", ["gemma3", "phi3"])
+def test_a_lora_adapter_in_the_models_own_forward_runs_its_own_graphs(family):
+    """Adapters on a family the fused step does not cover run in PEFT's own layers inside the
+    captured graphs: tuned tokens are PEFT's, the adapter switched off gives the base model's from
+    a graph of its own, and another adapter gets new graphs (a stale one would replay the old)."""
+    from peft import LoraConfig, get_peft_model
+    pm = get_peft_model(_model(family), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                    init_lora_weights=False)).to("cuda")
+    d = fast.FastDecoder(pm.get_base_model(), k_steps=8)
+    ids = torch.randint(1, SIZES["vocab_size"], (1, 12), device="cuda")
+    gen = dict(max_new_tokens=48, do_sample=False, eos_token_id=NEVER)
+    sampling, _ = fast.resolve(pm.get_base_model(), gen)
+
+    def both():
+        with torch.inference_mode():
+            return pm.generate(input_ids=ids, pad_token_id=0, **gen)[0, 12:].tolist(), d.generate(ids, sampling)
+    try:
+        for _ in range(2):  # the second time from the graphs captured the first
+            tuned, ours = both()
+            assert ours == tuned
+            with pm.disable_adapter():
+                base, ours = both()
+                assert ours == base
+        assert base != tuned
+        pm.add_adapter("other", LoraConfig(r=2, target_modules="all-linear", init_lora_weights=False))
+        pm.set_adapter("other")
+        tuned, ours = both()
+        assert ours == tuned and "LoRA in PEFT's own layers" in d.describe()
+    finally:
+        d.release()

@@ -71,6 +71,32 @@ def lora_why(model) -> str | None:
     return None
 
 
+def forward_lora_why(model) -> str | None:
+    """Why the adapters on ``model`` cannot run in the model's own forward on the fast path (None:
+    they can, or there are none): there PEFT's own layers run them, on whatever modules they wrap,
+    so any LoRA adapter does; other adapter types change the inputs or the cache."""
+    configs = getattr(model, "peft_config", None) or {}
+    kinds = {str(getattr(c, "peft_type", "")).split(".")[-1] for c in configs.values()}
+    if kinds - {"LORA"}:
+        return f"adapter type(s) {', '.join(sorted(kinds - {'LORA'}))}: the fast path runs LoRA adapters"
+    return None
+
+
+def forward_state(model) -> tuple:
+    """What a captured graph of the model's own forward bakes in of its adapters: () when none
+    changes the output; else each LoRA layer's active adapters with their scaling and the addresses
+    of their weights, and each saved module's active copy. A graph captured in one state must not
+    replay in another (an adapter switched off, another loaded or merged)."""
+    out = []
+    for name, m in model.named_modules():
+        if hasattr(m, "lora_A"):
+            out += [(name, a, float(m.scaling[a]), m.lora_A[a].weight.data_ptr(), m.lora_B[a].weight.data_ptr())
+                    for a in _active(m)]
+        elif hasattr(m, "modules_to_save") and not getattr(m, "disable_adapters", False):
+            out.append((name, str(getattr(m, "active_adapter", ""))))
+    return tuple(out)
+
+
 def active(model) -> bool:
     """True when some LoRA adapter changes the model's output now (attached, enabled, unmerged)."""
     return any(_active(m) for _, _, _, m in _lora_layers(model))

@@ -1,23 +1,17 @@
-"""``FastDecoder``: decoding of one sequence on one GPU, K decode steps per CUDA-graph replay.
+"""``FastDecoder``: one sequence on one GPU, K decode steps per CUDA-graph replay.
 
-Why not ``generate(cache_implementation="static")``: its compiled decode step is fast on the GPU,
-but every token still pays the host work of the generate loop and of the graph-tree checks, so the
-GPU is idle most of the time. Here one CUDA graph holds K consecutive decode steps: each step's
-picked token is written into the next step's input buffer on the device, so the host wakes once
-per K tokens, reads K ids with one copy, checks EOS, stop strings and the stop event, and streams
-the K tokens at once (up to K-1 extra steps are computed past an EOS and dropped).
+Why: ``generate(cache_implementation="static")`` pays the generate loop's host work every token,
+so the GPU idles. Here one graph holds K steps, each step's token written into the next one's input
+on the device: the host wakes once per K tokens, reads K ids with one copy, checks EOS, stop
+strings and Stop, and streams them (up to K-1 steps past an EOS are dropped).
 
-The step is nvkit's fused one for the Llama family (``llama_step``), else the model's own forward over a
-``StaticCache``. A decoder first captures it uncompiled, K steps into one graph, the fused step's
-norms, activation and adapter products in nvkit's Triton kernels: that takes seconds. When the
-compile is due (``compile_policy``), the next long request compiles the step with inductor
-(``torch.compile(fullgraph=True)``, no cudagraphs of its own), captures it, measures it against
-the uncompiled graph and keeps the faster. Compiling happens once per session and cache size class
-(``static_cache``), and with ``FastOptions.disk_cache`` its artifacts are kept on disk (``artifacts``) so
-another process compiles in seconds. A graph for another sampling mode reuses the step the
-cache's graphs run and costs a second. The fused step's prompt prefill is captured too, without
-compiling, once per prompt-length class: the second time a prompt of that class comes (the first
-runs eagerly), or up front in ``prepare``.
+The step is nvkit's fused one for the Llama family (``llama_step``), else the model's own forward
+over a ``StaticCache`` (adapters in PEFT's layers, a graph per adapter state). It is captured
+uncompiled first (the fused step's norms, activation and adapter products in nvkit's Triton
+kernels); once the compile is due (``compile_policy``) a long request compiles it, measures it
+against the uncompiled graph and keeps the faster, once per session and cache size class
+(``static_cache``; artifacts on disk with ``FastOptions.disk_cache``). The fused step's prefill
+gets a graph per prompt-length class, at the class's second prompt or up front in ``prepare``.
 """
 
 from __future__ import annotations
@@ -58,6 +52,7 @@ class FastDecoder(GraphRunner):
         self._cache: Cache | None = None
         self._lora: lora_mod.LoraSlots | None = None
         self.last_logits: list = []
+        self._forward_state: tuple = ()  # the model's own forward: the last adapters' state captured
         self.fused_why = fusable_why(model)
         if opts.fused and self.fused_why:
             raise NvkitError(f"The fused decode step does not fit this model: {self.fused_why}. Use fused=None or False.")
@@ -117,6 +112,8 @@ class FastDecoder(GraphRunner):
             # the uncompiled step with nvkit's kernels runs the products apart
             folded = self._lora.folded and (self.compiled or not self.kernels)
             parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank}{', folded' if folded else ''})")
+        elif self._fw is None and lora_mod.forward_state(self.model):
+            parts.append("LoRA in PEFT's own layers")
         parts.append(f"{self.k} steps per replay")
         return ", ".join(parts)
 
@@ -124,17 +121,23 @@ class FastDecoder(GraphRunner):
     def _fused_weights(self) -> FusedWeights:
         return FusedWeights(self.model, spare=2 * FOLD_RANK if self.options.lora_fold else 0)
 
-    def _sync(self) -> bool:
-        """Weights and adapters as the model has them now; returns whether adapters run."""
-        if self._fw is not None:
-            try:
-                if self._fw.sync():
-                    events.record("compile", "fast decode: the model's weights changed; its graphs read the new ones")
-            except ValueError as e:  # shapes changed: nothing captured fits any more
-                self._drop_cache()
-                self._fw = self._fused_weights()
-                events.record("compile", f"fast decode: {e}; capturing again")
-        if self._fw is None or not lora_mod.active(self.model):
+    def _sync(self):
+        """Weights and adapters as the model has them now; returns whether adapters run (on the
+        model's own forward: their state, ``lora.forward_state``, whose graphs are captured apart)."""
+        if self._fw is None:
+            state = lora_mod.forward_state(self.model)
+            if state and self._forward_state and state != self._forward_state and self._cache is not None:
+                self._cache.forget_lora()  # the older adapters' graphs would never replay again
+            self._forward_state = state or self._forward_state
+            return state
+        try:
+            if self._fw.sync():
+                events.record("compile", "fast decode: the model's weights changed; its graphs read the new ones")
+        except ValueError as e:  # shapes changed: nothing captured fits any more
+            self._drop_cache()
+            self._fw = self._fused_weights()
+            events.record("compile", f"fast decode: {e}; capturing again")
+        if not lora_mod.active(self.model):
             return False
         if self._lora is None or not self._lora.fits(self.model):
             rank = max(8, -(-lora_mod.needed_rank(self.model) // 8) * 8)
@@ -176,12 +179,8 @@ class FastDecoder(GraphRunner):
             self._cache.steps.clear()
 
     def _forget_attention_steps(self) -> None:
-        c = self._cache
-        if c is not None:
-            c.steps.clear()
-            c.compiled.clear()
-            c.graphs.clear()
-            c.uncompiled.clear()
+        if self._cache is not None:
+            self._cache.forget_steps()
 
     def _step(self, c: Cache, lora_on: bool) -> Callable:
         if lora_on not in c.steps:
@@ -305,6 +304,8 @@ class FastDecoder(GraphRunner):
 
     def _disk_key(self, c: Cache, lora_on: bool) -> str | None:
         extra = {"regional": True} if self.regional else {}  # keys of the whole-step compile stay as they were
+        if lora_on and self._fw is None:
+            return None  # the model's own forward with PEFT's layers: the key would not tell adapters apart
         if lora_on and self._lora.folded:
             extra["lora_fold"] = True
         return self.disk_key(self._lora if lora_on else None, fused=self._fw is not None, length=c.length, **extra)
@@ -363,8 +364,8 @@ class FastDecoder(GraphRunner):
         c = self._cache
         if c is None or c.length < self._positions(prompt_len, sampling):
             return False
-        lora_on = self._fw is not None and lora_mod.active(self.model)
-        fits = not lora_on or (self._lora is not None and self._lora.fits(self.model))
+        lora_on = lora_mod.forward_state(self.model) if self._fw is None else lora_mod.active(self.model)
+        fits = not lora_on or self._fw is None or (self._lora is not None and self._lora.fits(self.model))
         return fits and any(g.lora == lora_on for g in c.graphs)
 
     def prepare(self, prompt_len: int, sampling: Sampling, on_progress: Callable[[float], None] | None = None,
@@ -401,9 +402,8 @@ class FastDecoder(GraphRunner):
         return self._decode(input_ids, sampling, on_tokens, stop_event, tokenizer, on_progress, keep_logits=False)
 
     def trace(self, input_ids, sampling: Sampling, tokenizer=None) -> tuple[list[int], list]:
-        """Debug API (tests, benchmarks): ``generate`` that also returns the float logits of each
-        step as the captured graph computed them ((vocab,) tensors). It runs a graph of its own,
-        which copies the logits out; the tokens are those ``generate`` gives."""
+        """Debug API (tests, benchmarks): ``generate``'s tokens and each step's float logits as the
+        captured graph computed them ((vocab,) tensors; a graph of its own copies them out)."""
         tokens = self._decode(input_ids, sampling, None, None, tokenizer, None, keep_logits=True)
         return tokens, self.last_logits
 

@@ -71,6 +71,8 @@ class Cache:
     eos_mask: Tensor | None = None      # (1, vocab) bool
     seen: Tensor | None = None          # (1, vocab) bool: ids in the prompt and the text so far
     logits: Tensor | None = None        # (K, vocab) float32 when a graph copies its logits out (FastDecoder.trace)
+    # "lora on?" below: a bool on the fused step; on the model's own forward, its adapters' state
+    # (lora.forward_state, () when off)
     steps: dict = field(default_factory=dict)     # lora on? -> the eager decode step
     compiled: dict = field(default_factory=dict)  # lora on? -> its torch.compile wrapper
     graphs: dict = field(default_factory=dict)    # GraphKey -> replay
@@ -82,13 +84,22 @@ class Cache:
     pool: Any = None       # the memory pool the prefill graphs share (they never run at once)
     host: list | None = None       # two (pinned K-id buffer, CUDA event) pairs the host reads replays through
 
+    def forget_steps(self) -> None:
+        """Drop every step and graph built on this cache (the attention they run changes)."""
+        self.steps.clear()
+        self.compiled.clear()
+        self.graphs.clear()
+        self.uncompiled.clear()
+
     def forget_lora(self) -> None:
-        """Drop what was built for the adapters' buffers (they are being replaced)."""
-        self.steps.pop(True, None)
-        self.compiled.pop(True, None)
+        """Drop what was built for the adapters (their buffers are being replaced, or, on the
+        model's own forward, their state changed): every entry whose adapter key is not off."""
+        for built in (self.steps, self.compiled):
+            for key in [k for k in built if k]:
+                del built[key]
         for key in [k for k in self.graphs if k.lora]:
             del self.graphs[key]
-        self.uncompiled.discard(True)
+        self.uncompiled = {k for k in self.uncompiled if not k}
         self.pool = drop(self.prefills, self.pool, lambda k: k[1])  # the pool goes with the last prefill graph
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from ...errors import NvkitError
 from . import first_request
 from .fused_weights import fusable_why, layer_kinds
-from .lora import lora_why
+from .lora import forward_lora_why, lora_why
 from .options import default_options
 from .sampling import Sampling, resolve
 
@@ -86,10 +86,10 @@ def single_why(session, gen: dict) -> str | None:
     base = base_model(model)
     fused_why = fusable_why(base)
     adapters = bool(getattr(model, "peft_config", None))
+    # adapters run in nvkit's fused step (LoRA on the projections it fuses), or in PEFT's own
+    # layers on the model's own forward
     return (_placement_why(session, "the fast path")
-            or (adapters and lora_why(model))
-            or (adapters and fused_why and f"adapters run on the fast path in nvkit's fused step, which does not "
-                                           f"fit this model ({fused_why})")
+            or (adapters and (forward_lora_why(model) if fused_why else lora_why(model)))
             or _layers_why(base)
             or (fused_why and _forward_why(base))
             or resolve(base, gen)[1])
