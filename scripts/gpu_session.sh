@@ -57,8 +57,8 @@
 #   decode-profile  nvkit bench shape:S --decode --profile for SHAPES (default qwen3-0.6b llama-3.2-1b qwen3-4b)
 #   families  nvkit bench --families, one process per shape (FAMILIES picks; each row as JSON in $OUT)
 #   afternoon  issue 39's afternoon on SHAPE (default qwen3-0.6b): nvkit bench shape:SHAPE --afternoon,
-#            then the GPU tests of its pieces (first request, sliding windows, graphs' own cuBLAS
-#            workspace)                                                        (carry .whl-core)
+#            then the GPU tests of its pieces (first request, compare, sliding windows and adapters
+#            on the model's own forward, graphs' own cuBLAS workspace)         (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 #   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
 #            $OUT/strategies-one-gpu.json, ZeRO-3's speed against DDP
@@ -168,7 +168,7 @@ case "$phase" in
     done ;;
   afternoon)
     T=${TA:-400} bench shape:${SHAPE:-qwen3-0.6b} --afternoon
-    T=200 t tests/gpu/test_fast_session_gpu.py -k quicker
+    T=200 t tests/gpu/test_fast_session_gpu.py -k "quicker or compare"
     T=200 t tests/gpu/test_sliding_window_gpu.py tests/gpu/test_cuda_graphs_gpu.py ;;
   families)
     # every family on the default session, one process per shape (a failing one leaves the others):
