@@ -24,7 +24,7 @@ FAMILIES = {  # transformers' class prefix -> the config's own settings (a windo
     "Olmoe": dict(num_experts=4, **MOE), "Qwen3Moe": dict(num_experts=4, moe_intermediate_size=32, head_dim=16, **MOE),
     "Mixtral": dict(num_local_experts=4, **MOE), "GptOss": dict(num_local_experts=4, head_dim=16, sliding_window=6, **MOE),
 }
-FUSED = {"Llama", "Qwen2", "Qwen3"}
+FUSED = {"Llama", "Qwen2", "Qwen3", "SmolLM3", "Granite"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -110,3 +110,46 @@ def test_other_adapter_types_on_the_models_own_forward_say_why():
     s = Session()
     s.model = pm
     assert "PROMPT_TUNING" in support.single_why(s, dict(max_new_tokens=8, do_sample=False))
+
+
+@pytest.mark.parametrize("family", ["SmolLM3", "Granite", "Phi3"])
+def test_a_list_runs_on_the_fused_rows_where_the_family_fits(family):
+    """A list: SmolLM3 (NoPE layers) and Granite (multipliers) take the fused step over rows, each
+    prompt greedy token for token as plain ``generate`` of the prompt alone, with rows refilled
+    (3 prompts through 2 rows), and with a LoRA adapter attached; a family the fused step does not
+    cover says why it runs no list on the rows path."""
+    from peft import LoraConfig, get_peft_model
+
+    from nvkit.generate.fast.rows import BatchedDecoder
+    model = _tiny(family)
+
+    class Session:
+        device = torch.device("cuda")
+        quantization = None
+    s = Session()
+    s.model = model
+    gen = dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER)
+    if family == "Phi3":
+        assert "model type 'phi3' is not one of" in support.rows_why(s, gen)
+        return
+    assert support.rows_why(s, gen) is None
+    rng = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (3, 11, 7)]
+    sampling, _ = fast.resolve(model, gen)
+
+    def alone(m, p):
+        with torch.inference_mode():
+            return m.generate(torch.tensor([p]), pad_token_id=0, **gen)[0, len(p):].tolist()
+    answers = []
+    for tuned in (False, True):
+        m = model if not tuned else get_peft_model(model, LoraConfig(  # PEFT wraps the model's layers in place
+            r=4, lora_alpha=8, init_lora_weights=False, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]))
+        s.model = m
+        assert support.rows_why(s, gen) is None
+        bd = BatchedDecoder(fast.FastDecoder(support.base_model(m), k_steps=4, graphs=False), max_rows=2)
+        with torch.inference_mode():
+            got = bd.generate(prompts, sampling)
+        assert bd.describe().startswith("fused step over rows"), bd.describe()
+        assert got == [alone(m, p) for p in prompts]
+        answers.append(got)
+    assert answers[0] != answers[1]  # the adapter changes the answers, so the tuned check can tell them apart

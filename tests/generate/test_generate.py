@@ -493,17 +493,21 @@ def test_fast_pdl_and_inductor_options(s, monkeypatch):
         fast.FastDecoder(s.model, graphs=False, pdl=True)
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-bias", "qwen2", "mistral", "qwen3"])
+@pytest.mark.parametrize("arch", ["llama", "llama-bias", "qwen2", "mistral", "qwen3", "smollm3", "granite"])
 def test_fused_step_matches_the_model_for_each_family(arch):
     """Each architecture in fast.fused_weights.FUSABLE (random tiny fp32 weights, so ties are not an issue at
     fp32): the fused step's logits equal the model's own forward step by step, biases included."""
     import transformers as T
     torch.manual_seed(0)
-    common = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+    common = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=320, max_position_embeddings=512)
     cfg = {"llama": lambda: T.LlamaConfig(**common), "llama-bias": lambda: T.LlamaConfig(attention_bias=True, **common),
            "qwen2": lambda: T.Qwen2Config(**common), "mistral": lambda: T.MistralConfig(sliding_window=None, **common),
-           "qwen3": lambda: T.Qwen3Config(head_dim=16, **common)}[arch]()
+           "qwen3": lambda: T.Qwen3Config(head_dim=16, **common),
+           # layers 1 and 3 without RoPE; multipliers far from 1, so a missed one changes every logit
+           "smollm3": lambda: T.SmolLM3Config(no_rope_layer_interval=2, pad_token_id=0, **common),
+           "granite": lambda: T.GraniteConfig(embedding_multiplier=3.0, residual_multiplier=0.3, logits_scaling=5.0,
+                                              attention_multiplier=0.2, **common)}[arch]()
     model = T.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
     if arch == "llama-bias":
         with torch.no_grad():

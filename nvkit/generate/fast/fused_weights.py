@@ -20,7 +20,9 @@ from ...memory.estimate import attention_dims
 
 # Architectures whose decoder layer is exactly: RMSNorm, q/k/v (optional q/k RMSNorm), RoPE,
 # attention, o, residual, RMSNorm, SiLU-gated MLP, residual (checked module by module in fusable_why).
-FUSABLE = ("llama", "mistral", "qwen2", "qwen3")
+# SmolLM3 leaves RoPE out of some layers (``LayerWeights.rope``); Granite scales the embeddings, each
+# residual branch and the logits by constants of its config (``FusedWeights.embed_scale`` etc.).
+FUSABLE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "granite")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -126,6 +128,9 @@ class LayerWeights:
     down: Any
     down_bias: Any
     scaling: float
+    #: False where the layer applies no RoPE (SmolLM3's NoPE layers): the steps hand such a layer
+    #: a rotary table of cos 1 and sin 0, which leaves q and k exactly as they are
+    rope: bool = True
     #: with spare rows: the qkv, o, gate_up and down tensors with those rows below the weights
     #: (``qkv`` etc. are views of their first rows); None without
     spare: tuple | None = None
@@ -155,6 +160,15 @@ class FusedWeights:
             self.norm_eps = _norm_eps(inner.norm)
             self.lm_head = self._own(lambda: model.lm_head.weight)
             self.layers = [self._layer(layer) for layer in inner.layers]
+        self.nope = not all(w.rope for w in self.layers)
+        # Granite's constants, applied where its forward applies them: the embeddings times one,
+        # each residual branch (attention and MLP output) times another, the logits divided by a
+        # third; None where the family has none (the steps then skip the operation)
+        cfg = model.config.get_text_config()
+        granite = getattr(cfg, "model_type", None) == "granite"
+        self.embed_scale = float(cfg.embedding_multiplier) if granite else None
+        self.residual_scale = float(cfg.residual_multiplier) if granite else None
+        self.logits_scale = float(cfg.logits_scaling) if granite else None
 
     def _own(self, find):
         p = find()
@@ -209,7 +223,8 @@ class FusedWeights:
             gate_up=gate_up, gate_up_bias=gate_up_bias,
             down=down,
             down_bias=self._own(lin(mlp, "down_proj", "bias")) if lin(mlp, "down_proj", "bias")() is not None else None,
-            scaling=float(getattr(attn, "scaling", self.hd ** -0.5)), spare=spare)
+            scaling=float(getattr(attn, "scaling", self.hd ** -0.5)), rope=bool(getattr(attn, "use_rope", True)),
+            spare=spare)
 
     def _bias_group(self, parent, names, lin):
         """Stacked biases of projections that share an input (a missing one is zeros of its

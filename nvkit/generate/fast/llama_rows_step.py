@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .llama_step import layer_args, linear, rope, rms_norm
+from .llama_step import branch_scale, embed, layer_args, linear, lm_logits, rope, rms_norm, rotaries
 from .fused_weights import FusedWeights
 
 
@@ -28,7 +28,8 @@ def paged_positions(table, page: int, length: int):
     return table.long().gather(1, (offsets // page).expand(table.shape[0], -1)) * page + offsets % page
 
 
-def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: int, kernels: bool = False) -> Callable:
+def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: int, kernels: bool = False,
+                      residual: float | None = None) -> Callable:
     """One layer of the rows decode step, on tensors only: ``layer(h, delta, pos, table, cos, sin,
     c, s, where, here, mask, keys, values, *layer_args(w, lo))`` -> (h, delta), the residual
     carried as ``llama_step.decode_layer`` carries it (the layer's input is ``h + delta``). "paged"
@@ -36,10 +37,12 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     rotary values ``c``/``s``, their pool indices ``where``, new positions ``here`` and ``mask``
     (``decode_rows_step`` makes them once per step). ``kernels``: the sums with their norms, the
     activation and the adapters' products in nvkit's Triton kernels (``nvkit.generate.kernels``), for a
-    step that is not compiled."""
+    step that is not compiled. ``residual``: the residual branches' multiplier, as
+    ``llama_step.decode_layer``."""
     import torch
     import torch.nn.functional as F
     groups = nh // nkv
+    scaled = branch_scale(residual)
     if attention == "paged":
         from ..kernels.paged_attention import paged_decode_attention
     proj = linear
@@ -72,12 +75,12 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
             scores = scores + mask[:, None, None, :]
             o = torch.matmul(scores.softmax(-1).to(dtype), vv)         # (rows, nkv, groups, hd)
         if kernels:
-            h, x = add_rms_norm(h, proj(o.reshape(-1, nh * hd), o_w, o_bias, lo_o), post_norm, post_eps)
-            return h, proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down)
-        h = h + proj(o.reshape(-1, nh * hd), o_w, o_bias, lo_o)
+            h, x = add_rms_norm(h, scaled(proj(o.reshape(-1, nh * hd), o_w, o_bias, lo_o)), post_norm, post_eps)
+            return h, scaled(proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down))
+        h = h + scaled(proj(o.reshape(-1, nh * hd), o_w, o_bias, lo_o))
         x = rms_norm(h, post_norm, post_eps)
         gate, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
-        return h, proj(F.silu(gate) * up, down_w, down_bias, lo_down)
+        return h, scaled(proj(F.silu(gate) * up, down_w, down_bias, lo_down))
 
     return layer
 
@@ -94,28 +97,30 @@ def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, lay
     batch class or pool to the next are marked dynamic before each call. ``kernels``: the default
     layer and head with nvkit's Triton kernels (``decode_rows_layer``)."""
     import torch
-    import torch.nn.functional as F
     from .llama_step import decode_head
     neg = torch.finfo(torch.float32).min
     regional = layer is not None
-    layer = layer or decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, page, kernels)
+    layer = layer or decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, page, kernels, fw.residual_scale)
     head = head or decode_head(fw, kernels)
 
     def step(tok, pos, table, cos, sin, keys, values):
-        h = F.embedding(tok, fw.embed)                                 # (rows, hidden)
-        c = s = where = here = mask = None
-        if attention != "paged":
+        h = embed(fw, tok)                                             # (rows, hidden)
+        where = here = mask = None
+        if attention == "paged":  # the kernel looks the rows' positions up in the whole tables
+            tables = [(cs, sn, None, None) for cs, sn in rotaries(fw, cos, sin)]
+        else:
             c, s = cos.index_select(0, pos).unsqueeze(1), sin.index_select(0, pos).unsqueeze(1)  # (rows, 1, hd)
+            tables = [(None, None, cs, sn) for cs, sn in rotaries(fw, c, s)]
             length = table.shape[1] * page
             where = paged_positions(table, page, length)               # (rows, length) pool indices
             here = where.gather(1, pos.unsqueeze(1)).squeeze(1)        # (rows,) each row's new position
             mask = torch.where(torch.arange(length, device=pos.device).unsqueeze(0) <= pos.unsqueeze(1), 0.0, neg)
         delta = torch.zeros_like(h)
-        for i, w in enumerate(fw.layers):
+        for i, (w, (cs, sn, c, s)) in enumerate(zip(fw.layers, tables)):
             lo = lora.layers[i] if lora is not None else None
             if regional:
-                mark_layer_rows_dynamic(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys[i], values[i])
-            h, delta = layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys[i], values[i],
+                mark_layer_rows_dynamic(h, delta, pos, table, cs, sn, c, s, where, here, mask, keys[i], values[i])
+            h, delta = layer(h, delta, pos, table, cs, sn, c, s, where, here, mask, keys[i], values[i],
                              *layer_args(w, lo))
         if regional:
             mark_layer_rows_dynamic(h, delta)
@@ -150,7 +155,7 @@ def mark_dynamic(tok, pos, table, cos, sin, keys, values) -> None:
     mark(table, 1)
 
 
-def prefill_rows_layer(nh: int, nkv: int, hd: int) -> Callable:
+def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None) -> Callable:
     """One decoder layer of the rows prefill, on tensors only: ``layer(h, cos, sin, flat, keys,
     values, *layer_args(w, lo))`` -> the layer's output h. ``h``: (rows, length, hidden);
     ``cos``/``sin``: (1, length, 1, head_dim); ``flat``: (rows * length,) pool indices where the
@@ -160,10 +165,12 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int) -> Callable:
     compile of this function serves all of them (and every group shape), where a compile of the
     whole forward unrolls every layer into one graph and takes about as many times longer as the
     model has layers. The layer boundary costs nothing here: the host issues a layer's few fused
-    kernels far faster than the GPU runs a group's matrix products."""
+    kernels far faster than the GPU runs a group's matrix products. ``residual``: the residual
+    branches' multiplier, as ``llama_step.decode_layer``."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     groups = nh // nkv
+    scaled = branch_scale(residual)
     # Not cuDNN's attention: it builds a plan for every new shape (tens of milliseconds each), and
     # PyTorch keeps those plans per thread. Group shapes follow the prompts' lengths, so nearly
     # every request meets new ones, and a thread that has not run them (a new worker, the main
@@ -188,10 +195,10 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int) -> Callable:
         vv = v.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
         with sdpa_kernel(backends):
             o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, is_causal=True, scale=scaling)
-        h = h + linear(o.transpose(1, 2).reshape(rows, length, nh * hd), o_w, o_bias, lo_o)
+        h = h + scaled(linear(o.transpose(1, 2).reshape(rows, length, nh * hd), o_w, o_bias, lo_o))
         x = rms_norm(h, post_norm, post_eps)
         gate, up = linear(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
-        return h + linear(F.silu(gate) * up, down_w, down_bias, lo_down)
+        return h + scaled(linear(F.silu(gate) * up, down_w, down_bias, lo_down))
 
     return layer
 
@@ -224,7 +231,7 @@ class RowsPrefillStep:
 
     def __init__(self, fw: FusedWeights, lora=None, eager_layer: Callable | None = None):
         self.fw, self.lora = fw, lora
-        self.eager_layer = eager_layer or prefill_rows_layer(fw.nh, fw.nkv, fw.hd)
+        self.eager_layer = eager_layer or prefill_rows_layer(fw.nh, fw.nkv, fw.hd, fw.residual_scale)
         self.layer = self.eager_layer
         self.dynamic = False
 
@@ -236,19 +243,18 @@ class RowsPrefillStep:
 
     def __call__(self, ids, last, where, cos, sin, keys, values):
         import torch
-        import torch.nn.functional as F
         fw, lora, hd = self.fw, self.lora, self.fw.hd
         rows, length = ids.shape
-        h = F.embedding(ids, fw.embed)                                 # (rows, length, hidden)
-        c, s = cos[:length].view(1, length, 1, hd), sin[:length].view(1, length, 1, hd)
+        h = embed(fw, ids)                                             # (rows, length, hidden)
+        tables = rotaries(fw, cos[:length].view(1, length, 1, hd), sin[:length].view(1, length, 1, hd))
         flat = where.reshape(-1)
-        for i, w in enumerate(fw.layers):
+        for i, (w, (c, s)) in enumerate(zip(fw.layers, tables)):
             lo = lora.layers[i] if lora is not None else None
             if self.dynamic:
                 mark_layer_dynamic(h, c, s, flat, keys[i], values[i])
             h = self.layer(h, c, s, flat, keys[i], values[i], *layer_args(w, lo))
         lasts = h[torch.arange(rows, device=ids.device), last]         # (rows, hidden)
-        return F.linear(rms_norm(lasts, fw.norm, fw.norm_eps), fw.lm_head).float()
+        return lm_logits(fw, rms_norm(lasts, fw.norm, fw.norm_eps))
 
 
 def prefill_rows_step(fw: FusedWeights, lora=None) -> RowsPrefillStep:

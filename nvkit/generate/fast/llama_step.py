@@ -1,4 +1,6 @@
-"""nvkit's own decode and prefill steps for the Llama family (Llama, Mistral, Qwen2, Qwen3: ``FUSABLE``).
+"""nvkit's own decode and prefill steps for the Llama family (Llama, Mistral, Qwen2, Qwen3, and
+SmolLM3 and Granite, whose layers differ from Llama's only by NoPE layers and constant multipliers:
+``FUSABLE``).
 
 The steps read every weight from ``fused_weights.FusedWeights``, never through the model's modules,
 so a module wrapped later (a LoRA layer) or swapped changes nothing the captured graphs read.
@@ -69,6 +71,40 @@ def _folded(x, weight, bias, a, b, stacked):
     return (y + lo).to(y.dtype)
 
 
+def embed(fw: FusedWeights, ids):
+    """The embeddings of ``ids``, times the family's embedding multiplier where it has one."""
+    import torch.nn.functional as F
+    h = F.embedding(ids, fw.embed)
+    return h if fw.embed_scale is None else h * fw.embed_scale
+
+
+def lm_logits(fw: FusedWeights, x):
+    """Float logits of the normed hidden states ``x``, divided by the family's logits divisor where
+    it has one (in the model's dtype, before the float copy, as its forward divides)."""
+    import torch.nn.functional as F
+    y = F.linear(x, fw.lm_head)
+    return (y if fw.logits_scale is None else y / fw.logits_scale).float()
+
+
+def rotaries(fw: FusedWeights, cos, sin) -> list:
+    """Each layer's rotary tables: ``cos``/``sin``, or for a layer without RoPE tables of ones and
+    zeros of their shape (``rope`` then leaves q and k exactly as they are), so every layer runs the
+    same code and one compile of a layer still serves all of them."""
+    if not fw.nope:
+        return [(cos, sin)] * len(fw.layers)
+    import torch
+    ident = (torch.ones_like(cos), torch.zeros_like(sin))
+    return [(cos, sin) if w.rope else ident for w in fw.layers]
+
+
+def branch_scale(residual: float | None) -> Callable:
+    """What a residual branch's output goes through before its sum: times ``residual`` (Granite's
+    multiplier), or unchanged."""
+    if residual is None:
+        return lambda t: t
+    return lambda t: t * residual
+
+
 def layer_args(w: LayerWeights, lo, fold: bool = False) -> tuple:
     """The weights of layer ``w`` and its adapter buffers ``lo`` (a ``lora.LayerLora``, or None)
     in the order the per-layer functions (``decode_layer``, ``llama_rows_step.prefill_rows_layer``)
@@ -82,7 +118,8 @@ def layer_args(w: LayerWeights, lo, fold: bool = False) -> tuple:
             w.post_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias, w.scaling, *loras)
 
 
-def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: bool = False) -> Callable:
+def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: bool = False,
+                 residual: float | None = None) -> Callable:
     """One layer of the decode step for one token, on tensors only: ``layer(h, delta, pos, where,
     cos, sin, mask, keys, values, *layer_args(w, lo))`` -> (h, delta). The layer's input is
     ``h + delta`` (the residual and the previous layer's MLP output, added here so that the sum
@@ -90,11 +127,13 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
     the residual after attention and its MLP's output, added by the next layer or ``decode_head``.
 
     ``kernels``: the sums with their norms and the activation in nvkit's Triton kernels
-    (``nvkit.generate.kernels``; CUDA only), for a step that is not compiled."""
+    (``nvkit.generate.kernels``; CUDA only), for a step that is not compiled. ``residual``: the
+    multiplier of both residual branches (``FusedWeights.residual_scale``)."""
     import torch
     import torch.nn.functional as F
     groups = nh // nkv
     proj = linear
+    scaled = branch_scale(residual)
     if kernels:
         from ..kernels.add_rms_norm import add_rms_norm
         from ..kernels.lora_add import linear as proj
@@ -129,12 +168,12 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
                 scores = torch.matmul(q.view(nkv, groups, hd), keys.transpose(1, 2)).float() * scaling + mask
                 o = torch.matmul(scores.softmax(-1).to(dtype), values)
         if kernels:
-            h, x = add_rms_norm(h, proj(o.reshape(1, nh * hd), o_w, o_bias, lo_o), post_norm, post_eps)
-            return h, proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down)
-        h = h + proj(o.reshape(1, nh * hd), o_w, o_bias, lo_o)
+            h, x = add_rms_norm(h, scaled(proj(o.reshape(1, nh * hd), o_w, o_bias, lo_o)), post_norm, post_eps)
+            return h, scaled(proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down))
+        h = h + scaled(proj(o.reshape(1, nh * hd), o_w, o_bias, lo_o))
         x = rms_norm(h, post_norm, post_eps)
         gate, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
-        return h, proj(F.silu(gate) * up, down_w, down_bias, lo_down)
+        return h, scaled(proj(F.silu(gate) * up, down_w, down_bias, lo_down))
 
     return layer
 
@@ -142,16 +181,15 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
 def decode_head(fw: FusedWeights, kernels: bool = False) -> Callable:
     """``head(h, delta)`` -> (1, vocab) float logits: the last layer's sum, the final norm, the LM
     head (``kernels``: the sum and norm in nvkit's Triton kernel, as ``decode_layer``)."""
-    import torch.nn.functional as F
     if kernels:
         from ..kernels.add_rms_norm import add_rms_norm
 
         def head(h, delta):
-            return F.linear(add_rms_norm(h, delta, fw.norm, fw.norm_eps)[1], fw.lm_head).float()
+            return lm_logits(fw, add_rms_norm(h, delta, fw.norm, fw.norm_eps)[1])
         return head
 
     def head(h, delta):
-        return F.linear(rms_norm(h + delta, fw.norm, fw.norm_eps), fw.lm_head).float()
+        return lm_logits(fw, rms_norm(h + delta, fw.norm, fw.norm_eps))
 
     return head
 
@@ -170,9 +208,8 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, l
     compiled on their own. ``kernels``: the default layer and head with nvkit's Triton kernels,
     and the adapters' products apart (their folded form is written for inductor to fuse)."""
     import torch
-    import torch.nn.functional as F
     neg = torch.finfo(torch.float32).min
-    layer = layer or decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, kernels)
+    layer = layer or decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, kernels, fw.residual_scale)
     head = head or decode_head(fw, kernels)
     fold = not kernels
     matmul = attention not in ("triton-split", "triton-fused")
@@ -180,13 +217,13 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, l
     def step(tok):
         pos = cache.pos
         where = pos.view(1)
-        h = F.embedding(tok.view(1), fw.embed)                        # (1, hidden)
+        h = embed(fw, tok.view(1))                                     # (1, hidden)
         cos, sin = cache.cos.index_select(0, where), cache.sin.index_select(0, where)  # (1, hd)
         mask = torch.where(cache.arange <= pos, 0.0, neg) if matmul else None  # (length,) float32
         delta = torch.zeros_like(h)
-        for i, w in enumerate(fw.layers):
+        for i, (w, (c, s)) in enumerate(zip(fw.layers, rotaries(fw, cos, sin))):
             lo = lora.layers[i] if lora is not None else None
-            h, delta = layer(h, delta, pos, where, cos, sin, mask, cache.keys[i], cache.values[i],
+            h, delta = layer(h, delta, pos, where, c, s, mask, cache.keys[i], cache.values[i],
                              *layer_args(w, lo, fold=fold))
         cache.pos.add_(1)
         return head(h, delta)
@@ -205,12 +242,13 @@ def prefill_step(fw: FusedWeights, cache, lora=None) -> Callable:
     import torch.nn.functional as F
     nh, nkv, hd = fw.nh, fw.nkv, fw.hd
     groups = nh // nkv
+    scaled = branch_scale(fw.residual_scale)
 
     def prefill(ids):
         length = ids.shape[0]
-        h = F.embedding(ids, fw.embed)                                 # (L, hidden)
-        cos, sin = cache.cos[:length].unsqueeze(1), cache.sin[:length].unsqueeze(1)  # (L, 1, hd)
-        for i, w in enumerate(fw.layers):
+        h = embed(fw, ids)                                             # (L, hidden)
+        tables = rotaries(fw, cache.cos[:length].unsqueeze(1), cache.sin[:length].unsqueeze(1))  # (L, 1, hd) each
+        for i, (w, (cos, sin)) in enumerate(zip(fw.layers, tables)):
             lo = lora.layers[i] if lora is not None else None
             x = rms_norm(h, w.in_norm, w.in_eps)
             qkv = linear(x, w.qkv, w.qkv_bias, lo and lo.qkv).view(length, nh + 2 * nkv, hd)
@@ -226,11 +264,11 @@ def prefill_step(fw: FusedWeights, cache, lora=None) -> Callable:
             v = v[:, None].expand(nkv, groups, length, hd).reshape(nh, length, hd)
             o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
                                                is_causal=True, scale=w.scaling)  # (1, nh, L, hd)
-            h = h + linear(o[0].transpose(0, 1).reshape(length, nh * hd), w.o, w.o_bias, lo and lo.o)
+            h = h + scaled(linear(o[0].transpose(0, 1).reshape(length, nh * hd), w.o, w.o_bias, lo and lo.o))
             x = rms_norm(h, w.post_norm, w.post_eps)
             gate, up = linear(x, w.gate_up, w.gate_up_bias, lo and lo.gate_up).chunk(2, dim=-1)
-            h = h + linear(F.silu(gate) * up, w.down, w.down_bias, lo and lo.down)
+            h = h + scaled(linear(F.silu(gate) * up, w.down, w.down_bias, lo and lo.down))
         last = h.index_select(0, cache.last.view(1))                  # (1, hidden)
-        return F.linear(rms_norm(last, fw.norm, fw.norm_eps), fw.lm_head).float()
+        return lm_logits(fw, rms_norm(last, fw.norm, fw.norm_eps))
 
     return prefill

@@ -268,7 +268,7 @@ class BatchedDecoder(GraphRunner):
             if self.variant.regional:
                 # one layer compiled serves every layer; the step around it is captured per class
                 fw = self._fw
-                layer = decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, self.attention, PAGE)
+                layer = decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, self.attention, PAGE, residual=fw.residual_scale)
                 self._compiled[lora_on] = decode_rows_step(fw, self.attention, PAGE, self._lora if lora_on else None,
                                                            layer=torch.compile(layer, fullgraph=True),
                                                            head=torch.compile(decode_head(fw), fullgraph=True))

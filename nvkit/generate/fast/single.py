@@ -199,7 +199,7 @@ class FastDecoder(GraphRunner):
                 # one layer compiled serves every layer (the step around it is captured, so calling
                 # it per layer costs the replays nothing)
                 fw = self._fw
-                layer = decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, self.attention)
+                layer = decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, self.attention, residual=fw.residual_scale)
                 c.compiled[lora_on] = decode_step(fw, c, self.attention, self._lora if lora_on else None,
                                                   layer=torch.compile(layer, fullgraph=True, dynamic=False),
                                                   head=torch.compile(decode_head(fw), fullgraph=True, dynamic=False))

@@ -1,0 +1,59 @@
+"""Every family of issue 37 on the GPU with the fast path's CUDA graphs (tiny random models in
+float32, transformers' configs): greedy tokens equal plain ``generate``'s for 64 new tokens at
+batch 1, with one compile per decoder; the families on nvkit's fused step (Llama, Qwen, SmolLM3's
+NoPE layers, Granite's multipliers) also run a list on the fused rows with graphs, each prompt as
+it decodes alone. The same logic without graphs on the CPU: tests/generate/test_families_step.py."""
+
+import pytest
+import torch
+import transformers
+
+import nvkit.generate.fast as fast
+from nvkit.generate.fast.rows import BatchedDecoder
+from tests.generate.test_families_step import FAMILIES, FUSED, NEVER, SIZES
+
+
+def _model(family):
+    cfg = getattr(transformers, family + "Config")(**SIZES, **FAMILIES[family])
+    cfg._attn_implementation = "eager" if family == "GptOss" else "sdpa"
+    torch.manual_seed(0)
+    return getattr(transformers, family + "ForCausalLM")(cfg).eval().to("cuda")
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_family_runs_its_graphs_as_plain_generate(family):
+    model = _model(family)
+    d = fast.FastDecoder(model, k_steps=8)
+    gen = dict(max_new_tokens=64, do_sample=False, eos_token_id=NEVER)
+    try:
+        for prompt_len in (5, 40):
+            ids = torch.randint(1, SIZES["vocab_size"], (1, prompt_len), device="cuda",
+                                generator=torch.Generator("cuda").manual_seed(prompt_len))
+            with torch.inference_mode():
+                ref = model.generate(ids, pad_token_id=0, **gen)[0, prompt_len:].tolist()
+                sampling, why = fast.resolve(model, gen)
+                assert why is None, why
+                assert d.generate(ids, sampling) == ref, (family, prompt_len, d.describe())
+        want = "fused step" if family in FUSED else "model forward"
+        assert d.describe().startswith(want) and d.counts["compiles"] == 1, (d.describe(), d.counts)
+    finally:
+        d.release()
+
+
+@pytest.mark.parametrize("family", sorted(FUSED))
+def test_a_fused_family_runs_a_list_on_the_rows_graphs(family):
+    model = _model(family)
+    bd = BatchedDecoder(fast.FastDecoder(model, k_steps=8), max_rows=4)
+    gen = dict(max_new_tokens=64, do_sample=False, eos_token_id=NEVER)
+    rng = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (4, 30, 9, 17, 2)]
+    sampling, _ = fast.resolve(model, gen)
+    try:
+        with torch.inference_mode():
+            got = bd.generate(prompts, sampling)
+            for p, tokens in zip(prompts, got):
+                ref = model.generate(torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
+                assert tokens == ref, (family, len(p), bd.describe())
+        assert bd.describe().startswith("fused step over rows"), bd.describe()
+    finally:
+        bd.release()
