@@ -221,10 +221,24 @@ def test_stop_returns_what_finished_in_input_order(s):
     assert sum(bd.last_batches.values()) <= len(seen)  # every replay queued was read; none after the stop's
 
 
-def test_a_pool_never_shrinks_and_grows_once_with_room_to_spare(s):
+def test_a_first_pool_has_room_for_the_lists_to_come(s):
+    """Issue 39: a session's first list, however short, gets a pool of ``FIRST_POSITIONS`` and page
+    tables of ``FIRST_WIDTH`` positions, so the lists after it do not replace it (and its graphs)."""
+    bd = _decoder(s.model, max_rows=16)
+    _batched(s, bd, PROMPTS[:2], max_new_tokens=5, eos_token_id=NEVER)
+    first = bd._arena
+    assert first.pages >= arena.FIRST_POSITIONS // arena.PAGE
+    assert first.width * arena.PAGE >= min(arena.FIRST_WIDTH, bd.max_positions)  # the demo model: 1,024
+    _batched(s, bd, PROMPTS * 3, max_new_tokens=300, eos_token_id=NEVER)
+    assert bd._arena is first
+
+
+def test_a_pool_never_shrinks_and_grows_once_with_room_to_spare(s, monkeypatch):
     """Issue 39: a smaller list after a bigger one runs in the pool (and on the graphs) the bigger
     one left; a list the pool cannot hold gets one new pool, with rows for ``max_rows`` prompts,
     twice the pages and everything the old one held, and the lists after it fit."""
+    from nvkit.generate.fast import rows
+    monkeypatch.setattr(rows, "FIRST_POSITIONS", 0)  # a first pool of the first list's size
     bd = _decoder(s.model, max_rows=16)
     _batched(s, bd, PROMPTS[:2], max_new_tokens=5, eos_token_id=NEVER)
     first = bd._arena
@@ -374,3 +388,21 @@ def test_graph_pools_go_with_the_last_graph_that_shares_them():
     c.prefills = {(64, True): print}
     c.forget_lora()  # the adapter's prefill graphs were the only ones
     assert c.pool is None and not c.prefills
+
+
+def test_the_first_list_captures_the_ladder_and_later_lists_of_any_size_capture_nothing(s):
+    """Issue 39: the first list captures every class of the pool's ladder in one go; lists that
+    grow and shrink after it (2 to 40 prompts) run in the smallest class that holds them, capture
+    nothing, and each prompt still decodes as it does alone."""
+    assert arena.ladder(256) == (4, 16, 64, 256) and arena.ladder(8) == (4, 8) and arena.ladder(2) == (2,)
+    bd = _decoder(s.model)
+    _batched(s, bd, PROMPTS[:3], max_new_tokens=3, eos_token_id=NEVER)
+    assert bd.counts["compiles"] + bd.counts["graphs"] == 4 and dict(bd.last_batches).keys() == {4}
+    captured = dict(bd.counts)
+    many = [f"{p} {i}" for i in range(6) for p in PROMPTS][:40]
+    for n in (40, 2, 9, 17, 5):
+        got = _batched(s, bd, many[:n], max_new_tokens=3, eos_token_id=NEVER)
+        assert max(bd.last_batches) == next(c for c in (4, 16, 64) if c >= n)
+        for prompt in (many[0], many[n - 1]):
+            assert got[many.index(prompt)] == _plain(s, prompt, max_new_tokens=3, eos_token_id=NEVER)
+    assert dict(bd.counts) == captured

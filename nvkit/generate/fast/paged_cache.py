@@ -22,6 +22,9 @@ PREFILL_TOKENS = 4096         # padded prompt tokens per prefill forward, at lea
 PREFILL_MAX_TOKENS = 16384    # ... and at most
 PREFILL_SHARE = 0.1           # of the KV pool's bytes a prefill forward's activations may add
 MEMORY_SHARE = 0.85           # of free GPU memory the pool may take
+FIRST_POSITIONS = 32768       # KV positions a session's first pool holds at least (the lists to come) ...
+FIRST_SHARE = 0.25            # ... within this share of free GPU memory
+FIRST_WIDTH = 4096            # positions per row its page tables hold at least (the model's context if shorter)
 
 
 def prefill_budget(pool_bytes: int, bytes_per_token: int) -> int:
@@ -37,6 +40,17 @@ def prefill_bytes_per_token(hidden: int, nh: int, nkv: int, hd: int, intermediat
     and its normed copy, q/k/v and the KV heads repeated for the query heads, the attention
     output, the gate/up product and the SiLU product; plus the fp32 copy a norm makes."""
     return itemsize * (3 * hidden + (nh + 2 * nkv) * hd + 4 * nh * hd + 3 * intermediate) + 4 * hidden
+
+
+#: the classes a pool's graphs are captured for, each 4 times the one below (and the pool's own
+#: rows on top): a step of any row count runs in the smallest that holds it, so it computes at most
+#: 4 times its class's rows, and a session captures a handful of graphs instead of one per class
+LADDER = (4, 16, 64, 256)
+
+
+def ladder(rows: int) -> tuple[int, ...]:
+    """The classes of ``LADDER`` a pool of ``rows`` rows captures (its own rows the largest)."""
+    return tuple(c for c in LADDER if c < rows) + (rows,)
 
 
 def batch_class(n: int, smallest: int = 1) -> int:

@@ -179,3 +179,17 @@ class RowsPrefill:
         pad = self.scratch * self.page + torch.arange(length, device=where.device) % self.page
         return (torch.cat([ids, torch.zeros_like(ids)]), torch.cat([last, torch.zeros_like(last)]),
                 torch.cat([where, pad.to(where.dtype).unsqueeze(0)]))
+
+
+def describe(prefills: list[RowsPrefill], after: float) -> str | None:
+    """How the rows prefills ran, in a few words for the stats line (None: nothing to say yet);
+    ``after``: the seconds of eager prefill before its compile (``FastOptions.prefill_after``)."""
+    if any(p.error for p in prefills):
+        return f"eager prefill: its compile failed ({next(p.error for p in prefills if p.error)})"
+    if any(p.compiled for p in prefills):
+        return "compiled prefill"
+    if any(p.declined for p in prefills):
+        return f"eager prefill ({next(p.declined for p in prefills if p.declined)})"
+    if any(p.waiting for p in prefills):
+        return f"eager prefill (compiled once it has run {after:g} s)"
+    return None

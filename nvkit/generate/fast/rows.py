@@ -5,11 +5,12 @@ Why: a decode step of a small model at batch 64 reads the same weights as at bat
 per step cost little more than one; what limits the rate is how many steps the GPU runs per second
 and how many of its rows hold real work. Here:
 
-- **one graph per batch-size class** (``CLASSES``: 1, 2, 4, … 256): the graph of class B runs
-  rows 0..B-1 of the row buffers, each row at its own position (ragged: every row reads its
-  position and page table from the device). The step is compiled once for every class (the row
-  axis, pool and table sizes are dynamic dimensions), then captured per class in a second or so;
-  a batch of one is compiled apart (torch specialises a dimension of size 1).
+- **a ladder of graph classes** (``paged_cache.ladder``: 4, 16, 64, 256 rows): the graph of class
+  B runs rows 0..B-1 of the row buffers, each row at its own position (ragged: every row reads its
+  position and page table from the device; a row without a sequence is parked on a scratch page).
+  A step runs in the smallest class that holds its rows; a list's first capture takes the whole
+  ladder, so later lists of any size find their graph. The step is compiled once for every class
+  (the row axis, pool and table sizes are dynamic dimensions).
 - **a paged KV cache sized to the request**: a sequence holds pages for its prompt and its new
   tokens from admission to release (``schedule``), and the pool holds what the rows running at
   once need (all of them when every prompt has a row), not rows × the longest request.
@@ -38,13 +39,12 @@ from typing import Callable
 from ... import events
 from ...errors import NvkitError
 from ...memory.estimate import kv_bytes_per_token
-from . import artifacts, cuda_graphs as graphs_mod, rows_replay
-from .paged_cache import (CLASSES, MAX_ROWS, MEMORY_SHARE, PAGE, Arena, RowsKey, batch_class,
-                          new_arena, plan, prefill_budget, prefill_bytes_per_token)
+from . import cuda_graphs as graphs_mod, prefill_rows, rows_replay
+from .paged_cache import (CLASSES, FIRST_POSITIONS, FIRST_SHARE, FIRST_WIDTH, MAX_ROWS, MEMORY_SHARE, PAGE, Arena,
+                          RowsKey, batch_class, ladder, new_arena, plan, prefill_budget, prefill_bytes_per_token)
 from .single import FastDecoder
 from .llama_step import decode_head
 from .llama_rows_step import decode_rows_layer, decode_rows_step, mark_dynamic, prefill_rows_step
-from .prefill_rows import RowsPrefill
 from .replay import ticking
 from .runner import GraphRunner, KeptReplay, triton_cannot_run_on
 from .sampling import RowParams, Sampling, StopStrings, choose_rows
@@ -85,7 +85,6 @@ class BatchedDecoder(GraphRunner):
         self._compiled: dict = {}    # LoRA on? -> its torch.compile wrapper
         self._prefills: dict = {}    # LoRA on? -> its RowsPrefill
         self._prefill_now = False    # compile_prefill_next() was called
-        self._restored: dict = {}    # artifacts digest -> whether they were found on disk (once per decoder)
         self._warm: set = set()      # LoRA on? values whose step was compiled (or captured eagerly) once
         #: LoRA on? values whose compiled step was captured once (its compile is paid for)
         self._compiled_once: set = set()
@@ -109,15 +108,7 @@ class BatchedDecoder(GraphRunner):
     def describe(self) -> str:
         """How this decoder runs, in a few words for the stats line."""
         parts = [f"fused step over rows, {self._class_how()}", f"{self.attention} attention"]
-        prefills = list(self._prefills.values())
-        if any(p.error for p in prefills):
-            parts.append(f"eager prefill: its compile failed ({next(p.error for p in prefills if p.error)})")
-        elif any(p.compiled for p in prefills):
-            parts.append("compiled prefill")
-        elif any(p.declined for p in prefills):
-            parts.append(f"eager prefill ({next(p.declined for p in prefills if p.declined)})")
-        elif any(p.waiting for p in prefills):
-            parts.append(f"eager prefill (compiled once it has run {self.options.prefill_after:g} s)")
+        parts += filter(None, [prefill_rows.describe(list(self._prefills.values()), self.options.prefill_after)])
         if self._lora is not None:
             parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank})")
         if self.last_batches:
@@ -199,12 +190,15 @@ class BatchedDecoder(GraphRunner):
         if (a is not None and a.pages >= pages and a.rows >= cls and a.width >= width
                 and (a.seen is not None or not penalty)):
             return a
-        spare = 2 * a.pages if a is not None else 0  # growing lists replace it a few times at most
+        # room for the lists to come: the first pool holds FIRST_POSITIONS (within FIRST_SHARE of free
+        # memory), a growing one twice the old, so that a new pool and its graphs are rarely needed
+        spare = 2 * a.pages if a is not None else FIRST_POSITIONS // PAGE
         if free is not None:
-            spare = min(spare, int(MEMORY_SHARE * free) // self._page_bytes())
+            spare = min(spare, int((MEMORY_SHARE if a is not None else FIRST_SHARE) * free) // self._page_bytes())
         pages, cls = max(pages, spare), max(cls, self.max_rows)
+        width = max(width, a.width if a is not None else pages_for(min(self.max_positions, FIRST_WIDTH), PAGE))
         if a is not None:
-            width, penalty = max(width, a.width), penalty or a.seen is not None
+            penalty = penalty or a.seen is not None
             events.record("compile", f"fast batch: a pool of {pages} pages replaces {a.pages}; its graphs are captured again")
         self._drop_arena()
         self._arena = new_arena(self._fw, pages, cls, width, self.k, self.vocab, penalty, self.device)
@@ -227,14 +221,14 @@ class BatchedDecoder(GraphRunner):
 
     def _prefill_fn(self, lora_on: bool) -> Callable:
         if lora_on not in self._prefills:
-            self._prefills[lora_on] = RowsPrefill(
+            self._prefills[lora_on] = prefill_rows.RowsPrefill(
                 prefill_rows_step(self._fw, self._lora if lora_on else None),
                 compile=bool(self.options.compile and self.graphs), page=PAGE, scratch=SCRATCH,
                 # no coordinate-descent tuning: it pays on the batch-1 step's matrix-vector products,
                 # while the prefill's matrix products go to cuBLAS and its fused elementwise kernels
                 # are tuned well enough by inductor's heuristics; tuning them would only lengthen the compile
                 inductor=lambda: self.inductor_options(True, tune=False),
-                restore=lambda: self._restore_artifacts(self._disk_key(lora_on, "prefill")),
+                restore=lambda: self.restore_artifacts(self._disk_key(lora_on, "prefill")),
                 store=lambda: self.store_artifacts(self._disk_key(lora_on, "prefill")),
                 timings=self.timings, compile_after=0.0 if self._prefill_now else self.options.prefill_after)
         return self._prefills[lora_on]
@@ -250,15 +244,6 @@ class BatchedDecoder(GraphRunner):
         self._prefill_now = True
         for p in self._prefills.values():
             p.compile_next()
-
-    def _restore_artifacts(self, digest: str | None) -> bool:
-        """The compile artifacts of ``digest`` loaded from disk, once per decoder."""
-        if digest is None:
-            return False
-        if digest not in self._restored:
-            with self.timings.part("compile artifacts from disk"):
-                self._restored[digest] = artifacts.restore(digest)
-        return self._restored[digest]
 
     def _compiled_step(self, lora_on: bool):
         if lora_on not in self._compiled:
@@ -318,6 +303,19 @@ class BatchedDecoder(GraphRunner):
             a.pos.zero_()
         return self.capture_or_fall_back(capture, compiling, clean)
 
+    def _replay_for(self, a: Arena, batch: int, mode: tuple, lora_on: bool, on_progress=None):
+        """(class, replay) for a step of class ``batch``: the smallest ladder class that holds it
+        (``paged_cache.ladder``). The first list of a sampling mode and adapter state on this pool
+        captures every ladder class in one go, so later lists of any size start without a capture."""
+        classes = ladder(a.rows)
+        key = RowsKey(next(c for c in classes if c >= batch), mode, lora_on)
+        first = not any(k.sampling == mode and k.lora == lora_on for k in a.graphs)
+        replay = self._graph(a, key, on_progress)
+        for c in classes if first else ():
+            if c != key.batch:
+                self._graph(a, key._replace(batch=c), on_progress)
+        return key.batch, replay
+
     def _graph(self, a: Arena, key: RowsKey, on_progress=None):
         """The graph of ``key``'s batch class. Once the compiled step is due (or paid for), each
         class is measured once, compiled against uncompiled, and keeps the faster."""
@@ -348,7 +346,7 @@ class BatchedDecoder(GraphRunner):
         verdict = None
         try:
             with ticking(on_progress if expensive else None):
-                restored = self._restore_artifacts(disk_key)
+                restored = self.restore_artifacts(disk_key)
                 graph, compiled = self._capture(a, key, compiling)
                 if compiled:
                     self._compiled_once.add(lora_on)
@@ -440,7 +438,7 @@ class BatchedDecoder(GraphRunner):
             before = dict(self.timings)
             t = time.perf_counter()
             self.last_batches = collections.Counter()
-            rows_replay.run(a, sched, lambda batch: self._graph(a, RowsKey(batch, sampling.key, lora_on), on_progress),
+            rows_replay.run(a, sched, lambda batch: self._replay_for(a, batch, sampling.key, lora_on, on_progress),
                             lambda new: rows_replay.prefill(a, new, sampling, self._prefill_fn(lora_on),
                                                             self.prefill_tokens_for(a), on_progress),
                             stop_event, on_tokens, self.last_batches)

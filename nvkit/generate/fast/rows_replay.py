@@ -96,8 +96,9 @@ def collect(item) -> list[list[int]]:
 def run(a: Arena, sched: Scheduler, graph_for: Callable, prefill_new: Callable, stop_event,
         on_tokens, batches: collections.Counter) -> None:
     """The host loop: refill, queue a replay (two at most in flight), read the oldest back.
-    ``graph_for(batch)``: the replay of a batch class; ``prefill_new(seqs)``: prefill newly
-    admitted sequences; ``batches`` counts the replays per class."""
+    ``graph_for(batch)``: (the class that runs a batch of class ``batch``, its replay);
+    ``prefill_new(seqs)``: prefill newly admitted sequences; ``batches`` counts the replays per
+    class."""
     import torch
     # a batch of one is compiled apart (torch specialises a size of 1): only a request of one
     # prompt runs in class 1; the last row of a larger request runs in class 2
@@ -126,8 +127,7 @@ def run(a: Arena, sched: Scheduler, graph_for: Callable, prefill_new: Callable, 
                 a.park(_to(dev, parked, torch.long))
             if sched.live == 0:
                 break
-            batch = batch_class(sched.top, smallest)
-            replay = graph_for(batch)
+            batch, replay = graph_for(batch_class(sched.top, smallest))
             snap = sched.plan(batch, {s.row for s in new})
             replay()
             batches[batch] += 1

@@ -119,6 +119,7 @@ class GraphRunner:
         self.attention = "matmul"
         self.attention_why: str | None = None
         self._lock = threading.Lock()
+        self._restored: dict[str, bool] = {}  # artifacts digest -> whether they were on disk (looked up once)
 
     # --- the contract ----------------------------------------------------------------------------
     @property
@@ -265,6 +266,15 @@ class GraphRunner:
                                               lora=(lora.rank, str(lora.dtype)) if lora is not None else None,
                                               **extra), self.device)
 
+
+    def restore_artifacts(self, digest: str | None) -> bool:
+        """The compile artifacts of ``digest`` loaded from disk, once per runner; whether they were there."""
+        if digest is None:
+            return False
+        if digest not in self._restored:
+            with self.timings.part("compile artifacts from disk"):
+                self._restored[digest] = artifacts.restore(digest)
+        return self._restored[digest]
 
     def store_artifacts(self, digest: str | None) -> None:
         """The compile artifacts of ``digest`` written to disk (nothing when not kept there)."""
