@@ -153,3 +153,36 @@ def test_a_list_runs_on_the_fused_rows_where_the_family_fits(family):
         assert got == [alone(m, p) for p in prompts]
         answers.append(got)
     assert answers[0] != answers[1]  # the adapter changes the answers, so the tuned check can tell them apart
+
+
+@pytest.mark.parametrize("family", ["Olmoe", "Qwen3Moe", "Llama"])
+def test_the_decode_step_runs_experts_a_graph_can_capture(family):
+    """Issue 37: transformers' default experts ("grouped_mm") read their offsets through the host,
+    which a CUDA graph capture refuses: the model-forward decode step runs the experts on
+    "batched_mm" (gathered on the device) and puts the model's own setting back after each call;
+    the prompt's forward keeps the model's setting; a dense model is left alone."""
+    from nvkit.generate.fast import static_cache
+    model = _tiny(family)
+    own = getattr(model.config, "_experts_implementation", None)
+    seen = []
+    model.register_forward_pre_hook(
+        lambda m, a, kw: seen.append(((a or [kw["input_ids"]])[0].shape[-1], m.config._experts_implementation)),
+        with_kwargs=True)
+    with static_cache.experts_for_graphs(model):
+        inside = model.config._experts_implementation
+        with torch.inference_mode():
+            model(torch.tensor([[1, 2, 3]]))
+    assert model.config._experts_implementation == own
+    if family == "Llama":
+        assert inside == own
+        return
+    assert own == "grouped_mm" and inside == "batched_mm" and seen == [(3, "batched_mm")]
+    d = fast.FastDecoder(model, k_steps=4, graphs=False)
+    ids = torch.randint(1, SIZES["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(4))
+    gen = dict(max_new_tokens=6, do_sample=False, eos_token_id=NEVER)
+    with torch.inference_mode():
+        ref = model.generate(ids, pad_token_id=0, **gen)[0, 9:].tolist()
+        seen.clear()
+        assert d.generate(ids, fast.resolve(model, gen)[0]) == ref
+    assert (9, "grouped_mm") in seen and {how for n, how in seen if n == 1} == {"batched_mm"}, seen
+    assert model.config._experts_implementation == "grouped_mm"

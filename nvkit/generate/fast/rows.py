@@ -8,9 +8,9 @@ and how many of its rows hold real work. Here:
 - **a ladder of graph classes** (``paged_cache.ladder``: 4, 16, 64, 256 rows): the graph of class
   B runs rows 0..B-1 of the row buffers, each row at its own position (ragged: every row reads its
   position and page table from the device; a row without a sequence is parked on a scratch page).
-  A step runs in the smallest class that holds its rows; a list's first capture takes the whole
-  ladder, so later lists of any size find their graph. The step is compiled once for every class
-  (the row axis, pool and table sizes are dynamic dimensions).
+  A step runs in the smallest class that holds its rows, so a session captures a graph per rung
+  it reaches, not per list size. The step is compiled once for every class (the row axis, pool
+  and table sizes are dynamic dimensions).
 - **a paged KV cache sized to the request**: a sequence holds pages for its prompt and its new
   tokens from admission to release (``schedule``), and the pool holds what the rows running at
   once need (all of them when every prompt has a row), not rows × the longest request.
@@ -304,17 +304,12 @@ class BatchedDecoder(GraphRunner):
         return self.capture_or_fall_back(capture, compiling, clean)
 
     def _replay_for(self, a: Arena, batch: int, mode: tuple, lora_on: bool, on_progress=None):
-        """(class, replay) for a step of class ``batch``: the smallest ladder class that holds it
-        (``paged_cache.ladder``). The first list of a sampling mode and adapter state on this pool
-        captures every ladder class in one go, so later lists of any size start without a capture."""
-        classes = ladder(a.rows)
-        key = RowsKey(next(c for c in classes if c >= batch), mode, lora_on)
-        first = not any(k.sampling == mode and k.lora == lora_on for k in a.graphs)
-        replay = self._graph(a, key, on_progress)
-        for c in classes if first else ():
-            if c != key.batch:
-                self._graph(a, key._replace(batch=c), on_progress)
-        return key.batch, replay
+        """(class, replay) for a step of class ``batch``: the smallest class of the pool's ladder
+        (``paged_cache.ladder``) that holds it, captured the first time a step needs it. Each rung
+        is captured when first needed rather than all at a list's start: a capture of many rows
+        costs more than the wait it saves a list that may never come."""
+        key = RowsKey(next(c for c in ladder(a.rows) if c >= batch), mode, lora_on)
+        return key.batch, self._graph(a, key, on_progress)
 
     def _graph(self, a: Arena, key: RowsKey, on_progress=None):
         """The graph of ``key``'s batch class. Once the compiled step is due (or paid for), each

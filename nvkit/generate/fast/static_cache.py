@@ -9,6 +9,7 @@ Prompts are padded to a prefill class (powers of two from ``MIN_PREFILL`` up to
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
@@ -132,8 +133,9 @@ def new_cache(model, fw, length: int, k: int, device) -> Cache:
         c.kv.layers = [StaticLayer(max_cache_len=length) if getattr(layer, "is_sliding", False) else layer
                        for layer in c.kv.layers]
         # Allocate it now: lazy allocation inside a traced or captured region would move it.
-        model(input_ids=c.tok, attention_mask=model_masks(model, c.arange, c.pos.view(1)),
-              position_ids=c.pos.view(1, 1), past_key_values=c.kv, use_cache=True, logits_to_keep=1)
+        with experts_for_graphs(model):
+            model(input_ids=c.tok, attention_mask=model_masks(model, c.arange, c.pos.view(1)),
+                  position_ids=c.pos.view(1, 1), past_key_values=c.kv, use_cache=True, logits_to_keep=1)
         c.kv.reset()
     return c
 
@@ -190,8 +192,33 @@ def model_step(model, c: Cache, device) -> Callable:
     def step(tok):
         # The position lives on the device (the cache's own counter), so the graph needs no host input.
         pos = layer0.cumulative_length
-        out = model(input_ids=tok, attention_mask=model_masks(model, c.arange, pos.view(1)), position_ids=pos.view(1, 1),
-                    past_key_values=c.kv, use_cache=True, logits_to_keep=1)
+        with experts_for_graphs(model):
+            out = model(input_ids=tok, attention_mask=model_masks(model, c.arange, pos.view(1)),
+                        position_ids=pos.view(1, 1), past_key_values=c.kv, use_cache=True, logits_to_keep=1)
         c.pos.add_(1)
         return out.logits[:, -1, :].float()
     return step
+
+
+@contextlib.contextmanager
+def experts_for_graphs(model):
+    """A mixture-of-experts model's experts on transformers' "batched_mm" for the call, its own
+    setting put back after. Its default, "grouped_mm", copies the experts' offsets through the host
+    (a CUDA graph capture refuses that copy); "batched_mm" gathers each token's experts on the
+    device. Only for the one-token decode step: it gathers the experts' weights per token, which
+    a prompt of many tokens could not afford (the prefill keeps the model's own setting)."""
+    cfg = model.config
+    current = getattr(cfg, "_experts_implementation", None)
+    can_set = getattr(type(model), "_can_set_experts_implementation", None)
+    if current != "grouped_mm" or can_set is None or not can_set():
+        yield
+        return
+    try:
+        model.set_experts_implementation("batched_mm")
+    except (ValueError, ImportError):  # a transformers without it: the capture says why it failed
+        yield
+        return
+    try:
+        yield
+    finally:
+        model.set_experts_implementation(current)
