@@ -121,3 +121,18 @@ def test_one_word_per_attention_kernel(asked, match):
     with pytest.raises(NvkitError, match=match):
         FastOptions(attention=asked)
     assert FastOptions(attention="triton-split").attention == "triton-split"
+
+
+def test_prepare_compiles_only_when_asked(s):
+    """``prepare`` (a tutorial's warm-up) compiles the step at its capture; ``compile=False`` (what
+    ``compare`` asks for) captures the step a request would run now and leaves the compile to the
+    session's own policy."""
+    import torch
+    sampling, _ = fast.resolve(s.model, dict(max_new_tokens=8, do_sample=False))
+    d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
+    with torch.inference_mode():
+        d.prepare(8, sampling, prefill_up_to=0, compile=False)
+        assert not d.policy.due(True, False)
+        d.prepare(8, sampling, prefill_up_to=0)
+        assert d.policy.due(True, False)
+    d.release()

@@ -274,8 +274,8 @@ def test_a_short_first_request_takes_the_quicker_way(tmp_path, monkeypatch):
 
 def test_compare_runs_both_sides_on_the_fast_path(tmp_path):
     """Issue 39: a short ``compare`` right after an adapter is attached runs base and tuned on the
-    fast path (each side's graph captured before either is timed), the tuned side ≥ 90 % of the
-    base's rate, with the preparation reported apart."""
+    fast path (each side's graph captured before either is timed, nothing compiled for it), both
+    sides ≥ 400 tok/s, with the preparation (a few seconds at most) reported apart."""
     s = nvkit.load(demo_model.path(), device_map="cuda", dtype="auto" if demo_model.ready() else "float32")
     try:
         s.load_adapter(_trained_adapter(tmp_path, s))
@@ -292,6 +292,6 @@ def test_compare_runs_both_sides_on_the_fast_path(tmp_path):
         rates = [(r.base_tokens_per_s, r.tuned_tokens_per_s) for r in c]
         print(f"\ncompare, 2 prompts × 30 tokens: tok/s (base, tuned) {rates}; prepared {c.prepared:.2f} s; paths {paths}")
         assert paths == ["fast"] * 4, paths
-        assert c.prepared > 0 and all(t >= 0.9 * b for b, t in rates[1:]), rates
+        assert 0 < c.prepared <= 5 and all(min(pair) >= 400 for pair in rates), (rates, c.prepared)
     finally:
         s.unload()

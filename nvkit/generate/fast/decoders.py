@@ -132,14 +132,15 @@ def forget(session) -> None:
 
 
 def prepare(session, max_new_tokens: int = 256, prompt_tokens: int = 64, do_sample: bool = False,
-            on_progress: Callable[[float], None] | None = None, prefill_up_to: int = 512,
+            on_progress: Callable[[float], None] | None = None, prefill_up_to: int = 512, compile: bool = True,
             **generation_kwargs) -> float:
     """Compile and capture the session's fast path now (a tutorial's warm-up cell), so that the
     first request does not wait for it; returns the seconds it took (≈ 0 when already done).
 
     One cache size class serves every request that fits it, so the sizes here only need to be
     no larger than the requests to come; the prefill graphs of prompts up to ``prefill_up_to``
-    tokens come too (0: none, each is captured at its class's second prompt).
+    tokens come too (0: none, each is captured at its class's second prompt). ``compile=False``:
+    capture the step a request would run now (compiled only where the session already compiled it).
     Raises NvkitError saying why when the fast path cannot run this session's requests."""
     require(isinstance(max_new_tokens, int) and not isinstance(max_new_tokens, bool) and max_new_tokens > 0,
             f"max_new_tokens must be a whole number ≥ 1, not {max_new_tokens!r}.")
@@ -152,4 +153,5 @@ def prepare(session, max_new_tokens: int = 256, prompt_tokens: int = 64, do_samp
     sampling, _ = support.resolve(support.base_model(session.model), gen)
     import torch
     with torch.inference_mode():
-        return decoder(session).prepare(prompt_tokens, sampling, on_progress=on_progress, prefill_up_to=prefill_up_to)
+        return decoder(session).prepare(prompt_tokens, sampling, on_progress=on_progress, prefill_up_to=prefill_up_to,
+                                        compile=compile)

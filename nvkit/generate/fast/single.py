@@ -81,8 +81,7 @@ class FastDecoder(GraphRunner):
 
     def _choose_attention(self, asked: str) -> tuple[str, str | None]:
         """(attention, why "auto" did not take triton-fused). "auto" is triton-fused where it fits
-        (CUDA, a power-of-two head size, per-head RMS q/k norms or none), matmul elsewhere; and
-        matmul also where the Triton step fails to capture on this GPU."""
+        (CUDA, a power-of-two head size, per-head RMS q/k norms or none), matmul elsewhere."""
         if asked == "auto":
             why = triton_cannot_run_on(self.device) or self._triton_why("triton-fused")
             return ("matmul", why) if why else ("triton-fused", None)
@@ -369,13 +368,14 @@ class FastDecoder(GraphRunner):
         return fits and any(g.lora == lora_on for g in c.graphs)
 
     def prepare(self, prompt_len: int, sampling: Sampling, on_progress: Callable[[float], None] | None = None,
-                prefill_up_to: int = 512) -> float:
-        """Compile and capture what a request of this size and sampling mode needs now, and the
-        prefill graphs of prompts up to ``prefill_up_to`` tokens; returns the seconds it took."""
+                prefill_up_to: int = 512, compile: bool = True) -> float:
+        """Capture (``compile``: compile first) what a request of this size and sampling mode needs now,
+        and the prefill graphs of prompts up to ``prefill_up_to`` tokens; returns the seconds."""
         import torch
         with self._lock:
             t = time.perf_counter()
-            self.compile_next()
+            if compile:
+                self.compile_next()
             lora_on = self._sync()
             c = self._cache_for(self._positions(prompt_len, sampling))
             self._graph(c, GraphKey(sampling.key, lora_on), on_progress)
