@@ -24,7 +24,7 @@ FAMILIES = {  # transformers' class prefix -> the config's own settings (a windo
     "Olmoe": dict(num_experts=4, **MOE), "Qwen3Moe": dict(num_experts=4, moe_intermediate_size=32, head_dim=16, **MOE),
     "Mixtral": dict(num_local_experts=4, **MOE), "GptOss": dict(num_local_experts=4, head_dim=16, sliding_window=6, **MOE),
 }
-FUSED = {"Llama", "Qwen2", "Qwen3", "SmolLM3", "Granite"}
+FUSED = {"Llama", "Qwen2", "Qwen3", "SmolLM3", "Granite", "Olmo2"}
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
@@ -112,9 +112,10 @@ def test_other_adapter_types_on_the_models_own_forward_say_why():
     assert "PROMPT_TUNING" in support.single_why(s, dict(max_new_tokens=8, do_sample=False))
 
 
-@pytest.mark.parametrize("family", ["SmolLM3", "Granite", "Phi3"])
+@pytest.mark.parametrize("family", ["SmolLM3", "Granite", "Olmo2", "Phi3"])
 def test_a_list_runs_on_the_fused_rows_where_the_family_fits(family):
-    """A list: SmolLM3 (NoPE layers) and Granite (multipliers) take the fused step over rows, each
+    """A list: SmolLM3 (NoPE layers), Granite (multipliers) and OLMo 2 (norms after each branch,
+    q/k normed over all heads) take the fused step over rows, each
     prompt greedy token for token as plain ``generate`` of the prompt alone, with rows refilled
     (3 prompts through 2 rows), and with a LoRA adapter attached; a family the fused step does not
     cover says why it runs no list on the rows path."""

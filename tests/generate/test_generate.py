@@ -327,7 +327,7 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
     with pytest.raises(NvkitError, match="different epsilons.*attention='triton-split' does"):
         fast.FastDecoder(other, graphs=False, attention="triton-fused")
     attn0.q_norm = torch.nn.LayerNorm(attn0.head_dim)
-    with pytest.raises(NvkitError, match="not a per-head RMS norm"):
+    with pytest.raises(NvkitError, match="not an RMS norm per head or over all heads"):
         fast.FastDecoder(other, graphs=False, attention="triton-fused")
     assert fast.FastDecoder(other, graphs=False, attention="triton-split").attention == "triton-split"  # norms stay the model's
     # "auto" takes triton-fused where it fits and says why not where it does not: on a CPU, never
@@ -336,7 +336,7 @@ def test_triton_attention_is_refused_where_it_cannot_run(s, monkeypatch):
     monkeypatch.setattr(fast_decoder, "triton_cannot_run_on", lambda device: None)  # as on a GPU, for the rest
     assert fast.FastDecoder(s.model, graphs=False, attention="auto").attention == "triton-fused"
     auto = fast.FastDecoder(other, graphs=False, attention="auto")
-    assert auto.attention == "matmul" and "not a per-head RMS norm" in auto.attention_why
+    assert auto.attention == "matmul" and "not an RMS norm per head or over all heads" in auto.attention_why
     assert fast.FastDecoder(s.model, graphs=False, fused=False, attention="auto").attention == "matmul"
     assert auto.options.attention == "auto"  # decoder(session, attention="auto") keeps it, not rebuilds
     import sys
@@ -493,7 +493,7 @@ def test_fast_pdl_and_inductor_options(s, monkeypatch):
         fast.FastDecoder(s.model, graphs=False, pdl=True)
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-bias", "qwen2", "mistral", "qwen3", "smollm3", "granite"])
+@pytest.mark.parametrize("arch", ["llama", "llama-bias", "qwen2", "mistral", "qwen3", "smollm3", "granite", "olmo2"])
 def test_fused_step_matches_the_model_for_each_family(arch):
     """Each architecture in fast.fused_weights.FUSABLE (random tiny fp32 weights, so ties are not an issue at
     fp32): the fused step's logits equal the model's own forward step by step, biases included."""
@@ -507,7 +507,8 @@ def test_fused_step_matches_the_model_for_each_family(arch):
            # layers 1 and 3 without RoPE; multipliers far from 1, so a missed one changes every logit
            "smollm3": lambda: T.SmolLM3Config(no_rope_layer_interval=2, pad_token_id=0, **common),
            "granite": lambda: T.GraniteConfig(embedding_multiplier=3.0, residual_multiplier=0.3, logits_scaling=5.0,
-                                              attention_multiplier=0.2, **common)}[arch]()
+                                              attention_multiplier=0.2, **common),
+           "olmo2": lambda: T.Olmo2Config(pad_token_id=0, **common)}[arch]()
     model = T.AutoModelForCausalLM.from_config(cfg, attn_implementation="sdpa").eval()
     if arch == "llama-bias":
         with torch.no_grad():
@@ -527,6 +528,24 @@ def test_fused_step_matches_the_model_for_each_family(arch):
         plain_logits = torch.stack(plain.trace(ids, sampling)[1])
     assert got == ref
     assert torch.allclose(fused_logits, plain_logits, atol=1e-4, rtol=1e-4), (fused_logits - plain_logits).abs().max()
+
+
+def test_the_fused_steps_norms_round_as_each_familys_own():
+    """In bf16 the fused steps' RMS norm equals each family's module bit for bit: Llama's rounds
+    before the weight multiplies, OLMo 2's after (``weight_first``); the two differ, so the choice
+    matters beyond the float32 identity tests above."""
+    from transformers.models.llama.modeling_llama import LlamaRMSNorm
+    from transformers.models.olmo2.modeling_olmo2 import Olmo2RMSNorm
+
+    from nvkit.generate.fast.llama_step import rms_norm
+    torch.manual_seed(0)
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    for cls, weight_first in ((LlamaRMSNorm, False), (Olmo2RMSNorm, True)):
+        norm = cls(64, eps=1e-6).to(torch.bfloat16)
+        with torch.no_grad():
+            norm.weight.normal_()
+            assert torch.equal(rms_norm(x, norm.weight, 1e-6, weight_first), norm(x))
+            assert not torch.equal(rms_norm(x, norm.weight, 1e-6, not weight_first), norm(x))
 
 
 def test_compile_error_summary_keeps_the_cause():

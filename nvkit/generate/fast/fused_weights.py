@@ -21,8 +21,12 @@ from ...memory.estimate import attention_dims
 # Architectures whose decoder layer is exactly: RMSNorm, q/k/v (optional q/k RMSNorm), RoPE,
 # attention, o, residual, RMSNorm, SiLU-gated MLP, residual (checked module by module in fusable_why).
 # SmolLM3 leaves RoPE out of some layers (``LayerWeights.rope``); Granite scales the embeddings, each
-# residual branch and the logits by constants of its config (``FusedWeights.embed_scale`` etc.).
-FUSABLE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "granite")
+# residual branch and the logits by constants of its config (``FusedWeights.embed_scale`` etc.);
+# OLMo 2 norms each branch's output instead of its input, and q and k over all heads at once
+# (``LayerWeights.in_norm`` None, ``ff_norm``; ``FusedWeights.weight_first``).
+FUSABLE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "granite", "olmo2")
+# the layer norms of the two layouts: before attention and MLP (Llama), after them (OLMo 2)
+PRE_NORMS, POST_NORMS = ("input_layernorm", "post_attention_layernorm"), ("post_attention_layernorm", "post_feedforward_layernorm")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -55,7 +59,11 @@ def fusable_why(model) -> str | None:
         mods += [base_layer(getattr(mlp, n, None)) for n in PROJECTIONS[4:]]
         if any(type(m) is not nn.Linear for m in mods):  # exact type: quantized layers compute otherwise
             return "its projections are not plain Linear layers"
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+        names = tuple(n for n in ("input_layernorm", "post_attention_layernorm", "post_feedforward_layernorm")
+                      if hasattr(layer, n))
+        if names not in (PRE_NORMS, POST_NORMS):
+            return f"its layer norms ({', '.join(names)}) are neither Llama's nor OLMo 2's"
+        for norm in (getattr(layer, n) for n in names):
             if _norm_eps(norm) is None:
                 return f"its layer norm ({type(norm).__name__}) is not an RMS norm with a weight"
     return None
@@ -84,17 +92,19 @@ def _norm_eps(norm) -> float | None:
 
 
 def qk_norm_why(model, hd: int) -> str | None:
-    """Why the per-head q/k norms are not the plain RMS norm the Triton kernel applies (None: they are)."""
+    """Why the per-head q/k norms are not the plain RMS norm the Triton kernel applies (None: they
+    are). Norms over all heads at once (OLMo 2's) are applied by the steps before the kernel."""
+    nh, nkv, _ = attention_dims(model.config)
     for layer in model.model.layers:
         attn = layer.self_attn
         if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
             return "it normalises only one of q and k"
         if not hasattr(attn, "q_norm"):
             continue
-        for norm in (attn.q_norm, attn.k_norm):
-            w = getattr(norm, "weight", None)
-            if _norm_eps(norm) is None or tuple(w.shape) != (hd,):
-                return f"its q/k norm ({type(norm).__name__}) is not a per-head RMS norm"
+        widths = {(hd, hd), (nh * hd, nkv * hd)}
+        if any(_norm_eps(n) is None for n in (attn.q_norm, attn.k_norm)) \
+                or (attn.q_norm.weight.shape[0], attn.k_norm.weight.shape[0]) not in widths:
+            return f"its q/k norm ({type(attn.q_norm).__name__}) is not an RMS norm per head or over all heads"
         if _norm_eps(attn.q_norm) != _norm_eps(attn.k_norm):
             return "its q and k norms use different epsilons"
     return None
@@ -112,11 +122,11 @@ class _Slot:
 
 @dataclass
 class LayerWeights:
-    in_norm: Any
+    in_norm: Any      # None: OLMo 2's layout (the branches' outputs normed: post_norm, ff_norm)
     in_eps: float
     qkv: Any          # (q + 2 kv rows, hidden): q, k and v stacked
     qkv_bias: Any
-    q_norm: Any       # per-head RMS norm weights (Qwen3), else None
+    q_norm: Any       # RMS norm weights per head (Qwen3) or over all heads (OLMo 2), else None
     k_norm: Any
     qk_eps: float
     o: Any
@@ -131,6 +141,9 @@ class LayerWeights:
     #: False where the layer applies no RoPE (SmolLM3's NoPE layers): the steps hand such a layer
     #: a rotary table of cos 1 and sin 0, which leaves q and k exactly as they are
     rope: bool = True
+    #: OLMo 2: the norm of the MLP's output (``post_norm`` is then the attention output's)
+    ff_norm: Any = None
+    ff_eps: float = 0.0
     #: with spare rows: the qkv, o, gate_up and down tensors with those rows below the weights
     #: (``qkv`` etc. are views of their first rows); None without
     spare: tuple | None = None
@@ -166,6 +179,8 @@ class FusedWeights:
         # third; None where the family has none (the steps then skip the operation)
         cfg = model.config.get_text_config()
         granite = getattr(cfg, "model_type", None) == "granite"
+        #: OLMo 2's norms multiply by the weight in float32 before rounding (Llama's round first)
+        self.weight_first = getattr(cfg, "model_type", None) == "olmo2"
         self.embed_scale = float(cfg.embedding_multiplier) if granite else None
         self.residual_scale = float(cfg.residual_multiplier) if granite else None
         self.logits_scale = float(cfg.logits_scaling) if granite else None
@@ -210,8 +225,10 @@ class FusedWeights:
             spare = (qkv_spare, o_spare, gate_up_spare, down_spare)
         else:
             o, down = self._own(lin(attn, "o_proj")), self._own(lin(mlp, "down_proj"))
+        pre = hasattr(layer, "input_layernorm")
         return LayerWeights(
-            in_norm=self._own(lambda: layer.input_layernorm.weight), in_eps=_norm_eps(layer.input_layernorm),
+            in_norm=self._own(lambda: layer.input_layernorm.weight) if pre else None,
+            in_eps=_norm_eps(layer.input_layernorm) if pre else 0.0,
             qkv=qkv, qkv_bias=qkv_bias,
             q_norm=self._own(lambda: attn.q_norm.weight) if has_qk else None,
             k_norm=self._own(lambda: attn.k_norm.weight) if has_qk else None,
@@ -224,7 +241,8 @@ class FusedWeights:
             down=down,
             down_bias=self._own(lin(mlp, "down_proj", "bias")) if lin(mlp, "down_proj", "bias")() is not None else None,
             scaling=float(getattr(attn, "scaling", self.hd ** -0.5)), rope=bool(getattr(attn, "use_rope", True)),
-            spare=spare)
+            ff_norm=None if pre else self._own(lambda: layer.post_feedforward_layernorm.weight),
+            ff_eps=0.0 if pre else _norm_eps(layer.post_feedforward_layernorm), spare=spare)
 
     def _bias_group(self, parent, names, lin):
         """Stacked biases of projections that share an input (a missing one is zeros of its

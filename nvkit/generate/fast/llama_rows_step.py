@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .llama_step import branch_scale, embed, layer_args, linear, lm_logits, rope, rms_norm, rotaries
+from .llama_step import branch_scale, embed, full_qk_norm, layer_args, linear, lm_logits, rope, rms_norm, rotaries
 from .fused_weights import FusedWeights
 
 
@@ -29,7 +29,7 @@ def paged_positions(table, page: int, length: int):
 
 
 def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: int, kernels: bool = False,
-                      residual: float | None = None) -> Callable:
+                      residual: float | None = None, weight_first: bool = False) -> Callable:
     """One layer of the rows decode step, on tensors only: ``layer(h, delta, pos, table, cos, sin,
     c, s, where, here, mask, keys, values, *layer_args(w, lo))`` -> (h, delta), the residual
     carried as ``llama_step.decode_layer`` carries it (the layer's input is ``h + delta``). "paged"
@@ -37,8 +37,8 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     rotary values ``c``/``s``, their pool indices ``where``, new positions ``here`` and ``mask``
     (``decode_rows_step`` makes them once per step). ``kernels``: the sums with their norms, the
     activation and the adapters' products in nvkit's Triton kernels (``nvkit.generate.kernels``), for a
-    step that is not compiled. ``residual``: the residual branches' multiplier, as
-    ``llama_step.decode_layer``."""
+    step that is not compiled. ``residual``, ``weight_first`` and a layer without ``in_norm``
+    (OLMo 2's): as ``llama_step.decode_layer``."""
     import torch
     import torch.nn.functional as F
     groups = nh // nkv
@@ -51,15 +51,26 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
         from ..kernels.lora_add import linear as proj
         from ..kernels.silu_mul import silu_mul
 
-    def layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys, values, in_norm, in_eps, qkv_w,
-              qkv_bias, q_norm, k_norm, qk_eps, o_w, o_bias, post_norm, post_eps, gate_up_w, gate_up_bias, down_w,
-              down_bias, scaling, lo_qkv, lo_o, lo_gate_up, lo_down):
+    def mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down):
         if kernels:
+            return proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down)
+        gate, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
+        return proj(F.silu(gate) * up, down_w, down_bias, lo_down)
+
+    def layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys, values, in_norm, in_eps, qkv_w,
+              qkv_bias, q_norm, k_norm, qk_eps, o_w, o_bias, post_norm, post_eps, ff_norm, ff_eps, gate_up_w,
+              gate_up_bias, down_w, down_bias, scaling, lo_qkv, lo_o, lo_gate_up, lo_down):
+        if in_norm is None:
+            h = x = h + delta
+        elif kernels:
             h, x = add_rms_norm(h, delta, in_norm, in_eps)
         else:
             h = h + delta
             x = rms_norm(h, in_norm, in_eps)
-        qkv = proj(x, qkv_w, qkv_bias, lo_qkv).view(-1, nh + 2 * nkv, hd)
+        qkv = proj(x, qkv_w, qkv_bias, lo_qkv)
+        if q_norm is not None and q_norm.shape[0] != hd:  # over all heads (OLMo 2): here, not in the kernel
+            qkv, q_norm, k_norm = full_qk_norm(qkv, q_norm, k_norm, qk_eps, weight_first), None, None
+        qkv = qkv.view(-1, nh + 2 * nkv, hd)
         if attention == "paged":
             o = paged_decode_attention(qkv, q_norm, k_norm, cos, sin, keys, values, pos, table, page, scaling, qk_eps)
         else:
@@ -74,15 +85,25 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
             scores = torch.matmul(q.view(-1, nkv, groups, hd), kk.transpose(2, 3)).float() * scaling
             scores = scores + mask[:, None, None, :]
             o = torch.matmul(scores.softmax(-1).to(dtype), vv)         # (rows, nkv, groups, hd)
+        a = scaled(proj(o.reshape(-1, nh * hd), o_w, o_bias, lo_o))
+        if in_norm is None:
+            h = h + rms_norm(a, post_norm, post_eps, weight_first)
+            return h, rms_norm(mlp(h, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down), ff_norm, ff_eps,
+                               weight_first)
         if kernels:
-            h, x = add_rms_norm(h, scaled(proj(o.reshape(-1, nh * hd), o_w, o_bias, lo_o)), post_norm, post_eps)
-            return h, scaled(proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down))
-        h = h + scaled(proj(o.reshape(-1, nh * hd), o_w, o_bias, lo_o))
-        x = rms_norm(h, post_norm, post_eps)
-        gate, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
-        return h, scaled(proj(F.silu(gate) * up, down_w, down_bias, lo_down))
+            h, x = add_rms_norm(h, a, post_norm, post_eps)
+        else:
+            h = h + a
+            x = rms_norm(h, post_norm, post_eps)
+        return h, scaled(mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down))
 
     return layer
+
+
+def model_decode_rows_layer(fw: FusedWeights, attention: str, page: int, kernels: bool = False) -> Callable:
+    """``decode_rows_layer`` for the model whose weights ``fw`` holds."""
+    return decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, page, kernels, fw.residual_scale,
+                             fw.weight_first)
 
 
 def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, layer: Callable | None = None,
@@ -100,7 +121,7 @@ def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, lay
     from .llama_step import decode_head
     neg = torch.finfo(torch.float32).min
     regional = layer is not None
-    layer = layer or decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, page, kernels, fw.residual_scale)
+    layer = layer or model_decode_rows_layer(fw, attention, page, kernels)
     head = head or decode_head(fw, kernels)
 
     def step(tok, pos, table, cos, sin, keys, values):
@@ -155,7 +176,8 @@ def mark_dynamic(tok, pos, table, cos, sin, keys, values) -> None:
     mark(table, 1)
 
 
-def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None) -> Callable:
+def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None,
+                       weight_first: bool = False) -> Callable:
     """One decoder layer of the rows prefill, on tensors only: ``layer(h, cos, sin, flat, keys,
     values, *layer_args(w, lo))`` -> the layer's output h. ``h``: (rows, length, hidden);
     ``cos``/``sin``: (1, length, 1, head_dim); ``flat``: (rows * length,) pool indices where the
@@ -165,8 +187,8 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
     compile of this function serves all of them (and every group shape), where a compile of the
     whole forward unrolls every layer into one graph and takes about as many times longer as the
     model has layers. The layer boundary costs nothing here: the host issues a layer's few fused
-    kernels far faster than the GPU runs a group's matrix products. ``residual``: the residual
-    branches' multiplier, as ``llama_step.decode_layer``."""
+    kernels far faster than the GPU runs a group's matrix products. ``residual``, ``weight_first``
+    and a layer without ``in_norm`` (OLMo 2's): as ``llama_step.decode_layer``."""
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     groups = nh // nkv
@@ -179,12 +201,14 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
     def layer(h, cos, sin, flat, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm, qk_eps, o_w,
-              o_bias, post_norm, post_eps, gate_up_w, gate_up_bias, down_w, down_bias, scaling,
+              o_bias, post_norm, post_eps, ff_norm, ff_eps, gate_up_w, gate_up_bias, down_w, down_bias, scaling,
               lo_qkv, lo_o, lo_gate_up, lo_down):
         rows, length = h.shape[0], h.shape[1]
-        x = rms_norm(h, in_norm, in_eps)
-        qkv = linear(x, qkv_w, qkv_bias, lo_qkv).view(rows, length, nh + 2 * nkv, hd)
-        q, k, v = qkv.split((nh, nkv, nkv), dim=2)
+        x = h if in_norm is None else rms_norm(h, in_norm, in_eps)
+        qkv = linear(x, qkv_w, qkv_bias, lo_qkv)
+        if q_norm is not None and q_norm.shape[0] != hd:  # over all heads (OLMo 2)
+            qkv, q_norm, k_norm = full_qk_norm(qkv, q_norm, k_norm, qk_eps, weight_first), None, None
+        q, k, v = qkv.view(rows, length, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
         if q_norm is not None:
             q, k = rms_norm(q, q_norm, qk_eps), rms_norm(k, k_norm, qk_eps)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
@@ -195,10 +219,13 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
         vv = v.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
         with sdpa_kernel(backends):
             o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, is_causal=True, scale=scaling)
-        h = h + scaled(linear(o.transpose(1, 2).reshape(rows, length, nh * hd), o_w, o_bias, lo_o))
-        x = rms_norm(h, post_norm, post_eps)
+        a = scaled(linear(o.transpose(1, 2).reshape(rows, length, nh * hd), o_w, o_bias, lo_o))
+        post = in_norm is None
+        h = h + (rms_norm(a, post_norm, post_eps, weight_first) if post else a)
+        x = h if post else rms_norm(h, post_norm, post_eps)
         gate, up = linear(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
-        return h + scaled(linear(F.silu(gate) * up, down_w, down_bias, lo_down))
+        m = scaled(linear(F.silu(gate) * up, down_w, down_bias, lo_down))
+        return h + (rms_norm(m, ff_norm, ff_eps, weight_first) if post else m)
 
     return layer
 
@@ -231,7 +258,7 @@ class RowsPrefillStep:
 
     def __init__(self, fw: FusedWeights, lora=None, eager_layer: Callable | None = None):
         self.fw, self.lora = fw, lora
-        self.eager_layer = eager_layer or prefill_rows_layer(fw.nh, fw.nkv, fw.hd, fw.residual_scale)
+        self.eager_layer = eager_layer or prefill_rows_layer(fw.nh, fw.nkv, fw.hd, fw.residual_scale, fw.weight_first)
         self.layer = self.eager_layer
         self.dynamic = False
 
@@ -254,7 +281,7 @@ class RowsPrefillStep:
                 mark_layer_dynamic(h, c, s, flat, keys[i], values[i])
             h = self.layer(h, c, s, flat, keys[i], values[i], *layer_args(w, lo))
         lasts = h[torch.arange(rows, device=ids.device), last]         # (rows, hidden)
-        return lm_logits(fw, rms_norm(lasts, fw.norm, fw.norm_eps))
+        return lm_logits(fw, rms_norm(lasts, fw.norm, fw.norm_eps, fw.weight_first))
 
 
 def prefill_rows_step(fw: FusedWeights, lora=None) -> RowsPrefillStep:

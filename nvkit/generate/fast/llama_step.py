@@ -25,13 +25,23 @@ from .fused_weights import FusedWeights, LayerWeights
 
 # --- the steps ---------------------------------------------------------------------------------
 
-def rms_norm(x, weight, eps: float):
-    """The Llama-family RMSNorm, in the same operations (so the same rounding) as transformers'."""
+def rms_norm(x, weight, eps: float, weight_first: bool = False):
+    """The Llama-family RMSNorm, in the same operations (so the same rounding) as transformers';
+    ``weight_first``: OLMo 2's, which multiplies by the weight in float32 and rounds after."""
     import torch
     dtype = x.dtype
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
+    return (weight * h).to(dtype) if weight_first else weight * h.to(dtype)
+
+
+def full_qk_norm(qkv, q_norm, k_norm, eps: float, weight_first: bool):
+    """q and k of the stacked projection ``qkv`` (..., (q + k + v) width) normed over all their
+    heads at once, as OLMo 2 norms them before splitting heads; v as it is."""
+    import torch
+    nq, nk = q_norm.shape[0], k_norm.shape[0]
+    q, k, v = qkv.split((nq, nk, qkv.shape[-1] - nq - nk), dim=-1)
+    return torch.cat((rms_norm(q, q_norm, eps, weight_first), rms_norm(k, k_norm, eps, weight_first), v), dim=-1)
 
 
 def rope(x, cos, sin):
@@ -115,11 +125,11 @@ def layer_args(w: LayerWeights, lo, fold: bool = False) -> tuple:
     else:
         loras = (lo and lo.qkv, lo and lo.o, lo and lo.gate_up, lo and lo.down)
     return (w.in_norm, w.in_eps, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, w.qk_eps, w.o, w.o_bias, w.post_norm,
-            w.post_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias, w.scaling, *loras)
+            w.post_eps, w.ff_norm, w.ff_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias, w.scaling, *loras)
 
 
 def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: bool = False,
-                 residual: float | None = None) -> Callable:
+                 residual: float | None = None, weight_first: bool = False) -> Callable:
     """One layer of the decode step for one token, on tensors only: ``layer(h, delta, pos, where,
     cos, sin, mask, keys, values, *layer_args(w, lo))`` -> (h, delta). The layer's input is
     ``h + delta`` (the residual and the previous layer's MLP output, added here so that the sum
@@ -128,7 +138,10 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
 
     ``kernels``: the sums with their norms and the activation in nvkit's Triton kernels
     (``nvkit.generate.kernels``; CUDA only), for a step that is not compiled. ``residual``: the
-    multiplier of both residual branches (``FusedWeights.residual_scale``)."""
+    multiplier of both residual branches (``FusedWeights.residual_scale``); ``weight_first``: the
+    norms' rounding (``rms_norm``). A layer without ``in_norm`` is OLMo 2's: its input goes in as
+    it is, and the attention's and the MLP's outputs are normed (``post_norm``, ``ff_norm``)
+    before their sums, torch's operations (nvkit's norm kernel rounds as Llama does)."""
     import torch
     import torch.nn.functional as F
     groups = nh // nkv
@@ -143,15 +156,26 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
     if attention == "triton-fused":
         from ..kernels.decode_attention import decode_attention_rope
 
-    def layer(h, delta, pos, where, cos, sin, mask, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm,
-              qk_eps, o_w, o_bias, post_norm, post_eps, gate_up_w, gate_up_bias, down_w, down_bias, scaling,
-              lo_qkv, lo_o, lo_gate_up, lo_down):
+    def mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down):
         if kernels:
+            return proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down)
+        gate, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
+        return proj(F.silu(gate) * up, down_w, down_bias, lo_down)
+
+    def layer(h, delta, pos, where, cos, sin, mask, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm,
+              qk_eps, o_w, o_bias, post_norm, post_eps, ff_norm, ff_eps, gate_up_w, gate_up_bias, down_w, down_bias,
+              scaling, lo_qkv, lo_o, lo_gate_up, lo_down):
+        if in_norm is None:
+            h = x = h + delta
+        elif kernels:
             h, x = add_rms_norm(h, delta, in_norm, in_eps)
         else:
             h = h + delta
             x = rms_norm(h, in_norm, in_eps)
-        qkv = proj(x, qkv_w, qkv_bias, lo_qkv).view(nh + 2 * nkv, hd)  # keys, values: (nkv, length, hd)
+        qkv = proj(x, qkv_w, qkv_bias, lo_qkv)
+        if q_norm is not None and q_norm.shape[0] != hd:  # over all heads (OLMo 2): here, not in the kernel
+            qkv, q_norm, k_norm = full_qk_norm(qkv, q_norm, k_norm, qk_eps, weight_first), None, None
+        qkv = qkv.view(nh + 2 * nkv, hd)  # keys, values: (nkv, length, hd)
         if attention == "triton-fused":
             o = decode_attention_rope(qkv, q_norm, k_norm, cos.view(hd), sin.view(hd), keys, values, pos,
                                       scaling, qk_eps)
@@ -167,21 +191,30 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
             else:
                 scores = torch.matmul(q.view(nkv, groups, hd), keys.transpose(1, 2)).float() * scaling + mask
                 o = torch.matmul(scores.softmax(-1).to(dtype), values)
+        a = scaled(proj(o.reshape(1, nh * hd), o_w, o_bias, lo_o))
+        if in_norm is None:
+            h = h + rms_norm(a, post_norm, post_eps, weight_first)
+            return h, rms_norm(mlp(h, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down), ff_norm, ff_eps,
+                               weight_first)
         if kernels:
-            h, x = add_rms_norm(h, scaled(proj(o.reshape(1, nh * hd), o_w, o_bias, lo_o)), post_norm, post_eps)
-            return h, scaled(proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down))
-        h = h + scaled(proj(o.reshape(1, nh * hd), o_w, o_bias, lo_o))
-        x = rms_norm(h, post_norm, post_eps)
-        gate, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
-        return h, scaled(proj(F.silu(gate) * up, down_w, down_bias, lo_down))
+            h, x = add_rms_norm(h, a, post_norm, post_eps)
+        else:
+            h = h + a
+            x = rms_norm(h, post_norm, post_eps)
+        return h, scaled(mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down))
 
     return layer
+
+
+def model_decode_layer(fw: FusedWeights, attention: str, kernels: bool = False) -> Callable:
+    """``decode_layer`` for the model whose weights ``fw`` holds."""
+    return decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, kernels, fw.residual_scale, fw.weight_first)
 
 
 def decode_head(fw: FusedWeights, kernels: bool = False) -> Callable:
     """``head(h, delta)`` -> (1, vocab) float logits: the last layer's sum, the final norm, the LM
     head (``kernels``: the sum and norm in nvkit's Triton kernel, as ``decode_layer``)."""
-    if kernels:
+    if kernels and not fw.weight_first:  # the kernel rounds as Llama's norm does
         from ..kernels.add_rms_norm import add_rms_norm
 
         def head(h, delta):
@@ -189,7 +222,7 @@ def decode_head(fw: FusedWeights, kernels: bool = False) -> Callable:
         return head
 
     def head(h, delta):
-        return lm_logits(fw, rms_norm(h + delta, fw.norm, fw.norm_eps))
+        return lm_logits(fw, rms_norm(h + delta, fw.norm, fw.norm_eps, fw.weight_first))
 
     return head
 
@@ -209,7 +242,7 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, l
     and the adapters' products apart (their folded form is written for inductor to fuse)."""
     import torch
     neg = torch.finfo(torch.float32).min
-    layer = layer or decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, kernels, fw.residual_scale)
+    layer = layer or model_decode_layer(fw, attention, kernels)
     head = head or decode_head(fw, kernels)
     fold = not kernels
     matmul = attention not in ("triton-split", "triton-fused")
@@ -250,10 +283,13 @@ def prefill_step(fw: FusedWeights, cache, lora=None) -> Callable:
         tables = rotaries(fw, cache.cos[:length].unsqueeze(1), cache.sin[:length].unsqueeze(1))  # (L, 1, hd) each
         for i, (w, (cos, sin)) in enumerate(zip(fw.layers, tables)):
             lo = lora.layers[i] if lora is not None else None
-            x = rms_norm(h, w.in_norm, w.in_eps)
-            qkv = linear(x, w.qkv, w.qkv_bias, lo and lo.qkv).view(length, nh + 2 * nkv, hd)
-            q, k, v = qkv.split((nh, nkv, nkv), dim=1)
-            if w.q_norm is not None:
+            x = h if w.in_norm is None else rms_norm(h, w.in_norm, w.in_eps)
+            qkv = linear(x, w.qkv, w.qkv_bias, lo and lo.qkv)
+            full = w.q_norm is not None and w.q_norm.shape[0] != hd
+            if full:
+                qkv = full_qk_norm(qkv, w.q_norm, w.k_norm, w.qk_eps, fw.weight_first)
+            q, k, v = qkv.view(length, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=1)
+            if w.q_norm is not None and not full:
                 q, k = rms_norm(q, w.q_norm, w.qk_eps), rms_norm(k, w.k_norm, w.qk_eps)
             q, k = rope(q, cos, sin), rope(k, cos, sin)
             k, v = k.transpose(0, 1), v.transpose(0, 1)                # (nkv, L, hd)
@@ -264,11 +300,14 @@ def prefill_step(fw: FusedWeights, cache, lora=None) -> Callable:
             v = v[:, None].expand(nkv, groups, length, hd).reshape(nh, length, hd)
             o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
                                                is_causal=True, scale=w.scaling)  # (1, nh, L, hd)
-            h = h + scaled(linear(o[0].transpose(0, 1).reshape(length, nh * hd), w.o, w.o_bias, lo and lo.o))
-            x = rms_norm(h, w.post_norm, w.post_eps)
+            a = scaled(linear(o[0].transpose(0, 1).reshape(length, nh * hd), w.o, w.o_bias, lo and lo.o))
+            post = w.in_norm is None  # OLMo 2: the branches' outputs normed (decode_layer)
+            h = h + (rms_norm(a, w.post_norm, w.post_eps, fw.weight_first) if post else a)
+            x = h if post else rms_norm(h, w.post_norm, w.post_eps)
             gate, up = linear(x, w.gate_up, w.gate_up_bias, lo and lo.gate_up).chunk(2, dim=-1)
-            h = h + scaled(linear(F.silu(gate) * up, w.down, w.down_bias, lo and lo.down))
+            m = scaled(linear(F.silu(gate) * up, w.down, w.down_bias, lo and lo.down))
+            h = h + (rms_norm(m, w.ff_norm, w.ff_eps, fw.weight_first) if post else m)
         last = h.index_select(0, cache.last.view(1))                  # (1, hidden)
-        return lm_logits(fw, rms_norm(last, fw.norm, fw.norm_eps))
+        return lm_logits(fw, rms_norm(last, fw.norm, fw.norm_eps, fw.weight_first))
 
     return prefill

@@ -44,7 +44,7 @@ from .paged_cache import (CLASSES, FIRST_POSITIONS, FIRST_SHARE, FIRST_WIDTH, MA
                           RowsKey, batch_class, ladder, new_arena, plan, prefill_budget, prefill_bytes_per_token)
 from .single import FastDecoder
 from .llama_step import decode_head
-from .llama_rows_step import decode_rows_layer, decode_rows_step, mark_dynamic, prefill_rows_step
+from .llama_rows_step import decode_rows_step, mark_dynamic, model_decode_rows_layer, prefill_rows_step
 from .replay import ticking
 from .runner import GraphRunner, KeptReplay, triton_cannot_run_on
 from .sampling import RowParams, Sampling, StopStrings, choose_rows
@@ -253,7 +253,7 @@ class BatchedDecoder(GraphRunner):
             if self.variant.regional:
                 # one layer compiled serves every layer; the step around it is captured per class
                 fw = self._fw
-                layer = decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, self.attention, PAGE, residual=fw.residual_scale)
+                layer = model_decode_rows_layer(fw, self.attention, PAGE)
                 self._compiled[lora_on] = decode_rows_step(fw, self.attention, PAGE, self._lora if lora_on else None,
                                                            layer=torch.compile(layer, fullgraph=True),
                                                            head=torch.compile(decode_head(fw), fullgraph=True))

@@ -24,7 +24,7 @@ from ... import events
 from ...errors import NvkitError
 from . import artifacts, cuda_graphs as graphs_mod, lora as lora_mod
 from .static_cache import Cache, GraphKey, model_prefill, model_step, new_cache, prefill_class, set_request, size_class
-from .llama_step import decode_head, decode_layer, decode_step, prefill_step
+from .llama_step import decode_head, decode_step, model_decode_layer, prefill_step
 from .fused_weights import FusedWeights, fusable_why
 from .options import FOLD_RANK, FastOptions, default_options
 from .replay import replays, ticking
@@ -198,7 +198,7 @@ class FastDecoder(GraphRunner):
                 # one layer compiled serves every layer (the step around it is captured, so calling
                 # it per layer costs the replays nothing)
                 fw = self._fw
-                layer = decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, self.attention, residual=fw.residual_scale)
+                layer = model_decode_layer(fw, self.attention)
                 c.compiled[lora_on] = decode_step(fw, c, self.attention, self._lora if lora_on else None,
                                                   layer=torch.compile(layer, fullgraph=True, dynamic=False),
                                                   head=torch.compile(decode_head(fw), fullgraph=True, dynamic=False))
