@@ -80,7 +80,8 @@ def run(model="qwen3-0.6b", *, first_tokens: int = 24, lists=LISTS, list_tokens:
         later = j > 0 and cuda
         add("list", f"{n} prompts × {list_tokens}", st, wall, f"first token ≤ {LIST_FIRST_TOKEN} s" if j else "",
             (whole and st.time_to_first_token <= LIST_FIRST_TOKEN) if later else (None if whole else False),
-            "" if whole else f"made {st.new_tokens} of {n * list_tokens} tokens")
+            "; ".join(filter(None, ["" if whole else f"made {st.new_tokens} of {n * list_tokens} tokens",
+                                    f"prepared first: {st.prepared}" if st.prepared else ""])))
     greedy, _, _ = call(prompt, max_new_tokens=48)
     sampled, wall, st = call(prompt, max_new_tokens=48, do_sample=True, top_k=1, seed=7)
     add("same answers", "top_k=1 sampling vs greedy", st, wall, "the same text", sampled == greedy)
@@ -115,7 +116,8 @@ def run(model="qwen3-0.6b", *, first_tokens: int = 24, lists=LISTS, list_tokens:
         add("long request", f"{long_tokens} tokens, adapter attached", st, wall,
             f"≤ {ADAPTER_EXTRA_SECONDS} s more than the base's, ≥ {ADAPTER_RATE:.0%} of its decode rate",
             (wall <= base_wall + ADAPTER_EXTRA_SECONDS and (rate or 0) >= ADAPTER_RATE) if cuda else None,
-            f"{rate:.0%} of the base's decode rate" if rate is not None else "no decode rate reported")
+            (f"{rate:.0%} of the base's decode rate" if rate is not None else "no decode rate reported")
+            + (f"; prepared first: {st.prepared}" if st.prepared else ""))
         t = time.perf_counter()
         c = s.compare(prompts[:2], max_new_tokens=compare_tokens)
         low = min(min(r.base_tokens_per_s, r.tuned_tokens_per_s) for r in c)
