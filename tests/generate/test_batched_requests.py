@@ -17,6 +17,7 @@ from nvkit.errors import NvkitError
 from nvkit.generate import paths
 from nvkit.generate.fast import paged_cache as arena
 from nvkit.generate.fast.rows import BatchedDecoder
+from nvkit.generate.fast.schedule import Sequence
 from nvkit.generate.fast.sampling import RowParams, choose_rows, counter_uniform, request_seeds
 from tests import demo_model  # noqa: E402
 
@@ -222,15 +223,22 @@ def test_stop_returns_what_finished_in_input_order(s):
 
 
 def test_a_first_pool_has_room_for_the_lists_to_come(s):
-    """Issue 39: a session's first list, however short, gets a pool of ``FIRST_POSITIONS`` and page
-    tables of ``FIRST_WIDTH`` positions, so the lists after it do not replace it (and its graphs)."""
+    """Issue 39: a session's first list, however short, gets a pool of ``FIRST_POSITIONS`` and, where
+    the paged kernel attends (it reads a row only up to its position), page tables of
+    ``FIRST_WIDTH`` positions, so the lists after it do not replace it (and its graphs); matmul
+    attention, which reads the whole table width, gets tables as wide as the request needs."""
     bd = _decoder(s.model, max_rows=16)
     _batched(s, bd, PROMPTS[:2], max_new_tokens=5, eos_token_id=NEVER)
     first = bd._arena
     assert first.pages >= arena.FIRST_POSITIONS // arena.PAGE
-    assert first.width * arena.PAGE >= min(arena.FIRST_WIDTH, bd.max_positions)  # the demo model: 1,024
-    _batched(s, bd, PROMPTS * 3, max_new_tokens=300, eos_token_id=NEVER)
+    assert bd.attention == "matmul" and first.width * arena.PAGE < 64  # the CPU: a few tokens each
+    _batched(s, bd, PROMPTS[:3] * 5, max_new_tokens=5, eos_token_id=NEVER)  # more prompts, as short
     assert bd._arena is first
+    paged = _decoder(s.model, max_rows=16)
+    paged.attention = "paged"  # what a GPU gets; only the pool's planning is read here
+    paged._adopt()
+    seqs = [Sequence(0, [1, 2, 3], 5, 0)]
+    assert paged._arena_for(seqs, 5, False).width * arena.PAGE >= min(arena.FIRST_WIDTH, paged.max_positions)
 
 
 def test_a_pool_never_shrinks_and_grows_once_with_room_to_spare(s, monkeypatch):

@@ -191,12 +191,15 @@ class BatchedDecoder(GraphRunner):
                 and (a.seen is not None or not penalty)):
             return a
         # room for the lists to come: the first pool holds FIRST_POSITIONS (within FIRST_SHARE of free
-        # memory), a growing one twice the old, so that a new pool and its graphs are rarely needed
+        # memory), a growing one twice the old, so that a new pool and its graphs are rarely needed;
+        # wide page tables too where attention reads each row only up to its position (the paged
+        # kernel: "matmul" attends over the whole table width)
         spare = 2 * a.pages if a is not None else FIRST_POSITIONS // PAGE
         if free is not None:
             spare = min(spare, int((MEMORY_SHARE if a is not None else FIRST_SHARE) * free) // self._page_bytes())
         pages, cls = max(pages, spare), max(cls, self.max_rows)
-        width = max(width, a.width if a is not None else pages_for(min(self.max_positions, FIRST_WIDTH), PAGE))
+        first_width = min(self.max_positions, FIRST_WIDTH) if self.attention == "paged" else 0
+        width = max(width, a.width if a is not None else pages_for(first_width, PAGE))
         if a is not None:
             penalty = penalty or a.seen is not None
             events.record("compile", f"fast batch: a pool of {pages} pages replaces {a.pages}; its graphs are captured again")
