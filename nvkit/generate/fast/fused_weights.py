@@ -26,7 +26,8 @@ from ...memory.estimate import attention_dims
 # (``LayerWeights.in_norm`` None, ``ff_norm``; ``FusedWeights.weight_first``).
 FUSABLE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "granite", "olmo2")
 # the layer norms of the two layouts: before attention and MLP (Llama), after them (OLMo 2)
-PRE_NORMS, POST_NORMS = ("input_layernorm", "post_attention_layernorm"), ("post_attention_layernorm", "post_feedforward_layernorm")
+PRE_NORMS = ("input_layernorm", "post_attention_layernorm")
+POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 

@@ -1,6 +1,6 @@
-"""nvkit's own decode and prefill steps for the Llama family (Llama, Mistral, Qwen2, Qwen3, and
-SmolLM3 and Granite, whose layers differ from Llama's only by NoPE layers and constant multipliers:
-``FUSABLE``).
+"""nvkit's own decode and prefill steps for the Llama family (Llama, Mistral, Qwen2, Qwen3, and the
+layers that differ from Llama's by a little: SmolLM3's NoPE layers, Granite's constant multipliers,
+OLMo 2's norms after each branch: ``FUSABLE``).
 
 The steps read every weight from ``fused_weights.FusedWeights``, never through the model's modules,
 so a module wrapped later (a LoRA layer) or swapped changes nothing the captured graphs read.
