@@ -110,6 +110,8 @@ def test_prepare_says_why_the_fast_path_cannot_run_here(s):
         fast.prepare(s)
     with pytest.raises(NvkitError, match="max_new_tokens must be a whole number"):
         fast.prepare(s, max_new_tokens=0)
+    with pytest.raises(NvkitError, match="compile must be True or False, not 'no'"):
+        fast.prepare(s, compile="no")
     assert s.generate("Hello", max_new_tokens=2) is not None
 
 

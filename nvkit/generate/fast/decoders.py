@@ -146,6 +146,7 @@ def prepare(session, max_new_tokens: int = 256, prompt_tokens: int = 64, do_samp
             f"max_new_tokens must be a whole number ≥ 1, not {max_new_tokens!r}.")
     require(isinstance(prompt_tokens, int) and not isinstance(prompt_tokens, bool) and prompt_tokens > 0,
             f"prompt_tokens must be a whole number ≥ 1, not {prompt_tokens!r}.")
+    require(isinstance(compile, bool), f"compile must be True or False, not {compile!r}.")
     gen = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, **generation_kwargs)
     why = support.single_why(session, gen)
     if why:
