@@ -404,7 +404,9 @@ def test_lists_of_any_size_run_on_the_ladders_graphs(s):
     grow (2 to 40 prompts) capture nothing but rung 16, and each prompt still decodes as it does alone."""
     assert arena.ladder(256) == (4, 16, 64, 256) and arena.ladder(8) == (4, 8) and arena.ladder(2) == (2,)
     bd = _decoder(s.model)
-    many = [f"{p} {i}" for i in range(6) for p in PROMPTS][:40]
+    # short prompts only: on the CPU (matmul attention) a longer one widens the page tables, and a
+    # new pool means new captures (test_a_pool_never_shrinks_and_grows_once_with_room_to_spare)
+    many = [f"{p} {i}" for i in range(8) for p in PROMPTS if len(p) < 100][:40]
     captures = []
     for n in (3, 40, 2, 9, 17, 5, 33):
         got = _batched(s, bd, many[:n], max_new_tokens=3, eos_token_id=NEVER)
