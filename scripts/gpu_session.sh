@@ -59,6 +59,8 @@
 #   afternoon  issue 39's afternoon on SHAPE (default qwen3-0.6b): nvkit bench shape:SHAPE --afternoon,
 #            then the GPU tests of its pieces (first request, compare, sliding windows and adapters
 #            on the model's own forward, graphs' own cuBLAS workspace)         (carry .whl-core)
+#   families-check  every family's graphs against plain generate (batch 1; the fused families' lists
+#            too), then compare's two sides on the fast path without a compile     (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 #   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
 #            $OUT/strategies-one-gpu.json, ZeRO-3's speed against DDP
@@ -178,6 +180,9 @@ case "$phase" in
       timeout "${TF:-300}" python3 -m nvkit.cli bench --families --shapes "$sh" --json > "$out/family-$sh.json"
       echo "=== exit $? ($(date +%T))"; cat "$out/family-$sh.json"
     done ;;
+  families-check)
+    T=${TF:-240} t tests/gpu/test_families_gpu.py
+    T=200 t tests/gpu/test_fast_session_gpu.py -k compare ;;
   profile)
     echo "=== attention launch shapes ($(date +%T))"
     timeout 200 python3 -m nvkit.benchmarks.attention --csv "$out/attention.csv"; echo "=== exit $? ($(date +%T))"
