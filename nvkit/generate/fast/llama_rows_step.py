@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .llama_step import branch_scale, embed, full_qk_norm, layer_args, linear, lm_logits, rope, rms_norm, rotaries
+from .llama_step import embed, full_qk_norm, layer_args, layer_ends, linear, lm_logits, rope, rms_norm, rotaries
 from .fused_weights import FusedWeights
 
 
@@ -40,36 +40,20 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     step that is not compiled. ``residual``, ``weight_first`` and a layer without ``in_norm``
     (OLMo 2's): as ``llama_step.decode_layer``."""
     import torch
-    import torch.nn.functional as F
     groups = nh // nkv
-    scaled = branch_scale(residual)
+    enter, leave = layer_ends(kernels, residual, weight_first)
     if attention == "paged":
         from ..kernels.paged_attention import paged_decode_attention
     proj = linear
     if kernels:
-        from ..kernels.add_rms_norm import add_rms_norm
         from ..kernels.lora_add import linear as proj
-        from ..kernels.silu_mul import silu_mul
-
-    def mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down):
-        if kernels:
-            return proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down)
-        gate, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
-        return proj(F.silu(gate) * up, down_w, down_bias, lo_down)
 
     def layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys, values, in_norm, in_eps, qkv_w,
               qkv_bias, q_norm, k_norm, qk_eps, o_w, o_bias, post_norm, post_eps, ff_norm, ff_eps, gate_up_w,
               gate_up_bias, down_w, down_bias, scaling, lo_qkv, lo_o, lo_gate_up, lo_down):
-        if in_norm is None:
-            h = x = h + delta
-        elif kernels:
-            h, x = add_rms_norm(h, delta, in_norm, in_eps)
-        else:
-            h = h + delta
-            x = rms_norm(h, in_norm, in_eps)
-        qkv = proj(x, qkv_w, qkv_bias, lo_qkv)
-        if q_norm is not None and q_norm.shape[0] != hd:  # over all heads (OLMo 2): here, not in the kernel
-            qkv, q_norm, k_norm = full_qk_norm(qkv, q_norm, k_norm, qk_eps, weight_first), None, None
+        h, x = enter(h, delta, in_norm, in_eps)
+        # norms over all heads (OLMo 2) here, not in the kernel
+        qkv, q_norm, k_norm = full_qk_norm(proj(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first)
         qkv = qkv.view(-1, nh + 2 * nkv, hd)
         if attention == "paged":
             o = paged_decode_attention(qkv, q_norm, k_norm, cos, sin, keys, values, pos, table, page, scaling, qk_eps)
@@ -85,17 +69,8 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
             scores = torch.matmul(q.view(-1, nkv, groups, hd), kk.transpose(2, 3)).float() * scaling
             scores = scores + mask[:, None, None, :]
             o = torch.matmul(scores.softmax(-1).to(dtype), vv)         # (rows, nkv, groups, hd)
-        a = scaled(proj(o.reshape(-1, nh * hd), o_w, o_bias, lo_o))
-        if in_norm is None:
-            h = h + rms_norm(a, post_norm, post_eps, weight_first)
-            return h, rms_norm(mlp(h, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down), ff_norm, ff_eps,
-                               weight_first)
-        if kernels:
-            h, x = add_rms_norm(h, a, post_norm, post_eps)
-        else:
-            h = h + a
-            x = rms_norm(h, post_norm, post_eps)
-        return h, scaled(mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down))
+        return leave(h, proj(o.reshape(-1, nh * hd), o_w, o_bias, lo_o), post_norm, post_eps, ff_norm, ff_eps,
+                     gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down)
 
     return layer
 
@@ -192,7 +167,7 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
     groups = nh // nkv
-    scaled = branch_scale(residual)
+    _, leave = layer_ends(False, residual, weight_first)
     # Not cuDNN's attention: it builds a plan for every new shape (tens of milliseconds each), and
     # PyTorch keeps those plans per thread. Group shapes follow the prompts' lengths, so nearly
     # every request meets new ones, and a thread that has not run them (a new worker, the main
@@ -205,9 +180,7 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
               lo_qkv, lo_o, lo_gate_up, lo_down):
         rows, length = h.shape[0], h.shape[1]
         x = h if in_norm is None else rms_norm(h, in_norm, in_eps)
-        qkv = linear(x, qkv_w, qkv_bias, lo_qkv)
-        if q_norm is not None and q_norm.shape[0] != hd:  # over all heads (OLMo 2)
-            qkv, q_norm, k_norm = full_qk_norm(qkv, q_norm, k_norm, qk_eps, weight_first), None, None
+        qkv, q_norm, k_norm = full_qk_norm(linear(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first)
         q, k, v = qkv.view(rows, length, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
         if q_norm is not None:
             q, k = rms_norm(q, q_norm, qk_eps), rms_norm(k, k_norm, qk_eps)
@@ -219,13 +192,9 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
         vv = v.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
         with sdpa_kernel(backends):
             o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, is_causal=True, scale=scaling)
-        a = scaled(linear(o.transpose(1, 2).reshape(rows, length, nh * hd), o_w, o_bias, lo_o))
-        post = in_norm is None
-        h = h + (rms_norm(a, post_norm, post_eps, weight_first) if post else a)
-        x = h if post else rms_norm(h, post_norm, post_eps)
-        gate, up = linear(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
-        m = scaled(linear(F.silu(gate) * up, down_w, down_bias, lo_down))
-        return h + (rms_norm(m, ff_norm, ff_eps, weight_first) if post else m)
+        h, m = leave(h, linear(o.transpose(1, 2).reshape(rows, length, nh * hd), o_w, o_bias, lo_o), post_norm,
+                     post_eps, ff_norm, ff_eps, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down)
+        return h + m
 
     return layer
 

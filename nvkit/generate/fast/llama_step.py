@@ -35,13 +35,17 @@ def rms_norm(x, weight, eps: float, weight_first: bool = False):
     return (weight * h).to(dtype) if weight_first else weight * h.to(dtype)
 
 
-def full_qk_norm(qkv, q_norm, k_norm, eps: float, weight_first: bool):
-    """q and k of the stacked projection ``qkv`` (..., (q + k + v) width) normed over all their
-    heads at once, as OLMo 2 norms them before splitting heads; v as it is."""
+def full_qk_norm(qkv, q_norm, k_norm, eps: float, hd: int, weight_first: bool):
+    """(qkv, q_norm, k_norm) for the per-head part of a step: where the q/k norms span all heads at
+    once (OLMo 2), q and k of the stacked projection ``qkv`` (..., (q + k + v) width) normed here,
+    before the heads split, and no per-head norms left; else everything as it is."""
+    if q_norm is None or q_norm.shape[0] == hd:
+        return qkv, q_norm, k_norm
     import torch
     nq, nk = q_norm.shape[0], k_norm.shape[0]
     q, k, v = qkv.split((nq, nk, qkv.shape[-1] - nq - nk), dim=-1)
-    return torch.cat((rms_norm(q, q_norm, eps, weight_first), rms_norm(k, k_norm, eps, weight_first), v), dim=-1)
+    qkv = torch.cat((rms_norm(q, q_norm, eps, weight_first), rms_norm(k, k_norm, eps, weight_first), v), dim=-1)
+    return qkv, None, None
 
 
 def rope(x, cos, sin):
@@ -115,6 +119,56 @@ def branch_scale(residual: float | None) -> Callable:
     return lambda t: t * residual
 
 
+def layer_ends(kernels: bool = False, residual: float | None = None, weight_first: bool = False):
+    """(enter, leave): what every step's layer does around its attention, in the family's layout.
+    ``enter(h, delta, in_norm, in_eps)`` -> (h, x): the layer's input ``h + delta`` and what its
+    q/k/v product reads (normed, or as it is where the layer has no ``in_norm``: OLMo 2).
+    ``leave(h, a, post_norm, post_eps, ff_norm, ff_eps, gate_up_w, gate_up_bias, down_w, down_bias,
+    lo_gate_up, lo_down)`` -> (h, delta) from the o-projection's output ``a``: Llama's layout adds
+    ``a`` and norms the sum for the MLP; OLMo 2's (``ff_norm`` given) norms ``a`` and the MLP's
+    output before their sums. ``residual``: both branches' multiplier (Granite); ``weight_first``:
+    the norms' rounding (``rms_norm``); ``kernels``: the Llama layout's sums with their norms, the
+    activation and the adapters' products in nvkit's Triton kernels (CUDA only, uncompiled steps)."""
+    import torch.nn.functional as F
+    proj = linear
+    scaled = branch_scale(residual)
+    if kernels:
+        from ..kernels.add_rms_norm import add_rms_norm
+        from ..kernels.lora_add import linear as proj
+        from ..kernels.silu_mul import silu_mul
+
+    def mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down):
+        if kernels:
+            return proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down)
+        gate, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
+        return proj(F.silu(gate) * up, down_w, down_bias, lo_down)
+
+    def enter(h, delta, in_norm, in_eps):
+        if in_norm is None:
+            h = h + delta
+            return h, h
+        if kernels:
+            return add_rms_norm(h, delta, in_norm, in_eps)
+        h = h + delta
+        return h, rms_norm(h, in_norm, in_eps)
+
+    def leave(h, a, post_norm, post_eps, ff_norm, ff_eps, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up,
+              lo_down):
+        a = scaled(a)
+        if ff_norm is not None:
+            h = h + rms_norm(a, post_norm, post_eps, weight_first)
+            return h, rms_norm(mlp(h, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down), ff_norm,
+                               ff_eps, weight_first)
+        if kernels:
+            h, x = add_rms_norm(h, a, post_norm, post_eps)
+        else:
+            h = h + a
+            x = rms_norm(h, post_norm, post_eps)
+        return h, scaled(mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down))
+
+    return enter, leave
+
+
 def layer_args(w: LayerWeights, lo, fold: bool = False) -> tuple:
     """The weights of layer ``w`` and its adapter buffers ``lo`` (a ``lora.LayerLora``, or None)
     in the order the per-layer functions (``decode_layer``, ``llama_rows_step.prefill_rows_layer``)
@@ -136,45 +190,24 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
     and this layer's norm stay one kernel when the layer is compiled on its own); its output is
     the residual after attention and its MLP's output, added by the next layer or ``decode_head``.
 
-    ``kernels``: the sums with their norms and the activation in nvkit's Triton kernels
-    (``nvkit.generate.kernels``; CUDA only), for a step that is not compiled. ``residual``: the
-    multiplier of both residual branches (``FusedWeights.residual_scale``); ``weight_first``: the
-    norms' rounding (``rms_norm``). A layer without ``in_norm`` is OLMo 2's: its input goes in as
-    it is, and the attention's and the MLP's outputs are normed (``post_norm``, ``ff_norm``)
-    before their sums, torch's operations (nvkit's norm kernel rounds as Llama does)."""
+    ``kernels``, ``residual``, ``weight_first`` and the layouts around the attention: ``layer_ends``."""
     import torch
-    import torch.nn.functional as F
     groups = nh // nkv
+    enter, leave = layer_ends(kernels, residual, weight_first)
     proj = linear
-    scaled = branch_scale(residual)
     if kernels:
-        from ..kernels.add_rms_norm import add_rms_norm
         from ..kernels.lora_add import linear as proj
-        from ..kernels.silu_mul import silu_mul
     if attention == "triton-split":
         from ..kernels.decode_attention import decode_attention
     if attention == "triton-fused":
         from ..kernels.decode_attention import decode_attention_rope
 
-    def mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down):
-        if kernels:
-            return proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down)
-        gate, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
-        return proj(F.silu(gate) * up, down_w, down_bias, lo_down)
-
     def layer(h, delta, pos, where, cos, sin, mask, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm,
               qk_eps, o_w, o_bias, post_norm, post_eps, ff_norm, ff_eps, gate_up_w, gate_up_bias, down_w, down_bias,
               scaling, lo_qkv, lo_o, lo_gate_up, lo_down):
-        if in_norm is None:
-            h = x = h + delta
-        elif kernels:
-            h, x = add_rms_norm(h, delta, in_norm, in_eps)
-        else:
-            h = h + delta
-            x = rms_norm(h, in_norm, in_eps)
-        qkv = proj(x, qkv_w, qkv_bias, lo_qkv)
-        if q_norm is not None and q_norm.shape[0] != hd:  # over all heads (OLMo 2): here, not in the kernel
-            qkv, q_norm, k_norm = full_qk_norm(qkv, q_norm, k_norm, qk_eps, weight_first), None, None
+        h, x = enter(h, delta, in_norm, in_eps)
+        # norms over all heads (OLMo 2) here, not in the kernel
+        qkv, q_norm, k_norm = full_qk_norm(proj(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first)
         qkv = qkv.view(nh + 2 * nkv, hd)  # keys, values: (nkv, length, hd)
         if attention == "triton-fused":
             o = decode_attention_rope(qkv, q_norm, k_norm, cos.view(hd), sin.view(hd), keys, values, pos,
@@ -191,17 +224,8 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
             else:
                 scores = torch.matmul(q.view(nkv, groups, hd), keys.transpose(1, 2)).float() * scaling + mask
                 o = torch.matmul(scores.softmax(-1).to(dtype), values)
-        a = scaled(proj(o.reshape(1, nh * hd), o_w, o_bias, lo_o))
-        if in_norm is None:
-            h = h + rms_norm(a, post_norm, post_eps, weight_first)
-            return h, rms_norm(mlp(h, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down), ff_norm, ff_eps,
-                               weight_first)
-        if kernels:
-            h, x = add_rms_norm(h, a, post_norm, post_eps)
-        else:
-            h = h + a
-            x = rms_norm(h, post_norm, post_eps)
-        return h, scaled(mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down))
+        return leave(h, proj(o.reshape(1, nh * hd), o_w, o_bias, lo_o), post_norm, post_eps, ff_norm, ff_eps,
+                     gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down)
 
     return layer
 
@@ -275,7 +299,7 @@ def prefill_step(fw: FusedWeights, cache, lora=None) -> Callable:
     import torch.nn.functional as F
     nh, nkv, hd = fw.nh, fw.nkv, fw.hd
     groups = nh // nkv
-    scaled = branch_scale(fw.residual_scale)
+    _, leave = layer_ends(False, fw.residual_scale, fw.weight_first)
 
     def prefill(ids):
         length = ids.shape[0]
@@ -284,13 +308,11 @@ def prefill_step(fw: FusedWeights, cache, lora=None) -> Callable:
         for i, (w, (cos, sin)) in enumerate(zip(fw.layers, tables)):
             lo = lora.layers[i] if lora is not None else None
             x = h if w.in_norm is None else rms_norm(h, w.in_norm, w.in_eps)
-            qkv = linear(x, w.qkv, w.qkv_bias, lo and lo.qkv)
-            full = w.q_norm is not None and w.q_norm.shape[0] != hd
-            if full:
-                qkv = full_qk_norm(qkv, w.q_norm, w.k_norm, w.qk_eps, fw.weight_first)
+            qkv, q_norm, k_norm = full_qk_norm(linear(x, w.qkv, w.qkv_bias, lo and lo.qkv), w.q_norm, w.k_norm,
+                                               w.qk_eps, hd, fw.weight_first)
             q, k, v = qkv.view(length, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=1)
-            if w.q_norm is not None and not full:
-                q, k = rms_norm(q, w.q_norm, w.qk_eps), rms_norm(k, w.k_norm, w.qk_eps)
+            if q_norm is not None:
+                q, k = rms_norm(q, q_norm, w.qk_eps), rms_norm(k, k_norm, w.qk_eps)
             q, k = rope(q, cos, sin), rope(k, cos, sin)
             k, v = k.transpose(0, 1), v.transpose(0, 1)                # (nkv, L, hd)
             cache.keys[i][:, :length].copy_(k)
@@ -300,13 +322,10 @@ def prefill_step(fw: FusedWeights, cache, lora=None) -> Callable:
             v = v[:, None].expand(nkv, groups, length, hd).reshape(nh, length, hd)
             o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
                                                is_causal=True, scale=w.scaling)  # (1, nh, L, hd)
-            a = scaled(linear(o[0].transpose(0, 1).reshape(length, nh * hd), w.o, w.o_bias, lo and lo.o))
-            post = w.in_norm is None  # OLMo 2: the branches' outputs normed (decode_layer)
-            h = h + (rms_norm(a, w.post_norm, w.post_eps, fw.weight_first) if post else a)
-            x = h if post else rms_norm(h, w.post_norm, w.post_eps)
-            gate, up = linear(x, w.gate_up, w.gate_up_bias, lo and lo.gate_up).chunk(2, dim=-1)
-            m = scaled(linear(F.silu(gate) * up, w.down, w.down_bias, lo and lo.down))
-            h = h + (rms_norm(m, w.ff_norm, w.ff_eps, fw.weight_first) if post else m)
+            h, m = leave(h, linear(o[0].transpose(0, 1).reshape(length, nh * hd), w.o, w.o_bias, lo and lo.o),
+                         w.post_norm, w.post_eps, w.ff_norm, w.ff_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias,
+                         lo and lo.gate_up, lo and lo.down)
+            h = h + m
         last = h.index_select(0, cache.last.view(1))                  # (1, hidden)
         return lm_logits(fw, rms_norm(last, fw.norm, fw.norm_eps, fw.weight_first))
 

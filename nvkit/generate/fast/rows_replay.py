@@ -100,8 +100,9 @@ def run(a: Arena, sched: Scheduler, graph_for: Callable, prefill_new: Callable, 
     ``prefill_new(seqs)``: prefill newly admitted sequences; ``batches`` counts the replays per
     class."""
     import torch
-    # a batch of one is compiled apart (torch specialises a size of 1): only a request of one
-    # prompt runs in class 1; the last row of a larger request runs in class 2
+    # the class a step needs (``graph_for`` runs it in the smallest ladder rung that holds it): a
+    # request of one prompt may need class 1, a larger one's last row class 2 (a size of 1 is
+    # specialised by torch.compile, so a pool whose ladder has it keeps it for one-prompt requests)
     smallest = 1 if len(sched.seqs) == 1 else 2
     pending: collections.deque = collections.deque()
     stopped = False
