@@ -115,8 +115,9 @@ def _off(model, base: bool):
 
 
 def _prepare_fast(session, items: list[str], max_new_tokens: int, do_sample: bool, kwargs: dict) -> float:
-    """On a GPU, capture the fast path's graph of each side before either is timed (prefill graphs
-    are left to their prompts); returns the seconds it took. A side the fast path cannot run is
+    """On a GPU, capture the fast path's graph of each side before either is timed, with the
+    prefill graphs of prompts this long (a side's first prompt would otherwise pay its prefill's
+    first run inside its own timing); returns the seconds it took. A side the fast path cannot run is
     left to ``generate``'s own choice, with its reason in the stats as usual. Nothing is compiled
     for it: a comparison of a few short answers would wait tens of seconds for a compile that
     saves it milliseconds (the session compiles as it would for any request)."""
@@ -130,7 +131,7 @@ def _prepare_fast(session, items: list[str], max_new_tokens: int, do_sample: boo
         with _off(session.model, base):
             if support.single_why(session, gen) is None:
                 try:
-                    decoders.prepare(session, max_new_tokens, longest, do_sample, prefill_up_to=0, compile=False,
+                    decoders.prepare(session, max_new_tokens, longest, do_sample, prefill_up_to=longest, compile=False,
                                      **kwargs)
                 except NvkitError:
                     pass  # generate chooses again for this side, and its stats line says why

@@ -187,3 +187,27 @@ def test_the_decode_step_runs_experts_a_graph_can_capture(family):
         assert d.generate(ids, fast.resolve(model, gen)[0]) == ref
     assert (9, "grouped_mm") in seen and {how for n, how in seen if n == 1} == {"batched_mm"}, seen
     assert model.config._experts_implementation == "grouped_mm"
+
+
+@pytest.mark.parametrize("family", sorted(FUSED))
+def test_each_fused_family_runs_in_bfloat16(family):
+    """In the dtype a user loads (bf16), each fused family's batch-1 step and rows step run (every
+    tensor of a layer in one dtype, whatever the dtype of the model's own tables: OLMo 2's rotary
+    tables are float32), the first logits agree with the model's own forward within bf16's
+    rounding, and the list's first tokens are the batch-1 step's."""
+    from nvkit.generate.fast.rows import BatchedDecoder
+    model = _tiny(family).to(torch.bfloat16)
+    rng = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (9, 5)]
+    sampling, _ = fast.resolve(model, dict(max_new_tokens=6, do_sample=False, eos_token_id=NEVER))
+    d = fast.FastDecoder(model, k_steps=4, graphs=False)
+    bd = BatchedDecoder(d, max_rows=2)
+    with torch.inference_mode():
+        ids = torch.tensor([prompts[0]])
+        tokens, logits = d.trace(ids, sampling)
+        ref = model(ids).logits[0, -1].float()
+        rows = bd.generate(prompts, sampling)
+    assert d.describe().startswith("fused step") and bd.describe().startswith("fused step over rows")
+    spread = float(ref.abs().max())
+    assert float((logits[0].float() - ref).abs().max()) <= 0.05 * spread, (logits[0], ref)
+    assert [len(r) for r in rows] == [6, 6] and rows[0][0] == tokens[0] == int(ref.argmax())

@@ -24,6 +24,7 @@ import torch
 import nvkit
 import nvkit.generate.fast as fast
 from nvkit.benchmarks.decode import mixed_prompts
+from nvkit.generate.fast.paged_cache import FIRST_POSITIONS
 from nvkit.generate.fast.rows import BatchedDecoder
 from nvkit.memory.estimate import kv_bytes_per_token
 from tests import demo_model  # noqa: E402
@@ -196,14 +197,19 @@ def test_targets_on_the_qwen3_shape(qwen, n, new, target):
     st = s.last_stats
     peak = torch.cuda.max_memory_allocated()
     weights = sum(p.numel() * p.element_size() for p in s.model.parameters())
-    needed = sum(n_i + new for n_i in lengths) * kv_bytes_per_token(s.model.config, 2)
+    per_token = kv_bytes_per_token(s.model.config, 2)
+    needed = sum(n_i + new for n_i in lengths) * per_token
+    # the session's first pool holds FIRST_POSITIONS for the lists to come (within a quarter of
+    # free memory, which an H200 never reaches here): the bound is on what the list adds beyond it
+    pool = max(needed, FIRST_POSITIONS * per_token)
     rate = st.new_tokens / st.seconds
     print(f"\n{n} prompts of {min(lengths)}–{max(lengths)} tokens × {new}: {rate:,.0f} tok/s (whole call, "
           f"target ≥ {target:,}); {st}; warm-up {warm:.1f} s; peak {peak / 2**30:.2f} GiB vs weights "
-          f"{weights / 2**30:.2f} + needed KV {needed / 2**30:.2f} GiB (+25 % = {1.25 * (weights + needed) / 2**30:.2f})")
+          f"{weights / 2**30:.2f} + needed KV {needed / 2**30:.2f} GiB, the pool's KV {pool / 2**30:.2f} GiB "
+          f"(+25 % = {1.25 * (weights + pool) / 2**30:.2f})")
     assert st.path == "fast batch" and st.new_tokens == n * new, st
     assert "compiled prefill" in st.detail, st.detail  # the prompts' prefill compiled, not issued op by op
-    assert peak <= 1.25 * (weights + needed)
+    assert peak <= 1.25 * (weights + pool)
     assert rate >= target
 
 

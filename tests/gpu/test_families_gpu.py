@@ -2,7 +2,7 @@
 float32, transformers' configs): greedy tokens equal plain ``generate``'s for 64 new tokens at
 batch 1, with one compile per decoder; the families on nvkit's fused step (Llama, Qwen, SmolLM3's
 NoPE layers, Granite's multipliers) also run a list on the fused rows with graphs, each prompt as
-it decodes alone. The same logic without graphs on the CPU: tests/generate/test_families_step.py."""
+it decodes alone, and in bf16. The same logic without graphs on the CPU: tests/generate/test_families_step.py."""
 
 import pytest
 import torch
@@ -57,3 +57,28 @@ def test_a_fused_family_runs_a_list_on_the_rows_graphs(family):
         assert bd.describe().startswith("fused step over rows"), bd.describe()
     finally:
         bd.release()
+
+
+@pytest.mark.parametrize("family", sorted(FUSED))
+def test_a_fused_family_runs_its_graphs_in_bfloat16(family):
+    """The dtype a user loads: each fused family's batch-1 graphs (nvkit's Triton attention) and
+    rows graphs run in bf16 (OLMo 2's float32 rotary tables among them), the first logits within
+    bf16's rounding of the model's own forward, and a list's first tokens those of the prompt alone."""
+    model = _model(family).to(torch.bfloat16)
+    d = fast.FastDecoder(model, k_steps=8)
+    bd = BatchedDecoder(d, max_rows=4)
+    rng = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (9, 30, 4)]
+    sampling, _ = fast.resolve(model, dict(max_new_tokens=16, do_sample=False, eos_token_id=NEVER))
+    try:
+        with torch.inference_mode():
+            ids = torch.tensor([prompts[0]], device="cuda")
+            tokens, logits = d.trace(ids, sampling)
+            ref = model(ids).logits[0, -1].float()
+            rows = bd.generate(prompts, sampling)
+        assert float((logits[0].float() - ref).abs().max()) <= 0.05 * float(ref.abs().max()), (family, d.describe())
+        assert [len(r) for r in rows] == [16] * 3 and rows[0][0] == tokens[0] == int(ref.argmax())
+        assert d.describe().startswith("fused step") and bd.describe().startswith("fused step over rows")
+    finally:
+        bd.release()
+        d.release()

@@ -49,9 +49,11 @@ def full_qk_norm(qkv, q_norm, k_norm, eps: float, hd: int, weight_first: bool):
 
 
 def rope(x, cos, sin):
+    """``x`` rotated by the tables, in ``x``'s dtype: tables in a wider dtype (OLMo 2's rotary
+    module returns float32 ones) compute in it and round once at the end, as that model does."""
     import torch
     half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+    return (x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin).to(x.dtype)
 
 
 def linear(x, weight, bias, lora=None):

@@ -44,8 +44,11 @@ def prefill_bytes_per_token(hidden: int, nh: int, nkv: int, hd: int, intermediat
 
 #: the classes a pool's graphs are captured for, each 4 times the one below (and the pool's own
 #: rows on top): a step of any row count runs in the smallest that holds it, so it computes at most
-#: 4 times its class's rows, and a session captures a handful of graphs instead of one per class
-LADDER = (4, 16, 64, 256)
+#: 4 times its class's rows, and a session captures a handful of graphs instead of one per class.
+#: One row has a rung of its own: a one-prompt request's step is a matrix-vector product, which
+#: runs faster than the same row inside a product of 4 (the GEMM kernels choose other tiles), and
+#: only a one-prompt request steps with one row (a longer list's last row runs in rung 4)
+LADDER = (1, 4, 16, 64, 256)
 
 
 def ladder(rows: int) -> tuple[int, ...]:

@@ -381,9 +381,9 @@ class FastDecoder(GraphRunner):
             self._graph(c, GraphKey(sampling.key, lora_on), on_progress)
             if self._fw is not None:
                 n = 1
-                while True:
+                while n <= prefill_up_to:
                     length = prefill_class(n, c.length)
-                    if length is None or length > prefill_up_to:
+                    if length is None:
                         break
                     self._prefill(c, torch.zeros((1, length), dtype=torch.long, device=self.device), lora_on,
                                   capture=True)
