@@ -118,7 +118,7 @@ def test_a_list_runs_on_the_fused_rows_where_the_family_fits(family):
     q/k normed over all heads) take the fused step over rows, each
     prompt greedy token for token as plain ``generate`` of the prompt alone, with rows refilled
     (3 prompts through 2 rows), and with a LoRA adapter attached; a family the fused step does not
-    cover says why it runs no list on the rows path."""
+    cover runs its list on its own forward, and with an adapter attached says why it does not."""
     from peft import LoraConfig, get_peft_model
 
     from nvkit.generate.fast.rows import BatchedDecoder
@@ -131,7 +131,10 @@ def test_a_list_runs_on_the_fused_rows_where_the_family_fits(family):
     s.model = model
     gen = dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER)
     if family == "Phi3":
-        assert "model type 'phi3' is not one of" in support.rows_why(s, gen)
+        assert support.rows_why(s, gen) is None
+        s.model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["qkv_proj"]))
+        why = support.rows_why(s, gen)
+        assert "lists run adapters on nvkit's fused step only" in why and "model type 'phi3' is not one of" in why, why
         return
     assert support.rows_why(s, gen) is None
     rng = torch.Generator().manual_seed(2)
@@ -211,3 +214,61 @@ def test_each_fused_family_runs_in_bfloat16(family):
     spread = float(ref.abs().max())
     assert float((logits[0].float() - ref).abs().max()) <= 0.05 * spread, (logits[0], ref)
     assert [len(r) for r in rows] == [6, 6] and rows[0][0] == tokens[0] == int(ref.argmax())
+
+
+ALL_FAMILIES = {**FAMILIES, "Gemma2": dict(head_dim=16, sliding_window=6),
+                "Gemma3Text": dict(head_dim=16, sliding_window=6,
+                                   layer_types=["sliding_attention", "sliding_attention", "full_attention"])}
+
+
+@pytest.mark.parametrize("family", [f for f in ALL_FAMILIES if f not in FUSED])
+def test_a_list_runs_on_the_models_own_forward_where_the_fused_step_does_not_fit(family):
+    """Issue 37: a family the fused step does not cover (Gemma 1/2/3 with their sliding and hybrid
+    layers and soft-capping, Phi-3, Starcoder2, Cohere 2, the mixtures of experts) runs a list on
+    the rows path over its own forward (``ModelRowsDecoder``): each prompt greedy token for token
+    as plain ``generate`` of the prompt alone, 4 prompts of 2–13 tokens through 2 rows (refilled)."""
+    from nvkit.generate.fast.model_rows import ModelRowsDecoder
+    cfg_class = getattr(transformers, family + "Config")
+    model_class = getattr(transformers, family.replace("Text", "") + "ForCausalLM")
+    cfg = cfg_class(**SIZES, **ALL_FAMILIES[family])
+    cfg._attn_implementation = "eager" if family in ("GptOss", "Gemma2") else "sdpa"  # sinks; Gemma 2's soft-capping
+    torch.manual_seed(0)
+    model = model_class(cfg).eval()
+
+    class Session:
+        device = torch.device("cuda")
+        quantization = None
+    s = Session()
+    s.model = model
+    gen = dict(max_new_tokens=10, do_sample=False, eos_token_id=NEVER)
+    assert support.rows_why(s, gen) is None
+    d = fast.FastDecoder(model, k_steps=4, graphs=False)
+    assert not d.fused
+    bd = ModelRowsDecoder(d, max_rows=2)
+    rng = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (2, 13, 7, 9)]
+    sampling, _ = fast.resolve(model, gen)
+    with torch.inference_mode():
+        got = bd.generate(prompts, sampling)
+        ref = [model.generate(torch.tensor([p]), pad_token_id=0, **gen)[0, len(p):].tolist() for p in prompts]
+    assert got == ref, bd.describe()
+    assert bd.describe().startswith("model forward over rows") and max(bd.last_batches) == 2, bd.describe()
+
+
+def test_the_models_own_forward_refuses_a_fused_model_and_the_session_picks_the_right_rows():
+    """``ModelRowsDecoder`` is for models the fused step does not fit; a session's rows decoder is
+    the fused one where it fits and the model-forward one elsewhere."""
+    from nvkit.errors import NvkitError
+    from nvkit.generate.fast.decoders import Decoders
+    from nvkit.generate.fast.model_rows import ModelRowsDecoder
+    from nvkit.generate.fast.rows import BatchedDecoder
+    fused = fast.FastDecoder(_tiny("Llama"), k_steps=4, graphs=False)
+    with pytest.raises(NvkitError, match="use BatchedDecoder"):
+        ModelRowsDecoder(fused)
+    for family, kind in (("Llama", BatchedDecoder), ("Phi3", ModelRowsDecoder)):
+        decoders = Decoders()
+        model = _tiny(family)
+        decoders.swap(model, fast.FastDecoder(model, k_steps=4, graphs=False))
+        rows = decoders.batched(model)
+        assert type(rows) is kind, (family, type(rows))
+        decoders.release()

@@ -2,15 +2,16 @@
 float32, transformers' configs): greedy tokens equal plain ``generate``'s for 64 new tokens at
 batch 1, with one compile per decoder; the families on nvkit's fused step (Llama, Qwen, SmolLM3's
 NoPE layers, Granite's multipliers) also run a list on the fused rows with graphs, each prompt as
-it decodes alone, and in bf16. The same logic without graphs on the CPU: tests/generate/test_families_step.py."""
+it decodes alone, and in bf16; the others run lists on their own forward's rows graphs. The same logic without graphs on the CPU: tests/generate/test_families_step.py."""
 
 import pytest
 import torch
 import transformers
 
 import nvkit.generate.fast as fast
+from nvkit.generate.fast.model_rows import ModelRowsDecoder
 from nvkit.generate.fast.rows import BatchedDecoder
-from tests.generate.test_families_step import FAMILIES, FUSED, NEVER, SIZES
+from tests.generate.test_families_step import ALL_FAMILIES, FAMILIES, FUSED, NEVER, SIZES
 
 
 def _model(family):
@@ -82,3 +83,27 @@ def test_a_fused_family_runs_its_graphs_in_bfloat16(family):
     finally:
         bd.release()
         d.release()
+
+
+@pytest.mark.parametrize("family", [f for f in ALL_FAMILIES if f not in FUSED])
+def test_a_family_off_the_fused_step_runs_a_list_on_its_own_forwards_graphs(family):
+    """Issue 37: the families the fused step does not cover run lists on the rows graphs over
+    their own forward (``ModelRowsDecoder``), each prompt as plain ``generate`` of it alone."""
+    cfg = getattr(transformers, family + "Config")(**SIZES, **ALL_FAMILIES[family])
+    cfg._attn_implementation = "eager" if family in ("GptOss", "Gemma2") else "sdpa"
+    torch.manual_seed(0)
+    model = getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval().to("cuda")
+    bd = ModelRowsDecoder(fast.FastDecoder(model, k_steps=8), max_rows=4)
+    gen = dict(max_new_tokens=48, do_sample=False, eos_token_id=NEVER)
+    rng = torch.Generator().manual_seed(3)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (4, 30, 9, 17, 2)]
+    sampling, _ = fast.resolve(model, gen)
+    try:
+        with torch.inference_mode():
+            got = bd.generate(prompts, sampling)
+            for p, tokens in zip(prompts, got):
+                ref = model.generate(torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
+                assert tokens == ref, (family, len(p), bd.describe())
+        assert bd.describe().startswith("model forward over rows, uncompiled"), bd.describe()
+    finally:
+        bd.release()

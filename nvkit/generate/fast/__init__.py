@@ -6,7 +6,7 @@ runners a session owns, ``prepare``), ``runner`` (``GraphRunner``: what both run
 ``compile_policy`` (when to compile, and keeping the faster step, measured), ``single``
 (``FastDecoder``, batch 1 on a static cache: ``static_cache``, ``replay``), ``rows``
 (``BatchedDecoder``, many prompts on a paged cache: ``paged_cache``, ``schedule``, ``rows_replay``,
-``prefill_rows``), ``llama_step``/``llama_rows_step`` (the Llama-family steps), ``lora`` (adapters in those
+``prefill_rows``; ``model_rows``: the same over the model's own forward), ``llama_step``/``llama_rows_step`` (the Llama-family steps), ``lora`` (adapters in those
 steps), ``sampling`` (the token pick), ``options`` (``FastOptions``), ``cuda_graphs`` (capturing a step),
 ``artifacts`` (compile artifacts on disk). The Triton kernels are in ``nvkit.generate.kernels``."""
 
@@ -16,7 +16,7 @@ _NAMES = {
     "FastOptions": "options", "default_options": "options", "ATTENTION_KINDS": "options",
     "DEFAULT_ATTENTION": "options", "ENVIRONMENT_VARIABLES": "options",
     "Sampling": "sampling", "resolve": "sampling",
-    "FastDecoder": "single", "BatchedDecoder": "rows", "GraphRunner": "runner",
+    "FastDecoder": "single", "BatchedDecoder": "rows", "ModelRowsDecoder": "model_rows", "GraphRunner": "runner",
     "Decoders": "decoders", "decoder": "decoders", "batched_decoder": "decoders", "prepare": "decoders",
     "forget": "decoders", "swap": "decoders", "current": "decoders",
     "route": "support", "single_why": "support", "rows_why": "support", "batch_why": "support", "worth_capturing": "support",

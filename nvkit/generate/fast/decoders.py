@@ -16,6 +16,7 @@ from typing import Callable
 from ...errors import NvkitError, require
 from . import support
 from .options import default_options
+from .model_rows import ModelRowsDecoder
 from .rows import BatchedDecoder
 from .runner import StepVariant, split_overrides
 from .single import FastDecoder
@@ -26,7 +27,7 @@ class Decoders:
 
     def __init__(self):
         self.single: FastDecoder | None = None
-        self.rows: BatchedDecoder | None = None
+        self.rows: BatchedDecoder | None = None  # a ModelRowsDecoder where the fused step does not fit
         #: seconds per new token of the session's last plain request on the GPU (None: none yet),
         #: what a short first request weighs against the fast path's capture (first_request)
         self.plain_per_token: float | None = None
@@ -61,7 +62,7 @@ class Decoders:
                 return self.rows
             if self.rows is not None:
                 self.rows.release()
-            self.rows = BatchedDecoder(d)
+            self.rows = BatchedDecoder(d) if d.fused else ModelRowsDecoder(d)
             return self.rows
 
     def batched_ready(self) -> bool:

@@ -64,9 +64,7 @@ class BatchedDecoder(GraphRunner):
 
     def __init__(self, single: FastDecoder, *, graphs: bool | None = None, max_rows: int = MAX_ROWS,
                  prefill_tokens: int | None = None):
-        if not single.fused:
-            raise NvkitError("The batched fast path runs nvkit's fused decode step, which "
-                             f"{'is turned off (fused=False)' if single.fused_why is None else 'does not fit this model: ' + single.fused_why}.")
+        self._fits(single)
         if max_rows not in CLASSES:
             raise NvkitError(f"max_rows must be one of {CLASSES}, not {max_rows!r}.")
         if prefill_tokens is not None and (type(prefill_tokens) is not int or prefill_tokens < 16):
@@ -92,6 +90,11 @@ class BatchedDecoder(GraphRunner):
         #: since the compiled step can lose on a row or two and win on a full list
         self._kept: dict = {}
         self.last_batches: collections.Counter = collections.Counter()  # batch class -> replays, last request
+
+    def _fits(self, single: FastDecoder) -> None:
+        if not single.fused:
+            raise NvkitError("The batched fast path runs nvkit's fused decode step, which "
+                             f"{'is turned off (fused=False)' if single.fused_why is None else 'does not fit this model: ' + single.fused_why}.")
 
     def _choose_attention(self, asked: str) -> tuple[str, str | None]:
         """("paged" | "matmul", why "auto" did not take the kernel). The paged kernel applies the

@@ -96,15 +96,19 @@ def single_why(session, gen: dict) -> str | None:
 
 
 def rows_why(session, gen: dict) -> str | None:
-    """Why a list cannot take the rows fast path here (None when it can)."""
+    """Why a list cannot take the rows fast path here (None when it can): on nvkit's fused step,
+    or on the model's own forward where the fused step does not fit (``model_rows``), which runs
+    no adapters."""
     model = session.model
     base = base_model(model)
-    fused_why = fusable_why(base)
+    own = fusable_why(base) or (default_options().fused is False and "the fused step is turned off (NVKIT_FAST_FUSED=0)")
+    adapters = bool(getattr(model, "peft_config", None))
     return (_placement_why(session, "the batched fast path")
-            or (fused_why and f"it runs nvkit's fused step, which does not fit this model ({fused_why})")
-            or (default_options().fused is False and "the fused step is turned off (NVKIT_FAST_FUSED=0)")
             or _layers_why(base)
-            or (getattr(model, "peft_config", None) and lora_why(model))
+            or (own and _forward_why(base))
+            or (adapters and own and f"a LoRA adapter is attached, and lists run adapters on nvkit's fused step only, "
+                                     f"which does not fit this model ({own})")
+            or (adapters and lora_why(model))
             or resolve(base, gen)[1])
 
 

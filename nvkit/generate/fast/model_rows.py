@@ -1,0 +1,224 @@
+"""``ModelRowsDecoder``: lists on the rows path for the families nvkit's fused step does not cover
+(Gemma 2/3, Phi-3/4, Starcoder2, Cohere 2, the mixtures of experts): the model's own forward as
+the rows step, over the same paged KV pool, ladder of graphs, scheduler, refill and sampling as
+``rows.BatchedDecoder``.
+
+Why: without it such a list runs padded ``generate``, a forward per token issued op by op, at
+about the speed of one prompt per step. The rows path's gain is in what surrounds the step (one
+graph replay per K steps, every row at its own position, finished rows refilled at once), so the
+model's forward can be the step as it is, the way the batch-1 path runs these families.
+
+How the forward reads the pool: ``PagedRows`` is a transformers ``Cache`` whose layers write each
+new key and value at the row's pool index and hand the attention each row's positions gathered
+through its page table, masked per row at its position (and to the window on a sliding layer), as
+the fused step's "matmul" attention does. A prompt group is prefilled left-aligned to its last
+column, so that the logits the step keeps (the last position's) are every row's own last token's.
+Adapters are not run here (the list runs padded ``generate`` and says so), and the step is not
+compiled: its graphs replay the uncompiled forward.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from ...errors import NvkitError
+from ...memory.estimate import attention_dims, kv_bytes_per_token
+from . import prefill_rows
+from .fused_weights import layer_kinds
+from .llama_rows_step import paged_positions
+from .paged_cache import PAGE, Arena, prefill_budget, prefill_bytes_per_token
+from .rows import BatchedDecoder
+from .schedule import SCRATCH
+from .single import FastDecoder
+from .static_cache import experts_for_graphs
+
+
+class PoolShape:
+    """What the pool and its buffers read of a model without fused weights (``paged_cache.new_arena``):
+    the KV heads, head size, dtype and a layer count; the rotary tables are the model's own business
+    (its forward computes them from the positions), so the arena's are a placeholder."""
+
+    def __init__(self, model):
+        cfg = model.config.get_text_config()
+        self.nh, self.nkv, self.hd = attention_dims(cfg)
+        self.dtype = model.dtype
+        self.embed = model.get_input_embeddings().weight
+        self.layers = range(int(cfg.num_hidden_layers))
+        self.intermediate = int(getattr(cfg, "intermediate_size", None) or 4 * cfg.hidden_size)
+
+    def rotary(self, length: int):
+        import torch
+        z = torch.zeros((1, self.hd), dtype=self.dtype, device=self.embed.device)
+        return z, z
+
+
+def _cache_classes():
+    from transformers.cache_utils import Cache, CacheLayerMixin
+
+    class PagedRowsLayer(CacheLayerMixin):
+        """One layer's keys and values in the pool: ``update`` writes the new ones at ``at.here``
+        (decode: (rows,) pool indices) or ``at.where`` (prefill: (rows, length)), and returns what
+        the attention reads: each row's positions gathered through its table (decode), or the
+        prompt's own keys and values (prefill: a prompt starts at position 0)."""
+
+        is_compileable = False
+
+        def __init__(self, keys, values, at):
+            super().__init__()
+            self.keys, self.values, self.at, self.is_initialized = keys, values, at, True
+
+        def lazy_initialization(self, key_states, value_states) -> None:
+            pass
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            rows, nkv, length, hd = key_states.shape
+            if self.at.decode:
+                self.keys.index_copy_(0, self.at.here, key_states[:, :, 0])
+                self.values.index_copy_(0, self.at.here, value_states[:, :, 0])
+                return self.keys[self.at.where].transpose(1, 2), self.values[self.at.where].transpose(1, 2)
+            flat = self.at.where.reshape(-1)
+            self.keys.index_copy_(0, flat, key_states.transpose(1, 2).reshape(-1, nkv, hd))
+            self.values.index_copy_(0, flat, value_states.transpose(1, 2).reshape(-1, nkv, hd))
+            return key_states, value_states
+
+        def get_seq_length(self) -> int:
+            return 0
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return query_length, 0
+
+        def get_max_length(self) -> int:
+            return -1
+
+    class PagedRows(Cache):
+        def __init__(self, keys, values, at):
+            super().__init__(layers=[PagedRowsLayer(k, v, at) for k, v in zip(keys, values)])
+
+    return PagedRows
+
+
+class _Where:
+    """Where the layers of one forward write and read (set by the step before the forward)."""
+    decode = True
+    where = here = None
+
+
+def _masks(model, allowed):
+    """The additive masks of ``allowed`` ((rows, queries, keys) bool, or a (types -> bool) dict) in
+    the model's dtype, one (rows, 1, queries, keys) mask, or a mask per layer type for hybrid models."""
+    import torch
+    zero = torch.zeros((), dtype=model.dtype, device=model.device)
+    neg = torch.full((), torch.finfo(model.dtype).min, dtype=model.dtype, device=model.device)
+    masks = {t: torch.where(a, zero, neg).unsqueeze(1) for t, a in allowed.items()}
+    return masks if len(masks) > 1 else next(iter(masks.values()))
+
+
+def _window(model) -> tuple[list[str], int | None]:
+    cfg = model.config.get_text_config()
+    kinds = sorted(set(getattr(cfg, "layer_types", None) or layer_kinds(cfg)))
+    return kinds, (cfg.sliding_window if "sliding_attention" in kinds else None)
+
+
+def model_rows_step(model) -> Callable:
+    """``step(tok, pos, table, cos, sin, keys, values)`` -> (rows, vocab) float logits, as
+    ``llama_rows_step.decode_rows_step``, through the model's own forward (``cos``/``sin`` unused)."""
+    import torch
+    paged = _cache_classes()
+    kinds, window = _window(model)
+
+    def step(tok, pos, table, cos, sin, keys, values):
+        at = _Where()
+        length = table.shape[1] * PAGE
+        at.where = paged_positions(table, PAGE, length)               # (rows, length) pool indices
+        at.here = at.where.gather(1, pos.unsqueeze(1)).squeeze(1)     # (rows,) each row's new position
+        keys_at = torch.arange(length, device=pos.device).unsqueeze(0)
+        seen = keys_at <= pos.unsqueeze(1)
+        allowed = {t: (seen & (keys_at > pos.unsqueeze(1) - window) if t == "sliding_attention" and window else seen)
+                   .unsqueeze(1) for t in kinds}
+        with experts_for_graphs(model):
+            out = model(input_ids=tok.unsqueeze(1), position_ids=pos.unsqueeze(1), attention_mask=_masks(model, allowed),
+                        past_key_values=paged(keys, values, at), use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float()
+    return step
+
+
+def model_rows_prefill(model) -> Callable:
+    """``prefill(ids, last, where, cos, sin, keys, values)`` -> (rows, vocab) float logits of each
+    row's last prompt token, as ``llama_rows_step.prefill_rows_step`` takes its arguments (each
+    prompt padded at its end). The forward runs each row shifted right so its prompt ends in the
+    last column (the padding first, masked out, its keys into the row's own later positions or the
+    scratch page), so that one logits row per prompt is computed."""
+    import torch
+    paged = _cache_classes()
+    kinds, window = _window(model)
+
+    def prefill(ids, last, where, cos, sin, keys, values):
+        rows, length = ids.shape
+        cols = torch.arange(length, device=ids.device)
+        shift = (length - 1 - last).unsqueeze(1)                       # (rows, 1) padding before the prompt
+        src = (cols.unsqueeze(0) - shift) % length                     # column j holds the prompt's j - shift
+        at = _Where()
+        at.decode, at.where = False, where.gather(1, src)
+        position = (cols.unsqueeze(0) - shift).clamp(min=0)
+        real = cols.unsqueeze(0) >= shift                              # (rows, length): a prompt column
+        causal = cols.view(1, -1, 1) >= cols.view(1, 1, -1)            # (1, queries, keys)
+        base = causal & real.unsqueeze(1) | torch.eye(length, dtype=torch.bool, device=ids.device)
+        allowed = {t: (base & (cols.view(1, -1, 1) - cols.view(1, 1, -1) < window)
+                       if t == "sliding_attention" and window else base) for t in kinds}
+        out = model(input_ids=ids.gather(1, src), position_ids=position, attention_mask=_masks(model, allowed),
+                    past_key_values=paged(keys, values, at), use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float()
+    return prefill
+
+
+class ModelRowsDecoder(BatchedDecoder):
+    """``BatchedDecoder`` with the model's own forward as its step (see the module docstring)."""
+
+    def _fits(self, single: FastDecoder) -> None:
+        if single.fused:
+            raise NvkitError("ModelRowsDecoder is for models without nvkit's fused step: use BatchedDecoder.")
+
+    def _choose_attention(self, asked: str) -> tuple[str, str | None]:
+        return "model", None
+
+    def describe(self) -> str:
+        parts = ["model forward over rows, " + ("uncompiled" if self.graphs else "eager, no CUDA graphs")]
+        if self.last_batches:
+            parts.append("batch " + "/".join(str(b) for b in sorted(self.last_batches, reverse=True)))
+        parts.append(f"{self.k} steps per replay")
+        return ", ".join(parts)
+
+    def _adopt(self) -> bool:
+        if self._fw is None:
+            self._fw = PoolShape(self.model)
+        return False
+
+    def compile_due(self, lora_on: bool = False) -> bool:
+        return False  # the forward's graphs replay it uncompiled (see the module docstring)
+
+    def compile_next(self) -> None:
+        pass
+
+    def _page_bytes(self) -> int:
+        return kv_bytes_per_token(self.model.config, self._fw.embed.element_size()) * PAGE
+
+    def prefill_tokens_for(self, a: Arena) -> int:
+        if self.prefill_tokens is not None:
+            return self.prefill_tokens
+        fw = self._fw
+        per_token = prefill_bytes_per_token(fw.embed.shape[1], fw.nh, fw.nkv, fw.hd, fw.intermediate,
+                                            fw.embed.element_size())
+        # a quarter of the fused prefill's: the model's attention may hold (rows, heads, length,
+        # length) scores in float32 (eager attention, as gpt-oss's sinks need), besides its masks
+        return max(16, prefill_budget(a.pages * self._page_bytes(), per_token) // 4)
+
+    def _step(self, lora_on: bool) -> Callable:
+        if lora_on not in self._steps:
+            self._steps[lora_on] = model_rows_step(self.model)
+        return self._steps[lora_on]
+
+    def _prefill_fn(self, lora_on: bool) -> Callable:
+        if lora_on not in self._prefills:
+            self._prefills[lora_on] = prefill_rows.RowsPrefill(model_rows_prefill(self.model), compile=False, page=PAGE,
+                                                               scratch=SCRATCH, timings=self.timings)
+        return self._prefills[lora_on]
