@@ -99,6 +99,28 @@ def test_a_lora_adapter_runs_in_the_models_own_forward(family):
     assert ours == tuned
     assert d._cache is not None and not [k for k in d._cache.graphs if k.lora and k.lora != other]  # older states dropped
 
+    # a list on the rows over the model's own forward: the same adapters in PEFT's layers, rows
+    # refilled, each state on graphs of its own
+    from nvkit.generate.fast.model_rows import ModelRowsDecoder
+    assert support.rows_why(s, gen) is None
+    bd = ModelRowsDecoder(d, max_rows=2)
+    rng = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (3, 10, 6)]
+
+    def lists():
+        with torch.inference_mode():
+            return ([pm.generate(input_ids=torch.tensor([p]), pad_token_id=0, **gen)[0, len(p):].tolist()
+                     for p in prompts], bd.generate(prompts, sampling))
+    want, got = lists()
+    assert got == want and "LoRA in PEFT's own layers" in bd.describe(), bd.describe()
+    with pm.disable_adapter():
+        base_want, got = lists()
+        assert got == base_want != want
+    pm.set_adapter("default")
+    want, got = lists()
+    assert got == want
+    assert {k.lora for k in bd._arena.graphs} <= {0, max(bd._states.values())}  # "other"'s graphs dropped
+
 
 def test_other_adapter_types_on_the_models_own_forward_say_why():
     from peft import PromptTuningConfig, get_peft_model
@@ -130,11 +152,8 @@ def test_a_list_runs_on_the_fused_rows_where_the_family_fits(family):
     s = Session()
     s.model = model
     gen = dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER)
-    if family == "Phi3":
+    if family == "Phi3":  # the model's own forward (test_a_lora_adapter_runs_in_the_models_own_forward)
         assert support.rows_why(s, gen) is None
-        s.model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["qkv_proj"]))
-        why = support.rows_why(s, gen)
-        assert "lists run adapters on nvkit's fused step only" in why and "model type 'phi3' is not one of" in why, why
         return
     assert support.rows_why(s, gen) is None
     rng = torch.Generator().manual_seed(2)

@@ -107,3 +107,33 @@ def test_a_family_off_the_fused_step_runs_a_list_on_its_own_forwards_graphs(fami
         assert bd.describe().startswith("model forward over rows, uncompiled"), bd.describe()
     finally:
         bd.release()
+
+
+@pytest.mark.parametrize("family", ["Phi3", "Gemma3Text", "Olmoe"])
+def test_a_list_with_an_adapter_on_its_own_forwards_graphs(family):
+    """A LoRA adapter on a family off the fused step: the list's rows graphs run PEFT's layers
+    (each prompt as PEFT's ``generate`` of it alone), and switched off, the base model's."""
+    from peft import LoraConfig, get_peft_model
+    cfg = getattr(transformers, family + "Config")(**SIZES, **ALL_FAMILIES[family])
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval()
+    pm = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)).to("cuda")
+    bd = ModelRowsDecoder(fast.FastDecoder(pm.get_base_model(), k_steps=8), max_rows=4)
+    gen = dict(max_new_tokens=32, do_sample=False, eos_token_id=NEVER)
+    rng = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (5, 21, 3, 12, 8)]
+    sampling, _ = fast.resolve(model, gen)
+
+    def alone():
+        return [pm.generate(input_ids=torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
+                for p in prompts]
+    try:
+        with torch.inference_mode():
+            tuned = alone()
+            assert bd.generate(prompts, sampling) == tuned, bd.describe()
+            with pm.disable_adapter():
+                assert bd.generate(prompts, sampling) == alone() != tuned
+        assert "LoRA in PEFT's own layers" not in bd.describe()  # the last request ran without it
+    finally:
+        bd.release()

@@ -13,8 +13,9 @@ new key and value at the row's pool index and hand the attention each row's posi
 through its page table, masked per row at its position (and to the window on a sliding layer), as
 the fused step's "matmul" attention does. A prompt group is prefilled left-aligned to its last
 column, so that the logits the step keeps (the last position's) are every row's own last token's.
-Adapters are not run here (the list runs padded ``generate`` and says so), and the step is not
-compiled: its graphs replay the uncompiled forward.
+LoRA adapters run in PEFT's own layers inside the forward, as on the batch-1 path: a graph bakes
+in the adapters' state (``lora.forward_state``), so each state has graphs of its own, and a new
+state drops the older one's. The step is not compiled: its graphs replay the uncompiled forward.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Callable
 
 from ...errors import NvkitError
 from ...memory.estimate import attention_dims, kv_bytes_per_token
-from . import prefill_rows
+from . import lora as lora_mod, prefill_rows
 from .fused_weights import layer_kinds
 from .llama_rows_step import paged_positions
 from .paged_cache import PAGE, Arena, prefill_budget, prefill_bytes_per_token
@@ -183,15 +184,26 @@ class ModelRowsDecoder(BatchedDecoder):
 
     def describe(self) -> str:
         parts = ["model forward over rows, " + ("uncompiled" if self.graphs else "eager, no CUDA graphs")]
+        if self._fw is not None and self._adapters:
+            parts.append("LoRA in PEFT's own layers")
         if self.last_batches:
             parts.append("batch " + "/".join(str(b) for b in sorted(self.last_batches, reverse=True)))
         parts.append(f"{self.k} steps per replay")
         return ", ".join(parts)
 
-    def _adopt(self) -> bool:
+    def _adopt(self) -> int:
+        """The pool's shape, and the adapters' state as a small key (0: no adapter changes the
+        output), its graphs kept apart from every other state's."""
         if self._fw is None:
             self._fw = PoolShape(self.model)
-        return False
+            self._states: dict = {(): 0}
+        state = lora_mod.forward_state(self.model)
+        if state not in self._states:
+            for old in [v for v in self._states.values() if v]:  # the older adapters' graphs never replay again
+                self._forget_steps(old)
+            self._states = {(): 0, state: max(self._states.values()) + 1}
+        self._adapters = bool(state)  # the stats line says what the last request ran
+        return self._states[state]
 
     def compile_due(self, lora_on: bool = False) -> bool:
         return False  # the forward's graphs replay it uncompiled (see the module docstring)

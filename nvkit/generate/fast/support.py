@@ -97,8 +97,8 @@ def single_why(session, gen: dict) -> str | None:
 
 def rows_why(session, gen: dict) -> str | None:
     """Why a list cannot take the rows fast path here (None when it can): on nvkit's fused step,
-    or on the model's own forward where the fused step does not fit (``model_rows``), which runs
-    no adapters."""
+    or on the model's own forward where the fused step does not fit (``model_rows``), adapters in
+    PEFT's own layers there as at batch 1."""
     model = session.model
     base = base_model(model)
     own = fusable_why(base) or (default_options().fused is False and "the fused step is turned off (NVKIT_FAST_FUSED=0)")
@@ -106,9 +106,7 @@ def rows_why(session, gen: dict) -> str | None:
     return (_placement_why(session, "the batched fast path")
             or _layers_why(base)
             or (own and _forward_why(base))
-            or (adapters and own and f"a LoRA adapter is attached, and lists run adapters on nvkit's fused step only, "
-                                     f"which does not fit this model ({own})")
-            or (adapters and lora_why(model))
+            or (adapters and (forward_lora_why(model) if own else lora_why(model)))
             or resolve(base, gen)[1])
 
 
