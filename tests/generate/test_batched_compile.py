@@ -3,6 +3,7 @@ on a GPU before each capture): one compile serves every batch-size class, table 
 (their sizes are dynamic), a batch of one is compiled apart, and the compiled step computes what
 the eager one does."""
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -87,4 +88,46 @@ def test_one_compiled_layer_serves_every_layer_class_and_pool():
         assert len(graphs) == 2, f"{len(graphs)} compiles of the layer and the head for 3 classes and pools"
         regional(*_args(fw, 1, 3, 20, 4))
     assert len(graphs) == 4  # a batch of one: the layer and the head once more
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("family", ["Gemma3Text", "Olmoe"])
+def test_the_models_own_forward_compiles_once_for_every_rung_and_pool(family):
+    """A family off the fused step (Gemma 3's hybrid masks, OLMoE's experts): its rows step
+    compiled whole (``model_rows.model_rows_step`` with a compiler) computes what the eager step
+    does, writes the same keys and values, and compiles once for every row count above one, table
+    width and pool (a single row: once more)."""
+    import transformers
+
+    from nvkit.generate.fast.model_rows import PoolShape, model_rows_step
+    from tests.generate.test_families_step import ALL_FAMILIES, SIZES
+    cfg = getattr(transformers, family + "Config")(**SIZES, **ALL_FAMILIES[family])
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval()
+    shape = PoolShape(model)
+    page = 32  # the step's own page size (paged_cache.PAGE)
+
+    def args(rows, width, pages, seed):
+        g = torch.Generator().manual_seed(seed)
+        keys = [torch.randn(pages * page, shape.nkv, shape.hd, generator=g) * 0.3 for _ in shape.layers]
+        values = [torch.randn(pages * page, shape.nkv, shape.hd, generator=g) * 0.3 for _ in shape.layers]
+        table = (torch.randperm(pages - 1, generator=g)[:rows * width] + 1).view(rows, width).to(torch.int32)
+        pos = torch.randint(0, width * page, (rows,), generator=g)
+        return (torch.randint(0, SIZES["vocab_size"], (rows,), generator=g), pos, table, *shape.rotary(1),
+                keys, values)
+    graphs, backend = _counting_inductor()
+    torch._dynamo.reset()
+    eager = model_rows_step(model)
+    compiled = model_rows_step(model, lambda f: torch.compile(f, fullgraph=True, backend=backend))
+    with torch.inference_mode():
+        for rows, width, pages, seed in ((4, 3, 20, 0), (2, 3, 20, 1), (8, 5, 48, 2), (1, 3, 20, 3)):
+            a = args(rows, width, pages, seed)
+            want_kv = [t.clone() for t in a[5] + a[6]]
+            got = compiled(*a)
+            want = eager(*a[:5], want_kv[:len(a[5])], want_kv[len(a[5]):])
+            assert got.shape == (rows, SIZES["vocab_size"])
+            assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (rows, (got - want).abs().max())
+            assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a[5] + a[6], want_kv))
+            assert len(graphs) == (1 if rows > 1 else 2), (rows, len(graphs))
     torch._dynamo.reset()

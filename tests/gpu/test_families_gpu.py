@@ -88,7 +88,8 @@ def test_a_fused_family_runs_its_graphs_in_bfloat16(family):
 @pytest.mark.parametrize("family", [f for f in ALL_FAMILIES if f not in FUSED])
 def test_a_family_off_the_fused_step_runs_a_list_on_its_own_forwards_graphs(family):
     """Issue 37: the families the fused step does not cover run lists on the rows graphs over
-    their own forward (``ModelRowsDecoder``), each prompt as plain ``generate`` of it alone."""
+    their own forward (``ModelRowsDecoder``), each prompt as plain ``generate`` of it alone, and
+    the same tokens once the forward is compiled (each rung measured against its uncompiled graph)."""
     cfg = getattr(transformers, family + "Config")(**SIZES, **ALL_FAMILIES[family])
     cfg._attn_implementation = "eager" if family in ("GptOss", "Gemma2") else "sdpa"
     torch.manual_seed(0)
@@ -105,6 +106,11 @@ def test_a_family_off_the_fused_step_runs_a_list_on_its_own_forwards_graphs(fami
                 ref = model.generate(torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
                 assert tokens == ref, (family, len(p), bd.describe())
         assert bd.describe().startswith("model forward over rows, uncompiled"), bd.describe()
+        # the forward compiled whole, each rung measured against its uncompiled graph: same tokens
+        bd.compile_next()
+        with torch.inference_mode():
+            assert bd.generate(prompts, sampling) == got, bd.describe()
+        assert "measured" in bd.describe() and bd.counts["compiles"] >= 1, (bd.describe(), bd.counts)
     finally:
         bd.release()
 

@@ -15,7 +15,9 @@ the fused step's "matmul" attention does. A prompt group is prefilled left-align
 column, so that the logits the step keeps (the last position's) are every row's own last token's.
 LoRA adapters run in PEFT's own layers inside the forward, as on the batch-1 path: a graph bakes
 in the adapters' state (``lora.forward_state``), so each state has graphs of its own, and a new
-state drops the older one's. The step is not compiled: its graphs replay the uncompiled forward.
+state drops the older one's. The step starts uncompiled and compiles under the rows path's rule
+(once the session has decoded a while, each rung measured and kept compiled only where faster):
+the forward compiled whole, once for every rung and pool. The prompts' prefill stays eager.
 """
 
 from __future__ import annotations
@@ -54,22 +56,21 @@ class PoolShape:
 
 
 def _cache_classes():
-    from transformers.cache_utils import Cache, CacheLayerMixin
+    from transformers.cache_utils import Cache
 
-    class PagedRowsLayer(CacheLayerMixin):
+    class PagedRowsLayer:
         """One layer's keys and values in the pool: ``update`` writes the new ones at ``at.here``
         (decode: (rows,) pool indices) or ``at.where`` (prefill: (rows, length)), and returns what
         the attention reads: each row's positions gathered through its table (decode), or the
-        prompt's own keys and values (prefill: a prompt starts at position 0)."""
+        prompt's own keys and values (prefill: a prompt starts at position 0). transformers'
+        ``CacheLayerMixin`` in what the forward calls, not by inheritance: torch.compile cannot
+        build an instance of that abstract class inside the step it compiles."""
 
         is_compileable = False
+        is_sliding = False
 
         def __init__(self, keys, values, at):
-            super().__init__()
             self.keys, self.values, self.at, self.is_initialized = keys, values, at, True
-
-        def lazy_initialization(self, key_states, value_states) -> None:
-            pass
 
         def update(self, key_states, value_states, *args, **kwargs):
             rows, nkv, length, hd = key_states.shape
@@ -94,6 +95,7 @@ def _cache_classes():
     class PagedRows(Cache):
         def __init__(self, keys, values, at):
             super().__init__(layers=[PagedRowsLayer(k, v, at) for k, v in zip(keys, values)])
+            self.at = at
 
     return PagedRows
 
@@ -120,15 +122,31 @@ def _window(model) -> tuple[list[str], int | None]:
     return kinds, (cfg.sliding_window if "sliding_attention" in kinds else None)
 
 
-def model_rows_step(model) -> Callable:
+def model_rows_step(model, compiler: Callable | None = None) -> Callable:
     """``step(tok, pos, table, cos, sin, keys, values)`` -> (rows, vocab) float logits, as
-    ``llama_rows_step.decode_rows_step``, through the model's own forward (``cos``/``sin`` unused)."""
+    ``llama_rows_step.decode_rows_step``, through the model's own forward (``cos``/``sin`` unused).
+
+    ``compiler``: applied to the forward (``torch.compile``); the step around it makes each row's
+    pool indices and masks and keeps one ``PagedRows`` per pool, outside what is compiled (torch's
+    compiler cannot build the cache objects inside the function it traces, and the step is captured
+    in a graph anyway). The sizes that change from one rung or pool to the next are marked dynamic,
+    so one compile serves them all (a row count of 1 is still specialised)."""
     import torch
     paged = _cache_classes()
     kinds, window = _window(model)
+    held: list = []  # [(the pool's keys list, its PagedRows)]: one pool at a time
+
+    def forward(tok, pos, mask, cache):
+        out = model(input_ids=tok.unsqueeze(1), position_ids=pos.unsqueeze(1), attention_mask=mask,
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return out.logits[:, -1].float()
+    run = forward if compiler is None else compiler(forward)
 
     def step(tok, pos, table, cos, sin, keys, values):
-        at = _Where()
+        if not held or held[0][0] is not keys:
+            held[:] = [(keys, paged(keys, values, _Where()))]
+        cache = held[0][1]
+        at = cache.at
         length = table.shape[1] * PAGE
         at.where = paged_positions(table, PAGE, length)               # (rows, length) pool indices
         at.here = at.where.gather(1, pos.unsqueeze(1)).squeeze(1)     # (rows,) each row's new position
@@ -136,10 +154,16 @@ def model_rows_step(model) -> Callable:
         seen = keys_at <= pos.unsqueeze(1)
         allowed = {t: (seen & (keys_at > pos.unsqueeze(1) - window) if t == "sliding_attention" and window else seen)
                    .unsqueeze(1) for t in kinds}
+        mask = _masks(model, allowed)
+        if compiler is not None:
+            mark = torch._dynamo.maybe_mark_dynamic
+            for t in (tok, pos, at.here, *keys, *values):
+                mark(t, 0)
+            for t in (at.where, *(mask.values() if isinstance(mask, dict) else [mask])):
+                mark(t, 0)
+                mark(t, t.dim() - 1)
         with experts_for_graphs(model):
-            out = model(input_ids=tok.unsqueeze(1), position_ids=pos.unsqueeze(1), attention_mask=_masks(model, allowed),
-                        past_key_values=paged(keys, values, at), use_cache=True, logits_to_keep=1)
-        return out.logits[:, -1].float()
+            return run(tok, pos, mask, cache)
     return step
 
 
@@ -183,7 +207,10 @@ class ModelRowsDecoder(BatchedDecoder):
         return "model", None
 
     def describe(self) -> str:
-        parts = ["model forward over rows, " + ("uncompiled" if self.graphs else "eager, no CUDA graphs")]
+        cls = (self._last, max(self.last_batches)) if self.last_batches and self._fw is not None else None
+        how = (self._how(False, kind=cls, tokens_per_replay=self.k * cls[1]) if cls in self._kept
+               else self._how(False))
+        parts = ["model forward over rows, " + how]
         if self._fw is not None and self._adapters:
             parts.append("LoRA in PEFT's own layers")
         if self.last_batches:
@@ -203,13 +230,19 @@ class ModelRowsDecoder(BatchedDecoder):
                 self._forget_steps(old)
             self._states = {(): 0, state: max(self._states.values()) + 1}
         self._adapters = bool(state)  # the stats line says what the last request ran
-        return self._states[state]
+        self._last = self._states[state]
+        return self._last
 
-    def compile_due(self, lora_on: bool = False) -> bool:
-        return False  # the forward's graphs replay it uncompiled (see the module docstring)
+    def _compiled_step(self, lora_on: int):
+        """The forward compiled whole (inductor fuses the model's small kernels), for every rung and
+        pool at once; kept per rung only where it measures faster (``BatchedDecoder._graph``)."""
+        if lora_on not in self._compiled:
+            import torch
+            self._compiled[lora_on] = model_rows_step(self.model, lambda f: torch.compile(f, fullgraph=True))
+        return self._compiled[lora_on], True
 
-    def compile_next(self) -> None:
-        pass
+    def _disk_key(self, lora_on: int, part: str = "step") -> str | None:
+        return self.disk_key(None, batched=True, page=PAGE, forward="model", adapters=bool(lora_on), part=part)
 
     def _page_bytes(self) -> int:
         return kv_bytes_per_token(self.model.config, self._fw.embed.element_size()) * PAGE
