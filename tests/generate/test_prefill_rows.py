@@ -194,3 +194,38 @@ def test_artifacts_on_disk_or_compile_next_make_it_compile_at_once(fw):
 def test_compile_after_must_be_seconds(fw, bad):
     with pytest.raises(nvkit.NvkitError, match="compile_after"):
         RowsPrefill(prefill_rows_step(fw), compile=True, page=PAGE, scratch=SCRATCH, compile_after=bad)
+
+
+def test_the_eager_calls_before_the_compile_do_not_import_the_compiler():
+    """The first lists of a session prefill eagerly while the compile waits; they must not pay
+    for what ``torch.compile`` imports when it wraps a function (functorch's compile, networkx: some
+    380 modules, over a second in a fresh process on the GPU machine): the compiled layer is made
+    when the compile is due. A fresh interpreter, as a user's kernel is at its first list."""
+    import subprocess
+    import sys
+    code = """
+import sys, torch, nvkit
+import nvkit.generate.fast as fast
+from nvkit.generate.fast.rows import BatchedDecoder
+from nvkit.generate.fast.llama_rows_step import prefill_rows_step, paged_positions
+from nvkit.generate.fast.prefill_rows import RowsPrefill
+from tests import demo_model
+s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
+fw, _ = BatchedDecoder(fast.FastDecoder(s.model, k_steps=4, graphs=False), max_rows=8).single.weights()
+assert "functorch.compile" not in sys.modules, "imported before the prefill"
+pre = RowsPrefill(prefill_rows_step(fw), compile=True, page=16, scratch=0, compile_after=1e9, restore=lambda: False)
+table = torch.arange(1, 9, dtype=torch.int32).view(2, 4)
+keys = [torch.zeros(40 * 16, fw.nkv, fw.hd) for _ in fw.layers]
+values = [torch.zeros(40 * 16, fw.nkv, fw.hd) for _ in fw.layers]
+cos, sin = fw.rotary(64)
+with torch.inference_mode():
+    out = pre(torch.ones((2, 16), dtype=torch.long), torch.tensor([15, 3]), paged_positions(table, 16, 16), cos, sin,
+              keys, values)
+assert out.shape[0] == 2 and pre.waiting
+print("compiler imported:", "functorch.compile" in sys.modules)
+"""
+    root = str(demo_model.__file__).rsplit("/tests/", 1)[0]
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=root,
+                       env={**__import__("os").environ, "PYTHONPATH": root})
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "compiler imported: False" in r.stdout, r.stdout

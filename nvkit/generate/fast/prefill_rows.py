@@ -77,9 +77,15 @@ class RowsPrefill:
         #: time the compile saves is what a user waits for), True/False always/never
         self.measure: bool | None = None
         if compile:
-            import torch
-            # fullgraph: a graph break would put the host back inside the layer
-            self._fn = eager.with_layer(torch.compile(eager.eager_layer, fullgraph=True))
+            # the compiled layer is made when the compile is due: torch.compile imports the
+            # compiler (about a second in a fresh process), which the eager calls before it never need
+            self._fn = self._compile_and_call
+
+    def _compile_and_call(self, ids, last, where, cos, sin, keys, values):
+        import torch
+        # fullgraph: a graph break would put the host back inside the layer
+        self._fn = self.eager.with_layer(torch.compile(self.eager.eager_layer, fullgraph=True))
+        return self._fn(ids, last, where, cos, sin, keys, values)
 
     @property
     def compiled(self) -> bool:
