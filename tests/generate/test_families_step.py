@@ -27,6 +27,16 @@ FAMILIES = {  # transformers' class prefix -> the config's own settings (a windo
 FUSED = {"Llama", "Qwen2", "Qwen3", "SmolLM3", "Granite", "Olmo2"}
 
 
+def _session(model):
+    """What the support checks read of a session: the model, on a GPU as a user's session has it."""
+    class Session:
+        device = torch.device("cuda")
+        quantization = None
+    s = Session()
+    s.model = model
+    return s
+
+
 @pytest.mark.parametrize("family", list(FAMILIES))
 def test_each_family_decodes_as_plain_generate(family):
     cfg = getattr(transformers, family + "Config")(**SIZES, **FAMILIES[family])
@@ -34,11 +44,7 @@ def test_each_family_decodes_as_plain_generate(family):
     torch.manual_seed(0)
     model = getattr(transformers, family + "ForCausalLM")(cfg).eval()
 
-    class Session:  # what the support check reads: the model on a GPU, as a user's session has it
-        device = torch.device("cuda")
-        quantization = None
-    s = Session()
-    s.model = model
+    s = _session(model)
     assert support.single_why(s, dict(max_new_tokens=8, do_sample=False)) is None
     d = fast.FastDecoder(model, k_steps=4, graphs=False)
     assert d.describe().startswith("fused step" if family in FUSED else "model forward"), d.describe()
@@ -70,11 +76,7 @@ def test_a_lora_adapter_runs_in_the_models_own_forward(family):
     model = _tiny(family)
     pm = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
 
-    class Session:
-        device = torch.device("cuda")
-        quantization = None
-    s = Session()
-    s.model = pm
+    s = _session(pm)
     assert support.single_why(s, dict(max_new_tokens=8, do_sample=False)) is None
     d = fast.FastDecoder(pm.get_base_model(), k_steps=4, graphs=False)
     ids = torch.randint(1, SIZES["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(1))
@@ -126,11 +128,7 @@ def test_other_adapter_types_on_the_models_own_forward_say_why():
     from peft import PromptTuningConfig, get_peft_model
     pm = get_peft_model(_tiny("Phi3"), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
 
-    class Session:
-        device = torch.device("cuda")
-        quantization = None
-    s = Session()
-    s.model = pm
+    s = _session(pm)
     assert "PROMPT_TUNING" in support.single_why(s, dict(max_new_tokens=8, do_sample=False))
 
 
@@ -146,11 +144,7 @@ def test_a_list_runs_on_the_fused_rows_where_the_family_fits(family):
     from nvkit.generate.fast.rows import BatchedDecoder
     model = _tiny(family)
 
-    class Session:
-        device = torch.device("cuda")
-        quantization = None
-    s = Session()
-    s.model = model
+    s = _session(model)
     gen = dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER)
     if family == "Phi3":  # the model's own forward (test_a_lora_adapter_runs_in_the_models_own_forward)
         assert support.rows_why(s, gen) is None
@@ -254,11 +248,7 @@ def test_a_list_runs_on_the_models_own_forward_where_the_fused_step_does_not_fit
     torch.manual_seed(0)
     model = model_class(cfg).eval()
 
-    class Session:
-        device = torch.device("cuda")
-        quantization = None
-    s = Session()
-    s.model = model
+    s = _session(model)
     gen = dict(max_new_tokens=10, do_sample=False, eos_token_id=NEVER)
     assert support.rows_why(s, gen) is None
     d = fast.FastDecoder(model, k_steps=4, graphs=False)

@@ -1,8 +1,9 @@
 """Every family of issue 37 on the GPU with the fast path's CUDA graphs (tiny random models in
 float32, transformers' configs): greedy tokens equal plain ``generate``'s for 64 new tokens at
-batch 1, with one compile per decoder; the families on nvkit's fused step (Llama, Qwen, SmolLM3's
-NoPE layers, Granite's multipliers) also run a list on the fused rows with graphs, each prompt as
-it decodes alone, and in bf16; the others run lists on their own forward's rows graphs. The same logic without graphs on the CPU: tests/generate/test_families_step.py."""
+batch 1, with one compile per decoder; a list on the rows graphs, each prompt as it decodes alone
+(the fused families on the fused step over rows, the others over their own forward, compiled
+too); the fused families in bf16; adapters in PEFT's layers on a list over a model's own forward.
+The same logic without graphs on the CPU: tests/generate/test_families_step.py."""
 
 import pytest
 import torch
@@ -11,17 +12,17 @@ import transformers
 import nvkit.generate.fast as fast
 from nvkit.generate.fast.model_rows import ModelRowsDecoder
 from nvkit.generate.fast.rows import BatchedDecoder
-from tests.generate.test_families_step import ALL_FAMILIES, FAMILIES, FUSED, NEVER, SIZES
+from tests.generate.test_families_step import ALL_FAMILIES, FUSED, NEVER, SIZES
 
 
 def _model(family):
-    cfg = getattr(transformers, family + "Config")(**SIZES, **FAMILIES[family])
-    cfg._attn_implementation = "eager" if family == "GptOss" else "sdpa"
+    cfg = getattr(transformers, family + "Config")(**SIZES, **ALL_FAMILIES[family])
+    cfg._attn_implementation = "eager" if family in ("GptOss", "Gemma2") else "sdpa"  # sinks; soft-capping
     torch.manual_seed(0)
-    return getattr(transformers, family + "ForCausalLM")(cfg).eval().to("cuda")
+    return getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval().to("cuda")
 
 
-@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("family", list(ALL_FAMILIES))
 def test_each_family_runs_its_graphs_as_plain_generate(family):
     model = _model(family)
     d = fast.FastDecoder(model, k_steps=8)
@@ -41,11 +42,16 @@ def test_each_family_runs_its_graphs_as_plain_generate(family):
         d.release()
 
 
-@pytest.mark.parametrize("family", sorted(FUSED))
-def test_a_fused_family_runs_a_list_on_the_rows_graphs(family):
+@pytest.mark.parametrize("family", list(ALL_FAMILIES))
+def test_each_family_runs_a_list_on_the_rows_graphs(family):
+    """A list of 5 prompts through 4 rows (refilled), each prompt as plain ``generate`` of it
+    alone: the fused families on the fused step over rows, the others (issue 37) over their own
+    forward (``ModelRowsDecoder``), those also once their forward is compiled (each rung measured
+    against its uncompiled graph)."""
     model = _model(family)
-    bd = BatchedDecoder(fast.FastDecoder(model, k_steps=8), max_rows=4)
-    gen = dict(max_new_tokens=64, do_sample=False, eos_token_id=NEVER)
+    fused = family in FUSED
+    bd = (BatchedDecoder if fused else ModelRowsDecoder)(fast.FastDecoder(model, k_steps=8), max_rows=4)
+    gen = dict(max_new_tokens=48, do_sample=False, eos_token_id=NEVER)
     rng = torch.Generator().manual_seed(3)
     prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (4, 30, 9, 17, 2)]
     sampling, _ = fast.resolve(model, gen)
@@ -55,7 +61,13 @@ def test_a_fused_family_runs_a_list_on_the_rows_graphs(family):
             for p, tokens in zip(prompts, got):
                 ref = model.generate(torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
                 assert tokens == ref, (family, len(p), bd.describe())
-        assert bd.describe().startswith("fused step over rows"), bd.describe()
+        assert bd.describe().startswith("fused step over rows" if fused else "model forward over rows, uncompiled"), \
+            bd.describe()
+        if not fused:
+            bd.compile_next()
+            with torch.inference_mode():
+                assert bd.generate(prompts, sampling) == got, bd.describe()
+            assert "measured" in bd.describe() and bd.counts["compiles"] >= 1, (bd.describe(), bd.counts)
     finally:
         bd.release()
 
@@ -83,36 +95,6 @@ def test_a_fused_family_runs_its_graphs_in_bfloat16(family):
     finally:
         bd.release()
         d.release()
-
-
-@pytest.mark.parametrize("family", [f for f in ALL_FAMILIES if f not in FUSED])
-def test_a_family_off_the_fused_step_runs_a_list_on_its_own_forwards_graphs(family):
-    """Issue 37: the families the fused step does not cover run lists on the rows graphs over
-    their own forward (``ModelRowsDecoder``), each prompt as plain ``generate`` of it alone, and
-    the same tokens once the forward is compiled (each rung measured against its uncompiled graph)."""
-    cfg = getattr(transformers, family + "Config")(**SIZES, **ALL_FAMILIES[family])
-    cfg._attn_implementation = "eager" if family in ("GptOss", "Gemma2") else "sdpa"
-    torch.manual_seed(0)
-    model = getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval().to("cuda")
-    bd = ModelRowsDecoder(fast.FastDecoder(model, k_steps=8), max_rows=4)
-    gen = dict(max_new_tokens=48, do_sample=False, eos_token_id=NEVER)
-    rng = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (4, 30, 9, 17, 2)]
-    sampling, _ = fast.resolve(model, gen)
-    try:
-        with torch.inference_mode():
-            got = bd.generate(prompts, sampling)
-            for p, tokens in zip(prompts, got):
-                ref = model.generate(torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
-                assert tokens == ref, (family, len(p), bd.describe())
-        assert bd.describe().startswith("model forward over rows, uncompiled"), bd.describe()
-        # the forward compiled whole, each rung measured against its uncompiled graph: same tokens
-        bd.compile_next()
-        with torch.inference_mode():
-            assert bd.generate(prompts, sampling) == got, bd.describe()
-        assert "measured" in bd.describe() and bd.counts["compiles"] >= 1, (bd.describe(), bd.counts)
-    finally:
-        bd.release()
 
 
 @pytest.mark.parametrize("family", ["Phi3", "Gemma3Text", "Olmoe"])

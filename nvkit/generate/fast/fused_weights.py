@@ -175,6 +175,7 @@ class FusedWeights:
             self.lm_head = self._own(lambda: model.lm_head.weight)
             self.layers = [self._layer(layer) for layer in inner.layers]
         self.nope = not all(w.rope for w in self.layers)
+        self.intermediate = int(self.layers[0].down.shape[1])  # the MLP's width (a prefill's activations)
         # Granite's constants, applied where its forward applies them: the embeddings times one,
         # each residual branch (attention and MLP output) times another, the logits divided by a
         # third; None where the family has none (the steps then skip the operation)

@@ -25,11 +25,11 @@ from __future__ import annotations
 from typing import Callable
 
 from ...errors import NvkitError
-from ...memory.estimate import attention_dims, kv_bytes_per_token
+from ...memory.estimate import attention_dims
 from . import lora as lora_mod, prefill_rows
 from .fused_weights import layer_kinds
 from .llama_rows_step import paged_positions
-from .paged_cache import PAGE, Arena, prefill_budget, prefill_bytes_per_token
+from .paged_cache import PAGE
 from .rows import BatchedDecoder
 from .schedule import SCRATCH
 from .single import FastDecoder
@@ -37,9 +37,11 @@ from .static_cache import experts_for_graphs
 
 
 class PoolShape:
-    """What the pool and its buffers read of a model without fused weights (``paged_cache.new_arena``):
-    the KV heads, head size, dtype and a layer count; the rotary tables are the model's own business
-    (its forward computes them from the positions), so the arena's are a placeholder."""
+    """What the pool, its buffers and the prefill's budget read of a model without fused weights
+    (as of ``FusedWeights``: ``paged_cache.new_arena``, ``BatchedDecoder.prefill_tokens_for``): the
+    heads, head size, dtype, embedding, MLP width and a layer count; the rotary tables are the
+    model's own business (its forward computes them from the positions), so the arena's are a
+    placeholder."""
 
     def __init__(self, model):
         cfg = model.config.get_text_config()
@@ -243,19 +245,6 @@ class ModelRowsDecoder(BatchedDecoder):
 
     def _disk_key(self, lora_on: int, part: str = "step") -> str | None:
         return self.disk_key(None, batched=True, page=PAGE, forward="model", adapters=bool(lora_on), part=part)
-
-    def _page_bytes(self) -> int:
-        return kv_bytes_per_token(self.model.config, self._fw.embed.element_size()) * PAGE
-
-    def prefill_tokens_for(self, a: Arena) -> int:
-        if self.prefill_tokens is not None:
-            return self.prefill_tokens
-        fw = self._fw
-        per_token = prefill_bytes_per_token(fw.embed.shape[1], fw.nh, fw.nkv, fw.hd, fw.intermediate,
-                                            fw.embed.element_size())
-        # a quarter of the fused prefill's: the model's attention may hold (rows, heads, length,
-        # length) scores in float32 (eager attention, as gpt-oss's sinks need), besides its masks
-        return max(16, prefill_budget(a.pages * self._page_bytes(), per_token) // 4)
 
     def _step(self, lora_on: bool) -> Callable:
         if lora_on not in self._steps:

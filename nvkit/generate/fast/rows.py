@@ -169,7 +169,7 @@ class BatchedDecoder(GraphRunner):
         if self.prefill_tokens is not None:
             return self.prefill_tokens
         fw = self._fw
-        per_token = prefill_bytes_per_token(fw.embed.shape[1], fw.nh, fw.nkv, fw.hd, fw.layers[0].down.shape[1],
+        per_token = prefill_bytes_per_token(fw.embed.shape[1], fw.nh, fw.nkv, fw.hd, fw.intermediate,
                                             fw.embed.element_size())
         return prefill_budget(a.pages * self._page_bytes(), per_token)
 
