@@ -281,3 +281,28 @@ def test_the_models_own_forward_refuses_a_fused_model_and_the_session_picks_the_
         rows = decoders.batched(model)
         assert type(rows) is kind, (family, type(rows))
         decoders.release()
+
+
+def test_a_sampled_list_on_the_models_own_forward_depends_on_each_prompts_seed_only():
+    """Sampling on the rows over a model's own forward (Gemma 3's hybrid layers): a prompt's text
+    depends on its seed, not on the prompts beside it or the row it lands in, and a repetition
+    penalty and ``min_new_tokens`` hold per row."""
+    from nvkit.generate.fast.model_rows import ModelRowsDecoder
+    cfg = transformers.Gemma3TextConfig(**SIZES, **ALL_FAMILIES["Gemma3Text"])
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.Gemma3ForCausalLM(cfg).eval()
+    bd = ModelRowsDecoder(fast.FastDecoder(model, k_steps=4, graphs=False), max_rows=2)
+    rng = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (4, 12, 7)]
+    gen = dict(max_new_tokens=10, min_new_tokens=10, do_sample=True, temperature=0.9, top_p=0.9,
+               repetition_penalty=1.3, eos_token_id=3)
+    sampling, why = fast.resolve(model, gen)
+    assert why is None, why
+    with torch.inference_mode():
+        together = bd.generate(prompts, sampling, seeds=[11, 12, 13])
+        alone = [bd.generate([p], sampling, seeds=[s])[0] for p, s in zip(prompts, (11, 12, 13))]
+        reordered = bd.generate(prompts[::-1], sampling, seeds=[13, 12, 11])[::-1]
+        other_seed = bd.generate(prompts[:1], sampling, seeds=[99])[0]
+    assert together == alone == reordered and all(len(t) == 10 for t in together)
+    assert other_seed != together[0]
