@@ -22,6 +22,7 @@ the forward compiled whole, once for every rung and pool. The prompts' prefill s
 
 from __future__ import annotations
 
+import contextlib
 from typing import Callable
 
 from ...errors import NvkitError
@@ -57,7 +58,10 @@ class PoolShape:
         return z, z
 
 
-def _cache_classes():
+def _paged_rows(layers: int):
+    """A transformers ``Cache`` of ``layers`` layers over the pool named by its ``at`` (``_Where``),
+    set before each forward and cleared after it, so that the cache holds no pool between calls
+    (a replaced pool is freed before its successor is allocated)."""
     from transformers.cache_utils import Cache
 
     class PagedRowsLayer:
@@ -70,19 +74,22 @@ def _cache_classes():
 
         is_compileable = False
         is_sliding = False
+        is_initialized = True
 
-        def __init__(self, keys, values, at):
-            self.keys, self.values, self.at, self.is_initialized = keys, values, at, True
+        def __init__(self, idx: int, at: "_Where"):
+            self.idx, self.at = idx, at
 
         def update(self, key_states, value_states, *args, **kwargs):
+            at, i = self.at, self.idx
+            keys, values = at.keys[i], at.values[i]
             rows, nkv, length, hd = key_states.shape
-            if self.at.decode:
-                self.keys.index_copy_(0, self.at.here, key_states[:, :, 0])
-                self.values.index_copy_(0, self.at.here, value_states[:, :, 0])
-                return self.keys[self.at.where].transpose(1, 2), self.values[self.at.where].transpose(1, 2)
-            flat = self.at.where.reshape(-1)
-            self.keys.index_copy_(0, flat, key_states.transpose(1, 2).reshape(-1, nkv, hd))
-            self.values.index_copy_(0, flat, value_states.transpose(1, 2).reshape(-1, nkv, hd))
+            if at.decode:
+                keys.index_copy_(0, at.here, key_states[:, :, 0])
+                values.index_copy_(0, at.here, value_states[:, :, 0])
+                return keys[at.where].transpose(1, 2), values[at.where].transpose(1, 2)
+            flat = at.where.reshape(-1)
+            keys.index_copy_(0, flat, key_states.transpose(1, 2).reshape(-1, nkv, hd))
+            values.index_copy_(0, flat, value_states.transpose(1, 2).reshape(-1, nkv, hd))
             return key_states, value_states
 
         def get_seq_length(self) -> int:
@@ -95,17 +102,25 @@ def _cache_classes():
             return -1
 
     class PagedRows(Cache):
-        def __init__(self, keys, values, at):
-            super().__init__(layers=[PagedRowsLayer(k, v, at) for k, v in zip(keys, values)])
-            self.at = at
+        def __init__(self):
+            self.at = _Where()
+            super().__init__(layers=[PagedRowsLayer(i, self.at) for i in range(layers)])
 
-    return PagedRows
+    return PagedRows()
 
 
 class _Where:
-    """Where the layers of one forward write and read (set by the step before the forward)."""
+    """Where the layers of one forward write and read: the pool's tensors and each row's indices."""
     decode = True
-    where = here = None
+    keys = values = where = here = None
+
+    @contextlib.contextmanager
+    def pool(self, keys, values, where, here=None, decode: bool = True):
+        self.keys, self.values, self.where, self.here, self.decode = keys, values, where, here, decode
+        try:
+            yield
+        finally:
+            self.keys = self.values = self.where = self.here = None
 
 
 def _masks(model, allowed):
@@ -129,14 +144,13 @@ def model_rows_step(model, compiler: Callable | None = None) -> Callable:
     ``llama_rows_step.decode_rows_step``, through the model's own forward (``cos``/``sin`` unused).
 
     ``compiler``: applied to the forward (``torch.compile``); the step around it makes each row's
-    pool indices and masks and keeps one ``PagedRows`` per pool, outside what is compiled (torch's
+    pool indices and masks and points the cache at the pool, outside what is compiled (torch's
     compiler cannot build the cache objects inside the function it traces, and the step is captured
     in a graph anyway). The sizes that change from one rung or pool to the next are marked dynamic,
     so one compile serves them all (a row count of 1 is still specialised)."""
     import torch
-    paged = _cache_classes()
+    cache = _paged_rows(int(model.config.get_text_config().num_hidden_layers))
     kinds, window = _window(model)
-    held: list = []  # [(the pool's keys list, its PagedRows)]: one pool at a time
 
     def forward(tok, pos, mask, cache):
         out = model(input_ids=tok.unsqueeze(1), position_ids=pos.unsqueeze(1), attention_mask=mask,
@@ -145,13 +159,9 @@ def model_rows_step(model, compiler: Callable | None = None) -> Callable:
     run = forward if compiler is None else compiler(forward)
 
     def step(tok, pos, table, cos, sin, keys, values):
-        if not held or held[0][0] is not keys:
-            held[:] = [(keys, paged(keys, values, _Where()))]
-        cache = held[0][1]
-        at = cache.at
         length = table.shape[1] * PAGE
-        at.where = paged_positions(table, PAGE, length)               # (rows, length) pool indices
-        at.here = at.where.gather(1, pos.unsqueeze(1)).squeeze(1)     # (rows,) each row's new position
+        where = paged_positions(table, PAGE, length)                  # (rows, length) pool indices
+        here = where.gather(1, pos.unsqueeze(1)).squeeze(1)           # (rows,) each row's new position
         keys_at = torch.arange(length, device=pos.device).unsqueeze(0)
         seen = keys_at <= pos.unsqueeze(1)
         allowed = {t: (seen & (keys_at > pos.unsqueeze(1) - window) if t == "sliding_attention" and window else seen)
@@ -159,12 +169,12 @@ def model_rows_step(model, compiler: Callable | None = None) -> Callable:
         mask = _masks(model, allowed)
         if compiler is not None:
             mark = torch._dynamo.maybe_mark_dynamic
-            for t in (tok, pos, at.here, *keys, *values):
+            for t in (tok, pos, here, *keys, *values):
                 mark(t, 0)
-            for t in (at.where, *(mask.values() if isinstance(mask, dict) else [mask])):
+            for t in (where, *(mask.values() if isinstance(mask, dict) else [mask])):
                 mark(t, 0)
                 mark(t, t.dim() - 1)
-        with experts_for_graphs(model):
+        with experts_for_graphs(model), cache.at.pool(keys, values, where, here):
             return run(tok, pos, mask, cache)
     return step
 
@@ -176,7 +186,7 @@ def model_rows_prefill(model) -> Callable:
     last column (the padding first, masked out, its keys into the row's own later positions or the
     scratch page), so that one logits row per prompt is computed."""
     import torch
-    paged = _cache_classes()
+    cache = _paged_rows(int(model.config.get_text_config().num_hidden_layers))
     kinds, window = _window(model)
 
     def prefill(ids, last, where, cos, sin, keys, values):
@@ -184,16 +194,15 @@ def model_rows_prefill(model) -> Callable:
         cols = torch.arange(length, device=ids.device)
         shift = (length - 1 - last).unsqueeze(1)                       # (rows, 1) padding before the prompt
         src = (cols.unsqueeze(0) - shift) % length                     # column j holds the prompt's j - shift
-        at = _Where()
-        at.decode, at.where = False, where.gather(1, src)
         position = (cols.unsqueeze(0) - shift).clamp(min=0)
         real = cols.unsqueeze(0) >= shift                              # (rows, length): a prompt column
         causal = cols.view(1, -1, 1) >= cols.view(1, 1, -1)            # (1, queries, keys)
         base = causal & real.unsqueeze(1) | torch.eye(length, dtype=torch.bool, device=ids.device)
         allowed = {t: (base & (cols.view(1, -1, 1) - cols.view(1, 1, -1) < window)
                        if t == "sliding_attention" and window else base) for t in kinds}
-        out = model(input_ids=ids.gather(1, src), position_ids=position, attention_mask=_masks(model, allowed),
-                    past_key_values=paged(keys, values, at), use_cache=True, logits_to_keep=1)
+        with cache.at.pool(keys, values, where.gather(1, src), decode=False):
+            out = model(input_ids=ids.gather(1, src), position_ids=position, attention_mask=_masks(model, allowed),
+                        past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].float()
     return prefill
 
