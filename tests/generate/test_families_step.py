@@ -229,14 +229,14 @@ def test_each_fused_family_runs_in_bfloat16(family):
     assert [len(r) for r in rows] == [6, 6] and rows[0][0] == tokens[0] == int(ref.argmax())
 
 
-ALL_FAMILIES = {**FAMILIES, "Gemma2": dict(head_dim=16, sliding_window=6),
+ALL_FAMILIES = {**FAMILIES, "Mistral": dict(sliding_window=6), "Gemma2": dict(head_dim=16, sliding_window=6),
                 "Gemma3Text": dict(head_dim=16, sliding_window=6,
                                    layer_types=["sliding_attention", "sliding_attention", "full_attention"])}
 
 
 @pytest.mark.parametrize("family", [f for f in ALL_FAMILIES if f not in FUSED])
 def test_a_list_runs_on_the_models_own_forward_where_the_fused_step_does_not_fit(family):
-    """Issue 37: a family the fused step does not cover (Gemma 1/2/3 with their sliding and hybrid
+    """Issue 37: a family the fused step does not cover (a windowed Mistral, Gemma 1/2/3 with their sliding and hybrid
     layers and soft-capping, Phi-3, Starcoder2, Cohere 2, the mixtures of experts) runs a list on
     the rows path over its own forward (``ModelRowsDecoder``): each prompt greedy token for token
     as plain ``generate`` of the prompt alone, 4 prompts of 2–13 tokens through 2 rows (refilled)."""
