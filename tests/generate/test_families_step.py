@@ -25,6 +25,7 @@ FAMILIES = {  # transformers' class prefix -> the config's own settings (a windo
     "Mixtral": dict(num_local_experts=4, **MOE), "GptOss": dict(num_local_experts=4, head_dim=16, sliding_window=6, **MOE),
 }
 FUSED = {"Llama", "Qwen2", "Qwen3", "SmolLM3", "Granite", "Olmo2"}
+MOE_FAMILIES = {"Olmoe", "Qwen3Moe", "Mixtral", "GptOss"}
 
 
 def _session(model):
@@ -104,7 +105,7 @@ def test_a_lora_adapter_runs_in_the_models_own_forward(family):
     # a list on the rows over the model's own forward: the same adapters in PEFT's layers, rows
     # refilled, each state on graphs of its own
     from nvkit.generate.fast.model_rows import ModelRowsDecoder
-    assert support.rows_why(s, gen) is None
+    assert (support.rows_why(s, gen) is None) == (family not in MOE_FAMILIES)
     bd = ModelRowsDecoder(d, max_rows=2)
     rng = torch.Generator().manual_seed(6)
     prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (3, 10, 6)]
@@ -250,7 +251,11 @@ def test_a_list_runs_on_the_models_own_forward_where_the_fused_step_does_not_fit
 
     s = _session(model)
     gen = dict(max_new_tokens=10, do_sample=False, eos_token_id=NEVER)
-    assert support.rows_why(s, gen) is None
+    why = support.rows_why(s, gen)
+    if family in MOE_FAMILIES:  # the session runs their lists padded; the rows still compute them right
+        assert "mixture of experts" in why and "batched_mm" in why, why
+    else:
+        assert why is None, why
     d = fast.FastDecoder(model, k_steps=4, graphs=False)
     assert not d.fused
     bd = ModelRowsDecoder(d, max_rows=2)

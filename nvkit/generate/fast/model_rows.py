@@ -1,7 +1,8 @@
 """``ModelRowsDecoder``: lists on the rows path for the families nvkit's fused step does not cover
-(Gemma 2/3, Phi-3/4, Starcoder2, Cohere 2, the mixtures of experts): the model's own forward as
-the rows step, over the same paged KV pool, ladder of graphs, scheduler, refill and sampling as
-``rows.BatchedDecoder``.
+(Gemma 1/2/3, Phi-3/4, Starcoder2, Cohere 2, models with a sliding window): the model's own
+forward as the rows step, over the same paged KV pool, ladder of graphs, scheduler, refill and
+sampling as ``rows.BatchedDecoder``. It computes a mixture of experts' lists right too, but the
+session does not route them here (``support.rows_why``: its captured experts copy weights per row).
 
 Why: without it such a list runs padded ``generate``, a forward per token issued op by op, at
 about the speed of one prompt per step. The rows path's gain is in what surrounds the step (one

@@ -80,6 +80,18 @@ def _forward_why(base) -> str | None:
     return None
 
 
+def _experts_why(base) -> str | None:
+    """Why a mixture of experts runs no list over its own forward: a captured step runs its experts
+    on transformers' ``batched_mm``, which copies each token's experts' weights (rows × experts per
+    token copies per layer and step: gigabytes at a list's row counts), and the experts' default,
+    ``grouped_mm``, reads its offsets through the host, which a capture refuses."""
+    cfg = base.config.get_text_config()
+    if getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None):
+        return ("it is a mixture of experts, whose experts a captured step would copy for every row "
+                "(transformers' batched_mm)")
+    return None
+
+
 def single_why(session, gen: dict) -> str | None:
     """Why one prompt cannot take the batch-1 fast path here (None when it can)."""
     model = session.model
@@ -105,9 +117,10 @@ def rows_why(session, gen: dict) -> str | None:
     adapters = bool(getattr(model, "peft_config", None))
     return (_placement_why(session, "the batched fast path")
             or _layers_why(base)
-            or (own and _forward_why(base))
+            or (own and (_forward_why(base) or _experts_why(base)))
             or (adapters and (forward_lora_why(model) if own else lora_why(model)))
             or resolve(base, gen)[1])
+
 
 
 def batch_why(session, gen: dict) -> str | None:
