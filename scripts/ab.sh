@@ -4,7 +4,8 @@
 #   here:        bash scripts/ab.sh --prepare COMMIT      # writes the older tree into .before/COMMIT
 #   GPU machine: bash scripts/ab.sh .before/COMMIT ARGS...  (carry .whl-core and .before)
 # ARGS go to `python -m nvkit.cli`, e.g.: bench shape:qwen3-0.6b --session --phases cold
-# Each run's output is teed into $OUT/ab-<tree>-<round>.log.
+# Each run's output is teed into $OUT/ab-<tree>-<round>.log. ONLY=old or ONLY=new runs one tree (a
+# command too long for two in one 10-minute call: one call per tree, on the same warm machine).
 set -uo pipefail
 if [ "${1:-}" = "--prepare" ]; then
   commit=${2:?commit}
@@ -26,6 +27,7 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
   order=("$old" "$new"); [ $((r % 2)) -eq 0 ] && order=("$new" "$old")
   for tree in "${order[@]}"; do
     name=$([ "$tree" = "$new" ] && echo new || echo old)
+    [ -n "${ONLY:-}" ] && [ "$ONLY" != "$name" ] && continue
     echo "=== $name round $r ($(date +%T)): python -m nvkit.cli $*"
     (cd "$tree" && PYTHONPATH="$tree" timeout "${T:-560}" python3 -m nvkit.cli "$@") 2>&1 | tee "$out/ab-$name-$r.log" | tail -n 25
     echo "=== exit ${PIPESTATUS[0]} ($(date +%T))"
