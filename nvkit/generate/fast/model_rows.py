@@ -29,13 +29,12 @@ from typing import Callable
 from ...errors import NvkitError
 from ...memory.estimate import attention_dims
 from . import lora as lora_mod, prefill_rows
-from .fused_weights import layer_kinds
 from .llama_rows_step import paged_positions
 from .paged_cache import PAGE
 from .rows import BatchedDecoder
 from .schedule import SCRATCH
 from .single import FastDecoder
-from .static_cache import experts_for_graphs
+from .static_cache import experts_for_graphs, kind_masks
 
 
 class PoolShape:
@@ -124,22 +123,6 @@ class _Where:
             self.keys = self.values = self.where = self.here = None
 
 
-def _masks(model, allowed):
-    """The additive masks of ``allowed`` ((rows, queries, keys) bool, or a (types -> bool) dict) in
-    the model's dtype, one (rows, 1, queries, keys) mask, or a mask per layer type for hybrid models."""
-    import torch
-    zero = torch.zeros((), dtype=model.dtype, device=model.device)
-    neg = torch.full((), torch.finfo(model.dtype).min, dtype=model.dtype, device=model.device)
-    masks = {t: torch.where(a, zero, neg).unsqueeze(1) for t, a in allowed.items()}
-    return masks if len(masks) > 1 else next(iter(masks.values()))
-
-
-def _window(model) -> tuple[list[str], int | None]:
-    cfg = model.config.get_text_config()
-    kinds = sorted(set(getattr(cfg, "layer_types", None) or layer_kinds(cfg)))
-    return kinds, (cfg.sliding_window if "sliding_attention" in kinds else None)
-
-
 def model_rows_step(model, compiler: Callable | None = None) -> Callable:
     """``step(tok, pos, table, cos, sin, keys, values)`` -> (rows, vocab) float logits, as
     ``llama_rows_step.decode_rows_step``, through the model's own forward (``cos``/``sin`` unused).
@@ -151,7 +134,6 @@ def model_rows_step(model, compiler: Callable | None = None) -> Callable:
     so one compile serves them all (a row count of 1 is still specialised)."""
     import torch
     cache = _paged_rows(int(model.config.get_text_config().num_hidden_layers))
-    kinds, window = _window(model)
 
     def forward(tok, pos, mask, cache):
         out = model(input_ids=tok.unsqueeze(1), position_ids=pos.unsqueeze(1), attention_mask=mask,
@@ -163,11 +145,8 @@ def model_rows_step(model, compiler: Callable | None = None) -> Callable:
         length = table.shape[1] * PAGE
         where = paged_positions(table, PAGE, length)                  # (rows, length) pool indices
         here = where.gather(1, pos.unsqueeze(1)).squeeze(1)           # (rows,) each row's new position
-        keys_at = torch.arange(length, device=pos.device).unsqueeze(0)
-        seen = keys_at <= pos.unsqueeze(1)
-        allowed = {t: (seen & (keys_at > pos.unsqueeze(1) - window) if t == "sliding_attention" and window else seen)
-                   .unsqueeze(1) for t in kinds}
-        mask = _masks(model, allowed)
+        distance = (pos.unsqueeze(1) - torch.arange(length, device=pos.device)).view(-1, 1, 1, length)
+        mask = kind_masks(model, distance >= 0, distance)
         if compiler is not None:
             mark = torch._dynamo.maybe_mark_dynamic
             for t in (tok, pos, here, *keys, *values):
@@ -188,7 +167,6 @@ def model_rows_prefill(model) -> Callable:
     scratch page), so that one logits row per prompt is computed."""
     import torch
     cache = _paged_rows(int(model.config.get_text_config().num_hidden_layers))
-    kinds, window = _window(model)
 
     def prefill(ids, last, where, cos, sin, keys, values):
         rows, length = ids.shape
@@ -197,12 +175,11 @@ def model_rows_prefill(model) -> Callable:
         src = (cols.unsqueeze(0) - shift) % length                     # column j holds the prompt's j - shift
         position = (cols.unsqueeze(0) - shift).clamp(min=0)
         real = cols.unsqueeze(0) >= shift                              # (rows, length): a prompt column
-        causal = cols.view(1, -1, 1) >= cols.view(1, 1, -1)            # (1, queries, keys)
-        base = causal & real.unsqueeze(1) | torch.eye(length, dtype=torch.bool, device=ids.device)
-        allowed = {t: (base & (cols.view(1, -1, 1) - cols.view(1, 1, -1) < window)
-                       if t == "sliding_attention" and window else base) for t in kinds}
+        distance = (cols.view(-1, 1) - cols.view(1, -1)).view(1, 1, length, length)  # query column - key column
+        seen = (distance >= 0) & real.view(rows, 1, 1, length) | (distance == 0)  # padding sees itself
+        mask = kind_masks(model, seen, distance)
         with cache.at.pool(keys, values, where.gather(1, src), decode=False):
-            out = model(input_ids=ids.gather(1, src), position_ids=position, attention_mask=_masks(model, allowed),
+            out = model(input_ids=ids.gather(1, src), position_ids=position, attention_mask=mask,
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
         return out.logits[:, -1].float()
     return prefill

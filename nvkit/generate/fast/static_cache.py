@@ -143,18 +143,26 @@ def new_cache(model, fw, length: int, k: int, device) -> Cache:
 def model_masks(model, arange, positions):
     """The additive attention masks of queries at ``positions`` ((q,) on the device) over a cache
     of ``arange`` positions, for the model's own forward: one (1, 1, q, length) mask, or a mask per
-    layer type ({"full_attention": …, "sliding_attention": …}, as transformers' hybrid models take
-    them) when the model has layers of both kinds. In the model's dtype: sdpa takes it as is."""
+    layer type (``kind_masks``)."""
+    keys, queries = arange.view(1, -1), positions.view(-1, 1)
+    seen = keys <= queries
+    return kind_masks(model, seen.view(1, 1, *seen.shape), (queries - keys).view(1, 1, *seen.shape))
+
+
+def kind_masks(model, seen, distance):
+    """The model's additive attention masks (in its dtype: sdpa takes them as they are) from
+    ``seen`` (bool: a query may attend to a key) and ``distance`` (the query's position minus the
+    key's), both (rows, 1, queries, keys): one mask, or a mask per layer type ({"full_attention":
+    …, "sliding_attention": …}, as transformers' hybrid models take them) when the model has
+    layers of both kinds, a sliding layer's keys kept to its window."""
     import torch
     cfg = model.config.get_text_config()
     window = cfg.sliding_window if "sliding_attention" in layer_kinds(cfg) else None
     types = sorted(set(getattr(cfg, "layer_types", None) or layer_kinds(cfg)))
-    zero = torch.zeros((), dtype=model.dtype, device=arange.device)
-    neg = torch.full((), torch.finfo(model.dtype).min, dtype=model.dtype, device=arange.device)
-    keys, queries = arange.view(1, -1), positions.view(-1, 1)
-    seen = keys <= queries
-    masks = {t: torch.where(seen & (keys > queries - window) if t == "sliding_attention" and window else seen,
-                            zero, neg).view(1, 1, *seen.shape) for t in types}
+    zero = torch.zeros((), dtype=model.dtype, device=seen.device)
+    neg = torch.full((), torch.finfo(model.dtype).min, dtype=model.dtype, device=seen.device)
+    masks = {t: torch.where(seen & (distance < window) if t == "sliding_attention" and window else seen, zero, neg)
+             for t in types}
     return masks if len(masks) > 1 else masks[types[0]]
 
 
