@@ -3,7 +3,7 @@ one process on one session, each as the whole call a user waits for, with the ta
 
 In order: the session's first short request; lists of many sizes, growing and shrinking; ``top_k=1``
 sampling against greedy; a prompt alone against the same prompt inside lists (greedy text, batch
-invariance); ``stop_strings`` with ``tokenizer=``; a long request (the base decode rate); a short
+invariance), on the default paths and with ``deterministic=True`` (and its list throughput against the default's); ``stop_strings`` with ``tokenizer=``; a long request (the base decode rate); a short
 ``nvkit.finetune``; the same long request with its adapter attached; ``compare``'s two sides.
 
 Each row has the stats line's path, the wall time, the first token and the decode rate, the
@@ -85,15 +85,21 @@ def run(model="qwen3-0.6b", *, first_tokens: int = 24, lists=LISTS, list_tokens:
     greedy, _, _ = call(prompt, max_new_tokens=48)
     sampled, wall, st = call(prompt, max_new_tokens=48, do_sample=True, top_k=1, seed=7)
     add("same answers", "top_k=1 sampling vs greedy", st, wall, "the same text", sampled == greedy)
-    alone = [call(p, max_new_tokens=invariance_tokens)[0] for p in prompts[:max(invariance)]]
-    differ, total, paths = 0, 0, set()
-    for n in invariance:
-        outs, _, st = call(prompts[:n], max_new_tokens=invariance_tokens)
-        paths.add(st.path)
-        differ += sum(o != a for o, a in zip(outs, alone))
-        total += n
-    add("same answers", f"a prompt alone vs in lists of {min(invariance)}–{max(invariance)}", target="0 rows differ",
-        ok=differ == 0, note=f"{differ} of {total} rows differ ({', '.join(sorted(paths))})")
+    rates = {}
+    for det in (False, True):  # the default paths, then deterministic=True (held to the target)
+        kw = dict(max_new_tokens=invariance_tokens, min_new_tokens=invariance_tokens, deterministic=det)
+        alone = [call(p, **kw)[0] for p in prompts[:max(invariance)]]
+        differ, total, paths = 0, 0, set()
+        for n in invariance:
+            outs, wall, st = call(prompts[:n], **kw)
+            paths.add(st.path)
+            differ += sum(o != a for o, a in zip(outs, alone))
+            total += n
+        rates[det] = st.new_tokens / wall  # the largest list's, the whole call
+        cost = f"; {rates[det]:,.0f} tok/s for {n} prompts, {rates[True] / rates[False]:.0%} of the default" if det else ""
+        add("same answers", f"a prompt alone vs in lists of {min(invariance)}–{max(invariance)}"
+            + (", deterministic=True" if det else ""), st, wall, "0 rows differ" if det else "",
+            differ == 0 if det else None, f"{differ} of {total} rows differ ({', '.join(sorted(paths))}){cost}")
     try:
         _, wall, st = call(prompt, max_new_tokens=24, stop_strings=["."], tokenizer=s.tokenizer)
         add("arguments", "stop_strings with tokenizer=", st, wall, "accepted", True)

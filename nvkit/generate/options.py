@@ -18,7 +18,7 @@ from ..checks import number, whole_number
 from ..errors import NvkitError
 
 # Keywords of Session.generate itself (besides prompt, max_new_tokens, do_sample).
-OWN = ("stream", "chat", "system", "history", "seed", "fast", "on_progress")
+OWN = ("stream", "chat", "system", "history", "seed", "fast", "on_progress", "deterministic")
 
 # Names a user may reach for that nvkit sets itself or that change what generate returns.
 REFUSED = {

@@ -100,6 +100,8 @@ class Request:
     stream: Callable[[str], Any] | None = None
     fast: bool | None = None
     on_progress: Callable[[GenerationStats], Any] | None = None
+    #: each prompt's text as it is alone, in any list (``support.route``'s deterministic paths)
+    deterministic: bool = False
     stats: GenerationStats = field(default_factory=GenerationStats)
     t0: float = field(default_factory=time.perf_counter)
 
@@ -218,7 +220,9 @@ def run_fast(session, req: Request, route: support.Route | None = None) -> list[
 def run_batched(session, req: Request, route: support.Route | None = None) -> list[str]:
     """Several prompts through the batched fast path (``fast.batched``): outputs in input order,
     "" for a prompt not finished when Stop came; ``on_progress`` hears prompts done and tokens so
-    far after each replay (a few times a second at most), and "preparing…" while it captures or compiles."""
+    far after each replay (a few times a second at most), and "preparing…" while it captures or compiles.
+    A route with ``invariant`` (``deterministic=True``, one prompt too) runs the batch-invariant
+    decoder; its one prompt's text reaches ``stream`` in one piece when it is done."""
     import torch
     route = route or support.forced(session, req.texts, req.gen, "fast batch")
     stats, t0 = req.stats, req.t0
@@ -248,7 +252,7 @@ def run_batched(session, req: Request, route: support.Route | None = None) -> li
         if req.on_progress:
             req.on_progress(stats)
 
-    bd = fast_decoders.batched_decoder(session)
+    bd = (fast_decoders.invariant_decoder if route.invariant else fast_decoders.batched_decoder)(session)
     before = dict(bd.timings)
     try:
         outs = bd.generate(ids, route.sampling, seeds, stop_event=req.job.stop_event, tokenizer=tok, on_progress=preparing,
@@ -256,7 +260,31 @@ def run_batched(session, req: Request, route: support.Route | None = None) -> li
     finally:
         stats.prepared = bd.timings.since(before).describe()
     stats.detail = bd.describe()
-    return [tok.decode(o, skip_special_tokens=True) if o is not None else "" for o in outs]
+    texts = [tok.decode(o, skip_special_tokens=True) if o is not None else "" for o in outs]
+    if req.stream is not None and texts[0]:
+        req.stream(texts[0])
+    return texts
+
+
+def run_plain_alone(session, req: Request) -> list[str]:
+    """Each prompt of a list alone on plain ``generate``, one after another (``deterministic=True``
+    where the invariant path cannot run): every text is the one its prompt gets alone. Stop ends
+    it after the prompt running then (the rest come back "")."""
+    import dataclasses
+    stats, outs = req.stats, []
+    for text in req.texts:
+        one = dataclasses.replace(req, texts=[text], stats=GenerationStats(), on_progress=None, t0=time.perf_counter())
+        outs += run_plain(session, one)
+        if stats.time_to_first_token is None and one.stats.time_to_first_token is not None:
+            stats.time_to_first_token = one.t0 - req.t0 + one.stats.time_to_first_token
+        stats.prompt_tokens += one.stats.prompt_tokens
+        stats.new_tokens += one.stats.new_tokens
+        stats.prompts_done = len(outs)
+        if req.on_progress:
+            req.on_progress(stats)
+        if req.job.stop_event.is_set():
+            break
+    return outs + [""] * (len(req.texts) - len(outs))
 
 
 def run(session, req: Request) -> list[str]:
@@ -275,10 +303,10 @@ def run(session, req: Request) -> list[str]:
     single = len(texts) == 1
     if fast and session.device.type != "cuda":
         raise NvkitError("fast=True needs a CUDA GPU.")
-    route = support.route(session, texts, gen, fast, stream=req.stream is not None)
+    route = support.route(session, texts, gen, fast, stream=req.stream is not None, deterministic=req.deterministic)
     if route.path in support.FAST:
         try:
-            return (run_fast if single else run_batched)(session, req, route)
+            return (run_fast if single and not route.invariant else run_batched)(session, req, route)
         except NvkitError:
             raise
         except Exception as e:  # noqa: BLE001 - an unexpected failure of the fast path is not the user's problem
@@ -287,7 +315,9 @@ def run(session, req: Request) -> list[str]:
                 raise NvkitError(f"The {what} failed: {type(e).__name__}: {e}. Generate with fast=False to use "
                                  f"{'plain' if single else 'padded'} transformers generate.") from e
             stats.time_to_first_token, stats.detail = None, ""
-            route = support.fallback(session, texts, gen, fast, f"it failed ({error_summary(e)})")
+            failed = f"it failed ({error_summary(e)})"
+            route = (support.alone_fallback if route.invariant else
+                     lambda why: support.fallback(session, texts, gen, fast, why))(failed)
     if fast:
         if single:
             raise NvkitError(f"fast=True, but the fast path cannot run this request: {route.why}. "
@@ -300,6 +330,8 @@ def run(session, req: Request) -> list[str]:
     if route.path == "generate_batch":
         return batch_path.run(session, req)
     stats.path = "generate"
+    if route.alone and not single:
+        return run_plain_alone(session, req)
     outs = run_plain(session, req)
     if not single:
         stats.prompts_done = len(texts)

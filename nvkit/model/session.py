@@ -287,7 +287,7 @@ class Session:
         return g
 
     def _start(self, prompt, max_new_tokens=50, do_sample=False, stream=None, *, chat=False, system=None,
-               history=None, seed=None, fast=None, on_progress=None, **generation_kwargs) -> Job:
+               history=None, seed=None, fast=None, on_progress=None, deterministic=False, **generation_kwargs) -> Job:
         self._require_loaded()
         single = isinstance(prompt, str)
         if not single:
@@ -301,6 +301,7 @@ class Session:
         require(on_progress is None or callable(on_progress),
                 "on_progress must be a function that takes the generation stats, or None.")
         flag("fast", fast, allow_none=True)
+        flag("deterministic", deterministic)
         whole_number("seed", seed, 0, 2**64 - 1, allow_none=True)
         if stream is not None and not single:
             raise NvkitError("Streaming works with one prompt at a time; pass a string, or drop stream= for a list.")
@@ -319,7 +320,7 @@ class Session:
 
             dev = self.device.index if self.device.type == "cuda" else None
             job = Job(work, name="nvkit-generate", device=dev, worker=self._worker)
-            req = box["request"] = paths.Request(job, texts, gen, stream, fast, on_progress)
+            req = box["request"] = paths.Request(job, texts, gen, stream, fast, on_progress, deterministic=deterministic)
             self.last_stats = req.stats
             self._job = job.start()
         job.single = single  # type: ignore[attr-defined]
@@ -349,8 +350,12 @@ class Session:
         """Generate a continuation: str in → str out, list in → list out (input order).
 
         ``stream`` is a callback that receives text pieces as they come. Extra keywords: ``chat``,
-        ``system``, ``history``, ``seed``, ``fast`` and any transformers generation argument
-        (temperature, top_p, top_k, repetition_penalty, ...). Interrupt stops it cleanly."""
+        ``system``, ``history``, ``seed``, ``fast``, ``deterministic`` and any transformers generation
+        argument (temperature, top_p, top_k, repetition_penalty, ...). Interrupt stops it cleanly.
+
+        ``deterministic=True``: each prompt's text is the one it gets alone, in a list of any size
+        (batch-invariant kernels on the GPU, at a cost in list throughput: docs/fast-path.md; each
+        prompt alone on plain ``generate`` where those cannot run); its text streams in one piece."""
         job = self._start(prompt, max_new_tokens, do_sample, stream, **kwargs)
         outs = job.result()
         return outs[0] if job.single else outs

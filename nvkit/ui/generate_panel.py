@@ -78,6 +78,11 @@ class GeneratePanel(w.VBox):
                                value="auto", layout=w.Layout(width="160px"),
                                tooltip="nvkit's CUDA-graph decode for batch-1 greedy/sampled text (CUDA only)")
         self.fast.add_class("nvkit-generate-fast")
+        self.deterministic = w.Checkbox(value=False, description="Same text alone or in a list", indent=False,
+                                        layout=w.Layout(width="auto"),
+                                        tooltip="deterministic=True: batch-invariant kernels, so a prompt's text "
+                                                "does not change with the prompts beside it (lists run slower)")
+        self.deterministic.add_class("nvkit-generate-deterministic")
         self.generate_button = w.Button(description="Generate", button_style="primary", icon="play")
         self.generate_button.add_class("nvkit-generate-button")
         self.stop_button = w.Button(description="Stop", icon="stop", disabled=True)
@@ -100,11 +105,11 @@ class GeneratePanel(w.VBox):
         self.sampling.observe(lambda _ch: self._sync_enabled(), "value")
         self.chat.observe(lambda _ch: self._sync_enabled(), "value")
         observe_values([self.prompt, self.max_new_tokens, self.temperature, self.top_p, self.top_k,
-                        self.repetition_penalty, self.seed, self.fast, self.system, self.compare],
+                        self.repetition_penalty, self.seed, self.fast, self.deterministic, self.system, self.compare],
                        self.code_view.refresh)
         self._sync_enabled()
 
-        params = wrap_row([self.max_new_tokens, self.sampling, self.fast])
+        params = wrap_row([self.max_new_tokens, self.sampling, self.fast, self.deterministic])
         sample_params = wrap_row([self.temperature, self.top_p, self.top_k, self.repetition_penalty, self.seed])
         buttons = wrap_row([self.generate_button, self.stop_button, self.clear_button])
         super().__init__(children=[style(), self.compare_style, self.model_line, self.prompt,
@@ -158,6 +163,8 @@ class GeneratePanel(w.VBox):
                 kw["history"] = [dict(m) for m in self.history]
         if self.fast.value != "auto":
             kw["fast"] = self.fast.value == "on"
+        if self.deterministic.value:
+            kw["deterministic"] = True
         return kw
 
     def code(self) -> str:
@@ -364,7 +371,7 @@ class GeneratePanel(w.VBox):
     def _compare_args(kw: dict) -> tuple[dict, dict]:
         """(acompare's own arguments, the generation keywords both sides share): no streaming, no
         fast-path choice and no chat history, which compare runs the same on both sides."""
-        kw = {k: v for k, v in kw.items() if k not in ("fast", "history")}
+        kw = {k: v for k, v in kw.items() if k not in ("fast", "history", "deterministic")}
         own = {"max_new_tokens": kw.pop("max_new_tokens"), "do_sample": kw.pop("do_sample"), "seed": kw.pop("seed", 0)}
         return own, kw
 

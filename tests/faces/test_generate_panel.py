@@ -263,3 +263,24 @@ def test_model_line_follows_loads_anywhere():
         sess.unload()
     assert "No model is loaded" in p.model_line.value
     p.close()
+
+
+def test_same_text_checkbox_asks_for_deterministic_and_each_list_prompt_gets_its_own_text():
+    """The "Same text alone or in a list" switch passes ``deterministic=True`` (in the code shown
+    too); on the CPU a list then runs each prompt alone, so every text is the one it gets alone."""
+    s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
+    p = GeneratePanel(session=s)
+    assert "deterministic" not in p.generation_kwargs() and "deterministic" not in p.code()
+    p.deterministic.value = True
+    assert p.generation_kwargs()["deterministic"] is True and "deterministic=True" in p.code()
+    assert "nvkit-generate-deterministic" in p.deterministic._dom_classes
+    prompts = ["NVIDIA GPUs are", "The memory of a GPU holds"]
+    alone = [s.generate(q, max_new_tokens=6) for q in prompts]
+    p.list_mode.value = True
+    p.prompt.value = "\n".join(prompts)
+    p.max_new_tokens.value = 6
+    p.start()
+    assert p.wait(timeout=60) == alone and p.last_error is None
+    assert "each prompt runs alone" in s.last_stats.detail, s.last_stats.detail
+    p.close()
+    s.unload()

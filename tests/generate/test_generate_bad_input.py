@@ -37,6 +37,9 @@ CASES = [
     ((PROMPT,), dict(seed="x"), ["seed must be a whole number"]),
     ((PROMPT,), dict(seed=-1), ["seed must be a whole number from 0"]),
     ((PROMPT,), dict(fast="yes"), ["fast must be True or False or None"]),
+    ((PROMPT,), dict(deterministic="yes"), ["deterministic must be True or False"]),
+    ((PROMPT,), dict(deterministic=None), ["deterministic must be True or False"]),
+    ((PROMPT,), dict(determinstic=True), ["does not take 'determinstic'", "'deterministic'"]),
     ((PROMPT,), dict(on_progress=5), ["on_progress must be a function"]),
     # keywords that are not generation settings
     ((PROMPT,), dict(bogus_kw=1), ["does not take 'bogus_kw'", "temperature", "top_p", "chat"]),

@@ -243,6 +243,35 @@ def test_a_batch_of_one_is_no_slower_than_the_batch1_fast_path(qwen):
     assert med["batched, one prompt"] >= 0.95 * med["batch-1 fast path"], med  # no slower, within the rounds' noise
 
 
+@pytest.mark.parametrize("model", ["qwen3", "demo"])
+def test_deterministic_gives_a_prompt_the_same_text_alone_and_in_any_list(model, request):
+    """Issue 39's batch invariance: with ``deterministic=True`` each prompt's greedy text (96 new
+    tokens) is the same alone and inside lists of 2, 5, 10, 20 and 40 (77 rows), on the Qwen3
+    shape (random weights: near ties everywhere) and the demo model; the default rows path's
+    count of differing rows and both paths' list throughput (40 prompts) are printed, the
+    deterministic path's cost for docs/benchmarks.md."""
+    s = request.getfixturevalue("qwen" if model == "qwen3" else "demo_cuda")
+    prompts = mixed_prompts(s.tokenizer, 40, seed=1, lo=8, hi=200)
+    gen = dict(max_new_tokens=96, min_new_tokens=96)
+    report = {}
+    for det in (False, True):
+        alone = [s.generate(p, deterministic=det, **gen) for p in prompts]
+        differ = 0
+        for n in (2, 5, 10, 20, 40):
+            t = time.perf_counter()
+            outs = s.generate(prompts[:n], deterministic=det, **gen)
+            wall = time.perf_counter() - t
+            differ += sum(o != a for o, a in zip(outs, alone))
+        assert s.last_stats.path == "fast batch" and s.last_stats.new_tokens == 40 * 96, s.last_stats
+        report[det] = (differ, 40 * 96 / wall, s.last_stats.detail)
+    print(f"\n{model}: alone vs in lists of 2–40 (77 rows × 96 tokens): default {report[False][0]} rows differ, "
+          f"{report[False][1]:,.0f} tok/s for 40 prompts; deterministic {report[True][0]} rows differ, "
+          f"{report[True][1]:,.0f} tok/s ({report[True][1] / report[False][1]:.0%} of the default)\n"
+          f"deterministic: {report[True][2]}")
+    assert report[True][0] == 0, report
+    assert report[True][2].startswith("batch-invariant kernels"), report[True][2]
+
+
 def test_attention_launch_shapes_agree_and_are_timed():
     """The launch-shape benchmark of the paged kernel (``python -m nvkit.benchmarks.attention``):
     every shape computes the default's output on the GPU, and each gets a time."""

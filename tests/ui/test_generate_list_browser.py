@@ -1,6 +1,7 @@
 """The Generate panel's list mode in real JupyterLab + Chromium: tick "Prompt list", one prompt per
 line, Generate, the answers arrive in a table (escaped, in the prompts' order); a .jsonl file
-loaded through the file button fills the list."""
+loaded through the file button fills the list; "Same text alone or in a list" runs the list with
+``deterministic=True`` (on the CPU each prompt alone), the stats line saying so."""
 
 from tests import demo_model  # noqa: E402
 from tests.ui.conftest import open_and_run_notebook, screenshot, write_notebook
@@ -35,3 +36,9 @@ def test_a_prompt_list_fills_the_table(lab, page, tmp_path):
                            " return e && e.innerText.includes('Loaded 2 prompts from prompts.jsonl'); }",
                            timeout=30_000)
     assert page.locator(".nvkit-generate-prompt textarea").input_value() == "CUDA graphs replay\nTokens per second"
+    page.locator(".nvkit-generate-deterministic input[type=checkbox]").check()
+    page.locator(".nvkit-generate-button").click()
+    page.wait_for_function("() => { const e = document.querySelector('.nvkit-generate-stats');"
+                           " return e && e.innerText.startsWith('2/2 prompts'); }", timeout=120_000)
+    assert "each prompt runs alone on plain generate" in page.locator(".nvkit-generate-stats").inner_text()
+    assert page.locator(".nvkit-generate-results table tr").count() == 3

@@ -18,6 +18,7 @@ from . import support
 from .options import default_options
 from .model_rows import ModelRowsDecoder
 from .rows import BatchedDecoder
+from .rows_invariant import InvariantRowsDecoder
 from .runner import StepVariant, split_overrides
 from .single import FastDecoder
 
@@ -28,6 +29,7 @@ class Decoders:
     def __init__(self):
         self.single: FastDecoder | None = None
         self.rows: BatchedDecoder | None = None  # a ModelRowsDecoder where the fused step does not fit
+        self.same: InvariantRowsDecoder | None = None  # deterministic=True requests (built on first use)
         #: seconds per new token of the session's last plain request on the GPU (None: none yet),
         #: what a short first request weighs against the fast path's capture (first_request)
         self.plain_per_token: float | None = None
@@ -65,6 +67,19 @@ class Decoders:
             self.rows = BatchedDecoder(d) if d.fused else ModelRowsDecoder(d)
             return self.rows
 
+    def invariant(self, model) -> InvariantRowsDecoder:
+        """The batch-invariant rows decoder (``deterministic=True``), created on first use beside the
+        batch-1 decoder whose weights it shares; an NvkitError says why where it cannot run."""
+        d = self.decoder(model)
+        with self._lock:
+            if self.same is not None and self.same.single is d:
+                return self.same
+            if self.same is not None:
+                self.same.release()
+                self.same = None
+            self.same = InvariantRowsDecoder(d)
+            return self.same
+
     def batched_ready(self) -> bool:
         """The rows decoder has captured something for the current batch-1 decoder."""
         return self.rows is not None and self.rows.single is self.single and bool(self.rows.counts)
@@ -86,10 +101,11 @@ class Decoders:
             self._release_all()
 
     def _release_all(self) -> None:
-        d, bd = self.single, self.rows
-        self.single = self.rows = None
-        if bd is not None:
-            bd.release()
+        d, bd, same = self.single, self.rows, self.same
+        self.single = self.rows = self.same = None
+        for rows in (bd, same):
+            if rows is not None:
+                rows.release()
         if d is not None:
             d.release()
         if (d is not None and d.compiled) or (bd is not None and bd.compiled):
@@ -115,6 +131,11 @@ def decoder(session, **overrides) -> FastDecoder:
 def batched_decoder(session) -> BatchedDecoder:
     """The session's rows decoder (``Decoders.batched``)."""
     return of(session).batched(session.model)
+
+
+def invariant_decoder(session) -> InvariantRowsDecoder:
+    """The session's batch-invariant rows decoder (``Decoders.invariant``)."""
+    return of(session).invariant(session.model)
 
 
 def current(session) -> FastDecoder | None:

@@ -36,6 +36,22 @@ def base_layer(module):
     return getattr(module, "base_layer", module)
 
 
+def weight_first_norms(cfg) -> bool:
+    """OLMo 2's norms: the weight multiplied in float32 before rounding (Llama's round first), and
+    applied to whole branches' outputs and to all heads' q and k at once."""
+    return getattr(cfg, "model_type", None) == "olmo2"
+
+
+def invariant_why(model) -> str | None:
+    """Why the batch-invariant rows step (``deterministic=True``, ``rows_invariant``) does not fit
+    ``model`` (None when it does): the fused step must, in a layout whose every norm runs in nvkit's
+    row kernels; OLMo 2's run in torch's reductions, whose order follows the number of rows."""
+    why = fusable_why(model)
+    if why is None and weight_first_norms(model.config.get_text_config()):
+        why = "OLMo 2's norms (over whole branches and all heads) run in torch's reductions, which follow the row count"
+    return why
+
+
 def fusable_why(model) -> str | None:
     """Why the fused steps do not fit ``model`` (None when they do). ``model`` is the causal LM
     itself, not a PEFT wrapper (``lora.lora_why`` judges the adapters)."""
@@ -182,7 +198,7 @@ class FusedWeights:
         cfg = model.config.get_text_config()
         granite = getattr(cfg, "model_type", None) == "granite"
         #: OLMo 2's norms multiply by the weight in float32 before rounding (Llama's round first)
-        self.weight_first = getattr(cfg, "model_type", None) == "olmo2"
+        self.weight_first = weight_first_norms(cfg)
         self.embed_scale = float(cfg.embedding_multiplier) if granite else None
         self.residual_scale = float(cfg.residual_multiplier) if granite else None
         self.logits_scale = float(cfg.logits_scaling) if granite else None

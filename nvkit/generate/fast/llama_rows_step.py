@@ -29,7 +29,7 @@ def paged_positions(table, page: int, length: int):
 
 
 def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: int, kernels: bool = False,
-                      residual: float | None = None, weight_first: bool = False) -> Callable:
+                      residual: float | None = None, weight_first: bool = False, invariant: bool = False) -> Callable:
     """One layer of the rows decode step, on tensors only: ``layer(h, delta, pos, table, cos, sin,
     c, s, where, here, mask, keys, values, *layer_args(w, lo))`` -> (h, delta), the residual
     carried as ``llama_step.decode_layer`` carries it (the layer's input is ``h + delta``). "paged"
@@ -38,15 +38,21 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     (``decode_rows_step`` makes them once per step). ``kernels``: the sums with their norms, the
     activation and the adapters' products in nvkit's Triton kernels (``nvkit.generate.kernels``), for a
     step that is not compiled. ``residual``, ``weight_first`` and a layer without ``in_norm``
-    (OLMo 2's): as ``llama_step.decode_layer``."""
+    (OLMo 2's): as ``llama_step.decode_layer``. ``invariant`` (with ``kernels`` and "paged"): every
+    product and the attention computed for each row as for that row alone (``kernels.invariant_linear``,
+    the paged kernel's fixed slices): the batch-invariant step."""
     import torch
     groups = nh // nkv
-    enter, leave = layer_ends(kernels, residual, weight_first)
+    enter, leave = layer_ends(kernels, residual, weight_first, invariant)
+    splits = 0
     if attention == "paged":
-        from ..kernels.paged_attention import paged_decode_attention
+        from ..kernels.paged_attention import INVARIANT_SPLITS, paged_decode_attention
+        splits = INVARIANT_SPLITS if invariant else 0
     proj = linear
     if kernels:
         from ..kernels.lora_add import linear as proj
+        if invariant:
+            from ..kernels.invariant_linear import linear as proj  # noqa: F811 - the invariant product
 
     def layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys, values, in_norm, in_eps, qkv_w,
               qkv_bias, q_norm, k_norm, qk_eps, o_w, o_bias, post_norm, post_eps, ff_norm, ff_eps, gate_up_w,
@@ -56,7 +62,8 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
         qkv, q_norm, k_norm = full_qk_norm(proj(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first)
         qkv = qkv.view(-1, nh + 2 * nkv, hd)
         if attention == "paged":
-            o = paged_decode_attention(qkv, q_norm, k_norm, cos, sin, keys, values, pos, table, page, scaling, qk_eps)
+            o = paged_decode_attention(qkv, q_norm, k_norm, cos, sin, keys, values, pos, table, page, scaling, qk_eps,
+                                       splits)
         else:
             q, k, v = qkv.split((nh, nkv, nkv), dim=1)
             if q_norm is not None:
@@ -75,14 +82,15 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     return layer
 
 
-def model_decode_rows_layer(fw: FusedWeights, attention: str, page: int, kernels: bool = False) -> Callable:
+def model_decode_rows_layer(fw: FusedWeights, attention: str, page: int, kernels: bool = False,
+                            invariant: bool = False) -> Callable:
     """``decode_rows_layer`` for the model whose weights ``fw`` holds."""
     return decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, page, kernels, fw.residual_scale,
-                             fw.weight_first)
+                             fw.weight_first, invariant)
 
 
 def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, layer: Callable | None = None,
-                     head: Callable | None = None, kernels: bool = False) -> Callable:
+                     head: Callable | None = None, kernels: bool = False, invariant: bool = False) -> Callable:
     """``step(tok, pos, table, cos, sin, keys, values)`` -> (rows, vocab) float logits: one decode
     step of every row (``tok``, ``pos``: (rows,) int64; ``table``: (rows, blocks) int32 page ids;
     ``cos``/``sin``: (positions, head_dim); ``keys``/``values``: one pool tensor per layer). Writes
@@ -91,13 +99,14 @@ def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, lay
     ``layer`` and ``head``: the functions of ``decode_rows_layer`` and ``llama_step.decode_head`` to run
     (default: those, eager). Given, they are compiled ones, and the sizes that change from one
     batch class or pool to the next are marked dynamic before each call. ``kernels``: the default
-    layer and head with nvkit's Triton kernels (``decode_rows_layer``)."""
+    layer and head with nvkit's Triton kernels (``decode_rows_layer``); ``invariant`` with it: the
+    batch-invariant ones (``rows_invariant``)."""
     import torch
     from .llama_step import decode_head
     neg = torch.finfo(torch.float32).min
     regional = layer is not None
-    layer = layer or model_decode_rows_layer(fw, attention, page, kernels)
-    head = head or decode_head(fw, kernels)
+    layer = layer or model_decode_rows_layer(fw, attention, page, kernels, invariant)
+    head = head or decode_head(fw, kernels, invariant)
 
     def step(tok, pos, table, cos, sin, keys, values):
         h = embed(fw, tok)                                             # (rows, hidden)

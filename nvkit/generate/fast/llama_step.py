@@ -94,11 +94,16 @@ def embed(fw: FusedWeights, ids):
     return h if fw.embed_scale is None else h * fw.embed_scale
 
 
-def lm_logits(fw: FusedWeights, x):
+def lm_logits(fw: FusedWeights, x, invariant: bool = False):
     """Float logits of the normed hidden states ``x``, divided by the family's logits divisor where
-    it has one (in the model's dtype, before the float copy, as its forward divides)."""
-    import torch.nn.functional as F
-    y = F.linear(x, fw.lm_head)
+    it has one (in the model's dtype, before the float copy, as its forward divides). ``invariant``:
+    the product in ``kernels.invariant_linear`` (each row as alone)."""
+    if invariant:
+        from ..kernels.invariant_linear import invariant_linear
+        y = invariant_linear(x, fw.lm_head)
+    else:
+        import torch.nn.functional as F
+        y = F.linear(x, fw.lm_head)
     return (y if fw.logits_scale is None else y / fw.logits_scale).float()
 
 
@@ -121,7 +126,8 @@ def branch_scale(residual: float | None) -> Callable:
     return lambda t: t * residual
 
 
-def layer_ends(kernels: bool = False, residual: float | None = None, weight_first: bool = False):
+def layer_ends(kernels: bool = False, residual: float | None = None, weight_first: bool = False,
+               invariant: bool = False):
     """(enter, leave): what every step's layer does around its attention, in the family's layout.
     ``enter(h, delta, in_norm, in_eps)`` -> (h, x): the layer's input ``h + delta`` and what its
     q/k/v product reads (normed, or as it is where the layer has no ``in_norm``: OLMo 2).
@@ -130,7 +136,9 @@ def layer_ends(kernels: bool = False, residual: float | None = None, weight_firs
     ``a`` and norms the sum for the MLP; OLMo 2's (``ff_norm`` given) norms ``a`` and the MLP's
     output before their sums. ``residual``: both branches' multiplier (Granite); ``weight_first``:
     the norms' rounding (``rms_norm``); ``kernels``: the Llama layout's sums with their norms, the
-    activation and the adapters' products in nvkit's Triton kernels (CUDA only, uncompiled steps)."""
+    activation and the adapters' products in nvkit's Triton kernels (CUDA only, uncompiled steps);
+    ``invariant`` (with ``kernels``): the projections too (``kernels.invariant_linear``), so each
+    row is computed as it is alone."""
     import torch.nn.functional as F
     proj = linear
     scaled = branch_scale(residual)
@@ -138,6 +146,8 @@ def layer_ends(kernels: bool = False, residual: float | None = None, weight_firs
         from ..kernels.add_rms_norm import add_rms_norm
         from ..kernels.lora_add import linear as proj
         from ..kernels.silu_mul import silu_mul
+        if invariant:
+            from ..kernels.invariant_linear import linear as proj  # noqa: F811 - the invariant product
 
     def mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down):
         if kernels:
@@ -237,14 +247,15 @@ def model_decode_layer(fw: FusedWeights, attention: str, kernels: bool = False) 
     return decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, kernels, fw.residual_scale, fw.weight_first)
 
 
-def decode_head(fw: FusedWeights, kernels: bool = False) -> Callable:
+def decode_head(fw: FusedWeights, kernels: bool = False, invariant: bool = False) -> Callable:
     """``head(h, delta)`` -> (1, vocab) float logits: the last layer's sum, the final norm, the LM
-    head (``kernels``: the sum and norm in nvkit's Triton kernel, as ``decode_layer``)."""
+    head (``kernels``: the sum and norm in nvkit's Triton kernel, as ``decode_layer``; ``invariant``
+    with it: the LM head's product in ``kernels.invariant_linear``)."""
     if kernels and not fw.weight_first:  # the kernel rounds as Llama's norm does
         from ..kernels.add_rms_norm import add_rms_norm
 
         def head(h, delta):
-            return lm_logits(fw, add_rms_norm(h, delta, fw.norm, fw.norm_eps)[1])
+            return lm_logits(fw, add_rms_norm(h, delta, fw.norm, fw.norm_eps)[1], invariant)
         return head
 
     def head(h, delta):

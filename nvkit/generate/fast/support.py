@@ -6,6 +6,10 @@ for a list the rows fast path ("fast batch"), else transformers' continuous batc
 path out — the device, a model spread over GPUs, quantization, the model family, attached adapters,
 the generation settings, and with ``fast=None`` whether a first capture would pay for itself — and
 hands on the resolved ``Sampling`` and the tokenized prompts, so nothing is asked twice.
+
+``deterministic=True`` (a prompt's text the same alone and in any list) has paths of its own: the
+batch-invariant rows decoder (``rows_invariant``) for one prompt and for lists, else each prompt
+alone on plain ``generate``, one after another.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from dataclasses import dataclass, field
 
 from ...errors import NvkitError
 from . import first_request
-from .fused_weights import fusable_why, layer_kinds
+from .fused_weights import fusable_why, invariant_why, layer_kinds
 from .lora import forward_lora_why, lora_why
 from .options import default_options
 from .sampling import Sampling, resolve
@@ -23,7 +27,8 @@ from .sampling import Sampling, resolve
 #: (min_new_tokens, a repetition penalty, stop strings), so a list asking for one runs padded generate
 BATCH_OPTIONS = {"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "pad_token_id", "eos_token_id"}
 
-__all__ = ["Route", "route", "single_why", "rows_why", "batch_why", "worth_capturing", "worth_batching", "resolve"]
+__all__ = ["Route", "route", "single_why", "rows_why", "deterministic_why", "batch_why", "worth_capturing",
+           "worth_batching", "resolve"]
 
 
 @dataclass
@@ -36,6 +41,10 @@ class Route:
     why: str | None = None
     sampling: Sampling | None = None
     ids: list[list[int]] | None = None
+    #: "fast batch" on the batch-invariant rows decoder (``deterministic=True``)
+    invariant: bool = False
+    #: "generate" with each prompt of a list alone, one after another (``deterministic=True``)
+    alone: bool = False
 
 
 def base_model(model):
@@ -123,6 +132,19 @@ def rows_why(session, gen: dict) -> str | None:
 
 
 
+def deterministic_why(session, gen: dict) -> str | None:
+    """Why a ``deterministic=True`` request cannot take the batch-invariant rows path here (None
+    when it can): what rules out the rows path, and a model the invariant step does not fit."""
+    model = session.model
+    base = base_model(model)
+    off = default_options().fused is False and "the fused step is turned off (NVKIT_FAST_FUSED=0)"
+    return (_placement_why(session, "the deterministic fast path")
+            or _layers_why(base)
+            or off or invariant_why(base)
+            or (bool(getattr(model, "peft_config", None)) and lora_why(model))
+            or resolve(base, gen)[1])
+
+
 def batch_why(session, gen: dict) -> str | None:
     """Why transformers' continuous batching cannot run a list here (None when it can): what
     rules out the batch-1 fast path (one GPU, no quantization, full attention, settings the
@@ -178,11 +200,14 @@ FAST = ("fast", "fast batch")
 
 
 
-def route(session, texts: list[str], gen: dict, fast: bool | None, stream: bool = False) -> Route:
+def route(session, texts: list[str], gen: dict, fast: bool | None, stream: bool = False,
+          deterministic: bool = False) -> Route:
     """The path for this request (see the module docstring). ``fast=False`` rules the fast paths
     out, ``fast=None`` lets a short request skip a first capture; with ``fast=True`` a request
     the fast path cannot run gets a route without it (the caller refuses it, saying ``why``).
     A list that streams runs padded ``generate``."""
+    if deterministic:
+        return _deterministic_route(session, texts, gen, fast)
     if session.device.type != "cuda" or fast is False:
         return Route("generate")
     if len(texts) == 1:
@@ -203,6 +228,26 @@ def route(session, texts: list[str], gen: dict, fast: bool | None, stream: bool 
         return Route("fast batch", sampling=resolve(base_model(session.model), gen)[0],
                      ids=[session.tokenizer(t)["input_ids"] for t in texts])
     return fallback(session, texts, gen, fast, why)
+
+
+def _deterministic_route(session, texts: list[str], gen: dict, fast: bool | None) -> Route:
+    """``deterministic=True``: one prompt or many on the batch-invariant rows path (no first-capture
+    shortcut: a plain first answer would not be the text the fast path gives); where it cannot
+    run, each prompt alone on plain ``generate``, which gives every prompt its own text too."""
+    if session.device.type != "cuda" or fast is False:
+        why = "fast=False" if fast is False else f"the model is on {session.device}"
+    else:
+        why = deterministic_why(session, gen)
+        if why is None:
+            return Route("fast batch", sampling=resolve(base_model(session.model), gen)[0],
+                         ids=[session.tokenizer(t)["input_ids"] for t in texts], invariant=True)
+    return alone_fallback(why)
+
+
+def alone_fallback(why: str) -> Route:
+    """The route of a ``deterministic=True`` request off the invariant path for ``why``."""
+    return Route("generate", [f"deterministic fast path off: {why}; each prompt runs alone on plain generate"], why,
+                 alone=True)
 
 
 def forced(session, texts: list[str], gen: dict, path: str) -> Route:

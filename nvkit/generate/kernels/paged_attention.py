@@ -29,6 +29,9 @@ import triton.language as tl
 from .common import MAX_SPLITS, combine_kernel, next_pow2, norm_rope
 
 _SM_COUNT: dict = {}
+#: the batch-invariant step's slices per (row, KV head): a row's blocks go to the slices by their
+#: index alone, so its partial sums and their merge do not depend on the rows beside it
+INVARIANT_SPLITS = MAX_SPLITS
 
 
 def _sm_count(device) -> int:
@@ -164,13 +167,16 @@ def check_paged(qkv, k, v, pos, table, cos, sin, page: int) -> str | None:
 def paged_decode_attention(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
                            cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            pos: torch.Tensor, table: torch.Tensor, page: int, scale: float,
-                           eps: float) -> torch.Tensor:
+                           eps: float, splits: int = 0) -> torch.Tensor:
     """``decode_attention_rope`` for many rows over a paged pool: per row b, the q/k norms and RoPE
     at position ``pos[b]`` (``cos``/``sin``: (positions, head_dim) tables), its new key and value
     written at that position through its page table ``table[b]``, attention over its positions
     0..pos[b]. ``qkv`` (rows, query heads + 2 × KV heads, head_dim); returns (rows, query heads,
-    head_dim)."""
-    return paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page, scale, eps)
+    head_dim). ``splits``: slices per (row, KV head), 0 for ``paged_splits``'. A fixed number
+    (``INVARIANT_SPLITS``) makes a row's sums the same whatever the rows and table beside it:
+    the batch-invariant step's attention."""
+    return paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page, scale, eps,
+                        splits=splits or None)
 
 
 def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int, scale: float, eps: float, *,
@@ -242,5 +248,5 @@ def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int,
 
 
 @paged_decode_attention.register_fake
-def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page, scale, eps):
+def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page, scale, eps, splits=0):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1] - 2 * k.shape[1], qkv.shape[2]))

@@ -171,3 +171,38 @@ def test_paged_op_compiles_in_place_on_the_pool_with_dynamic_rows():
         print("ok")
     """)
     assert out.strip().endswith("ok")
+
+
+def test_fixed_slices_give_a_row_the_same_sums_whatever_rows_and_table_are_beside_it():
+    """With ``splits=INVARIANT_SPLITS`` (the batch-invariant step's attention) a row's output is the
+    same bits alone and among other rows with a wider table, though more slices than its table has
+    blocks leave some empty; the automatic split, which follows the row count, is the reference
+    the result stays close to."""
+    out = _interpret("""
+        import torch
+        from nvkit.generate.kernels import paged_attention as pa
+        torch.manual_seed(1)
+        nh, nkv, hd, page, pages = 8, 2, 32, 16, 80
+        k = torch.randn(pages * page, nkv, hd)
+        v = torch.randn(pages * page, nkv, hd)
+        ang = torch.randn(12 * page, hd // 2).repeat(1, 2)
+        cos, sin = ang.cos(), ang.sin()
+        qkv = torch.randn(6, nh + 2 * nkv, hd)
+        table = (torch.randperm(pages - 1)[:6 * 12] + 1).view(6, 12).to(torch.int32)
+        pos = torch.tensor([37, 3, 150, 60, 0, 99])
+        s = pa.INVARIANT_SPLITS
+
+        def attend(rows, width, splits):
+            return pa.paged_decode_attention(qkv[rows].clone(), None, None, cos, sin, k.clone(), v.clone(), pos[rows],
+                                             table[rows, :width].contiguous(), page, hd ** -0.5, 1e-6, splits)
+        every = attend(list(range(6)), 12, s)
+        for r in range(6):
+            width = int(pos[r]) // page + 1  # the narrowest table that holds its position
+            alone = attend([r], width, s)
+            assert torch.equal(alone[0], every[r]), (r, (alone[0] - every[r]).abs().max())
+        assert torch.equal(attend([2, 0], 10, s)[1], every[0])
+        auto = attend(list(range(6)), 12, 0)
+        assert (auto - every).abs().max() <= 1e-5
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
