@@ -177,6 +177,8 @@ def _cmd_backends(args, cell):
 @arg("--fast", dest="fast", action="store_const", const=True, default=None, help="force the fast decode path")
 @arg("--no-fast", dest="fast", action="store_const", const=False)
 @arg("--batch", action="store_true", help="with %%nvkit generate: one prompt per line")
+@arg("--deterministic", action="store_true",
+     help="each prompt's text as it is alone, in any list (batch-invariant kernels; a streamed answer comes in one piece)")
 @command("generate", "generate text from a prompt (loads the demo model if none is loaded)")
 def _cmd_generate(args, cell):
     if cell is not None:
@@ -202,6 +204,8 @@ def _cmd_generate(args, cell):
             kwargs["system"] = args.system
     if args.fast is not None:
         kwargs["fast"] = args.fast
+    if args.deterministic:
+        kwargs["deterministic"] = True
     if isinstance(prompts, list):
         for p, out in zip(prompts, s.generate(prompts, **kwargs)):
             print(f"--- {p}\n{out}")

@@ -35,6 +35,9 @@ def nb():
         '%nvkit generate --temperature hot "x"',                                                  # 11: bad value
         '%nvkit generate --batch "x"',                                                            # 12: --batch needs a cell
         '%nvkit generate -n 2 "still usable"',                                                    # 13
+        "%%nvkit generate --batch --deterministic -n 4\nNVIDIA GPUs are\nHello there",          # 14
+        "print('DET', s.last_stats.prompts_done, s.last_stats.how)",                              # 15
+        "import json; print(json.dumps([s.generate(p, max_new_tokens=4) for p in ('NVIDIA GPUs are', 'Hello there')]))",  # 16
     ]
     notebook = nbformat.v4.new_notebook()
     notebook.cells = [nbformat.v4.new_code_cell(c) for c in cells]
@@ -98,3 +101,16 @@ def test_compile_progress_updates_one_line_then_the_prompt_and_text(capsys):
     quiet.piece("")          # a request that produced no text still shows its prompt
     quiet.clear()
     assert capsys.readouterr().out == "Hello"
+
+
+def test_deterministic_flag_runs_each_prompt_as_alone(nb):
+    """``--deterministic`` reaches ``generate(deterministic=True)``: on the CPU each prompt of the
+    list runs alone, so its text is the one the prompt gets on its own (cell 16)."""
+    import json
+    out = _text(nb.cells[14])
+    assert "ERROR" not in out, out
+    chunks = [c.split("\n", 1) for c in out.split("--- ")[1:]]
+    assert [c[0] for c in chunks] == ["NVIDIA GPUs are", "Hello there"], out
+    assert [c[1].removesuffix("\n") for c in chunks] == json.loads(_text(nb.cells[16])), out
+    det = _text(nb.cells[15])
+    assert det.startswith("DET 2 generate") and "each prompt runs alone" in det, det

@@ -18,8 +18,8 @@ it would alone:
   its products run at the same shapes alone and in a list.
 
 It costs list throughput (the fixed tiles are not cuBLAS's best for every row count, and the
-prefill runs a forward per prompt): ``nvkit bench --batched`` measures it against the default
-rows decoder (docs/benchmarks.md). The model's layout must be the Llama family's with nvkit's
+prefill runs a forward per prompt): ``nvkit bench MODEL --afternoon`` and the GPU test of
+tests/gpu/test_batched_gpu.py measure it against the default rows decoder (docs/benchmarks.md). The model's layout must be the Llama family's with nvkit's
 fused step: OLMo 2's norms over whole branches and all heads run in torch's reductions.
 """
 
