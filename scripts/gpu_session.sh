@@ -61,6 +61,9 @@
 #            on the model's own forward, graphs' own cuBLAS workspace)         (carry .whl-core)
 #   families-check  every family's graphs against plain generate (batch 1; the fused families' lists
 #            too), then compare's two sides on the fast path without a compile     (carry .whl-core)
+#   deterministic  deterministic=True: each prompt alone against lists of 2-40 on the Qwen3 shape and
+#            the demo model (0 rows may differ), its list throughput against the default's; then the
+#            rows path's identity and batch-of-one tests                            (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 #   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
 #            $OUT/strategies-one-gpu.json, ZeRO-3's speed against DDP
@@ -181,8 +184,11 @@ case "$phase" in
       echo "=== exit $? ($(date +%T))"; cat "$out/family-$sh.json"
     done ;;
   families-check)
-    T=${TF:-240} t tests/gpu/test_families_gpu.py
-    T=200 t tests/gpu/test_fast_session_gpu.py -k compare ;;
+    T=${TF:-460} t tests/gpu/test_families_gpu.py
+    T=100 t tests/gpu/test_fast_session_gpu.py -k compare ;;
+  deterministic)
+    T=${TD:-420} t tests/gpu/test_batched_gpu.py -k deterministic
+    T=120 t tests/gpu/test_batched_gpu.py -k "each_prompt or batch_of_one" ;;
   profile)
     echo "=== attention launch shapes ($(date +%T))"
     timeout 200 python3 -m nvkit.benchmarks.attention --csv "$out/attention.csv"; echo "=== exit $? ($(date +%T))"
