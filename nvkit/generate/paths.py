@@ -298,7 +298,9 @@ def run(session, req: Request) -> list[str]:
     path, else continuous batching, else padded ``generate``. On the CPU: plain ``generate`` (a
     left-padded batch for a list). When another path runs on a GPU although the fast path was not
     turned off, ``stats.detail`` says why ("fast path off: ..."); an unexpected failure of a fast
-    path falls back the same way unless ``fast=True`` or tokens were already streamed."""
+    path falls back the same way unless ``fast=True`` or tokens were already streamed. With
+    ``deterministic`` (``support.route``): the batch-invariant rows path, one prompt too, else each
+    prompt alone on plain ``generate``."""
     texts, gen, stats, fast = req.texts, req.gen, req.stats, req.fast
     single = len(texts) == 1
     if fast and session.device.type != "cuda":
@@ -316,8 +318,10 @@ def run(session, req: Request) -> list[str]:
                                  f"{'plain' if single else 'padded'} transformers generate.") from e
             stats.time_to_first_token, stats.detail = None, ""
             failed = f"it failed ({error_summary(e)})"
-            route = (support.alone_fallback if route.invariant else
-                     lambda why: support.fallback(session, texts, gen, fast, why))(failed)
+            if route.invariant:
+                route = support.alone_fallback(failed)
+            else:
+                route = support.fallback(session, texts, gen, fast, failed)
     if fast:
         if single:
             raise NvkitError(f"fast=True, but the fast path cannot run this request: {route.why}. "

@@ -113,3 +113,24 @@ def test_which_families_the_invariant_step_fits(family, why):
     m = getattr(transformers, family + "ForCausalLM")(getattr(transformers, family + "Config")(**SIZES)).eval()
     got = support.deterministic_why(_session(m), dict(max_new_tokens=4, do_sample=False))
     assert (got is None) if why is None else (why in got), got
+
+
+def test_an_unexpected_failure_of_the_invariant_path_runs_each_prompt_alone(s, monkeypatch):
+    """A failure that is not an NvkitError, before any token, leaves the request to plain
+    ``generate`` one prompt at a time (still each prompt's own text), the stats line saying why."""
+    from nvkit.generate import paths
+    from nvkit.generate.fast import support
+
+    def invariant_route(session, texts, gen, fast, stream=False, deterministic=False):
+        assert deterministic
+        return support.Route("fast batch", sampling=None, ids=[], invariant=True)
+
+    def broken(session, req, route):
+        assert route.invariant
+        raise RuntimeError("a kernel blew up")
+    alone = [s.generate(p, max_new_tokens=5) for p in PROMPTS[:3]]
+    monkeypatch.setattr(support, "route", invariant_route)
+    monkeypatch.setattr(paths, "run_batched", broken)
+    assert s.generate(PROMPTS[:3], max_new_tokens=5, deterministic=True) == alone
+    detail = s.last_stats.detail
+    assert "it failed (RuntimeError: a kernel blew up)" in detail and "each prompt runs alone" in detail, detail
