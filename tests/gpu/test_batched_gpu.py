@@ -272,6 +272,42 @@ def test_deterministic_gives_a_prompt_the_same_text_alone_and_in_any_list(model,
     assert report[True][2].startswith("batch-invariant kernels"), report[True][2]
 
 
+def test_a_new_rung_compiles_no_attention_kernel():
+    """Issue 39's lists of any size: the paged attention and its merge take the slice count at run
+    time, so the rungs a session reaches after its first list (64, 4 and 1 rows after 16) capture
+    without compiling a Triton kernel of their own. In a process of its own (this one's kernels
+    hold the other tests' variants); each list's first token is printed."""
+    code = textwrap.dedent("""
+        import time, nvkit
+        from nvkit.generate.kernels import common, paged_attention
+        from tests import demo_model
+
+        def variants(kernel):
+            caches = getattr(kernel, "device_caches", None)
+            return None if caches is None else sum(len(c[0]) for c in caches.values())
+        s = nvkit.load(demo_model.path(), device_map="cuda", dtype="auto" if demo_model.ready() else "float32")
+        seen = []
+        for n in (8, 64, 2, 1, 40):
+            t = time.perf_counter()
+            s.generate([f"Prompt {i}: the memory of a GPU" for i in range(n)], max_new_tokens=16, fast=True)
+            seen.append((n, round(time.perf_counter() - t, 3), round(s.last_stats.time_to_first_token, 3),
+                         variants(paged_attention._paged_rope_split_kernel), variants(common.merge_kernel)))
+        print("RESULT", seen, s.last_stats.path)
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PYTHONPATH=root), capture_output=True,
+                       text=True, timeout=300, cwd=root)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT"))
+    print(f"\nlists (prompts, wall s, first token s, paged variants, merge variants): {line}")
+    seen, path = eval(line[len("RESULT "):line.rindex("]") + 1]), line[line.rindex("]") + 2:]  # noqa: S307 - our own output
+    assert path == "fast batch", line
+    if seen[0][3] is None:
+        pytest.skip("this Triton keeps its compiled kernels elsewhere (no JITFunction.device_caches)")
+    assert [row[3] for row in seen] == [1] * len(seen), seen   # one paged kernel for rungs 16, 64, 4, 1
+    assert max(row[4] for row in seen) <= 1, seen               # and at most one merge
+
+
 def test_attention_launch_shapes_agree_and_are_timed():
     """The launch-shape benchmark of the paged kernel (``python -m nvkit.benchmarks.attention``):
     every shape computes the default's output on the GPU, and each gets a time."""

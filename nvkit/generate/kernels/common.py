@@ -1,5 +1,6 @@
 """What several of nvkit's Triton kernels share: the split-K attention kernels' q/k norm with RoPE
-(``norm_rope``) and their merge of the slices per query head (``combine_kernel``), the most slices
+(``norm_rope``) and their merge of the slices per query head (``combine_kernel``; ``merge_kernel``
+with the slice count at run time), the most slices
 per KV head, and the row view the elementwise kernels take their inputs in."""
 
 from __future__ import annotations
@@ -33,6 +34,24 @@ def combine_kernel(M, L, O, OUT, N_SPLITS: tl.constexpr, HD: tl.constexpr):
     o = tl.load(O + (h * N_SPLITS + sp)[:, None] * HD + d[None, :])
     top = tl.max(m, axis=0)  # finite: slice 0 always holds position 0
     w = tl.exp(m - top)      # 0 for slices past the current position (m = -inf)
+    out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * s_sum, axis=0)
+    tl.store(OUT + h * HD + d, out.to(OUT.dtype.element_ty))
+
+
+# the slice count is not specialised on (Triton compiles a variant for a count of 1): one compiled
+# merge serves every count, so a new count (another row count of the paged kernel) compiles nothing
+@triton.jit(do_not_specialize=["n_splits"])
+def merge_kernel(M, L, O, OUT, n_splits, MAX_N: tl.constexpr, HD: tl.constexpr):
+    """``combine_kernel`` with the number of slices a run-time value, up to ``MAX_N``."""
+    h = tl.program_id(0)
+    sp = tl.arange(0, MAX_N)
+    live = sp < n_splits
+    d = tl.arange(0, HD)
+    m = tl.load(M + h * n_splits + sp, mask=live, other=float("-inf"))
+    s_sum = tl.load(L + h * n_splits + sp, mask=live, other=0.0)
+    o = tl.load(O + (h * n_splits + sp)[:, None] * HD + d[None, :], mask=live[:, None], other=0.0)
+    top = tl.max(m, axis=0)  # finite: slice 0 always holds position 0
+    w = tl.exp(m - top)      # 0 for slices past the current position and for the lanes past n_splits
     out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * s_sum, axis=0)
     tl.store(OUT + h * HD + d, out.to(OUT.dtype.element_ty))
 

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import MAX_SPLITS, combine_kernel, next_pow2, norm_rope
+from .common import MAX_SPLITS, merge_kernel, next_pow2, norm_rope
 
 _SM_COUNT: dict = {}
 #: the batch-invariant step's slices per (row, KV head): a row's blocks go to the slices by their
@@ -70,11 +70,14 @@ def _pow2_or_none(name: str, value) -> None:
         raise ValueError(f"nvkit::paged_decode_attention {name} must be a power of two, not {value!r}")
 
 
-@triton.jit
-def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, OUT, scale, eps,
+# The slice count is a run-time value, not specialised on: the row count picks it (``paged_splits``),
+# and as a constant every rung of the rows ladder would compile a kernel of its own the first time
+# it is captured, where now one compiled kernel serves every rung.
+@triton.jit(do_not_specialize=["n_splits"])
+def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, OUT, scale, eps, n_splits,
                              stride_qb, stride_tb, stride_kt, stride_kh, stride_vt, stride_vh,
                              NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
-                             HD: tl.constexpr, N_SPLITS: tl.constexpr, PAGE: tl.constexpr,
+                             HD: tl.constexpr, PAGE: tl.constexpr,
                              HAS_NORM: tl.constexpr, PAGES: tl.constexpr, DOT: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -93,8 +96,8 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
                    tl.load(qp + rd[None, :], mask=live[:, None], other=0.0).to(tl.float32),
                    QW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
     row_table = TABLE + b.to(tl.int64) * stride_tb
-    # a block (one step of the loop below) is PAGES pages; block b belongs to slice b mod N_SPLITS
-    if (pos // (PAGE * PAGES)) % N_SPLITS == split:  # the one program whose slice holds the new position
+    # a block (one step of the loop below) is PAGES pages; block b belongs to slice b mod n_splits
+    if (pos // (PAGE * PAGES)) % n_splits == split:  # the one program whose slice holds the new position
         t = tl.load(row_table + pos // PAGE).to(tl.int64) * PAGE + pos % PAGE
         kp = QKV + b.to(tl.int64) * stride_qb + (NH + kvh) * HD
         k = norm_rope(tl.load(kp + d).to(tl.float32)[None, :], tl.load(kp + rd).to(tl.float32)[None, :],
@@ -109,7 +112,7 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
     cols = tl.arange(0, PAGE * PAGES)
     if DOT:  # the scores and the weighted sum on tensor cores: q in the cache's dtype, rows padded to 16
         qd = q.to(K.dtype.element_ty)
-    for blk in range(split, pos // (PAGE * PAGES) + 1, N_SPLITS):  # no step when the slice's first block lies past pos
+    for blk in range(split, pos // (PAGE * PAGES) + 1, n_splits):  # no step when the slice's first block lies past pos
         at = blk * (PAGE * PAGES) + cols
         ok = at <= pos
         if PAGES == 1:  # one page: one table entry for the whole block
@@ -133,11 +136,11 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m = m_new
     out_rows = b.to(tl.int64) * NH + heads
-    if N_SPLITS == 1:  # the whole row in this program: the output itself, no merge
+    if n_splits == 1:  # the whole row in this program: the output itself, no merge
         out = acc / s_sum[:, None]
         tl.store(OUT + out_rows[:, None] * HD + d[None, :], out.to(OUT.dtype.element_ty), mask=live[:, None])
     else:
-        row = out_rows * N_SPLITS + split
+        row = out_rows * n_splits + split
         tl.store(M + row, m, mask=live)
         tl.store(L + row, s_sum, mask=live)
         tl.store(O + row[:, None] * HD + d[None, :], acc, mask=live[:, None])
@@ -225,11 +228,10 @@ def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int,
     blocks = -(-table.shape[1] // pages_per_step)
     n_splits = paged_splits(rows, nkv, blocks, _sm_count(qkv.device)) if splits is None else splits
     f32 = dict(dtype=torch.float32, device=qkv.device)
-    if n_splits == 1:  # unused by the kernel: no merge
-        m = s_sum = o = out
-    else:
-        m, s_sum = torch.empty((rows * nh, n_splits), **f32), torch.empty((rows * nh, n_splits), **f32)
-        o = torch.empty((rows * nh, n_splits, hd), **f32)
+    # float32 slices whatever the count (one slice leaves them unused: the kernel writes the output
+    # itself), so every count calls the one compiled kernel with the same argument types
+    m, s_sum = torch.empty((rows * nh, n_splits), **f32), torch.empty((rows * nh, n_splits), **f32)
+    o = torch.empty((rows * nh, n_splits, hd), **f32)
     has_norm = q_weight is not None
     groups = nh // nkv
     launch = {name: n for name, n in (("num_warps", num_warps), ("num_stages", num_stages)) if n is not None}
@@ -238,12 +240,12 @@ def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int,
         rows_p2 = max(16, rows_p2)  # tl.dot's smallest M
     _paged_rope_split_kernel[(rows, nkv, n_splits)](
         qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos, sin, k, v, pos, table,
-        m, s_sum, o, out, scale, eps,
+        m, s_sum, o, out, scale, eps, n_splits,
         qkv.stride(0), table.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        NH=nh, NKV=nkv, GROUPS=groups, GROUPS_P2=rows_p2, HD=hd, N_SPLITS=n_splits, PAGE=page,
+        NH=nh, NKV=nkv, GROUPS=groups, GROUPS_P2=rows_p2, HD=hd, PAGE=page,
         HAS_NORM=has_norm, PAGES=pages_per_step, DOT=dot, **launch)
     if n_splits > 1:
-        combine_kernel[(rows * nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
+        merge_kernel[(rows * nh,)](m, s_sum, o, out, n_splits, MAX_N=max(MAX_SPLITS, n_splits), HD=hd)
     return out
 
 
