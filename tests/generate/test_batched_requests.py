@@ -340,6 +340,28 @@ def test_a_list_on_a_gpu_runs_batched_with_progress_and_input_order(s):
         fast.forget(s)
 
 
+def test_releasing_the_lists_keeps_the_batch1_decoder_and_the_next_list_runs_again(s):
+    """``Decoders.release_lists`` (what a fine-tune calls first): the rows decoder and its pool go,
+    the batch-1 decoder stays, and the next list builds a new rows decoder with the same texts."""
+    d = fast.FastDecoder(s.model, k_steps=4, graphs=False)
+    fast.swap(s, d)
+    try:
+        gen = dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER, pad_token_id=s.tokenizer.pad_token_id)
+
+        def run():
+            with torch.inference_mode():
+                return paths.run(_on_gpu(s), paths.Request(_Job(), list(PROMPTS[:3]), gen, fast=True))
+        first = run()
+        rows = s.decoders.rows
+        assert rows is not None and rows.single is d
+        assert s.decoders.release_lists() == 0  # the CPU: no CUDA allocator to ask
+        assert s.decoders.rows is None and s.decoders.single is d
+        assert s.decoders.release_lists() == 0  # nothing held: nothing to do
+        assert run() == first and s.decoders.rows is not None and s.decoders.rows is not rows
+    finally:
+        fast.forget(s)
+
+
 def test_what_the_batched_path_refuses_says_why_and_the_list_still_runs(s, monkeypatch):
     ok = dict(max_new_tokens=8, do_sample=False)
     gpu = _on_gpu(s)

@@ -295,3 +295,25 @@ def test_compare_runs_both_sides_on_the_fast_path(tmp_path):
         assert 0 < c.prepared <= 5 and all(min(pair) >= 400 for pair in rates), (rates, c.prepared)
     finally:
         s.unload()
+
+
+def test_a_finetune_after_a_list_gets_the_lists_pool_back(tmp_path):
+    """A list's KV pool (its first pool: 32,768 positions) is freed when a fine-tune starts, said on
+    the event log; the list after the fine-tune runs on the fast path again (a new pool) with the
+    adapter attached."""
+    from nvkit import events
+    s = nvkit.load(demo_model.path(), device_map="cuda", dtype="auto" if demo_model.ready() else "float32")
+    try:
+        s.generate(PROMPTS * 4, max_new_tokens=16, fast=True)
+        held = torch.cuda.memory_allocated()
+        run = nvkit.finetune(s, ["NVIDIA GPUs run many threads at once."] * 16, max_steps=2, batch_size=4,
+                             seq_len=64, output_dir=str(tmp_path / "run"), compile=False)
+        run.result(timeout=300)
+        freed = [e.text for e in events.events() if e.kind == "memory" and "freed for the fine-tune" in e.text]
+        print(f"\n{freed}; allocated before the fine-tune {held / 2**30:.2f} GiB, after {torch.cuda.memory_allocated() / 2**30:.2f}")
+        assert freed, "no event said the pool was freed"
+        assert s.decoders.rows is None, s.decoders.rows  # released; the next list builds it again
+        s.generate(PROMPTS * 4, max_new_tokens=16, fast=True)
+        assert s.last_stats.path == "fast batch" and "LoRA" in s.last_stats.detail, s.last_stats
+    finally:
+        s.unload()

@@ -95,6 +95,22 @@ class Decoders:
             old, self.single = self.single, d
             return old
 
+    def release_lists(self) -> int:
+        """Release the list decoders (their KV pools and graphs; the batch-1 decoder stays) for work
+        that needs the memory more, a fine-tune; the next list builds its pool and captures again.
+        Returns the bytes the allocator got back (0 where nothing was held)."""
+        import torch
+        with self._lock:
+            held = [bd for bd in (self.rows, self.same) if bd is not None]
+            if not held:
+                return 0
+            dev = held[0].device
+            before = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
+            for bd in held:
+                bd.release()
+            self.rows = self.same = None
+            return max(0, before - torch.cuda.memory_allocated(dev)) if dev.type == "cuda" else 0
+
     def release(self) -> None:
         """Release both runners (``Session.unload`` calls this before dropping the model)."""
         with self._lock:
