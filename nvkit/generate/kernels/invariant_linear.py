@@ -51,9 +51,12 @@ def splits_for(n: int, k: int, sms: int) -> int:
 # the row count is not specialised on (Triton compiles a variant for a count of 1 or a multiple of
 # 16): one compiled kernel serves every row count, the same code whatever rows run beside a row
 @triton.jit(do_not_specialize=["M"])
-def _partial_kernel(X, W, P, M, N, K, k_per_split, stride_xm, stride_wn, stride_ps, stride_pm,
-                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr):
-    """One (BM × BN) tile of one K slice, summed over the slice's BK steps in order."""
+def _partial_kernel(X, W, P, B, M, N, K, k_per_split, stride_xm, stride_wn, stride_ps, stride_pm,
+                    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, IEEE: tl.constexpr,
+                    WHOLE: tl.constexpr, HAS_BIAS: tl.constexpr):
+    """One (BM × BN) tile of one K slice, summed over the slice's BK steps in order. ``WHOLE`` (one
+    slice: a weight whose N tiles alone fill the GPU, the LM head's) writes the output itself, the
+    bias added and rounded once, as ``_sum_kernel`` does with one slice."""
     rm = tl.program_id(0) * BM + tl.arange(0, BM)
     rn = tl.program_id(1) * BN + tl.arange(0, BN)
     s = tl.program_id(2)
@@ -67,7 +70,13 @@ def _partial_kernel(X, W, P, M, N, K, k_per_split, stride_xm, stride_wn, stride_
             acc = tl.dot(x, tl.trans(w), acc, input_precision="ieee")
         else:
             acc = tl.dot(x, tl.trans(w), acc)
-    tl.store(P + s * stride_ps + rm[:, None] * stride_pm + rn[None, :], acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
+    ok = (rm[:, None] < M) & (rn[None, :] < N)
+    if WHOLE:
+        if HAS_BIAS:
+            acc += tl.load(B + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(P + rm[:, None] * stride_pm + rn[None, :], acc.to(P.dtype.element_ty), mask=ok)
+    else:
+        tl.store(P + s * stride_ps + rm[:, None] * stride_pm + rn[None, :], acc, mask=ok)
 
 
 @triton.jit(do_not_specialize=["M"])
@@ -101,14 +110,16 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
         return out.view(*x.shape[:-1], n)
     splits = splits_for(n, k, _sm_count(x.device))
     k_per_split = -(-k // (splits * BK)) * BK
-    partial = torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    whole = splits == 1
+    partial = out.view(1, m, n) if whole else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
+    b = bias if bias is not None else partial
     launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES) if x.is_cuda else {}
     _partial_kernel[(triton.cdiv(m, BM), triton.cdiv(n, BN), splits)](
-        x2, w, partial, m, n, k, k_per_split, x2.stride(0), w.stride(0), partial.stride(0), partial.stride(1),
-        BM=BM, BN=BN, BK=BK, IEEE=x.dtype == torch.float32, **launch)
-    _sum_kernel[(m, triton.cdiv(n, 256))](partial, bias if bias is not None else partial, out, m, n, splits,
-                                          partial.stride(0), partial.stride(1), out.stride(0),
-                                          HAS_BIAS=bias is not None, BN=256)
+        x2, w, partial, b, m, n, k, k_per_split, x2.stride(0), w.stride(0), partial.stride(0), partial.stride(1),
+        BM=BM, BN=BN, BK=BK, IEEE=x.dtype == torch.float32, WHOLE=whole, HAS_BIAS=bias is not None, **launch)
+    if not whole:
+        _sum_kernel[(m, triton.cdiv(n, 256))](partial, b, out, m, n, splits, partial.stride(0), partial.stride(1),
+                                              out.stride(0), HAS_BIAS=bias is not None, BN=256)
     return out.view(*x.shape[:-1], n)
 
 
