@@ -19,8 +19,9 @@ def test_every_row_is_computed_as_it_is_alone_and_matches_torch():
         from nvkit.generate.kernels import invariant_linear as il
         torch.manual_seed(0)
         # K not a multiple of the K loop's step, N not of the tile; a bias or none; several slices of K
+        # one slice of K (the kernel writes the output itself) with a bias and without
         for n, k, bias, dtype in [(100, 300, True, torch.float32), (64, 1024, False, torch.float32),
-                                  (96, 200, True, torch.float16)]:
+                                  (96, 200, True, torch.float16), (80, 120, False, torch.float32)]:
             w = torch.randn(n, k, dtype=dtype) * 0.05
             b = torch.randn(n, dtype=dtype) if bias else None
             x = torch.randn(40, k, dtype=dtype)
@@ -39,6 +40,7 @@ def test_every_row_is_computed_as_it_is_alone_and_matches_torch():
             # any leading shape: (rows, length, k) as (rows * length, k)
             assert torch.equal(il.invariant_linear(x.view(4, 10, k), w, b).view(40, n), full)
             print(n, k, splits)
+        assert il.splits_for(96, 200, 64) == 1 and il.splits_for(80, 120, 64) == 1 and il.splits_for(100, 300, 64) == 2
         assert il.splits_for(4096, 1024, 132) == 8 and il.splits_for(151936, 1024, 132) == 1
         assert il.splits_for(1024, 64, 132) == 1  # no slice shorter than two steps of the K loop
         for bad in [(torch.ones(2, 8), torch.ones(4, 9), None), (torch.ones(2, 8), torch.ones(4, 8), torch.ones(3)),
