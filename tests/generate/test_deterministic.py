@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-import nvkit
 from nvkit.errors import NvkitError
-from tests import demo_model
 from tests.generate.test_families_step import SIZES, _session
 from tests.triton_interpreter import interpret as _interpret
 
@@ -62,10 +60,8 @@ def test_the_invariant_rows_decoder_gives_each_prompt_its_own_tokens_in_any_list
 
 
 @pytest.fixture(scope="module")
-def s():
-    sess = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
-    yield sess
-    sess.unload()
+def s(cpu_demo):
+    return cpu_demo
 
 
 def test_on_the_cpu_each_prompt_of_a_list_runs_alone_and_gets_its_own_text(s):

@@ -58,27 +58,26 @@ class Decoders:
     def batched(self, model) -> BatchedDecoder:
         """The rows decoder (created on first use beside the batch-1 decoder whose weights it
         shares; a new batch-1 decoder gets a new one)."""
-        d = self.decoder(model)
-        with self._lock:
-            if self.rows is not None and self.rows.single is d:
-                return self.rows
-            if self.rows is not None:
-                self.rows.release()
-            self.rows = BatchedDecoder(d) if d.fused else ModelRowsDecoder(d)
-            return self.rows
+        return self._lists(model, "rows", lambda d: BatchedDecoder(d) if d.fused else ModelRowsDecoder(d))
 
     def invariant(self, model) -> InvariantRowsDecoder:
-        """The batch-invariant rows decoder (``deterministic=True``), created on first use beside the
-        batch-1 decoder whose weights it shares; an NvkitError says why where it cannot run."""
+        """The batch-invariant rows decoder (``deterministic=True``), as ``batched``; an NvkitError
+        says why where it cannot run."""
+        return self._lists(model, "same", InvariantRowsDecoder)
+
+    def _lists(self, model, slot: str, make: Callable):
+        """The list decoder in ``slot``: the one there if it was built on the current batch-1
+        decoder, else ``make(that decoder)`` (the old one released first)."""
         d = self.decoder(model)
         with self._lock:
-            if self.same is not None and self.same.single is d:
-                return self.same
-            if self.same is not None:
-                self.same.release()
-                self.same = None
-            self.same = InvariantRowsDecoder(d)
-            return self.same
+            bd = getattr(self, slot)
+            if bd is not None and bd.single is d:
+                return bd
+            setattr(self, slot, None)
+            if bd is not None:
+                bd.release()
+            setattr(self, slot, make(d))
+            return getattr(self, slot)
 
     def batched_ready(self) -> bool:
         """The rows decoder has captured something for the current batch-1 decoder."""
