@@ -21,7 +21,8 @@ PROMPTS = ["A", "NVIDIA GPUs are", "The memory of a GPU holds the weights, the K
 def test_the_invariant_rows_decoder_gives_each_prompt_its_own_tokens_in_any_list():
     """A small Qwen3 model (q/k norms in the paged kernel; the interpreter is slow, so two layers
     and a few tokens): each prompt alone (one row) and in lists (rows padded to a class of 4, a
-    row refilled) gives the same tokens, with every product of the step in ``invariant_linear``."""
+    row refilled) gives the same tokens, with every product of the step in ``invariant_linear``;
+    with a LoRA adapter too."""
     pytest.importorskip("triton", reason="triton is part of the test extra on Linux (pyproject)")
     out = _interpret("""
         import torch, transformers
@@ -54,6 +55,18 @@ def test_the_invariant_rows_decoder_gives_each_prompt_its_own_tokens_in_any_list
                                     eos_token_id=10 ** 7)[0, len(p):].tolist() for p in prompts]
                 assert alone == plain, family  # and it is the model's own greedy text
                 assert d.describe().startswith("batch-invariant kernels, fused step over rows, no CUDA graphs"), d.describe()
+            # with a LoRA adapter attached (its products in lora_add's row kernels): PEFT's greedy text,
+            # alone and in the list
+            from peft import LoraConfig, get_peft_model
+            torch.manual_seed(1)
+            pm = get_peft_model(m, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                              init_lora_weights=False)).eval()
+            with torch.inference_mode():
+                tuned = [pm.generate(input_ids=torch.tensor([p]), pad_token_id=0, max_new_tokens=5, do_sample=False,
+                                     eos_token_id=10 ** 7)[0, len(p):].tolist() for p in prompts[:3]]
+                assert tuned != plain[:3]  # the adapter changes the answer, so the checks can tell them apart
+                assert [d.generate([p], sampling)[0] for p in prompts[:3]] == tuned, family
+                assert d.generate(prompts[:3], sampling) == tuned and "LoRA unmerged" in d.describe(), d.describe()
         print("OK")
     """)
     assert out.strip().endswith("OK"), out
