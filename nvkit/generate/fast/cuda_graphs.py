@@ -45,6 +45,13 @@ class Timings(collections.Counter):
         return ", ".join(f"{k} {self[k]:.1f} s" for k in names if self[k] >= at_least)
 
 
+def warmups(compiling: bool) -> int:
+    """Warm-up runs before a capture: a compiled step's first runs compile, autotune and settle
+    inductor's allocations; an eager step (nvkit's kernels or torch's operations) only needs its
+    kernels compiled and loaded once, which one run does (the prefill graphs have always taken one)."""
+    return 3 if compiling else 1
+
+
 def capture(device, body: Callable[[], None], rewind: Callable[[], None], *, compiling: bool, warmups: int,
             inductor, pool=None, timings: Timings | None = None, parts: tuple[str, str] | None = None):
     """Run ``body`` ``warmups`` times on a side stream (the first run compiles and autotunes when

@@ -300,9 +300,9 @@ class BatchedDecoder(GraphRunner):
 
         def capture(compiling: bool):
             fn, dynamic = self._compiled_step(key.lora) if compiling else (self._step(key.lora), False)
-            warm = not dynamic and key.lora in self._warm  # its kernels ran at another rung: one warm-up does
             return graphs_mod.capture(self.device, self._body(a, key, fn, dynamic), a.pos.zero_, compiling=dynamic,
-                                      warmups=1 if warm else 3, inductor=self.inductor_options(dynamic), pool=a.pool,
+                                      warmups=graphs_mod.warmups(dynamic), inductor=self.inductor_options(dynamic),
+                                      pool=a.pool,
                                       timings=self.timings)
 
         def clean():

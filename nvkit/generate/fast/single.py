@@ -225,8 +225,8 @@ class FastDecoder(GraphRunner):
         def capture(compiling: bool):
             step = self._compiled(c, key.lora) if compiling else self._step(c, key.lora)
             return graphs_mod.capture(self.device, self._body(c, key, step), lambda: self._rewind(c),
-                                      compiling=compiling, warmups=3, inductor=self.inductor_options(compiling),
-                                      timings=self.timings)
+                                      compiling=compiling, warmups=graphs_mod.warmups(compiling),
+                                      inductor=self.inductor_options(compiling), timings=self.timings)
         return self.capture_or_fall_back(capture, compiling)
 
     def _graph(self, c: Cache, key: GraphKey, on_progress=None, may_compile: bool = True):
