@@ -100,15 +100,21 @@ class Decoders:
         Returns the bytes the allocator got back (0 where nothing was held)."""
         import torch
         with self._lock:
-            held = [bd for bd in (self.rows, self.same) if bd is not None]
-            if not held:
+            dev = next((bd.device for bd in (self.rows, self.same) if bd is not None), None)
+            if dev is None or dev.type != "cuda":
+                self._drop_lists()
                 return 0
-            dev = held[0].device
-            before = torch.cuda.memory_allocated(dev) if dev.type == "cuda" else 0
-            for bd in held:
-                bd.release()
-            self.rows = self.same = None
-            return max(0, before - torch.cuda.memory_allocated(dev)) if dev.type == "cuda" else 0
+            before = torch.cuda.memory_allocated(dev)
+            self._drop_lists()
+            return max(0, before - torch.cuda.memory_allocated(dev))
+
+    def _drop_lists(self) -> list:
+        """Release the list decoders; returns those there were."""
+        held = [bd for bd in (self.rows, self.same) if bd is not None]
+        self.rows = self.same = None
+        for bd in held:
+            bd.release()
+        return held
 
     def release(self) -> None:
         """Release both runners (``Session.unload`` calls this before dropping the model)."""
@@ -116,14 +122,11 @@ class Decoders:
             self._release_all()
 
     def _release_all(self) -> None:
-        d, bd, same = self.single, self.rows, self.same
-        self.single = self.rows = self.same = None
-        for rows in (bd, same):
-            if rows is not None:
-                rows.release()
+        lists = self._drop_lists()
+        d, self.single = self.single, None
         if d is not None:
             d.release()
-        if (d is not None and d.compiled) or (bd is not None and bd.compiled):
+        if (d is not None and d.compiled) or any(bd.compiled for bd in lists):
             # Resetting only the step's code entries can leave the weights referenced by dynamo and
             # inductor state; the model is going away, so clear all of it.
             try:

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .llama_step import embed, full_qk_norm, layer_args, layer_ends, linear, lm_logits, rope, rms_norm, rotaries
+from .llama_step import (embed, full_qk_norm, layer_args, layer_ends, linear, lm_logits, projection, rope, rms_norm,
+                         rotaries)
 from .fused_weights import FusedWeights
 
 
@@ -48,11 +49,7 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     if attention == "paged":
         from ..kernels.paged_attention import INVARIANT_SPLITS, paged_decode_attention
         splits = INVARIANT_SPLITS if invariant else 0
-    proj = linear
-    if kernels:
-        from ..kernels.lora_add import linear as proj
-        if invariant:
-            from ..kernels.invariant_linear import linear as proj  # noqa: F811 - the invariant product
+    proj = projection(kernels, invariant)
 
     def layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys, values, in_norm, in_eps, qkv_w,
               qkv_bias, q_norm, k_norm, qk_eps, o_w, o_bias, post_norm, post_eps, ff_norm, ff_eps, gate_up_w,

@@ -87,6 +87,19 @@ def _folded(x, weight, bias, a, b, stacked):
     return (y + lo).to(y.dtype)
 
 
+def projection(kernels: bool = False, invariant: bool = False) -> Callable:
+    """The ``linear`` a step's projections run: torch's (``linear``), with the adapters' products in
+    nvkit's kernels (``kernels``: ``kernels.lora_add.linear``), or with the product itself computed
+    for each row as alone too (``invariant``: ``kernels.invariant_linear.linear``)."""
+    if not kernels:
+        return linear
+    if invariant:
+        from ..kernels.invariant_linear import linear as invariant_linear
+        return invariant_linear
+    from ..kernels.lora_add import linear as kernel_linear
+    return kernel_linear
+
+
 def embed(fw: FusedWeights, ids):
     """The embeddings of ``ids``, times the family's embedding multiplier where it has one."""
     import torch.nn.functional as F
@@ -140,14 +153,11 @@ def layer_ends(kernels: bool = False, residual: float | None = None, weight_firs
     ``invariant`` (with ``kernels``): the projections too (``kernels.invariant_linear``), so each
     row is computed as it is alone."""
     import torch.nn.functional as F
-    proj = linear
+    proj = projection(kernels, invariant)
     scaled = branch_scale(residual)
     if kernels:
         from ..kernels.add_rms_norm import add_rms_norm
-        from ..kernels.lora_add import linear as proj
         from ..kernels.silu_mul import silu_mul
-        if invariant:
-            from ..kernels.invariant_linear import linear as proj  # noqa: F811 - the invariant product
 
     def mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down):
         if kernels:
@@ -206,9 +216,7 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
     import torch
     groups = nh // nkv
     enter, leave = layer_ends(kernels, residual, weight_first)
-    proj = linear
-    if kernels:
-        from ..kernels.lora_add import linear as proj
+    proj = projection(kernels)
     if attention == "triton-split":
         from ..kernels.decode_attention import decode_attention
     if attention == "triton-fused":

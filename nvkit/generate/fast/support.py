@@ -122,7 +122,7 @@ def rows_why(session, gen: dict) -> str | None:
     PEFT's own layers there as at batch 1."""
     model = session.model
     base = base_model(model)
-    own = fusable_why(base) or (default_options().fused is False and "the fused step is turned off (NVKIT_FAST_FUSED=0)")
+    own = _fused_why(base)
     adapters = bool(getattr(model, "peft_config", None))
     return (_placement_why(session, "the batched fast path")
             or _layers_why(base)
@@ -132,17 +132,17 @@ def rows_why(session, gen: dict) -> str | None:
 
 
 
+def _fused_why(base) -> str | None:
+    """Why nvkit's fused step does not run ``base``: it does not fit, or it is turned off."""
+    return fusable_why(base) or (default_options().fused is False and "the fused step is turned off (NVKIT_FAST_FUSED=0)")
+
+
 def deterministic_why(session, gen: dict) -> str | None:
     """Why a ``deterministic=True`` request cannot take the batch-invariant rows path here (None
-    when it can): what rules out the rows path, and a model the invariant step does not fit."""
-    model = session.model
-    base = base_model(model)
-    off = default_options().fused is False and "the fused step is turned off (NVKIT_FAST_FUSED=0)"
-    return (_placement_why(session, "the deterministic fast path")
-            or _layers_why(base)
-            or off or invariant_why(base)
-            or (bool(getattr(model, "peft_config", None)) and lora_why(model))
-            or resolve(base, gen)[1])
+    when it can): a model the invariant step does not fit (it runs on the fused step), or what rules
+    out the rows path on the fused step."""
+    base = base_model(session.model)
+    return _fused_why(base) or invariant_why(base) or rows_why(session, gen)
 
 
 def batch_why(session, gen: dict) -> str | None:
