@@ -8,7 +8,7 @@ import pytest
 
 from nvkit.errors import NvkitError
 from nvkit.generate import fast
-from nvkit.generate.fast.compile_policy import CompilePolicy, Verdict, time_replays
+from nvkit.generate.fast.compile_policy import CompilePolicy, Verdict, compile_fullgraph, time_replays
 from nvkit.generate.fast.options import FastOptions
 
 
@@ -45,6 +45,31 @@ def test_a_failed_compile_or_compile_off_never_compiles():
     off = CompilePolicy(FastOptions(compile=False))
     off.compile_next()
     assert not off.due(True, False) and off.words("eager", False, 8) == "eager"
+
+
+def test_each_compile_of_a_factorys_step_keeps_its_own_variants():
+    """A session that loads model after model compiles the same factory's closure once per model:
+    with one shared code object the ninth compile (recompile_limit) was a hard error under
+    fullgraph. Here the limit is 1, so the second model's compile shows it."""
+    import torch
+    import torch._dynamo
+
+    def factory(weight):
+        def step(x):
+            return torch.relu(x @ weight)
+        return step
+
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for n in (3, 4, 5):  # three "models", each weight of its own shape
+            weight = torch.randn(n, 2)
+            step = factory(weight)
+            compiled = compile_fullgraph(step, backend="eager", dynamic=False)
+            x = torch.randn(2, n)
+            torch.testing.assert_close(compiled(x), step(x))
+        with pytest.raises(Exception, match="fullgraph"):  # what the copy avoids: one code object, more variants
+            for n in (3, 4, 5):
+                torch.compile(factory(torch.randn(n, 2)), fullgraph=True, backend="eager", dynamic=False)(torch.randn(2, n))
+    assert compile_fullgraph(len) is not None  # a builtin has no code to copy: compiled as it is
 
 
 def test_time_replays_alternates_the_variants_and_keeps_each_ones_best_round():

@@ -17,6 +17,7 @@ uncompiled step at once), and the stats line says which step runs and the two ra
 from __future__ import annotations
 
 import time
+import types
 from dataclasses import dataclass
 from typing import Callable
 
@@ -41,6 +42,26 @@ class Verdict:
         kept, other = (self.compiled, self.uncompiled) if self.keep_compiled else (self.uncompiled, self.compiled)
         other_name = "uncompiled" if self.keep_compiled else "compiled"
         return f"measured {rate(kept):,.0f} tok/s against {rate(other):,.0f} {other_name}"
+
+
+def compile_fullgraph(fn: Callable, **options) -> Callable:
+    """``torch.compile(fn, fullgraph=True, **options)`` on a copy of ``fn`` with a code object of
+    its own.
+
+    Why: Dynamo keeps what it compiled for a function on the function's code object, and under
+    ``fullgraph`` a code object that has been compiled ``torch._dynamo.config.recompile_limit``
+    times (8) is a hard error. The steps are closures that one factory makes per model and
+    adapter state (the weights are in the closure), so they share one code object: each model a
+    session loads adds variants to it, and the ninth model's compile failed. A copy per compile
+    keeps each runner's variants to itself, and they go when the runner drops the step. A
+    fullgraph graph break would put the host back inside the step, hence fullgraph always."""
+    import torch
+    if isinstance(fn, types.FunctionType):
+        copy = types.FunctionType(fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+        copy.__kwdefaults__, copy.__qualname__ = fn.__kwdefaults__, fn.__qualname__
+        copy.__dict__.update(fn.__dict__)
+        fn = copy
+    return torch.compile(fn, fullgraph=True, **options)
 
 
 class CompilePolicy:

@@ -29,6 +29,7 @@ from typing import Callable
 from ...errors import NvkitError
 from ...memory.estimate import attention_dims
 from . import lora as lora_mod, prefill_rows
+from .compile_policy import compile_fullgraph
 from .llama_rows_step import paged_positions
 from .paged_cache import PAGE
 from .rows import BatchedDecoder
@@ -226,8 +227,7 @@ class ModelRowsDecoder(BatchedDecoder):
         """The forward compiled whole (inductor fuses the model's small kernels), for every rung and
         pool at once; kept per rung only where it measures faster (``BatchedDecoder._graph``)."""
         if lora_on not in self._compiled:
-            import torch
-            self._compiled[lora_on] = model_rows_step(self.model, lambda f: torch.compile(f, fullgraph=True))
+            self._compiled[lora_on] = model_rows_step(self.model, compile_fullgraph)
         return self._compiled[lora_on], True
 
     def _disk_key(self, lora_on: int, part: str = "step") -> str | None:

@@ -40,6 +40,7 @@ from typing import Callable
 from ... import events
 from ...checks import number
 from ...errors import error_summary
+from .compile_policy import compile_fullgraph
 from .replay import ticking
 
 #: calls of each kind (compiled, eager) timed before the prefill keeps the faster
@@ -82,9 +83,7 @@ class RowsPrefill:
             self._fn = self._compile_and_call
 
     def _compile_and_call(self, ids, last, where, cos, sin, keys, values):
-        import torch
-        # fullgraph: a graph break would put the host back inside the layer
-        self._fn = self.eager.with_layer(torch.compile(self.eager.eager_layer, fullgraph=True))
+        self._fn = self.eager.with_layer(compile_fullgraph(self.eager.eager_layer))
         return self._fn(ids, last, where, cos, sin, keys, values)
 
     @property

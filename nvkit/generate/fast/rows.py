@@ -40,6 +40,7 @@ from ... import events
 from ...errors import NvkitError
 from ...memory.estimate import kv_bytes_per_token
 from . import cuda_graphs as graphs_mod, prefill_rows, rows_replay
+from .compile_policy import compile_fullgraph
 from .paged_cache import (CLASSES, FIRST_POSITIONS, FIRST_SHARE, FIRST_WIDTH, MAX_ROWS, MEMORY_SHARE, PAGE, Arena,
                           RowsKey, batch_class, ladder, new_arena, plan, prefill_budget, prefill_bytes_per_token)
 from .single import FastDecoder
@@ -253,19 +254,18 @@ class BatchedDecoder(GraphRunner):
 
     def _compiled_step(self, lora_on: bool):
         if lora_on not in self._compiled:
-            import torch
-            # fullgraph: a graph break would mean host work per step. The sizes that change from one
-            # class or pool to the next are marked dynamic, so one compile serves them all.
+            # the sizes that change from one class or pool to the next are marked dynamic, so one
+            # compile serves them all
             if self.variant.regional:
                 # one layer compiled serves every layer; the step around it is captured per class
                 fw = self._fw
                 layer = model_decode_rows_layer(fw, self.attention, PAGE)
                 self._compiled[lora_on] = decode_rows_step(fw, self.attention, PAGE, self._lora if lora_on else None,
-                                                           layer=torch.compile(layer, fullgraph=True),
-                                                           head=torch.compile(decode_head(fw), fullgraph=True))
+                                                           layer=compile_fullgraph(layer),
+                                                           head=compile_fullgraph(decode_head(fw)))
             else:  # the step of torch operations, for inductor to fuse
                 step = decode_rows_step(self._fw, self.attention, PAGE, self._lora if lora_on else None)
-                self._compiled[lora_on] = torch.compile(step, fullgraph=True)
+                self._compiled[lora_on] = compile_fullgraph(step)
         return self._compiled[lora_on], True
 
     def _body(self, a: Arena, key: RowsKey, fn, dynamic: bool):

@@ -310,16 +310,6 @@ class KeptReplay:
         self.replay = replay
 
 
-def reset_code(steps: dict) -> None:
-    """Dynamo keeps compiled entries (and what their guards hold: the tensors) on the code object."""
-    try:
-        import torch._dynamo
-        for step in steps.values():
-            torch._dynamo.reset_code(step.__code__)
-    except Exception:  # noqa: BLE001 - an older torch, or a wrapper without code: the entries only cost memory
-        pass
-
-
 def has_inductor_option(config, dotted: str) -> bool:
     obj = config
     for part in dotted.split("."):

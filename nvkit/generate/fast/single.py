@@ -28,7 +28,8 @@ from .llama_step import decode_head, decode_step, model_decode_layer, prefill_st
 from .fused_weights import FusedWeights, fusable_why
 from .options import FOLD_RANK, FastOptions, default_options
 from .replay import replays, ticking
-from .runner import (GraphRunner, KeptReplay, StepVariant, has_inductor_option, reset_code, split_overrides,
+from .compile_policy import compile_fullgraph
+from .runner import (GraphRunner, KeptReplay, StepVariant, has_inductor_option, split_overrides,
                      triton_cannot_run_on)
 from .sampling import Sampling, StopStrings, choose
 
@@ -169,9 +170,7 @@ class FastDecoder(GraphRunner):
         return self._cache
 
     def _drop_cache(self) -> None:
-        c, self._cache = self._cache, None
-        if c is not None and c.compiled:
-            reset_code(c.compiled)
+        self._cache = None  # its compiled steps' Dynamo entries go with it (compile_fullgraph)
 
     def _forget_kernel_steps(self) -> None:
         if self._cache is not None:
@@ -192,20 +191,19 @@ class FastDecoder(GraphRunner):
 
     def _compiled(self, c: Cache, lora_on: bool):
         if lora_on not in c.compiled:
-            import torch
-            # dynamic=False: one specialised kernel set per cache; fullgraph: a graph break would mean host work per step
+            # dynamic=False: one specialised kernel set per cache
             if self.regional:
                 # one layer compiled serves every layer (the step around it is captured, so calling
                 # it per layer costs the replays nothing)
                 fw = self._fw
                 layer = model_decode_layer(fw, self.attention)
                 c.compiled[lora_on] = decode_step(fw, c, self.attention, self._lora if lora_on else None,
-                                                  layer=torch.compile(layer, fullgraph=True, dynamic=False),
-                                                  head=torch.compile(decode_head(fw), fullgraph=True, dynamic=False))
+                                                  layer=compile_fullgraph(layer, dynamic=False),
+                                                  head=compile_fullgraph(decode_head(fw), dynamic=False))
             else:  # the whole step of torch operations (without nvkit's kernels), for inductor to fuse
                 step = (decode_step(self._fw, c, self.attention, self._lora if lora_on else None)
                         if self._fw is not None else self._step(c, lora_on))
-                c.compiled[lora_on] = torch.compile(step, fullgraph=True, dynamic=False)
+                c.compiled[lora_on] = compile_fullgraph(step, dynamic=False)
         return c.compiled[lora_on]
 
     def _body(self, c: Cache, key: GraphKey, fn):
@@ -298,7 +296,7 @@ class FastDecoder(GraphRunner):
             return verdict, graph, True
         events.record("compile", f"fast decode: the compiled step is slower here ({verdict.words(self.k)}); "
                                  "the uncompiled step stays")
-        reset_code({key.lora: c.compiled.pop(key.lora)}) if key.lora in c.compiled else None
+        c.compiled.pop(key.lora, None)
         return verdict, KeptReplay(uncompiled), False
 
     def _disk_key(self, c: Cache, lora_on: bool) -> str | None:
