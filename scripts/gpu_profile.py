@@ -7,6 +7,10 @@ scripts/gpu_session.sh profile` runs it on the GPU machine):
   inductor's fused kernels, other — with their share of the wall time; then the call's time with
   a prefill budget of 4,096 against 16,384 padded prompt tokens per forward (fewer, larger
   forwards launch fewer kernels).
+- ``deterministic``: 40 mixed prompts × 96 new tokens (Qwen3-0.6B shape) on the default rows path
+  and with ``deterministic=True`` (the batch-invariant kernels): each call's wall time, first
+  progress report and decode rate after it, then the kernels of the whole call and of a
+  prefill-only call, by kind, for where the batch-invariant path's cost lies.
 - ``lora``: 12 steps of 8 × 512 on the Qwen3-0.6B shape, plain PEFT + Trainer against
   ``nvkit.finetune(compile=False)`` with and without Liger: wall time per step, GPU kernel time
   per step and kernel launches per step (a step whose kernels take far less than its wall time is
@@ -22,7 +26,7 @@ scripts/gpu_session.sh profile` runs it on the GPU machine):
   ``NVKIT_VARIANTS`` ("default;tune=False;NVKIT_FAST_COMPILE=0": ``NVKIT_FAST_*`` variables, or
   ``StepVariant`` fields such as tune, pdl, regional), with torch's compile times by phase.
 
-Usage: python scripts/gpu_profile.py batched|lora|prepare|variants|all [--model qwen3-0.6b]. On a machine without
+Usage: python scripts/gpu_profile.py batched|deterministic|lora|prepare|variants|all [--model qwen3-0.6b]. On a machine without
 CUDA it runs the ``lora`` part on the demo model (CPU ops only), to check the script itself.
 """
 
@@ -111,31 +115,56 @@ def batched(model: str) -> None:
         t = time.perf_counter()
         s.generate(prompts, **gen)
         print(f"warm-up (compile, capture): {time.perf_counter() - t:.1f} s · {s.last_stats.how}")
-        marks = []
-
-        def on_progress(st):
-            marks.append((time.perf_counter(), st.new_tokens))
-
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        s.generate(prompts, on_progress=on_progress, **gen)
-        wall = time.perf_counter() - t0
-        st = s.last_stats
-        first_t, first_n = marks[0] if marks else (t0, 0)
-        last_t, last_n = marks[-1] if marks else (t0, 0)
-        rate = (last_n - first_n) / (last_t - first_t) if last_t > first_t else float("nan")
-        print(f"timed call: {st.new_tokens} tokens in {wall:.3f} s = {st.new_tokens / wall:,.0f} tok/s · first progress "
-              f"{1000 * (first_t - t0):.0f} ms ({first_n} tokens) · after it {rate:,.0f} tok/s · {st.how}")
-        for label, kw in (("64 prompts × 128, the whole call", gen),
-                          ("64 prompts × 1 (prefill and one replay)", dict(max_new_tokens=1))):
-            torch.cuda.synchronize()
-            with profile(activities=_activities()) as prof:
-                t = time.perf_counter()
-                s.generate(prompts, **kw)
-                torch.cuda.synchronize()
-                w = time.perf_counter() - t
-            _report(label, prof, w)
+        _timed(s, prompts, **gen)
+        _profiled(s, "64 prompts × 128, the whole call", prompts, **gen)
+        _profiled(s, "64 prompts × 1 (prefill and one replay)", prompts, max_new_tokens=1)
         prefill_budgets(s, prompts)
+    finally:
+        s.unload()
+
+
+def _timed(s, prompts, **gen) -> None:
+    """One call, timed: wall, first progress report and the decode rate after it."""
+    marks = []
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    s.generate(prompts, on_progress=lambda st: marks.append((time.perf_counter(), st.new_tokens)), **gen)
+    wall = time.perf_counter() - t0
+    st = s.last_stats
+    (first_t, first_n), (last_t, last_n) = (marks[0], marks[-1]) if marks else ((t0, 0), (t0, 0))
+    rate = (last_n - first_n) / (last_t - first_t) if last_t > first_t else float("nan")
+    print(f"timed call: {st.new_tokens} tokens in {wall:.3f} s = {st.new_tokens / wall:,.0f} tok/s · first progress "
+          f"{1000 * (first_t - t0):.0f} ms ({first_n} tokens) · after it {rate:,.0f} tok/s · {st.how}")
+
+
+def _profiled(s, label: str, prompts, **gen) -> None:
+    """One call under the profiler: its kernels by kind."""
+    torch.cuda.synchronize()
+    with profile(activities=_activities()) as prof:
+        t = time.perf_counter()
+        s.generate(prompts, **gen)
+        torch.cuda.synchronize()
+        w = time.perf_counter() - t
+    _report(label, prof, w)
+
+
+def deterministic(model: str, n: int = 40, new: int = 96) -> None:
+    if not CUDA:
+        print("deterministic: needs CUDA (the batch-invariant kernels run on the rows graphs); skipped")
+        return
+    from nvkit.benchmarks.decode import mixed_prompts
+    s = nvkit.load(shaped(model), device_map="cuda", dtype="bfloat16")
+    try:
+        prompts = mixed_prompts(s.tokenizer, n, seed=1, lo=8, hi=200)
+        gen = dict(max_new_tokens=new, min_new_tokens=new)
+        for det in (False, True):
+            print(f"\n===== deterministic={det}")
+            t = time.perf_counter()
+            s.generate(prompts, deterministic=det, **gen)
+            print(f"warm-up (capture, Triton's kernels): {time.perf_counter() - t:.1f} s · {s.last_stats.how}")
+            _timed(s, prompts, deterministic=det, **gen)
+            _profiled(s, f"{n} prompts × {new}, the whole call", prompts, deterministic=det, **gen)
+            _profiled(s, f"{n} prompts × 1 (prefill and one replay)", prompts, deterministic=det, max_new_tokens=1)
     finally:
         s.unload()
 
@@ -321,12 +350,14 @@ def variants(model: str) -> None:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("part", choices=("batched", "lora", "prepare", "variants", "all"))
+    p.add_argument("part", choices=("batched", "deterministic", "lora", "prepare", "variants", "all"))
     p.add_argument("--model", default="qwen3-0.6b")
     a = p.parse_args(argv)
     print(f"torch {torch.__version__} · {torch.cuda.get_device_name() if CUDA else 'no CUDA'}")
     if a.part in ("batched", "all"):
         batched(a.model)
+    if a.part in ("deterministic", "all"):
+        deterministic(a.model)
     if a.part in ("lora", "all"):
         lora(a.model)
     if a.part in ("prepare", "all"):

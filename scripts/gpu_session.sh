@@ -50,7 +50,8 @@
 #   profile  where the GPU time goes: the batched path's kernels by kind, plain PEFT's step against
 #            nvkit's uncompiled one (scripts/gpu_profile.py), the paged attention's launch shapes
 #            (python -m nvkit.benchmarks.attention); PROFILE_PART=prepare: the batch-1 path's
-#            preparation, cold and warm, by function                              (carry .whl-core)
+#            preparation, cold and warm, by function; PROFILE_PART=deterministic: deterministic=True's
+#            list against the default's, kernels by kind                             (carry .whl-core)
 #   engine-a/engine-b  the fast path's GPU tests (batch 1 and session / rows), for two lanes
 #   policy   the measured compile policy on SHAPES (default qwen3-4b llama-3.2-1b qwen3-0.6b): the
 #            session against the uncompiled and the always-compiled step (scripts/compile_policy_check.py)
