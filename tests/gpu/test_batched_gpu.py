@@ -270,6 +270,10 @@ def test_deterministic_gives_a_prompt_the_same_text_alone_and_in_any_list(model,
           f"deterministic: {report[True][2]}")
     assert report[True][0] == 0, report
     assert report[True][2].startswith("batch-invariant kernels"), report[True][2]
+    # each prompt's prefill replayed from a graph per padded length, every graph the eager bits
+    graphs = fast.decoders.invariant_decoder(s).prefill_graphs
+    print("prefill graphs:", [(g.lengths, g.eager_lengths) for g in graphs])
+    assert graphs and graphs[0].lengths and not graphs[0].eager_lengths, [(g.lengths, g.eager_lengths) for g in graphs]
 
 
 def test_a_new_rung_compiles_no_attention_kernel():

@@ -14,8 +14,10 @@ it would alone:
   kernels. It is never compiled (inductor picks its kernels per shape) and is captured per rung
   of the ladder like ``BatchedDecoder``'s; a failure of the kernels is an error rather than a
   fall-back to torch's operations, which would lose the guarantee without a word.
-- **the prefill**: each prompt on its own (a group of one, at its own padded length), eagerly, so
-  its products run at the same shapes alone and in a list.
+- **the prefill**: each prompt on its own (a group of one, at its own padded length), so its
+  products run at the same shapes alone and in a list; replayed from a graph per padded length
+  that gives the eager forward's bits (``prefill_graphs``), since a forward per prompt issued from
+  the host would set the pace of a list.
 
 It costs list throughput (the fixed tiles are not cuBLAS's best for every row count, and the
 prefill runs a forward per prompt): ``nvkit bench MODEL --afternoon`` and the GPU test of
@@ -29,6 +31,7 @@ from typing import Callable
 
 from ...errors import NvkitError, error_summary
 from . import fused_weights, prefill_rows
+from .prefill_graphs import PrefillGraphs
 from .llama_rows_step import decode_rows_step, prefill_rows_step
 from .paged_cache import MAX_ROWS, PAGE
 from .rows import BatchedDecoder
@@ -85,10 +88,21 @@ class InvariantRowsDecoder(BatchedDecoder):
 
     def _prefill_fn(self, lora_on: bool) -> Callable:
         if lora_on not in self._prefills:
-            self._prefills[lora_on] = prefill_rows.RowsPrefill(
-                prefill_rows_step(self._fw, self._lora if lora_on else None), compile=False, page=PAGE,
-                scratch=SCRATCH, timings=self.timings)
+            graphs = PrefillGraphs(prefill_rows_step(self._fw, self._lora if lora_on else None), graphs=self.graphs,
+                                   timings=self.timings)
+            self._prefills[lora_on] = prefill_rows.RowsPrefill(graphs, compile=False, page=PAGE, scratch=SCRATCH,
+                                                               timings=self.timings)
         return self._prefills[lora_on]
+
+    @property
+    def prefill_graphs(self) -> list[PrefillGraphs]:
+        """The prefills' graphs (the base model's, the adapter's), for what they replay and why not."""
+        return [p.eager for p in self._prefills.values()]
+
+    def _drop_arena(self) -> None:
+        super()._drop_arena()
+        for graphs in self.prefill_graphs:  # they wrote the pool that goes
+            graphs.release()
 
     def capture_or_fall_back(self, capture: Callable[[bool], object], compiling: bool,
                              clean: Callable[[], None] = lambda: None):
