@@ -222,7 +222,9 @@ def run_batched(session, req: Request, route: support.Route | None = None) -> li
     "" for a prompt not finished when Stop came; ``on_progress`` hears prompts done and tokens so
     far after each replay (a few times a second at most), and "preparing…" while it captures or compiles.
     A route with ``invariant`` (``deterministic=True``, one prompt too) runs the batch-invariant
-    decoder; its one prompt's text reaches ``stream`` in one piece when it is done."""
+    decoder; its one prompt's text reaches ``stream`` in one piece when it is done. One prompt
+    runs here too where the lists have captured the rows and the batch-1 path is not captured yet
+    (``support.route``; never for a prompt that streams)."""
     import torch
     route = route or support.forced(session, req.texts, req.gen, "fast batch")
     stats, t0 = req.stats, req.t0
@@ -259,7 +261,7 @@ def run_batched(session, req: Request, route: support.Route | None = None) -> li
                            on_tokens=on_tokens)
     finally:
         stats.prepared = bd.timings.since(before).describe()
-    stats.detail = bd.describe()
+    stats.detail = "; ".join([bd.describe(), *route.off])
     texts = [tok.decode(o, skip_special_tokens=True) if o is not None else "" for o in outs]
     if req.stream is not None and texts[0]:
         req.stream(texts[0])
@@ -293,8 +295,9 @@ def run(session, req: Request) -> list[str]:
 
     One prompt on CUDA: nvkit's fast path unless ``fast=False`` or the request needs something it
     does not implement (then plain ``generate``; ``fast=True`` makes that an error). With
-    ``fast=None`` a short request whose length and sampling mode are not captured yet runs plain
-    ``generate`` instead of waiting for the capture. Several prompts on CUDA: the batched fast
+    ``fast=None`` a short request whose length and sampling mode are not captured yet runs on the
+    batched fast path where a list has captured it, else plain ``generate`` instead of waiting for
+    the capture. Several prompts on CUDA: the batched fast
     path, else continuous batching, else padded ``generate``. On the CPU: plain ``generate`` (a
     left-padded batch for a list). When another path runs on a GPU although the fast path was not
     turned off, ``stats.detail`` says why ("fast path off: ..."); an unexpected failure of a fast
@@ -308,7 +311,7 @@ def run(session, req: Request) -> list[str]:
     route = support.route(session, texts, gen, fast, stream=req.stream is not None, deterministic=req.deterministic)
     if route.path in support.FAST:
         try:
-            return (run_fast if single and not route.invariant else run_batched)(session, req, route)
+            return (run_fast if route.path == "fast" else run_batched)(session, req, route)
         except NvkitError:
             raise
         except Exception as e:  # noqa: BLE001 - an unexpected failure of the fast path is not the user's problem

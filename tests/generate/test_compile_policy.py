@@ -123,6 +123,25 @@ def test_the_route_of_a_request_is_decided_once_with_its_tokens(s):
     assert forced.path == "generate" and "quantized" in forced.why and len(forced.off) == 1  # fast=True: no CB
 
 
+def test_a_short_prompt_after_lists_runs_on_their_graphs_until_the_batch1_path_is_captured(s):
+    """A list has captured the rows and the batch-1 path is not captured: a short prompt runs on
+    the rows (a batch of one, no capture to wait for) instead of plain generate; a streamed one,
+    one the rows cannot run, or one the batch-1 path holds does not."""
+    short = dict(max_new_tokens=8, do_sample=False)
+    warm = fast.Decoders()
+    warm.batched_ready = lambda: True  # the state a first list leaves (tests/gpu: afternoon's "1 prompt" line)
+    r = fast.route(_on_gpu(s, decoders=warm), ["Hello there"], short, None)
+    assert r.path == "fast batch" and not r.invariant and r.ids == [s.tokenizer("Hello there")["input_ids"]]
+    assert r.off == ["the batch-1 fast path is not captured yet: the batched fast path, captured already, ran the prompt"]
+    assert r.why.startswith("not captured yet")
+    assert fast.route(_on_gpu(s, decoders=warm), ["Hello there"], short, None, stream=True).path == "generate"
+    assert fast.route(_on_gpu(s, decoders=warm), ["Hello"], dict(short, max_new_tokens=200), None).path == "fast"
+    assert fast.route(_on_gpu(s, decoders=warm), ["Hello"], short, True).path == "fast"
+    nf4 = fast.route(_on_gpu(s, decoders=warm, quantization="nf4"), ["Hello"], short, None)
+    assert nf4.path == "generate" and "quantized" in nf4.why
+    assert fast.route(_on_gpu(s), ["Hello there"], short, None).path == "generate"  # no list has run
+
+
 def test_a_path_asked_for_directly_refuses_settings_it_cannot_run(s):
     from nvkit.generate.fast import support
     with pytest.raises(NvkitError, match="The batched fast path cannot run this request: num_beams=2"):

@@ -1,6 +1,7 @@
 """Which path runs a generation request, and why not the faster one: the one place that answers it.
 
-The paths, fastest first: for one prompt the batch-1 fast path ("fast") else plain ``generate``;
+The paths, fastest first: for one prompt the batch-1 fast path ("fast"), else the rows fast path
+where a list has captured it and the batch-1 path is not captured yet, else plain ``generate``;
 for a list the rows fast path ("fast batch"), else transformers' continuous batching
 ("generate_batch"), else one padded ``generate``. ``route`` asks, once per request, what rules a
 path out — the device, a model spread over GPUs, quantization, the model family, attached adapters,
@@ -218,6 +219,11 @@ def route(session, texts: list[str], gen: dict, fast: bool | None, stream: bool 
             why = worth_capturing(session, len(ids[0]), gen, sampling) if fast is None else None
             if why is None:
                 return Route("fast", sampling=sampling, ids=ids)
+            if not stream and session.decoders.batched_ready() and rows_why(session, gen) is None:
+                # the lists' graphs run a batch of one about as fast as the batch-1 path, with no
+                # capture of its own to wait for (or one rung's: tenths of a second)
+                return Route("fast batch", ["the batch-1 fast path is not captured yet: the batched fast path, "
+                                            "captured already, ran the prompt"], why, sampling=sampling, ids=ids)
         return fallback(session, texts, gen, fast, why)
     if stream:
         return Route("generate")
