@@ -254,6 +254,7 @@ def run_batched(session, req: Request, route: support.Route | None = None) -> li
         if req.on_progress:
             req.on_progress(stats)
 
+    fresh = not route.invariant and session.decoders.rows is None and session.device.type == "cuda"
     bd = (fast_decoders.invariant_decoder if route.invariant else fast_decoders.batched_decoder)(session)
     before = dict(bd.timings)
     try:
@@ -261,6 +262,8 @@ def run_batched(session, req: Request, route: support.Route | None = None) -> li
                            on_tokens=on_tokens)
     finally:
         stats.prepared = bd.timings.since(before).describe()
+    if fresh and bd.timings:  # what the next session's short first list weighs against plain generate
+        first_request.remember_capture(bd.model, session.device, sum(bd.timings.values()), what="rows")
     stats.detail = "; ".join([bd.describe(), *route.off])
     texts = [tok.decode(o, skip_special_tokens=True) if o is not None else "" for o in outs]
     if req.stream is not None and texts[0]:

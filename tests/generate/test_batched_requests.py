@@ -333,7 +333,7 @@ def test_a_list_on_a_gpu_runs_batched_with_progress_and_input_order(s):
             assert paths.run(_on_gpu(s), req) == ["", "", ""]
         # short and nothing compiled: continuous batching would answer sooner (fast=None only)
         fresh = SimpleNamespace(**vars(_on_gpu(s)))
-        assert "not compiled yet" in fast.worth_batching(_on_gpu(s, decoders=fast.Decoders()), 2,
+        assert "not captured yet" in fast.worth_batching(_on_gpu(s, decoders=fast.Decoders()), 2,
                                                          dict(max_new_tokens=8))
         assert fast.worth_batching(fresh, 2, dict(max_new_tokens=8)) is None  # this session's decoder ran
     finally:

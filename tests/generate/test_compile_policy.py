@@ -116,7 +116,7 @@ def test_the_route_of_a_request_is_decided_once_with_its_tokens(s):
     lst = fast.route(_on_gpu(s), ["a", "b"], greedy, None)
     assert lst.path == "fast batch" and len(lst.ids) == 2
     small = fast.route(_on_gpu(s), ["a", "b"], dict(greedy, max_new_tokens=8), None)
-    assert small.path == "generate_batch" and "not compiled yet" in small.why
+    assert small.path == "generate_batch" and "not captured yet" in small.why
     cb_off = fast.route(_on_gpu(s), ["a", "b"], dict(greedy, max_new_tokens=8, min_new_tokens=4), None)
     assert cb_off.path == "generate" and cb_off.off[1] == "continuous batching off: min_new_tokens not supported"
     forced = fast.route(_on_gpu(s, quantization="nf4"), ["a", "b"], greedy, True)

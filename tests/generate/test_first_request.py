@@ -133,3 +133,29 @@ def test_a_session_whose_decoder_has_captured_weighs_one_more_graph(s, cache):
         assert why and "(0.2 s, as this session's graphs took)" in why
     finally:
         fast.forget(s)
+
+
+def _worth_list(s, prompts, steps, plain_per_token=None):
+    """fast.worth_batching as the route asks it, on a session whose rows have captured nothing."""
+    from types import SimpleNamespace
+    decoders = fast.Decoders()
+    decoders.plain_per_token = plain_per_token
+    on_gpu = SimpleNamespace(model=s.model, tokenizer=s.tokenizer, device=s.device, quantization=None, decoders=decoders)
+    return support.worth_batching(on_gpu, prompts, dict(max_new_tokens=steps))
+
+
+def test_a_short_first_list_takes_the_quicker_way(s, cache):
+    """A short list weighs padded generate's steps at the plain cost per token (about one prompt's
+    host time per step, whatever its rows) against the rows path's first capture: on a slow host
+    3 prompts × 32 capture the rows (the afternoon's list of 3 took 9.4 s on padded generate)."""
+    why = _worth_list(s, 2, 8)  # the demo's few layers, the priors: plain is quicker
+    assert why and why.startswith("not captured yet, and plain generation of 2 prompts × 8 new tokens takes about")
+    assert "the batched fast path about" in why and "(1.5 s, estimated)" in why
+    assert _worth_list(s, 3, 32, plain_per_token=0.29) is None           # 9.3 s against 1.6 s
+    first_request.remember_capture(s.model, s.device, 20.0, what="rows")  # a slow first rows capture on record
+    why = _worth_list(s, 3, 32, plain_per_token=0.29)
+    assert why and "(20.0 s, as measured on this machine)" in why
+    assert first_request.stored_capture(s.model, s.device) is None       # the batch-1 path's record apart
+    first_request.remember_capture(s.model, s.device, 0.6, what="rows")  # the smallest counts
+    assert _worth_list(s, 3, 32, plain_per_token=0.05) is None
+    assert _worth_list(s, 2, fast.default_options().min_tokens) is None  # enough tokens in all: always

@@ -1,5 +1,5 @@
 """A short request before anything is captured: plain ``generate`` or capture the fast path first,
-whichever is expected to answer sooner.
+whichever is expected to answer sooner (one prompt and the batch-1 path; a list and the rows path).
 
 Plain ``generate`` on a GPU is bound by the host: every new token issues a few dozen kernels per
 decoder layer, so its cost per token grows with the layer count and hardly with the model's width.
@@ -13,7 +13,12 @@ and the smaller wins. Both sides are taken from this machine where they are know
 
 - the plain cost per token from the session's own plain requests on the GPU
   (``Decoders.plain_per_token``), else from a session's first plain request on this machine;
-- the capture's seconds from a session's first capture on this machine.
+- the capture's seconds from a session's first capture on this machine (the batch-1 path's and
+  the rows path's apart: ``what`` = "capture" or "rows").
+
+A short list weighs the same two ways: padded ``generate`` (or continuous batching) pays about one
+prompt's host time per step whatever its rows, so its cost is a step count times the plain cost per
+token, against the rows path's first capture and its steps.
 
 Both machine figures are kept in ``$NVKIT_CACHE/fast-decode/first-capture.json``, keyed by the
 model's shape, dtype, GPU and versions (the compile artifacts' key), so a machine that has run nvkit
@@ -106,9 +111,10 @@ def _read() -> dict:
             if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 3600}
 
 
-def stored_capture(model, device) -> float | None:
-    """The seconds a first capture of this model took on this machine (None: not on record)."""
-    return _stored(model, device, "capture")
+def stored_capture(model, device, what: str = "capture") -> float | None:
+    """The seconds a first capture of this model took on this machine (None: not on record);
+    ``what``: "capture" (the batch-1 path) or "rows" (the rows path)."""
+    return _stored(model, device, what)
 
 
 def stored_plain(model, device) -> float | None:
@@ -126,10 +132,11 @@ def _stored(model, device, what: str) -> float | None:
         return None
 
 
-def remember_capture(model, device, seconds: float) -> None:
-    """Keep what this session's first capture took, if less than the record, for the next
-    session's first request. A cache folder that cannot be written only means the prior next time."""
-    _remember(model, device, "capture", seconds, keep_smaller=True)
+def remember_capture(model, device, seconds: float, what: str = "capture") -> None:
+    """Keep what this session's first capture took (``what``: as ``stored_capture``), if less than
+    the record, for the next session's first request. A cache folder that cannot be written only
+    means the prior next time."""
+    _remember(model, device, what, seconds, keep_smaller=True)
 
 
 def remember_plain(model, device, seconds_per_token: float) -> None:
@@ -152,18 +159,19 @@ def _remember(model, device, what: str, seconds: float, keep_smaller: bool) -> N
 
 
 def estimate(model, device, plain_per_token: float | None, new_tokens: int,
-             session_captures: list[float] | None = None) -> Expected:
+             session_captures: list[float] | None = None, what: str = "capture") -> Expected:
     """The expected times of a request of ``new_tokens`` on ``model`` (the base model) on
     ``device`` now; ``plain_per_token``: the session's measured plain cost (None: not yet);
     ``session_captures``: seconds of the graphs the session's decoder has captured already, the
-    cost of one more (another sampling mode, an adapter switched on or off) where there are some."""
+    cost of one more (another sampling mode, an adapter switched on or off) where there are some;
+    ``what``: whose first capture (as ``stored_capture``)."""
     layers = int(getattr(model.config.get_text_config(), "num_hidden_layers", 0) or 24)
     measured = plain_per_token is not None
     stored_per_token = None if measured else stored_plain(model, device)
     if session_captures:
         capture, source = min(session_captures), "as this session's graphs took"
     else:
-        stored = stored_capture(model, device)
+        stored = stored_capture(model, device, what)
         capture, source = ((stored, "as measured on this machine") if stored is not None
                            else (CAPTURE_SECONDS, "estimated"))
     if measured:

@@ -185,16 +185,23 @@ def worth_capturing(session, prompt_tokens: int, gen: dict, sampling: Sampling) 
 
 def worth_batching(session, n_prompts: int, gen: dict) -> str | None:
     """For ``fast=None`` on a list: None when the rows fast path should run it now, else why
-    continuous batching is the quicker answer (nothing captured yet, and too few tokens in all
-    to pay for that)."""
+    plain generation is the quicker answer. Once the rows are captured every list runs there, and
+    a list of ``min_tokens`` new tokens or more in all pays the capture; a shorter one runs where
+    it is expected to answer sooner (``first_request``: padded generate's steps at the plain cost
+    per token against the rows path's first capture and its steps)."""
     min_tokens = default_options().min_tokens
     if session.decoders.batched_ready():
         return None
-    total = n_prompts * int(gen["max_new_tokens"])
-    if total >= min_tokens:
+    steps = int(gen["max_new_tokens"])
+    if n_prompts * steps >= min_tokens:
         return None
-    return (f"not compiled yet, and {total} new tokens in all (< {min_tokens}) would not pay for it; "
-            f"fast=True or a request of ≥ {min_tokens} tokens in all compiles it once")
+    e = first_request.estimate(base_model(session.model), session.device, session.decoders.plain_per_token, steps,
+                               what="rows")
+    if e.capture_pays:
+        return None
+    return (f"not captured yet, and plain generation of {n_prompts} prompts × {steps} new tokens takes about "
+            f"{e.plain:.2f} s ({e.plain_from}), the batched fast path about {e.fast:.2f} s with its capture first "
+            f"({e.capture:.1f} s, {e.capture_from}); fast=True or a request of ≥ {min_tokens} tokens in all captures it once")
 
 
 FAST = ("fast", "fast batch")
