@@ -205,13 +205,15 @@ def run_fast(session, req: Request, route: support.Route | None = None) -> list[
     fresh = fast_decoders.current(session) is None  # then its set-up is part of this request's wait
     d = fast_decoders.decoder(session)
     before = {} if fresh else dict(d.timings)
+    entries = first_request.triton_cache_entries() if fresh else None
     try:
         d.generate(ids, route.sampling, on_tokens=on_tokens, stop_event=req.job.stop_event, tokenizer=tok,
                    on_progress=preparing)
     finally:
         stats.prepared = d.timings.since(before).describe()
     if fresh:  # what the next session's short first request weighs against plain generate
-        first_request.remember_capture(d.model, session.device, sum(d.timings.values()))
+        first_request.remember_capture(d.model, session.device, sum(d.timings.values()), entries_before=entries,
+                                       entries_after=first_request.triton_cache_entries())
     stats.detail = d.describe()
     streamer.end()
     return [tok.decode(produced, skip_special_tokens=True)]
@@ -257,13 +259,15 @@ def run_batched(session, req: Request, route: support.Route | None = None) -> li
     fresh = not route.invariant and session.decoders.rows is None and session.device.type == "cuda"
     bd = (fast_decoders.invariant_decoder if route.invariant else fast_decoders.batched_decoder)(session)
     before = dict(bd.timings)
+    entries = first_request.triton_cache_entries() if fresh else None
     try:
         outs = bd.generate(ids, route.sampling, seeds, stop_event=req.job.stop_event, tokenizer=tok, on_progress=preparing,
                            on_tokens=on_tokens)
     finally:
         stats.prepared = bd.timings.since(before).describe()
     if fresh and bd.timings:  # what the next session's short first list weighs against plain generate
-        first_request.remember_capture(bd.model, session.device, sum(bd.timings.values()), what="rows")
+        first_request.remember_capture(bd.model, session.device, sum(bd.timings.values()), what="rows",
+                                       entries_before=entries, entries_after=first_request.triton_cache_entries())
     stats.detail = "; ".join([bd.describe(), *route.off])
     texts = [tok.decode(o, skip_special_tokens=True) if o is not None else "" for o in outs]
     if req.stream is not None and texts[0]:

@@ -159,3 +159,36 @@ def test_a_short_first_list_takes_the_quicker_way(s, cache):
     first_request.remember_capture(s.model, s.device, 0.6, what="rows")  # the smallest counts
     assert _worth_list(s, 3, 32, plain_per_token=0.05) is None
     assert _worth_list(s, 2, fast.default_options().min_tokens) is None  # enough tokens in all: always
+
+
+def test_a_capture_that_compiled_tritons_kernels_is_kept_apart(s, cache, monkeypatch):
+    """A machine's first capture compiles Triton's kernels (its cache gains entries): while the
+    cache still holds them the next session's capture loads them instead, so the prior stands in;
+    a cache that lost entries (emptied, a fresh container) makes the compiling figure count."""
+    now = {"entries": 40}
+    monkeypatch.setattr(first_request, "triton_cache_entries", lambda: now["entries"])
+    first_request.remember_capture(s.model, s.device, 5.9, entries_before=12, entries_after=40)
+    assert first_request.stored_capture(s.model, s.device) is None  # not this machine's usual capture
+    e = first_request.estimate(s.model, s.device, 0.17, 24)
+    assert e.capture == pytest.approx(first_request.CAPTURE_SECONDS) and e.capture_pays
+    assert "first capture took 5.9 s compiling Triton's kernels, which are on disk now" in e.words(24)
+    now["entries"] = 3  # the cache was emptied since
+    e = first_request.estimate(s.model, s.device, 0.17, 24)
+    assert e.capture == pytest.approx(5.9) and not e.capture_pays
+    assert "as measured on this machine, compiling Triton's kernels" in e.words(24)
+    first_request.remember_capture(s.model, s.device, 1.3, entries_before=40, entries_after=40)  # loaded them
+    e = first_request.estimate(s.model, s.device, 0.17, 24)
+    assert e.capture == pytest.approx(1.3) and "(1.3 s, as measured on this machine)" in e.words(24)
+    first_request.remember_capture(s.model, s.device, 0.9, what="rows", entries_before=None, entries_after=41)
+    assert first_request.stored_capture(s.model, s.device, "rows") == pytest.approx(0.9)  # unknown: as measured
+
+
+def test_tritons_cache_entries_are_counted_where_triton_keeps_them(tmp_path, monkeypatch):
+    import triton.knobs
+    folder = tmp_path / "triton"
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(folder))
+    assert first_request.triton_cache_entries() is None  # no folder yet
+    folder.mkdir()
+    (folder / "ABC").mkdir()
+    (folder / "DEF").mkdir()
+    assert first_request.triton_cache_entries() == 2

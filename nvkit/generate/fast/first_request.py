@@ -25,6 +25,11 @@ model's shape, dtype, GPU and versions (the compile artifacts' key), so a machin
 before knows its own costs. The capture kept is the smallest seen: a process's first capture also
 pays one-off costs (Triton's kernels loaded or compiled, the CUDA libraries' set-up) that a later
 session may not, and a record that only grew would keep a machine on plain ``generate`` for good.
+A capture during which Triton compiled kernels (its on-disk cache gained entries: the machine's
+first run of nvkit's kernels, or a cache that does not last) is kept apart, with the cache's size
+after it: while the cache still holds at least that many entries, the kernels load instead of
+compiling, so the prior stands in for it; a cache that shrank (emptied, or a fresh container) makes
+the compiling capture's seconds the expected ones again.
 A session's first plain request pays its own one-off costs too, so its cost per token is the one kept.
 
 Before either is known, a prior stands in (``PLAIN_SECONDS_PER_LAYER`` and, for a session whose
@@ -37,6 +42,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from dataclasses import dataclass
 
 from ... import cache
@@ -108,7 +114,7 @@ def _read() -> dict:
     if not isinstance(data, dict):
         return {}
     return {k: float(v) for k, v in data.items()
-            if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < 3600}
+            if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e9}
 
 
 def stored_capture(model, device, what: str = "capture") -> float | None:
@@ -122,20 +128,42 @@ def stored_plain(model, device) -> float | None:
     return _stored(model, device, "plain")
 
 
-def _stored(model, device, what: str) -> float | None:
+def _stored(model, device, what: str, most: float = 3600) -> float | None:
     key = _key(model, device, what)
     if key is None:
         return None
     try:
-        return _read().get(key)
+        v = _read().get(key)
+    except OSError:
+        return None
+    return v if v is not None and 0 < v < most else None
+
+
+def triton_cache_entries() -> int | None:
+    """How many entries Triton's on-disk kernel cache holds now (None: no such folder): it only
+    grows while it lasts, so more entries after a capture mean Triton compiled during it."""
+    try:
+        import triton.knobs
+        folder = str(triton.knobs.cache.dir)
+    except Exception:  # noqa: BLE001 - a Triton without knobs: its documented default
+        folder = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+    try:
+        with os.scandir(folder) as entries:
+            return sum(1 for _ in entries)
     except OSError:
         return None
 
 
-def remember_capture(model, device, seconds: float, what: str = "capture") -> None:
+def remember_capture(model, device, seconds: float, what: str = "capture", *, entries_before: int | None = None,
+                     entries_after: int | None = None) -> None:
     """Keep what this session's first capture took (``what``: as ``stored_capture``), if less than
-    the record, for the next session's first request. A cache folder that cannot be written only
-    means the prior next time."""
+    the record, for the next session's first request; ``entries_before``/``after``: Triton's cache
+    entries around it (``triton_cache_entries``), a capture that compiled kept apart (see the module
+    docstring). A cache folder that cannot be written only means the prior next time."""
+    if entries_before is not None and entries_after is not None and entries_after > entries_before:
+        _remember(model, device, what + "-compiling", seconds, keep_smaller=True)
+        _remember(model, device, what + "-compiling-entries", float(entries_after), keep_smaller=False, most=1e9)
+        return
     _remember(model, device, what, seconds, keep_smaller=True)
 
 
@@ -144,9 +172,9 @@ def remember_plain(model, device, seconds_per_token: float) -> None:
     _remember(model, device, "plain", seconds_per_token, keep_smaller=False)
 
 
-def _remember(model, device, what: str, seconds: float, keep_smaller: bool) -> None:
+def _remember(model, device, what: str, seconds: float, keep_smaller: bool, most: float = 3600) -> None:
     key = _key(model, device, what)
-    if key is None or not 0 < seconds < 3600:
+    if key is None or not 0 < seconds < most:
         return
     try:
         data = _read()
@@ -171,9 +199,7 @@ def estimate(model, device, plain_per_token: float | None, new_tokens: int,
     if session_captures:
         capture, source = min(session_captures), "as this session's graphs took"
     else:
-        stored = stored_capture(model, device, what)
-        capture, source = ((stored, "as measured on this machine") if stored is not None
-                           else (CAPTURE_SECONDS, "estimated"))
+        capture, source = _capture_expected(model, device, what)
     if measured:
         per_token, first, plain_from = plain_per_token, 0.0, "measured in this session"
     elif stored_per_token is not None:  # a first request's figure: its one-off costs are in it
@@ -181,3 +207,20 @@ def estimate(model, device, plain_per_token: float | None, new_tokens: int,
     else:
         per_token, first, plain_from = layers * PLAIN_SECONDS_PER_LAYER, PLAIN_FIRST_CALL_SECONDS, "estimated"
     return expected(new_tokens, per_token, capture, plain_first=first, plain_from=plain_from, capture_from=source)
+
+
+def _capture_expected(model, device, what: str) -> tuple[float, str]:
+    """A first capture's expected seconds here and where the figure comes from (see the module
+    docstring): the quickest on record that compiled nothing, else one that compiled while
+    Triton's cache has lost entries since, else the prior."""
+    stored = stored_capture(model, device, what)
+    if stored is not None:
+        return stored, "as measured on this machine"
+    compiling = _stored(model, device, what + "-compiling")
+    if compiling is not None:
+        then, now = _stored(model, device, what + "-compiling-entries", most=1e9), triton_cache_entries()
+        if then is None or now is None or now < then:
+            return compiling, "as measured on this machine, compiling Triton's kernels"
+        return CAPTURE_SECONDS, (f"estimated: this machine's first capture took {compiling:.1f} s compiling "
+                                 "Triton's kernels, which are on disk now")
+    return CAPTURE_SECONDS, "estimated"
