@@ -109,6 +109,19 @@ print(s.last_stats)
 assert isinstance(outs, list) and len(outs) == len(prompts)
 
 # %% [markdown]
+# A prompt's greedy text inside a list can differ from its text alone: the GPU's matrix products
+# and attention pick their kernels and the order of their sums by the number of rows, and a near tie
+# between two tokens then goes the other way. `deterministic=True` gives every prompt the text it
+# gets alone, in a list of any size (batch-invariant kernels on the GPU, at a cost in list
+# throughput; on the CPU each prompt runs alone).
+
+# %%
+alone = s.generate(prompts[1], max_new_tokens=20, deterministic=True)
+together = s.generate(prompts, max_new_tokens=20, deterministic=True)
+print(s.last_stats)
+assert together[1] == alone
+
+# %% [markdown]
 # ## From a cell: `%nvkit generate`
 #
 # `-n` sets the number of new tokens; `%%nvkit generate --batch` takes one prompt per line.
