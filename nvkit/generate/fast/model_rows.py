@@ -1,8 +1,9 @@
 """``ModelRowsDecoder``: lists on the rows path for the families nvkit's fused step does not cover
 (Gemma 1/2/3, Phi-3/4, Starcoder2, Cohere 2, models with a sliding window): the model's own
 forward as the rows step, over the same paged KV pool, ladder of graphs, scheduler, refill and
-sampling as ``rows.BatchedDecoder``. It computes a mixture of experts' lists right too, but the
-session does not route them here (``support.rows_why``: its captured experts copy weights per row).
+sampling as ``rows.BatchedDecoder``. A mixture of experts' step runs every expert on every row
+from a few rows up (``dense_experts``), where transformers' gathered experts would copy weights
+per row.
 
 Why: without it such a list runs padded ``generate``, a forward per token issued op by op, at
 about the speed of one prompt per step. The rows path's gain is in what surrounds the step (one
@@ -155,7 +156,7 @@ def model_rows_step(model, compiler: Callable | None = None) -> Callable:
             for t in (where, *(mask.values() if isinstance(mask, dict) else [mask])):
                 mark(t, 0)
                 mark(t, t.dim() - 1)
-        with experts_for_graphs(model), cache.at.pool(keys, values, where, here):
+        with experts_for_graphs(model, rows=int(tok.shape[0])), cache.at.pool(keys, values, where, here):
             return run(tok, pos, mask, cache)
     return step
 

@@ -13,6 +13,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
+from . import dense_experts
 from .cuda_graphs import drop
 from .fused_weights import layer_kinds
 
@@ -209,12 +210,14 @@ def model_step(model, c: Cache, device) -> Callable:
 
 
 @contextlib.contextmanager
-def experts_for_graphs(model):
+def experts_for_graphs(model, rows: int | None = None):
     """A mixture-of-experts model's experts on transformers' "batched_mm" for the call, its own
     setting put back after. Its default, "grouped_mm", copies the experts' offsets through the host
     (a CUDA graph capture refuses that copy); "batched_mm" gathers each token's experts on the
     device. Only for the one-token decode step: it gathers the experts' weights per token, which
-    a prompt of many tokens could not afford (the prefill keeps the model's own setting)."""
+    a prompt of many tokens could not afford (the prefill keeps the model's own setting). The rows
+    step (``rows``: its row count) runs every expert on every row from a few rows up
+    (``dense_experts``), where those gathered copies would cost more than reading each expert once."""
     cfg = model.config
     current = getattr(cfg, "_experts_implementation", None)
     can_set = getattr(type(model), "_can_set_experts_implementation", None)
@@ -222,7 +225,7 @@ def experts_for_graphs(model):
         yield
         return
     try:
-        model.set_experts_implementation("batched_mm")
+        model.set_experts_implementation(dense_experts.implementation_for(cfg.get_text_config(), rows))
     except (ValueError, ImportError):  # a transformers without it: the capture says why it failed
         yield
         return
