@@ -253,8 +253,11 @@ def test_a_short_first_request_takes_the_quicker_way(tmp_path, monkeypatch):
         first = s.last_stats
         s.generate(prompt, max_new_tokens=128)  # ≥ min_tokens: captures, and the capture goes on record
         assert s.last_stats.path == "fast", s.last_stats
-        stored = first_request.stored_capture(fast.decoder(s).model, s.device)
-        assert stored is not None and stored > 0
+        # on record: as measured, or kept apart when Triton compiled kernels during it (a cold machine)
+        on_record = first_request.estimate(fast.decoder(s).model, s.device, None, 24)
+        stored = on_record.capture
+        assert "as measured on this machine" in on_record.capture_from or \
+            "first capture took" in on_record.capture_from, on_record
     finally:
         s.unload()
     s = nvkit.load(path, device_map="cuda", dtype="bfloat16")
