@@ -127,8 +127,8 @@ class Decoders:
         if d is not None:
             d.release()
         if (d is not None and d.compiled) or any(bd.compiled for bd in lists):
-            # Resetting only the step's code entries can leave the weights referenced by dynamo and
-            # inductor state; the model is going away, so clear all of it.
+            # Dropping the compiled steps can leave the weights referenced by dynamo's and
+            # inductor's own state; the model is going away, so clear all of it.
             try:
                 import torch._dynamo
                 torch._dynamo.reset()

@@ -129,13 +129,19 @@ def stored_plain(model, device) -> float | None:
 
 
 def _stored(model, device, what: str, most: float = 3600) -> float | None:
-    key = _key(model, device, what)
-    if key is None:
-        return None
+    return _lookup(_records(), model, device, what, most)
+
+
+def _records() -> dict:
     try:
-        v = _read().get(key)
+        return _read()
     except OSError:
-        return None
+        return {}
+
+
+def _lookup(data: dict, model, device, what: str, most: float = 3600) -> float | None:
+    key = _key(model, device, what)
+    v = data.get(key) if key is not None else None
     return v if v is not None and 0 < v < most else None
 
 
@@ -161,25 +167,30 @@ def remember_capture(model, device, seconds: float, what: str = "capture", *, en
     entries around it (``triton_cache_entries``), a capture that compiled kept apart (see the module
     docstring). A cache folder that cannot be written only means the prior next time."""
     if entries_before is not None and entries_after is not None and entries_after > entries_before:
-        _remember(model, device, what + "-compiling", seconds, keep_smaller=True)
-        _remember(model, device, what + "-compiling-entries", float(entries_after), keep_smaller=False, most=1e9)
-        return
-    _remember(model, device, what, seconds, keep_smaller=True)
+        _remember(model, device, [(what + "-compiling", seconds, True, 3600),
+                                  (what + "-compiling-entries", float(entries_after), False, 1e9)])
+    else:
+        _remember(model, device, [(what, seconds, True, 3600)])
 
 
 def remember_plain(model, device, seconds_per_token: float) -> None:
     """Keep what a session's first plain request cost per new token here."""
-    _remember(model, device, "plain", seconds_per_token, keep_smaller=False)
+    _remember(model, device, [("plain", seconds_per_token, False, 3600)])
 
 
-def _remember(model, device, what: str, seconds: float, keep_smaller: bool, most: float = 3600) -> None:
-    key = _key(model, device, what)
-    if key is None or not 0 < seconds < most:
+def _remember(model, device, entries: list[tuple[str, float, bool, float]]) -> None:
+    """Write ``entries`` (what, value, keep the smaller of it and the record, the largest value
+    that makes sense) into the file in one read and one write."""
+    keyed = [(_key(model, device, what), float(value), smaller) for what, value, smaller, most in entries
+             if 0 < value < most]
+    keyed = [k for k in keyed if k[0] is not None]
+    if not keyed:
         return
     try:
         data = _read()
-        old = data.pop(key, None)
-        data[key] = round(min(float(seconds), old) if keep_smaller and old is not None else float(seconds), 4)
+        for key, value, smaller in keyed:
+            old = data.pop(key, None)
+            data[key] = round(min(value, old) if smaller and old is not None else value, 4)
         cache.own_dir(artifacts.folder().name)
         cache.write_atomic(_path(), json.dumps(dict(list(data.items())[-KEEP:]), indent=0))
     except OSError as e:
@@ -213,12 +224,13 @@ def _capture_expected(model, device, what: str) -> tuple[float, str]:
     """A first capture's expected seconds here and where the figure comes from (see the module
     docstring): the quickest on record that compiled nothing, else one that compiled while
     Triton's cache has lost entries since, else the prior."""
-    stored = stored_capture(model, device, what)
+    data = _records()  # one read of the file for the three figures
+    stored = _lookup(data, model, device, what)
     if stored is not None:
         return stored, "as measured on this machine"
-    compiling = _stored(model, device, what + "-compiling")
+    compiling = _lookup(data, model, device, what + "-compiling")
     if compiling is not None:
-        then, now = _stored(model, device, what + "-compiling-entries", most=1e9), triton_cache_entries()
+        then, now = _lookup(data, model, device, what + "-compiling-entries", most=1e9), triton_cache_entries()
         if then is None or now is None or now < then:
             return compiling, "as measured on this machine, compiling Triton's kernels"
         return CAPTURE_SECONDS, (f"estimated: this machine's first capture took {compiling:.1f} s compiling "
