@@ -211,8 +211,9 @@ def run_fast(session, req: Request, route: support.Route | None = None) -> list[
                    on_progress=preparing)
     finally:
         stats.prepared = d.timings.since(before).describe()
-    if fresh:  # what the next session's short first request weighs against plain generate
-        first_request.remember_capture(d.model, session.device, sum(d.timings.values()), entries_before=entries,
+    seconds = first_request.first_capture_seconds(d.timings) if fresh else None
+    if seconds is not None:  # what the next session's short first request weighs against plain generate
+        first_request.remember_capture(d.model, session.device, seconds, entries_before=entries,
                                        entries_after=first_request.triton_cache_entries())
     stats.detail = d.describe()
     streamer.end()
@@ -265,8 +266,9 @@ def run_batched(session, req: Request, route: support.Route | None = None) -> li
                            on_tokens=on_tokens)
     finally:
         stats.prepared = bd.timings.since(before).describe()
-    if fresh and bd.timings:  # what the next session's short first list weighs against plain generate
-        first_request.remember_capture(bd.model, session.device, sum(bd.timings.values()), what="rows",
+    seconds = first_request.first_capture_seconds(bd.timings) if fresh else None
+    if seconds is not None:  # what the next session's short first list weighs against plain generate
+        first_request.remember_capture(bd.model, session.device, seconds, what="rows",
                                        entries_before=entries, entries_after=first_request.triton_cache_entries())
     stats.detail = "; ".join([bd.describe(), *route.off])
     texts = [tok.decode(o, skip_special_tokens=True) if o is not None else "" for o in outs]

@@ -192,3 +192,18 @@ def test_tritons_cache_entries_are_counted_where_triton_keeps_them(tmp_path, mon
     (folder / "ABC").mkdir()
     (folder / "DEF").mkdir()
     assert first_request.triton_cache_entries() == 2
+
+
+def test_only_a_capture_of_the_uncompiled_step_is_kept():
+    """A session that asked for a compiled step pays inductor's compile in its first capture: that
+    is not the first request's capture, and a record of it would keep the next sessions on plain."""
+    from nvkit.generate.fast.cuda_graphs import PARTS, Timings
+    assert first_request.UNCOMPILED_PARTS <= set(PARTS)
+    t = Timings({"set-up": 0.1, "warm-up": 0.7, "capture": 0.2})
+    assert first_request.first_capture_seconds(t) == pytest.approx(1.0)
+    t["prefill graphs"] += 0.3
+    assert first_request.first_capture_seconds(t) == pytest.approx(1.3)
+    for part in ("compile and warm-up", "compile prefill", "compile artifacts from disk", "measure"):
+        assert first_request.first_capture_seconds(Timings({**t, part: 2.5})) is None, part
+    assert first_request.first_capture_seconds(Timings({**t, "compile prefill": 0.0})) == pytest.approx(1.3)
+    assert first_request.first_capture_seconds(Timings()) is None  # nothing prepared: nothing to keep

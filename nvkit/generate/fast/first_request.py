@@ -31,6 +31,9 @@ after it: while the cache still holds at least that many entries, the kernels lo
 compiling, so the prior stands in for it; a cache that shrank (emptied, or a fresh container) makes
 the compiling capture's seconds the expected ones again.
 A session's first plain request pays its own one-off costs too, so its cost per token is the one kept.
+Only a capture of the uncompiled step is kept (``first_capture_seconds``): a session that asked for a
+compiled step (``prepare(compile=...)``, a test's options) pays inductor's compile in its first
+capture, which is not what the default first request weighs.
 
 Before either is known, a prior stands in (``PLAIN_SECONDS_PER_LAYER`` and, for a session whose
 plain path has not run yet, ``PLAIN_FIRST_CALL_SECONDS``; ``CAPTURE_SECONDS``). The
@@ -158,6 +161,20 @@ def triton_cache_entries() -> int | None:
             return sum(1 for _ in entries)
     except OSError:
         return None
+
+
+#: the parts of a first capture of the uncompiled step (``cuda_graphs.PARTS``); any other part
+#: (a compile, compile artifacts read or written, the compile policy's measurement) makes it another
+#: preparation than the one a first request weighs
+UNCOMPILED_PARTS = frozenset({"set-up", "warm-up", "capture", "prefill graphs"})
+
+
+def first_capture_seconds(timings: dict) -> float | None:
+    """The seconds of a first capture to keep (``remember_capture``) from a decoder's ``timings``;
+    None when it was not the uncompiled step's capture alone (see ``UNCOMPILED_PARTS``)."""
+    if not timings or any(part not in UNCOMPILED_PARTS for part, v in timings.items() if v > 0):
+        return None
+    return float(sum(timings.values()))
 
 
 def remember_capture(model, device, seconds: float, what: str = "capture", *, entries_before: int | None = None,
