@@ -8,8 +8,8 @@ and how many of its rows hold real work. Here:
 - **a ladder of graph classes** (``paged_cache.ladder``: 4, 16, 64, 256 rows): the graph of class
   B runs rows 0..B-1 of the row buffers, each row at its own position (ragged: every row reads its
   position and page table from the device; a row without a sequence is parked on a scratch page).
-  A step runs in the smallest class that holds its rows, so a session captures a graph per rung
-  it reaches, not per list size. The step is compiled once for every class (the row axis, pool
+  A step runs in the smallest class that holds its rows; the pool's first list captures every
+  rung at once (while the step runs uncompiled), so no later list waits for a capture. The step is compiled once for every class (the row axis, pool
   and table sizes are dynamic dimensions).
 - **a paged KV cache sized to the request**: a sequence holds pages for its prompt and its new
   tokens from admission to release (``schedule``), and the pool holds what the rows running at
@@ -312,10 +312,16 @@ class BatchedDecoder(GraphRunner):
 
     def _replay_for(self, a: Arena, batch: int, mode: tuple, lora_on: bool, on_progress=None):
         """(class, replay) for a step of class ``batch``: the smallest class of the pool's ladder
-        (``paged_cache.ladder``) that holds it, captured the first time a step needs it. Each rung
-        is captured when first needed rather than all at a list's start: a capture of many rows
-        costs more than the wait it saves a list that may never come."""
+        (``paged_cache.ladder``) that holds it. The pool's first graph of a sampling mode captures
+        every rung of the ladder in one go while the session runs the uncompiled step (each costs a
+        warm-up and a capture, a few tenths of a second): the session's first list pays them, and
+        every list after it, of any size, starts without a capture. Once the compiled step is due
+        or kept, a rung is captured (and measured, ``_graph``) when first needed."""
         key = RowsKey(next(c for c in ladder(a.rows) if c >= batch), mode, lora_on)
+        if (key not in a.graphs and lora_on not in self._compiled_once and not self.compile_due(lora_on)
+                and not any(k.sampling == mode and k.lora == lora_on for k in a.graphs)):
+            for c in ladder(a.rows):
+                self._graph(a, key._replace(batch=c), on_progress)
         return key.batch, self._graph(a, key, on_progress)
 
     def _graph(self, a: Arena, key: RowsKey, on_progress=None):
