@@ -143,15 +143,15 @@ def _each_token_is_pefts_choice(s, prompt: str, text: str, n: int) -> None:
     assert len(parted) <= 2 and bool((gap <= tol).all()), (prompt, text, parted, gap[parted].tolist())
 
 
-@pytest.mark.parametrize("fold,compile_after", [(False, 0.0), (True, 0.0), (True, 1e9)],
-                         ids=["apart", "folded", "uncompiled"])
+@pytest.mark.parametrize("fold,compile_after", [(False, 0.0), (True, 0.0), (True, 1e9), (False, 1e9)],
+                         ids=["apart", "folded", "uncompiled", "uncompiled-apart"])
 def test_adapter_runs_on_the_fast_path_token_identical_to_peft(demo_cuda, tmp_path, fold, compile_after):
     """Compiled, with the products apart and with ``lora_fold`` (A below the weights, one
-    reduction for both products); and uncompiled (nvkit's kernel for the products)."""
+    reduction for both products); and uncompiled, folded (one float32 product and nvkit's kernel,
+    ``lora_add.folded_linear``) and apart (nvkit's two kernels)."""
     s = demo_cuda
     d = fast.decoder(s, lora_fold=fold, compile_after=compile_after)
     d.policy.measure = False  # the compiled adapter step is what is checked
-    fold = fold and not compile_after  # the uncompiled step runs the products apart
     s.generate(PROMPTS[0], max_new_tokens=8, fast=True)  # the base step captured (compiled at once with 0)
     assert d.compiled == (not compile_after), d.describe()
     base_compiles = d.counts["compiles"]

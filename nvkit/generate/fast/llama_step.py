@@ -284,12 +284,12 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, l
     ``lora.LoraSlots`` whose products are added to every projection. ``layer`` and ``head``: the
     functions of ``decode_layer`` and ``decode_head`` to run (default: those, eager), e.g.
     compiled on their own. ``kernels``: the default layer and head with nvkit's Triton kernels,
-    and the adapters' products apart (their folded form is written for inductor to fuse)."""
+    and the adapters' folded products in ``kernels.lora_add.folded_linear`` (one float32 product
+    and one kernel; apart where the device gives no float32 products)."""
     import torch
     neg = torch.finfo(torch.float32).min
     layer = layer or model_decode_layer(fw, attention, kernels)
     head = head or decode_head(fw, kernels)
-    fold = not kernels
     matmul = attention not in ("triton-split", "triton-fused")
 
     def step(tok):
@@ -302,7 +302,7 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, l
         for i, (w, (c, s)) in enumerate(zip(fw.layers, rotaries(fw, cos, sin))):
             lo = lora.layers[i] if lora is not None else None
             h, delta = layer(h, delta, pos, where, c, s, mask, cache.keys[i], cache.values[i],
-                             *layer_args(w, lo, fold=fold))
+                             *layer_args(w, lo, fold=True))
         cache.pos.add_(1)
         return head(h, delta)
 

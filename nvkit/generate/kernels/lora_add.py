@@ -7,6 +7,13 @@ rank's dot products run side by side, one program each, then the second product 
 The products round where torch's do (the input to the adapter's dtype, ``x A.T`` in it), so the
 result matches the eager operations up to the order of the sums. The torch reference is in
 tests/generate/kernels/test_lora_add.py.
+
+With the adapter's A folded into the weight's spare rows (``lora.LoraSlots(fold=True)``: the
+weight's rows, then A split into a high and a low half in the weight's dtype), ``folded_linear``
+runs one matrix product over all of them with float32 output (cuBLAS, ``torch.mm(out_dtype=)``),
+which gives the projection and x A.T at once, and one kernel that adds ``(x A.T) B.T``: two
+launches per projection group where the products apart take three. It rounds where
+``llama_step.linear``'s folded form does, the form the compiled steps run.
 """
 
 from __future__ import annotations
@@ -69,7 +76,78 @@ def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor)
     return out.view(y.shape)
 
 
+@triton.jit
+def _folded_up_add_kernel(FULL, BIAS, B, OUT, n_out, r, stride_f, stride_b, stride_o,
+                          HAS_BIAS: tl.constexpr, R: tl.constexpr, BN: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BN + tl.arange(0, BN)
+    rr = tl.arange(0, R)
+    live = rr < r
+    # x A.T: its high and low halves' products, summed in float32, in the adapter's dtype
+    t = tl.load(FULL + row * stride_f + n_out + rr, mask=live, other=0.0) \
+        + tl.load(FULL + row * stride_f + n_out + r + rr, mask=live, other=0.0)
+    t = t.to(B.dtype.element_ty).to(tl.float32)
+    ok = cols < n_out
+    b = tl.load(B + cols[:, None] * stride_b + rr[None, :], mask=ok[:, None] & live[None, :], other=0.0).to(tl.float32)
+    u = tl.sum(b * t[None, :], axis=1).to(B.dtype.element_ty).to(tl.float32)
+    y = tl.load(FULL + row * stride_f + cols, mask=ok, other=0.0)
+    if HAS_BIAS:
+        y += tl.load(BIAS + cols, mask=ok, other=0.0).to(tl.float32)
+    y = y.to(OUT.dtype.element_ty).to(tl.float32)  # the projection in the model's dtype, as alone
+    tl.store(OUT + row * stride_o + cols, (y + u).to(OUT.dtype.element_ty), mask=ok)
+
+
+_fp32_products: dict[str, bool] = {}
+
+
+def fp32_products(device: torch.device) -> bool:
+    """Whether ``torch.mm`` gives float32 products of this device's half-precision matrices
+    (``out_dtype``: CUDA, torch >= 2.8), tried once per device type; ``folded_linear`` needs it."""
+    dev = torch.device(device)
+    if dev.type not in _fp32_products:
+        try:
+            one = torch.ones(1, 16, dtype=torch.bfloat16, device=dev)
+            _fp32_products[dev.type] = torch.mm(one, one.t(), out_dtype=torch.float32).dtype == torch.float32
+        except (TypeError, RuntimeError, NotImplementedError):
+            _fp32_products[dev.type] = False
+    return _fp32_products[dev.type]
+
+
+def full_product(x2: torch.Tensor, stacked: torch.Tensor) -> torch.Tensor:
+    """``x2 @ stacked.T`` in float32 from half-precision matrices: exact products, float32 sums
+    (off CUDA, both cast to float32 first: for checks on a CPU)."""
+    if x2.is_cuda:
+        return torch.mm(x2, stacked.t(), out_dtype=torch.float32)
+    return torch.mm(x2.to(torch.float32), stacked.to(torch.float32).t())
+
+
+def folded_linear(x: torch.Tensor, weight: torch.Tensor, bias, a: torch.Tensor, b: torch.Tensor,
+                  stacked: torch.Tensor) -> torch.Tensor:
+    """``llama_step.linear(x, weight, bias, (a, b, stacked))``: ``stacked`` holds ``weight``'s rows,
+    then A's high and low halves (see the module docstring); (..., in) -> (..., out) in x's dtype."""
+    n, r = weight.shape[0], a.shape[0]
+    if stacked.shape != (n + 2 * r, weight.shape[1]) or b.shape != (n, r) or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"folded_linear expects x (..., in), weight (out, in), A (r, in), B (out, r) and the "
+                         f"stacked (out + 2r, in), not {tuple(x.shape)}, {tuple(weight.shape)}, {tuple(a.shape)}, "
+                         f"{tuple(b.shape)} and {tuple(stacked.shape)}")
+    x2 = as_rows(x)
+    full = full_product(x2, stacked)
+    b = b if b.stride(-1) == 1 else b.contiguous()
+    rows = x2.shape[0]
+    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    bn = 128
+    _folded_up_add_kernel[(rows, triton.cdiv(n, bn))](full, bias if bias is not None else full, b, out, n, r,
+                                                      full.stride(0), b.stride(0), out.stride(0),
+                                                      HAS_BIAS=bias is not None, R=max(16, triton.next_power_of_2(r)),
+                                                      BN=bn)
+    return out.view(*x.shape[:-1], n)
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias, lora=None) -> torch.Tensor:
-    """``llama_step.linear`` with an adapter's products (``lora`` = (A, B)) in ``lora_add``'s kernels."""
+    """``llama_step.linear`` with an adapter's products (``lora`` = (A, B)) in ``lora_add``'s
+    kernels; ``lora`` = (A, B, stacked), A folded into the weight's spare rows, in
+    ``folded_linear``'s where the device gives float32 products (``fp32_products``)."""
+    if lora is not None and len(lora) == 3 and fp32_products(x.device):
+        return folded_linear(x, weight, bias, *lora)
     y = torch.nn.functional.linear(x, weight, bias)
     return y if lora is None else lora_add(y, x, lora[0], lora[1])

@@ -2,7 +2,8 @@
 ``kernels=True``: ``add_rms_norm``, ``silu_mul`` and ``lora_add``'s ``linear`` of
 ``nvkit.generate.kernels``), run by Triton's interpreter on the CPU (TRITON_INTERPRET=1 must be set
 before triton is imported: hence a child process): the demo model's step against the step of torch
-operations, with and without an adapter. Each kernel against its torch reference is its own test
+operations, with and without an adapter (its products apart, and folded into the weights' spare
+rows, as on a GPU with float32 products). Each kernel against its torch reference is its own test
 file here; the GPU run is tests/gpu (the default batch-1 path runs these kernels)."""
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from tests.triton_interpreter import interpret as _interpret  # noqa: E402
 
 def test_the_step_with_kernels_decodes_as_the_step_of_torch_operations():
     """The demo model's fused step in float32 with ``kernels=True`` against ``kernels=False``: the
-    same logits within float32 rounding over 6 steps, with no adapter and with a random one."""
+    same logits within float32 rounding over 6 steps, with no adapter and with a random one, its
+    products apart and folded (``lora_add.folded_linear``, which a CPU does not take by itself)."""
     out = _interpret("""
         import torch
         import nvkit
@@ -26,18 +28,21 @@ def test_the_step_with_kernels_decodes_as_the_step_of_torch_operations():
         from nvkit.generate.fast.static_cache import new_cache
         from nvkit.generate.fast.llama_step import decode_step
         from nvkit.generate.fast.fused_weights import FusedWeights
+        import nvkit.generate.kernels.lora_add as lora_add
         torch.manual_seed(0)
         s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
-        for adapter in (False, True):
+        for adapter, fold in ((False, False), (True, False), (True, True)):
+            lora_add.fp32_products = lambda device: fold  # the folded kernel's float32 product: on a CPU too
             model = s.model
             if adapter:
                 model = get_peft_model(s.model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
                                                            init_lora_weights=False))
             base = model.get_base_model() if adapter else model
-            fw = FusedWeights(base)
+            fw = FusedWeights(base, spare=16 if fold else 0)
             lo = None
             if adapter:
-                lo = lora_mod.LoraSlots(fw, 8, torch.float32)
+                lo = lora_mod.LoraSlots(fw, 8, torch.float32, fold=fold)
+                assert lo.folded == fold
                 lo.load(model)
             logits = {}
             for kernels in (False, True):
@@ -54,7 +59,7 @@ def test_the_step_with_kernels_decodes_as_the_step_of_torch_operations():
             diff = (logits[True] - logits[False]).abs().max().item()
             assert diff < 1e-3, (adapter, diff)
             assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
-            print("adapter" if adapter else "base", diff)
+            print(("folded" if fold else "adapter") if adapter else "base", diff)
             if adapter:
                 model.unload()
         print("OK")
