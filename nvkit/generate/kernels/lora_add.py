@@ -132,13 +132,15 @@ def folded_linear(x: torch.Tensor, weight: torch.Tensor, bias, a: torch.Tensor, 
                          f"{tuple(b.shape)} and {tuple(stacked.shape)}")
     x2 = as_rows(x)
     full = full_product(x2, stacked)
+    # R at least 64 (the ranks of a group of projections up to rank 16 each): one compile of the
+    # kernel serves every group, where the first request after a fine-tune waits for each
     b = b if b.stride(-1) == 1 else b.contiguous()
     rows = x2.shape[0]
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     bn = 128
     _folded_up_add_kernel[(rows, triton.cdiv(n, bn))](full, bias if bias is not None else full, b, out, n, r,
                                                       full.stride(0), b.stride(0), out.stride(0),
-                                                      HAS_BIAS=bias is not None, R=max(16, triton.next_power_of_2(r)),
+                                                      HAS_BIAS=bias is not None, R=max(64, triton.next_power_of_2(r)),
                                                       BN=bn)
     return out.view(*x.shape[:-1], n)
 
