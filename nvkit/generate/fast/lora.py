@@ -107,6 +107,13 @@ def needed_rank(model) -> int:
     return max((sum(m.lora_A[a].out_features for a in _active(m)) for _, _, _, m in _lora_layers(model)), default=0)
 
 
+def kernel_folds(device) -> bool:
+    """Whether the uncompiled step with nvkit's kernels runs the folded products on ``device``
+    (``kernels.lora_add.linear``: where ``torch.mm`` gives float32 products)."""
+    from ..kernels.lora_add import fp32_products
+    return fp32_products(device)
+
+
 def adapter_dtype(model):
     import torch
     dtypes = {m.lora_A[a].weight.dtype for _, _, _, m in _lora_layers(model) for a in _active(m)}

@@ -5,12 +5,10 @@ Why: a decode step of a small model at batch 64 reads the same weights as at bat
 per step cost little more than one; what limits the rate is how many steps the GPU runs per second
 and how many of its rows hold real work. Here:
 
-- **a ladder of graph classes** (``paged_cache.ladder``: 4, 16, 64, 256 rows): the graph of class
-  B runs rows 0..B-1 of the row buffers, each row at its own position (ragged: every row reads its
-  position and page table from the device; a row without a sequence is parked on a scratch page).
-  A step runs in the smallest class that holds its rows; the pool's first list captures every
-  rung at once (while the step runs uncompiled), so no later list waits for a capture. The step is compiled once for every class (the row axis, pool
-  and table sizes are dynamic dimensions).
+- **a ladder of graph classes** (``paged_cache.ladder``: 1, 4, 16, 64, 256 rows): class B runs rows
+  0..B-1 of the row buffers, each at its own position (read from the device; a row without a
+  sequence parked on a scratch page), a step the smallest class that holds its rows; the first
+  list captures every rung (``_replay_for``); one compile serves every class.
 - **a paged KV cache sized to the request**: a sequence holds pages for its prompt and its new
   tokens from admission to release (``schedule``), and the pool holds what the rows running at
   once need (all of them when every prompt has a row), not rows × the longest request.
@@ -23,9 +21,8 @@ and how many of its rows hold real work. Here:
   top-k and top-p with a draw made from each request's own seed and the position it samples, so a
   request's text depends on its seed and never on which prompts share its batch.
 
-The host loop is pipelined like the batch-1 path's: the next replay is queued before the ids of
-the one before are read, two at most in flight. The weights (and LoRA buffers) are the batch-1
-decoder's own (``FastDecoder.weights``): one fused copy per model, adapters run unmerged here too.
+The host loop is pipelined like the batch-1 path's (the next replay queued before the ids of the
+one before are read). The weights and LoRA buffers are the batch-1 decoder's (``FastDecoder.weights``).
 ``graphs=False`` runs the same code without capture or compile, for checking on a CPU.
 """
 
@@ -311,12 +308,9 @@ class BatchedDecoder(GraphRunner):
         return self.capture_or_fall_back(capture, compiling, clean)
 
     def _replay_for(self, a: Arena, batch: int, mode: tuple, lora_on: bool, on_progress=None):
-        """(class, replay) for a step of class ``batch``: the smallest class of the pool's ladder
-        (``paged_cache.ladder``) that holds it. The pool's first graph of a sampling mode captures
-        every rung of the ladder in one go while the session runs the uncompiled step (each costs a
-        warm-up and a capture, a few tenths of a second): the session's first list pays them, and
-        every list after it, of any size, starts without a capture. Once the compiled step is due
-        or kept, a rung is captured (and measured, ``_graph``) when first needed."""
+        """(class, replay) for a step of class ``batch``: the smallest rung of the pool's ladder that
+        holds it. While the step runs uncompiled, the pool's first graph of a sampling mode captures
+        every rung at once, so no later list waits for one; after, a rung is captured when needed."""
         key = RowsKey(next(c for c in ladder(a.rows) if c >= batch), mode, lora_on)
         if (key not in a.graphs and lora_on not in self._compiled_once and not self.compile_due(lora_on)
                 and not any(k.sampling == mode and k.lora == lora_on for k in a.graphs)):

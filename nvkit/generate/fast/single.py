@@ -101,10 +101,6 @@ class FastDecoder(GraphRunner):
             return f"{why}. attention='triton-split' does" if why else None
         return why
 
-    def _kernel_folds(self) -> bool:
-        from ..kernels.lora_add import fp32_products
-        return fp32_products(self.device)
-
     def describe(self) -> str:
         """How this decoder runs, in a few words for the stats line: the step, compiled or why not,
         its attention, adapters, the steps per graph replay."""
@@ -114,7 +110,7 @@ class FastDecoder(GraphRunner):
             parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
         if self._lora is not None and lora_mod.active(self.model):
             # the uncompiled step with nvkit's kernels folds where the GPU gives float32 products
-            folded = self._lora.folded and (self.compiled or not self.kernels or self._kernel_folds())
+            folded = self._lora.folded and (self.compiled or not self.kernels or lora_mod.kernel_folds(self.device))
             parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank}{', folded' if folded else ''})")
         elif self._fw is None and lora_mod.forward_state(self.model):
             parts.append("LoRA in PEFT's own layers")
