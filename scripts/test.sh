@@ -8,11 +8,6 @@
 #      panel within 3 s, a chart that costs nothing) and share the machine with JupyterLab and
 #      Chromium, so no other test runs beside them; a process of their own also keeps
 #      Playwright's event loop away from the tests that call asyncio.run.
-#   3. with no arguments: the tests of nvkit's steps over transformers' own modules (the families'
-#      layers, mixture-of-experts blocks, sliding windows) again under the transformers the GPU
-#      machine has preinstalled (GPU_TRANSFORMERS below; its GPU runs use it, not pyproject's
-#      range), fetched once into the git-ignored .gpu-transformers: an attribute one version has
-#      and the other has not fails here rather than on the GPU. NVKIT_GPU_TRANSFORMERS=0 skips it.
 # Arguments go to both runs (e.g. `make test PYTEST_ARGS=tests/faces`). Exit code: the first
 # failing run's; a run that collects nothing (pytest's 5) fails the suite unless arguments chose
 # what to run, and it fails whenever both runs collect nothing.
@@ -33,26 +28,9 @@ esac
 env "${threads[@]}" "$PY" -m pytest -ra "${par[@]}" -m "not ui" "$@"; rest=$?
 "$PY" -m pytest -ra -m ui "$@"; ui=$?
 
-# the GPU machine's transformers and the huggingface-hub range it accepts (the device README)
-GPU_TRANSFORMERS=5.17.0
-gpu=0
-if [ $# -eq 0 ] && [ "${NVKIT_GPU_TRANSFORMERS:-1}" != 0 ]; then
-  site=.gpu-transformers
-  if [ ! -d "$site/transformers-$GPU_TRANSFORMERS.dist-info" ]; then
-    rm -rf "$site.part"
-    "$PY" -m pip install -q --no-deps --target "$site.part" "transformers==$GPU_TRANSFORMERS" "huggingface-hub>=1.5,<2.0" \
-      && rm -rf "$site" && mv "$site.part" "$site" || { echo "[test] could not fetch transformers $GPU_TRANSFORMERS"; gpu=1; }
-  fi
-  if [ "$gpu" = 0 ]; then
-    env "${threads[@]}" PYTHONPATH="$PWD/$site" NVKIT_EXPECT_TRANSFORMERS="$GPU_TRANSFORMERS" "$PY" -m pytest -ra "${par[@]}" -p no:cacheprovider \
-      tests/generate/test_families_step.py tests/generate/test_dense_experts.py tests/generate/test_sliding_window.py \
-      tests/test_gpu_transformers.py; gpu=$?
-  fi
-fi
-
-echo "[test] everything but the browser: exit $rest; the browser tests: exit $ui; transformers $GPU_TRANSFORMERS: exit $gpu"
+echo "[test] everything but the browser: exit $rest; the browser tests: exit $ui"
 [ "$rest" = 5 ] && [ "$ui" = 5 ] && exit 5
-for code in "$rest" "$ui" "$gpu"; do
+for code in "$rest" "$ui"; do
   [ "$code" = 0 ] || { [ "$code" = 5 ] && [ $# -gt 0 ]; } || exit "$code"
 done
 exit 0
