@@ -88,6 +88,18 @@ bench() { echo "=== nvkit bench $* ($(date +%T))"; timeout "${T:-300}" python3 -
 nb() { T=${TN:-$1} t tests/gpu/test_notebooks_gpu.py -k "$2"; }  # nb SECONDS K: the tutorials K names
 nvidia-smi --query-gpu=index,name,memory.total,memory.used --format=csv,noheader
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+# the image has its own transformers (5.17) under the wheels': a PYTHONPATH without the wheels' site
+# folder runs on it, outside the range nvkit pins, and every figure would be of the wrong stack
+python3 - <<'PY' || exit 2
+import re, sys, transformers
+pin = re.search(r'"transformers>=([\d.]+),<([\d.]+)"', open("pyproject.toml").read())
+low, high = (tuple(int(x) for x in v.split(".")) for v in pin.groups())
+have = tuple(int(x) for x in re.findall(r"\d+", transformers.__version__)[:2])
+if not low <= have < high:
+    sys.exit(f"transformers {transformers.__version__} from {transformers.__file__} is outside pyproject's "
+             f">={'.'.join(map(str, low))},<{'.'.join(map(str, high))}: keep the wheels' site folder on PYTHONPATH "
+             "(eval \"$(bash .whl-core/install.sh)\" prepends it) and do not set NVKIT_WHEELS_READY yourself")
+PY
 case "$phase" in
   lanes)
     shift

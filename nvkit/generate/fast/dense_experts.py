@@ -39,7 +39,7 @@ def dense_experts_forward(self, hidden_states, top_k_index, top_k_weights):
     out = torch.bmm(h, self.down_proj if self.is_transposed else self.down_proj.transpose(1, 2))  # (experts, tokens, hidden)
     if self.has_bias:
         out = out + self.down_proj_bias.unsqueeze(1)
-    if getattr(self, "has_post_expert_norm", False):  # transformers >= 5.2x; older ones have no such norm
+    if getattr(self, "has_post_expert_norm", False):  # an older transformers' experts have no such norm
         out = self.post_expert_norm(out)
     route = torch.zeros(tokens, experts, dtype=top_k_weights.dtype, device=hidden_states.device)
     route = route.scatter_add(1, top_k_index, top_k_weights)                   # (tokens, experts)
