@@ -49,6 +49,11 @@ def prefill_bytes_per_token(hidden: int, nh: int, nkv: int, hd: int, intermediat
 #: runs faster than the same row inside a product of 4 (the GEMM kernels choose other tiles), and
 #: only a one-prompt request steps with one row (a longer list's last row runs in rung 4)
 LADDER = (1, 4, 16, 64, 256)
+#: the rungs a pool's first list captures at once (``BatchedDecoder._replay_for``): a few tenths of
+#: a second each, so no later list waits for one. Rung 256 is captured when a list first needs it:
+#: its graph's buffers are the largest (a row's logits and sampling over the whole vocabulary), and
+#: a list of more than 64 prompts runs long enough that its capture is a small part of its time
+UPFRONT_ROWS = 64
 
 
 def ladder(rows: int) -> tuple[int, ...]:

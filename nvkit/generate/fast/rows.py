@@ -8,7 +8,7 @@ and how many of its rows hold real work. Here:
 - **a ladder of graph classes** (``paged_cache.ladder``: 1, 4, 16, 64, 256 rows): class B runs rows
   0..B-1 of the row buffers, each at its own position (read from the device; a row without a
   sequence parked on a scratch page), a step the smallest class that holds its rows; the first
-  list captures every rung (``_replay_for``); one compile serves every class.
+  list captures the rungs up to 64 (``_replay_for``); one compile serves every class.
 - **a paged KV cache sized to the request**: a sequence holds pages for its prompt and its new
   tokens from admission to release (``schedule``), and the pool holds what the rows running at
   once need (all of them when every prompt has a row), not rows × the longest request.
@@ -38,8 +38,8 @@ from ...errors import NvkitError
 from ...memory.estimate import kv_bytes_per_token
 from . import cuda_graphs as graphs_mod, prefill_rows, rows_replay
 from .compile_policy import compile_fullgraph
-from .paged_cache import (CLASSES, FIRST_POSITIONS, FIRST_SHARE, FIRST_WIDTH, MAX_ROWS, MEMORY_SHARE, PAGE, Arena,
-                          RowsKey, batch_class, ladder, new_arena, plan, prefill_budget, prefill_bytes_per_token)
+from .paged_cache import (CLASSES, FIRST_POSITIONS, FIRST_SHARE, FIRST_WIDTH, MAX_ROWS, MEMORY_SHARE, PAGE, UPFRONT_ROWS,
+                          Arena, RowsKey, batch_class, ladder, new_arena, plan, prefill_budget, prefill_bytes_per_token)
 from .single import FastDecoder
 from .llama_step import decode_head
 from .llama_rows_step import decode_rows_step, mark_dynamic, model_decode_rows_layer, prefill_rows_step
@@ -309,12 +309,12 @@ class BatchedDecoder(GraphRunner):
 
     def _replay_for(self, a: Arena, batch: int, mode: tuple, lora_on: bool, on_progress=None):
         """(class, replay) for a step of class ``batch``: the smallest rung of the pool's ladder that
-        holds it. While the step runs uncompiled, the pool's first graph of a sampling mode captures
-        every rung at once, so no later list waits for one; after, a rung is captured when needed."""
+        holds it. While the step runs uncompiled, a pool's first graph of a sampling mode captures the
+        rungs up to ``UPFRONT_ROWS`` at once, so no later list waits; another when first needed."""
         key = RowsKey(next(c for c in ladder(a.rows) if c >= batch), mode, lora_on)
         if (key not in a.graphs and lora_on not in self._compiled_once and not self.compile_due(lora_on)
                 and not any(k.sampling == mode and k.lora == lora_on for k in a.graphs)):
-            for c in ladder(a.rows):
+            for c in (c for c in ladder(a.rows) if c <= UPFRONT_ROWS):
                 self._graph(a, key._replace(batch=c), on_progress)
         return key.batch, self._graph(a, key, on_progress)
 
