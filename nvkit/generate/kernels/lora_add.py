@@ -115,8 +115,8 @@ def fp32_products(device: torch.device) -> bool:
 
 def full_product(x2: torch.Tensor, stacked: torch.Tensor) -> torch.Tensor:
     """``x2 @ stacked.T`` in float32 from half-precision matrices: exact products, float32 sums
-    (off CUDA, both cast to float32 first: for checks on a CPU)."""
-    if x2.is_cuda:
+    (a float32 model's are float32 already; off CUDA, both cast to float32: for checks on a CPU)."""
+    if x2.is_cuda and x2.dtype != torch.float32:
         return torch.mm(x2, stacked.t(), out_dtype=torch.float32)
     return torch.mm(x2.to(torch.float32), stacked.to(torch.float32).t())
 
