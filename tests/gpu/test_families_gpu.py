@@ -2,7 +2,8 @@
 float32, transformers' configs): greedy tokens equal plain ``generate``'s for 64 new tokens at
 batch 1, with one compile per decoder; a list on the rows graphs, each prompt as it decodes alone
 (the fused families on the fused step over rows, the others over their own forward, compiled
-too); the fused families in bf16; adapters in PEFT's layers on a list over a model's own forward.
+too); the fused families in bf16; adapters on a fused family's list (folded) and in PEFT's layers
+on a list over a model's own forward.
 The same logic without graphs on the CPU: tests/generate/test_families_step.py."""
 
 import pytest
@@ -92,6 +93,36 @@ def test_a_fused_family_runs_its_graphs_in_bfloat16(family):
         assert float((logits[0].float() - ref).abs().max()) <= 0.05 * float(ref.abs().max()), (family, d.describe())
         assert [len(r) for r in rows] == [16] * 3 and rows[0][0] == tokens[0] == int(ref.argmax())
         assert d.describe().startswith("fused step") and bd.describe().startswith("fused step over rows")
+    finally:
+        bd.release()
+        d.release()
+
+
+@pytest.mark.parametrize("family", ["Llama", "Qwen3"])
+def test_a_list_with_an_adapter_on_the_fused_rows_folds_it(family):
+    """A LoRA adapter on a fused family's list: the rows step with nvkit's kernels folds its first
+    product into the base one (one float32 product and one kernel per projection group, for every
+    row at once), each prompt as PEFT's ``generate`` of it alone; switched off, the base model's."""
+    from peft import LoraConfig, get_peft_model
+    pm = get_peft_model(_model(family), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                   init_lora_weights=False))
+    d = fast.FastDecoder(pm.get_base_model(), k_steps=8)
+    bd = BatchedDecoder(d, max_rows=4)
+    gen = dict(max_new_tokens=32, do_sample=False, eos_token_id=NEVER)
+    rng = torch.Generator().manual_seed(8)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (5, 21, 3, 12, 8)]
+    sampling, _ = fast.resolve(pm.get_base_model(), gen)
+
+    def alone():
+        return [pm.generate(input_ids=torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
+                for p in prompts]
+    try:
+        with torch.inference_mode():
+            tuned = alone()
+            assert bd.generate(prompts, sampling) == tuned, bd.describe()
+            with pm.disable_adapter():
+                assert bd.generate(prompts, sampling) == alone() != tuned
+        assert bd.describe().startswith("fused step over rows") and bd.kernels, bd.describe()
     finally:
         bd.release()
         d.release()

@@ -96,12 +96,14 @@ def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, lay
     ``layer`` and ``head``: the functions of ``decode_rows_layer`` and ``llama_step.decode_head`` to run
     (default: those, eager). Given, they are compiled ones, and the sizes that change from one
     batch class or pool to the next are marked dynamic before each call. ``kernels``: the default
-    layer and head with nvkit's Triton kernels (``decode_rows_layer``); ``invariant`` with it: the
-    batch-invariant ones (``rows_invariant``)."""
+    layer and head with nvkit's Triton kernels (``decode_rows_layer``), the adapters' products folded
+    as at batch 1 (``kernels.lora_add.folded_linear`` takes any number of rows); ``invariant`` with
+    it: the batch-invariant ones (``rows_invariant``), the products apart."""
     import torch
     from .llama_step import decode_head
     neg = torch.finfo(torch.float32).min
     regional = layer is not None
+    fold = kernels and not invariant and not regional  # torch's folded form is written for one row
     layer = layer or model_decode_rows_layer(fw, attention, page, kernels, invariant)
     head = head or decode_head(fw, kernels, invariant)
 
@@ -123,7 +125,7 @@ def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, lay
             if regional:
                 mark_layer_rows_dynamic(h, delta, pos, table, cs, sn, c, s, where, here, mask, keys[i], values[i])
             h, delta = layer(h, delta, pos, table, cs, sn, c, s, where, here, mask, keys[i], values[i],
-                             *layer_args(w, lo))
+                             *layer_args(w, lo, fold=fold))
         if regional:
             mark_layer_rows_dynamic(h, delta)
         return head(h, delta)

@@ -66,3 +66,52 @@ def test_the_step_with_kernels_decodes_as_the_step_of_torch_operations():
     """)
     print(out)
     assert out.strip().endswith("OK"), out
+
+
+def test_the_rows_step_with_kernels_folds_the_adapter_as_the_step_of_torch_operations_computes_it():
+    """The rows step (3 rows at their own positions in a paged pool) with ``kernels=True`` and a
+    random adapter folded into the weights' spare rows (``folded_linear`` over every row at once)
+    against ``kernels=False`` (torch's operations, the products apart): the same logits and the same
+    keys and values written, within float32 rounding."""
+    out = _interpret("""
+        import torch
+        import nvkit
+        from peft import LoraConfig, get_peft_model
+        from tests import demo_model
+        from nvkit.generate.fast import lora as lora_mod
+        from nvkit.generate.fast.fused_weights import FusedWeights
+        from nvkit.generate.fast.llama_rows_step import decode_rows_step
+        import nvkit.generate.kernels.lora_add as lora_add
+        lora_add.fp32_products = lambda device: True  # the folded kernel's float32 product: on a CPU too
+        torch.manual_seed(0)
+        s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
+        model = get_peft_model(s.model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear",
+                                                   init_lora_weights=False))
+        fw = FusedWeights(model.get_base_model(), spare=16)
+        lo = lora_mod.LoraSlots(fw, 8, torch.float32, fold=True)
+        lo.load(model)
+        page, pages, width, rows = 16, 12, 3, 3
+        g = torch.Generator().manual_seed(1)
+        keys = [torch.randn(pages * page, fw.nkv, fw.hd, generator=g) * 0.3 for _ in fw.layers]
+        values = [torch.randn(pages * page, fw.nkv, fw.hd, generator=g) * 0.3 for _ in fw.layers]
+        cos, sin = fw.rotary(width * page)
+        table = torch.randint(1, pages, (rows, width), generator=g, dtype=torch.int32)
+        pos = torch.tensor([5, 17, 40])
+        tok = torch.tensor([3, 7, 11])
+        got = {}
+        with torch.inference_mode():
+            for kernels in (False, True):
+                k, v = [x.clone() for x in keys], [x.clone() for x in values]
+                logits = decode_rows_step(fw, "matmul", page, lo, kernels=kernels)(tok, pos, table, cos, sin, k, v)
+                got[kernels] = (logits, k, v)
+        diff = (got[True][0] - got[False][0]).abs().max().item()
+        assert diff < 1e-3, diff
+        assert torch.equal(got[True][0].argmax(-1), got[False][0].argmax(-1))
+        for a, b in zip(got[True][1] + got[True][2], got[False][1] + got[False][2]):
+            assert torch.allclose(a, b, atol=1e-4), (a - b).abs().max()
+        model.unload()
+        print("rows folded", diff)
+        print("OK")
+    """)
+    print(out)
+    assert out.strip().endswith("OK"), out
