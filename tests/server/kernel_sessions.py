@@ -21,19 +21,31 @@ def notebooks(jp_fetch, jp_serverapp, jp_root_dir):
     ``(kernel_id, pid, run)`` where ``await run(code)`` executes code in it and returns stdout."""
     started, clients = [], []
 
-    async def start(path: str):
-        (jp_root_dir / path).parent.mkdir(parents=True, exist_ok=True)
+    async def open_session(path: str):
         r = await jp_fetch("api", "sessions", method="POST", body=json.dumps(
             {"path": path, "name": Path(path).name, "type": "notebook",
              "kernel": {"name": "python3"}}))
         s = json.loads(r.body)
-        kid = s["kernel"]["id"]
         started.append(s["id"])
-        km = jp_serverapp.kernel_manager.get_kernel(kid)
+        km = jp_serverapp.kernel_manager.get_kernel(s["kernel"]["id"])
         client = km.client()
         client.start_channels()
         clients.append(client)
-        await client.wait_for_ready(timeout=90)
+        return s, km, client
+
+    async def start(path: str):
+        (jp_root_dir / path).parent.mkdir(parents=True, exist_ok=True)
+        s, km, client = await open_session(path)
+        try:
+            await client.wait_for_ready(timeout=90)
+        except RuntimeError:
+            # jupyter_client picks free ports and the kernel binds them a moment later: a test worker
+            # starting kernels beside this one can take a port in between ("Address already in
+            # use"), and the kernel dies. A new session gets new ports.
+            await jp_fetch("api", "sessions", s["id"], method="DELETE")
+            s, km, client = await open_session(path)
+            await client.wait_for_ready(timeout=90)
+        kid = s["kernel"]["id"]
 
         async def run(code: str, timeout: float = 120) -> str:
             out = []
