@@ -98,6 +98,24 @@ def test_a_fused_family_runs_its_graphs_in_bfloat16(family):
         d.release()
 
 
+def _list_as_peft_alone(pm, bd, seed: int) -> None:
+    """A list of 5 prompts on ``bd`` with ``pm``'s adapter on gives each prompt PEFT's greedy text
+    of it alone, and with the adapter switched off the base model's (which differs)."""
+    gen = dict(max_new_tokens=32, do_sample=False, eos_token_id=NEVER)
+    rng = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (5, 21, 3, 12, 8)]
+    sampling, _ = fast.resolve(pm.get_base_model(), gen)
+
+    def alone():
+        return [pm.generate(input_ids=torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
+                for p in prompts]
+    with torch.inference_mode():
+        tuned = alone()
+        assert bd.generate(prompts, sampling) == tuned, bd.describe()
+        with pm.disable_adapter():
+            assert bd.generate(prompts, sampling) == alone() != tuned
+
+
 @pytest.mark.parametrize("family", ["Llama", "Qwen3"])
 def test_a_list_with_an_adapter_on_the_fused_rows_folds_it(family):
     """A LoRA adapter on a fused family's list: the rows step with nvkit's kernels folds its first
@@ -108,20 +126,8 @@ def test_a_list_with_an_adapter_on_the_fused_rows_folds_it(family):
                                                    init_lora_weights=False))
     d = fast.FastDecoder(pm.get_base_model(), k_steps=8)
     bd = BatchedDecoder(d, max_rows=4)
-    gen = dict(max_new_tokens=32, do_sample=False, eos_token_id=NEVER)
-    rng = torch.Generator().manual_seed(8)
-    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (5, 21, 3, 12, 8)]
-    sampling, _ = fast.resolve(pm.get_base_model(), gen)
-
-    def alone():
-        return [pm.generate(input_ids=torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
-                for p in prompts]
     try:
-        with torch.inference_mode():
-            tuned = alone()
-            assert bd.generate(prompts, sampling) == tuned, bd.describe()
-            with pm.disable_adapter():
-                assert bd.generate(prompts, sampling) == alone() != tuned
+        _list_as_peft_alone(pm, bd, seed=8)
         assert bd.describe().startswith("fused step over rows") and bd.kernels, bd.describe()
     finally:
         bd.release()
@@ -139,20 +145,8 @@ def test_a_list_with_an_adapter_on_its_own_forwards_graphs(family):
     model = getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval()
     pm = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)).to("cuda")
     bd = ModelRowsDecoder(fast.FastDecoder(pm.get_base_model(), k_steps=8), max_rows=4)
-    gen = dict(max_new_tokens=32, do_sample=False, eos_token_id=NEVER)
-    rng = torch.Generator().manual_seed(7)
-    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (5, 21, 3, 12, 8)]
-    sampling, _ = fast.resolve(model, gen)
-
-    def alone():
-        return [pm.generate(input_ids=torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
-                for p in prompts]
     try:
-        with torch.inference_mode():
-            tuned = alone()
-            assert bd.generate(prompts, sampling) == tuned, bd.describe()
-            with pm.disable_adapter():
-                assert bd.generate(prompts, sampling) == alone() != tuned
+        _list_as_peft_alone(pm, bd, seed=7)
         assert "LoRA in PEFT's own layers" not in bd.describe()  # the last request ran without it
     finally:
         bd.release()
