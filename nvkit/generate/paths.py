@@ -211,10 +211,8 @@ def run_fast(session, req: Request, route: support.Route | None = None) -> list[
                    on_progress=preparing)
     finally:
         stats.prepared = d.timings.since(before).describe()
-    seconds = first_request.first_capture_seconds(d.timings) if fresh else None
-    if seconds is not None:  # what the next session's short first request weighs against plain generate
-        first_request.remember_capture(d.model, session.device, seconds, entries_before=entries,
-                                       entries_after=first_request.triton_cache_entries())
+    if fresh:  # what the next session's short first request weighs against plain generate
+        first_request.remember_first_capture(d.model, session.device, d.timings, entries_before=entries)
     stats.detail = d.describe()
     streamer.end()
     return [tok.decode(produced, skip_special_tokens=True)]
@@ -266,10 +264,8 @@ def run_batched(session, req: Request, route: support.Route | None = None) -> li
                            on_tokens=on_tokens)
     finally:
         stats.prepared = bd.timings.since(before).describe()
-    seconds = first_request.first_capture_seconds(bd.timings) if fresh else None
-    if seconds is not None:  # what the next session's short first list weighs against plain generate
-        first_request.remember_capture(bd.model, session.device, seconds, what="rows",
-                                       entries_before=entries, entries_after=first_request.triton_cache_entries())
+    if fresh:  # what the next session's short first list weighs against plain generate
+        first_request.remember_first_capture(bd.model, session.device, bd.timings, "rows", entries_before=entries)
     stats.detail = "; ".join([bd.describe(), *route.off])
     texts = [tok.decode(o, skip_special_tokens=True) if o is not None else "" for o in outs]
     if req.stream is not None and texts[0]:

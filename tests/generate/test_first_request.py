@@ -194,7 +194,7 @@ def test_tritons_cache_entries_are_counted_where_triton_keeps_them(tmp_path, mon
     assert first_request.triton_cache_entries() == 2
 
 
-def test_only_a_capture_of_the_uncompiled_step_is_kept():
+def test_only_a_capture_of_the_uncompiled_step_is_kept(s, cache):
     """A session that asked for a compiled step pays inductor's compile in its first capture: that
     is not the first request's capture, and a record of it would keep the next sessions on plain."""
     from nvkit.generate.fast.cuda_graphs import PARTS, Timings
@@ -207,3 +207,8 @@ def test_only_a_capture_of_the_uncompiled_step_is_kept():
         assert first_request.first_capture_seconds(Timings({**t, part: 2.5})) is None, part
     assert first_request.first_capture_seconds(Timings({**t, "compile prefill": 0.0})) == pytest.approx(1.3)
     assert first_request.first_capture_seconds(Timings()) is None  # nothing prepared: nothing to keep
+    # what a session keeps from its first request's decoder: the uncompiled capture, not a compiled one
+    first_request.remember_first_capture(s.model, s.device, Timings({**t, "compile and warm-up": 9.0}))
+    assert first_request.stored_capture(s.model, s.device) is None
+    first_request.remember_first_capture(s.model, s.device, t)
+    assert first_request.stored_capture(s.model, s.device) == pytest.approx(1.3)

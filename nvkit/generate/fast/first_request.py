@@ -190,6 +190,18 @@ def remember_capture(model, device, seconds: float, what: str = "capture", *, en
         _remember(model, device, [(what, seconds, True, 3600)])
 
 
+def remember_first_capture(model, device, timings: dict, what: str = "capture", *,
+                           entries_before: int | None = None) -> None:
+    """What a session's first request or list leaves for the next session's first one: its capture's
+    seconds from the decoder's ``timings`` (``first_capture_seconds``; nothing where that capture
+    was not the uncompiled step's alone), Triton's cache entries before it (``entries_before``)
+    against those now (``remember_capture``)."""
+    seconds = first_capture_seconds(timings)
+    if seconds is not None:
+        remember_capture(model, device, seconds, what, entries_before=entries_before,
+                         entries_after=triton_cache_entries())
+
+
 def remember_plain(model, device, seconds_per_token: float) -> None:
     """Keep what a session's first plain request cost per new token here."""
     _remember(model, device, [("plain", seconds_per_token, False, 3600)])
