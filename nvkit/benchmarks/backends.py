@@ -503,12 +503,15 @@ def cli_main(argv) -> int:
         return run()
     # with --json, stdout carries the JSON alone: anything else written there while the benchmark
     # runs goes to stderr, at the file-descriptor level, because a library's logger can hold the
-    # original stdout (DeepSpeed announces its accelerator at import that way)
+    # original stdout (DeepSpeed announces its accelerator at import that way), and at Python's
+    # level, for a caller whose sys.stdout is not file descriptor 1 (a test's capture, a notebook)
+    import contextlib
     sys.stdout.flush()
     saved = os.dup(1)
     os.dup2(2, 1)
     try:
-        code = run()
+        with contextlib.redirect_stdout(sys.stderr):
+            code = run()
     finally:
         sys.stdout.flush()
         os.dup2(saved, 1)
