@@ -180,22 +180,31 @@ def rope_reference(x, weight, cos, sin, eps: float):
     return x * cos.float() + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin.float()
 
 
-def attend_reference(q, k, v, pos, scale: float):
+def attend_reference(q, k, v, pos, scale: float, window: int = 0, softcap: float = 0.0):
     """``kernels.decode_attention.decode_attention`` in plain torch (fp32 softmax): one query per
-    head, q (heads, head_dim), over k, v (KV heads, length, head_dim) at positions 0..pos."""
+    head, q (heads, head_dim), over k, v (KV heads, length, head_dim) at positions 0..pos, or with
+    ``window`` > 0 at pos - window + 1..pos; with ``softcap`` > 0 the scores are
+    softcap · tanh(score / softcap) before the mask, as transformers' Gemma 2 attention has them."""
     import torch
     nh, hd = q.shape
     nkv, length, _ = k.shape
     groups = nh // nkv
     scores = torch.matmul(q.view(nkv, groups, hd).float(), k.float().transpose(1, 2)) * scale
-    scores = scores.masked_fill(torch.arange(length, device=k.device) > pos, float("-inf"))
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    at = torch.arange(length, device=k.device)
+    hidden = at > pos
+    if window:
+        hidden = hidden | (at <= pos - window)
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.matmul(scores.softmax(-1), v.float()).reshape(nh, hd).to(q.dtype)
 
 
 def paged_attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int, scale: float,
-                                eps: float):
+                                eps: float, window: int = 0, softcap: float = 0.0):
     """``kernels.paged_attention.paged_decode_attention`` in plain torch, row by row (writes into
-    ``k``/``v`` the same way)."""
+    ``k``/``v`` the same way); ``window`` and ``softcap`` as ``attend_reference`` takes them. It
+    gathers every position up to each row's own, so the whole table must point at real pages."""
     import torch
     rows, width, hd = qkv.shape
     nkv = k.shape[1]
@@ -208,7 +217,7 @@ def paged_attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, ta
         k[where[-1]] = rope_reference(qkv[b, nh:nh + nkv], k_weight, cos[p], sin[p], eps).to(k.dtype)
         v[where[-1]] = qkv[b, nh + nkv:]
         kb, vb = k[where].transpose(0, 1), v[where].transpose(0, 1)  # (kv heads, p + 1, head_dim)
-        outs.append(attend_reference(qb, kb, vb, torch.tensor(p), scale).to(qkv.dtype))
+        outs.append(attend_reference(qb, kb, vb, torch.tensor(p), scale, window, softcap).to(qkv.dtype))
     return torch.stack(outs) if outs else qkv.new_empty((0, nh, hd))
 
 

@@ -113,7 +113,8 @@ def test_what_the_invariant_path_cannot_run_is_said(s, monkeypatch):
 
 
 @pytest.mark.parametrize("family, why", [("Llama", None), ("Qwen3", None), ("Granite", None),
-                                         ("Olmo2", "OLMo 2's norms"), ("Gemma", "model type 'gemma' is not one of")])
+                                         ("Olmo2", "OLMo 2's norms"), ("Gemma", "the Gemma family's norms"),
+                                         ("Starcoder2", "model type 'starcoder2' is not one of")])
 def test_which_families_the_invariant_step_fits(family, why):
     import torch
     import transformers

@@ -1,7 +1,8 @@
 """Every family issue 37 names, on the batch-1 fast path's step logic (issue 37): the Llama family
-on nvkit's fused step, the others (Gemma, Phi-3, SmolLM3, OLMo 2, Granite, Starcoder2, Cohere 2 and
-the mixtures of experts OLMoE, Qwen3-MoE, Mixtral, gpt-oss) on their own forward over the static
-cache, each greedy token for token as plain ``generate``. Tiny random models in float32 on the CPU,
+and the layers near it (SmolLM3, OLMo 2, Granite, Gemma 1/2/3 with their sliding windows and
+soft-caps) on nvkit's fused step, the others (Phi-3, Starcoder2, Cohere 2 and the mixtures of
+experts OLMoE, Qwen3-MoE, Mixtral, gpt-oss) on their own forward over the static cache, each greedy
+token for token as plain ``generate``. Tiny random models in float32 on the CPU,
 built from transformers' configs; the captured graphs of the same step run in
 tests/gpu/test_sliding_window_gpu.py and ``nvkit bench --families``."""
 
@@ -24,7 +25,13 @@ FAMILIES = {  # transformers' class prefix -> the config's own settings (a windo
     "Olmoe": dict(num_experts=4, **MOE), "Qwen3Moe": dict(num_experts=4, moe_intermediate_size=32, head_dim=16, **MOE),
     "Mixtral": dict(num_local_experts=4, **MOE), "GptOss": dict(num_local_experts=4, head_dim=16, sliding_window=6, **MOE),
 }
-FUSED = {"Llama", "Qwen2", "Qwen3", "SmolLM3", "Granite", "Olmo2"}
+FUSED = {"Llama", "Qwen2", "Qwen3", "SmolLM3", "Granite", "Olmo2", "Gemma"}
+# the windowed and hybrid families, their windows crossed by the prompts and answers (Gemma 3's
+# sliding layers with a rotary table of their own)
+ALL_FAMILIES = {**FAMILIES, "Mistral": dict(sliding_window=6), "Gemma2": dict(head_dim=16, sliding_window=6),
+                "Gemma3Text": dict(head_dim=16, sliding_window=6,
+                                   layer_types=["sliding_attention", "sliding_attention", "full_attention"])}
+FUSED_ALL = FUSED | {"Mistral", "Gemma2", "Gemma3Text"}
 
 
 def _session(model):
@@ -58,13 +65,13 @@ def test_each_family_decodes_as_plain_generate(family):
 
 
 def _tiny(family):
-    cfg = getattr(transformers, family + "Config")(**SIZES, **FAMILIES[family])
-    cfg._attn_implementation = "sdpa"
+    cfg = getattr(transformers, family + "Config")(**SIZES, **ALL_FAMILIES[family])
+    cfg._attn_implementation = "eager" if family in ("GptOss", "Gemma2") else "sdpa"  # sinks; Gemma 2's soft-caps
     torch.manual_seed(0)
-    return getattr(transformers, family + "ForCausalLM")(cfg).eval()
+    return getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval()
 
 
-@pytest.mark.parametrize("family", ["Phi3", "Gemma", "Olmoe"])
+@pytest.mark.parametrize("family", ["Phi3", "Cohere2", "Olmoe"])
 def test_a_lora_adapter_runs_in_the_models_own_forward(family):
     """A family the fused step does not cover runs its adapters in PEFT's own layers (any module
     they wrap, Phi-3's fused qkv_proj and the experts' router included): the tuned tokens are PEFT's,
@@ -132,10 +139,12 @@ def test_other_adapter_types_on_the_models_own_forward_say_why():
     assert "PROMPT_TUNING" in support.single_why(s, dict(max_new_tokens=8, do_sample=False))
 
 
-@pytest.mark.parametrize("family", ["SmolLM3", "Granite", "Olmo2", "Phi3"])
+@pytest.mark.parametrize("family", ["SmolLM3", "Granite", "Olmo2", "Gemma", "Gemma2", "Gemma3Text", "Mistral", "Phi3"])
 def test_a_list_runs_on_the_fused_rows_where_the_family_fits(family):
-    """A list: SmolLM3 (NoPE layers), Granite (multipliers) and OLMo 2 (norms after each branch,
-    q/k normed over all heads) take the fused step over rows, each
+    """A list: SmolLM3 (NoPE layers), Granite (multipliers), OLMo 2 (norms after each branch,
+    q/k normed over all heads), the Gemma family (norms of 1 + w, GELU, Gemma 2/3's four norms and
+    sliding layers, Gemma 2's soft-caps, Gemma 3's second rotary table) and a Mistral with a window
+    on every layer (prompts and answers longer than the window) take the fused step over rows, each
     prompt greedy token for token as plain ``generate`` of the prompt alone, with rows refilled
     (3 prompts through 2 rows), and with a LoRA adapter attached; a family the fused step does not
     cover runs its list on its own forward, and with an adapter attached says why it does not."""
@@ -205,7 +214,7 @@ def test_the_decode_step_runs_experts_a_graph_can_capture(family):
     assert model.config._experts_implementation == "grouped_mm"
 
 
-@pytest.mark.parametrize("family", sorted(FUSED))
+@pytest.mark.parametrize("family", sorted(FUSED_ALL))
 def test_each_fused_family_runs_in_bfloat16(family):
     """In the dtype a user loads (bf16), each fused family's batch-1 step and rows step run (every
     tensor of a layer in one dtype, whatever the dtype of the model's own tables: OLMo 2's rotary
@@ -229,15 +238,10 @@ def test_each_fused_family_runs_in_bfloat16(family):
     assert [len(r) for r in rows] == [6, 6] and rows[0][0] == tokens[0] == int(ref.argmax())
 
 
-ALL_FAMILIES = {**FAMILIES, "Mistral": dict(sliding_window=6), "Gemma2": dict(head_dim=16, sliding_window=6),
-                "Gemma3Text": dict(head_dim=16, sliding_window=6,
-                                   layer_types=["sliding_attention", "sliding_attention", "full_attention"])}
-
-
-@pytest.mark.parametrize("family", [f for f in ALL_FAMILIES if f not in FUSED])
+@pytest.mark.parametrize("family", [f for f in ALL_FAMILIES if f not in FUSED_ALL])
 def test_a_list_runs_on_the_models_own_forward_where_the_fused_step_does_not_fit(family):
-    """Issue 37: a family the fused step does not cover (a windowed Mistral, Gemma 1/2/3 with their sliding and hybrid
-    layers and soft-capping, Phi-3, Starcoder2, Cohere 2, the mixtures of experts) runs a list on
+    """Issue 37: a family the fused step does not cover (Phi-3, Starcoder2, Cohere 2 with its sliding
+    and full layers, the mixtures of experts) runs a list on
     the rows path over its own forward (``ModelRowsDecoder``): each prompt greedy token for token
     as plain ``generate`` of the prompt alone, 4 prompts of 2–13 tokens through 2 rows (refilled;
     2 rows of a 4-expert, top-2 mixture run every expert on every row, ``dense_experts``)."""
@@ -245,7 +249,7 @@ def test_a_list_runs_on_the_models_own_forward_where_the_fused_step_does_not_fit
     cfg_class = getattr(transformers, family + "Config")
     model_class = getattr(transformers, family.replace("Text", "") + "ForCausalLM")
     cfg = cfg_class(**SIZES, **ALL_FAMILIES[family])
-    cfg._attn_implementation = "eager" if family in ("GptOss", "Gemma2") else "sdpa"  # sinks; Gemma 2's soft-capping
+    cfg._attn_implementation = "eager" if family == "GptOss" else "sdpa"  # gpt-oss's sinks
     torch.manual_seed(0)
     model = model_class(cfg).eval()
 
@@ -285,14 +289,11 @@ def test_the_models_own_forward_refuses_a_fused_model_and_the_session_picks_the_
 
 
 def test_a_sampled_list_on_the_models_own_forward_depends_on_each_prompts_seed_only():
-    """Sampling on the rows over a model's own forward (Gemma 3's hybrid layers): a prompt's text
-    depends on its seed, not on the prompts beside it or the row it lands in, and a repetition
-    penalty and ``min_new_tokens`` hold per row."""
+    """Sampling on the rows over a model's own forward (Cohere 2's sliding and full layers): a
+    prompt's text depends on its seed, not on the prompts beside it or the row it lands in, and a
+    repetition penalty and ``min_new_tokens`` hold per row."""
     from nvkit.generate.fast.model_rows import ModelRowsDecoder
-    cfg = transformers.Gemma3TextConfig(**SIZES, **ALL_FAMILIES["Gemma3Text"])
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.Gemma3ForCausalLM(cfg).eval()
+    model = _tiny("Cohere2")
     bd = ModelRowsDecoder(fast.FastDecoder(model, k_steps=4, graphs=False), max_rows=2)
     rng = torch.Generator().manual_seed(8)
     prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (4, 12, 7)]

@@ -157,3 +157,37 @@ def test_compile_after_from_the_environment(raw, ok):
     for bad in (-1, "30", False, float("nan"), float("inf")):
         with pytest.raises(NvkitError, match="compile_after"):
             FastOptions(compile_after=bad)
+
+
+@pytest.mark.parametrize("family", ["Gemma2", "Gemma3Text"])
+def test_a_windowed_family_compiles_fullgraph_whole_and_by_layer(family):
+    """The Gemma family on the fused step traces whole under ``fullgraph`` (its windows' masks, the
+    soft-caps, the second rotary table, GELU, the four norms of 1 + w), whole and by layer, and
+    computes the eager step's logits."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    from nvkit.generate.fast.llama_step import decode_head, decode_step, model_decode_layer
+    from tests.generate.test_families_step import _tiny
+    model = _tiny(family)
+    d = fast.FastDecoder(model, k_steps=2, graphs=False)
+    fw = d._fw
+    assert {w.window for w in fw.layers} == {0, 6}
+    with torch.inference_mode():
+        c = d._cache_for(100)
+        eager = d._step(c, False)
+        whole = torch.compile(eager, fullgraph=True, dynamic=False, backend="eager")
+        compiles = CompileCounterWithBackend("eager")
+        layer = torch.compile(model_decode_layer(fw, d.attention), fullgraph=True, dynamic=False, backend=compiles)
+        head = torch.compile(decode_head(fw), fullgraph=True, dynamic=False, backend=compiles)
+        regional = decode_step(fw, c, d.attention, layer=layer, head=head)
+        got = {}
+        for name, fn in (("eager", eager), ("whole", whole), ("regional", regional)):
+            c.pos.fill_(11)  # past the window of 6
+            c.tok.fill_(7)
+            got[name] = fn(c.tok)
+        # matmul attention reads the layer's mask, not its window: one compile of the layer serves
+        # sliding and full layers alike (the kernels take the window: two variants on a GPU)
+        assert compiles.frame_count == 2, compiles.frame_count
+    for name in ("whole", "regional"):
+        diff = (got[name] - got["eager"]).abs().max()
+        assert torch.allclose(got[name], got["eager"], atol=1e-4, rtol=1e-4), (name, diff)

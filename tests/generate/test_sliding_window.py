@@ -1,9 +1,11 @@
 """Sliding-window and hybrid models on the batch-1 fast path (issue 37): Gemma 2 and 3 (sliding and
-full layers), a Mistral and a Phi-3 with a window on every layer. The model's own forward is the
-step, over a cache that keeps every position, with masks that keep each sliding layer to its
-window (``static_cache.model_masks``), so greedy tokens equal plain ``generate``'s well past the
-window; the fused step and the rows path say why they do not run them. Tiny random models in
-float32 on the CPU, built from transformers' configs (nothing downloaded)."""
+full layers), a Mistral and a Phi-3 with a window on every layer. Gemma 2/3 and the Mistral run
+nvkit's fused step, each sliding layer masked to its window (``llama_step.window_masks``; the
+kernels' lower bound on the GPU); with ``fused=False`` (and for Phi-3, which the fused step does not
+fit) the model's own forward is the step, over a cache that keeps every position, with masks that
+keep each sliding layer to its window (``static_cache.model_masks``). Either way greedy tokens equal
+plain ``generate``'s well past the window. Tiny random models in float32 on the CPU, built from
+transformers' configs (nothing downloaded)."""
 
 import pytest
 import torch
@@ -36,13 +38,15 @@ def _model(family, **extra):
     return getattr(transformers, model_cls)(cfg).eval()
 
 
+@pytest.mark.parametrize("fused", [None, False])
 @pytest.mark.parametrize("family", list(FAMILIES))
-def test_a_sliding_window_model_decodes_as_plain_generate_past_its_window(family):
+def test_a_sliding_window_model_decodes_as_plain_generate_past_its_window(family, fused):
     model = _model(family)
     assert "sliding_attention" in layer_kinds(model.config)
-    assert "sliding-window" in fusable_why(model) if family == "mistral" else fusable_why(model)  # Llama's layout, windowed
-    d = fast.FastDecoder(model, k_steps=4, graphs=False)
-    assert d.describe().startswith("model forward")
+    assert (fusable_why(model) is None) == (family != "phi3"), fusable_why(model)
+    d = fast.FastDecoder(model, k_steps=4, graphs=False, fused=fused)
+    on_fused = fused is None and family != "phi3"
+    assert d.describe().startswith("fused step" if on_fused else "model forward"), d.describe()
     for prompt_len, n in ((3, 20), (11, 9)):  # decoding across the window, and a prompt longer than it
         ids = torch.randint(1, SIZES["vocab_size"], (1, prompt_len))
         gen = dict(max_new_tokens=n, do_sample=False, eos_token_id=NEVER)

@@ -13,7 +13,7 @@ import transformers
 import nvkit.generate.fast as fast
 from nvkit.generate.fast.model_rows import ModelRowsDecoder
 from nvkit.generate.fast.rows import BatchedDecoder
-from tests.generate.test_families_step import ALL_FAMILIES, FUSED, NEVER, SIZES
+from tests.generate.test_families_step import ALL_FAMILIES, FUSED_ALL, NEVER, SIZES
 
 
 def _model(family):
@@ -37,7 +37,7 @@ def test_each_family_runs_its_graphs_as_plain_generate(family):
                 sampling, why = fast.resolve(model, gen)
                 assert why is None, why
                 assert d.generate(ids, sampling) == ref, (family, prompt_len, d.describe())
-        want = "fused step" if family in FUSED else "model forward"
+        want = "fused step" if family in FUSED_ALL else "model forward"
         assert d.describe().startswith(want) and d.counts["compiles"] == 1, (d.describe(), d.counts)
     finally:
         d.release()
@@ -50,7 +50,7 @@ def test_each_family_runs_a_list_on_the_rows_graphs(family):
     forward (``ModelRowsDecoder``), those also once their forward is compiled (each rung measured
     against its uncompiled graph)."""
     model = _model(family)
-    fused = family in FUSED
+    fused = family in FUSED_ALL
     bd = (BatchedDecoder if fused else ModelRowsDecoder)(fast.FastDecoder(model, k_steps=8), max_rows=4)
     gen = dict(max_new_tokens=48, do_sample=False, eos_token_id=NEVER)
     rng = torch.Generator().manual_seed(3)
@@ -73,10 +73,11 @@ def test_each_family_runs_a_list_on_the_rows_graphs(family):
         bd.release()
 
 
-@pytest.mark.parametrize("family", sorted(FUSED))
+@pytest.mark.parametrize("family", sorted(FUSED_ALL))
 def test_a_fused_family_runs_its_graphs_in_bfloat16(family):
     """The dtype a user loads: each fused family's batch-1 graphs (nvkit's Triton attention) and
-    rows graphs run in bf16 (OLMo 2's float32 rotary tables among them), the first logits within
+    rows graphs run in bf16 (OLMo 2's float32 rotary tables, the Gemma family's float32 norm
+    weights and bf16-rounded embedding scale among them), the first logits within
     bf16's rounding of the model's own forward, and a list's first tokens those of the prompt alone."""
     model = _model(family).to(torch.bfloat16)
     d = fast.FastDecoder(model, k_steps=8)
@@ -116,7 +117,7 @@ def _list_as_peft_alone(pm, bd, seed: int) -> None:
             assert bd.generate(prompts, sampling) == alone() != tuned
 
 
-@pytest.mark.parametrize("family", ["Llama", "Qwen3"])
+@pytest.mark.parametrize("family", ["Llama", "Qwen3", "Gemma2", "Gemma3Text"])
 def test_a_list_with_an_adapter_on_the_fused_rows_folds_it(family):
     """A LoRA adapter on a fused family's list: the rows step with nvkit's kernels folds its first
     product into the base one (one float32 product and one kernel per projection group, for every
@@ -134,7 +135,7 @@ def test_a_list_with_an_adapter_on_the_fused_rows_folds_it(family):
         d.release()
 
 
-@pytest.mark.parametrize("family", ["Phi3", "Gemma3Text", "Olmoe"])
+@pytest.mark.parametrize("family", ["Phi3", "Cohere2", "Olmoe"])
 def test_a_list_with_an_adapter_on_its_own_forwards_graphs(family):
     """A LoRA adapter on a family off the fused step: the list's rows graphs run PEFT's layers
     (each prompt as PEFT's ``generate`` of it alone), and switched off, the base model's."""
@@ -150,3 +151,25 @@ def test_a_list_with_an_adapter_on_its_own_forwards_graphs(family):
         assert "LoRA in PEFT's own layers" not in bd.describe()  # the last request ran without it
     finally:
         bd.release()
+
+
+@pytest.mark.parametrize("attention", ["matmul", "triton-split", "triton-fused"])
+@pytest.mark.parametrize("family", ["Gemma2", "Gemma3Text", "Mistral"])
+def test_a_windowed_family_runs_every_attention_kind_as_plain_generate(family, attention):
+    """The fused step's three attention kinds on the sliding-window families (Gemma 2's soft-capped
+    scores, Gemma 3's sliding layers with their own rotary table, a Mistral windowed on every
+    layer): the kernels start each sliding layer's reads at its window, and a 40-token prompt with
+    64 new tokens crosses the window of 6 many times; greedy tokens as plain ``generate``."""
+    model = _model(family)
+    d = fast.FastDecoder(model, k_steps=8, attention=attention)
+    gen = dict(max_new_tokens=64, do_sample=False, eos_token_id=NEVER)
+    ids = torch.randint(1, SIZES["vocab_size"], (1, 40), device="cuda",
+                        generator=torch.Generator("cuda").manual_seed(9))
+    try:
+        with torch.inference_mode():
+            ref = model.generate(ids, pad_token_id=0, **gen)[0, 40:].tolist()
+            sampling, _ = fast.resolve(model, gen)
+            assert d.generate(ids, sampling) == ref, d.describe()
+        assert d.describe().startswith("fused step") and f"{attention} attention" in d.describe(), d.describe()
+    finally:
+        d.release()

@@ -19,15 +19,25 @@ from typing import Any, Callable
 from ...memory.estimate import attention_dims
 
 # Architectures whose decoder layer is exactly: RMSNorm, q/k/v (optional q/k RMSNorm), RoPE,
-# attention, o, residual, RMSNorm, SiLU-gated MLP, residual (checked module by module in fusable_why).
+# attention, o, residual, RMSNorm, gated MLP, residual (checked module by module in fusable_why).
 # SmolLM3 leaves RoPE out of some layers (``LayerWeights.rope``); Granite scales the embeddings, each
 # residual branch and the logits by constants of its config (``FusedWeights.embed_scale`` etc.);
 # OLMo 2 norms each branch's output instead of its input, and q and k over all heads at once
-# (``LayerWeights.in_norm`` None, ``ff_norm``; ``FusedWeights.weight_first``).
-FUSABLE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "granite", "olmo2")
-# the layer norms of the two layouts: before attention and MLP (Llama), after them (OLMo 2)
+# (``LayerWeights.in_norm`` None, ``ff_norm``; ``FusedWeights.weight_first``). The Gemma family
+# multiplies its norms by 1 + w in float32 (``unit_offset_norms``), scales the embeddings by
+# sqrt(hidden) rounded to the weights' dtype and gates its MLP with GELU (tanh form); Gemma 2 and 3
+# norm each branch before and after it (four norms, ``LayerWeights.mlp_norm``), keep some layers to a
+# sliding window (``LayerWeights.window``), Gemma 2 soft-caps the attention scores and the logits, and
+# Gemma 3 gives its sliding layers a rotary table of their own (``LayerWeights.rope_table``).
+FUSABLE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "granite", "olmo2", "gemma", "gemma2", "gemma3_text")
+# the layer norms of the three layouts: before attention and MLP (Llama), after them (OLMo 2),
+# before and after both (Gemma 2/3)
 PRE_NORMS = ("input_layernorm", "post_attention_layernorm")
 POST_NORMS = ("post_attention_layernorm", "post_feedforward_layernorm")
+BOTH_NORMS = ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+NORM_NAMES = BOTH_NORMS
+#: the MLP's gate activations the steps compute (``activation``): name -> transformers' function
+ACTIVATIONS = ("silu", "gelu_tanh")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -37,9 +47,30 @@ def base_layer(module):
 
 
 def weight_first_norms(cfg) -> bool:
-    """OLMo 2's norms: the weight multiplied in float32 before rounding (Llama's round first), and
-    applied to whole branches' outputs and to all heads' q and k at once."""
-    return getattr(cfg, "model_type", None) == "olmo2"
+    """OLMo 2's and the Gemma family's norms: the weight multiplied in float32 before rounding
+    (Llama's round first). OLMo 2's apply to whole branches' outputs and to all heads' q and k at once."""
+    return getattr(cfg, "model_type", None) == "olmo2" or unit_offset_norms(cfg)
+
+
+def unit_offset_norms(cfg) -> bool:
+    """The Gemma family's norms: they multiply by 1 + w (w stored as an offset from one), in float32."""
+    return getattr(cfg, "model_type", None) in ("gemma", "gemma2", "gemma3_text")
+
+
+def activation(mlp) -> str | None:
+    """The MLP's gate activation as the steps name it (``ACTIVATIONS``), or None for another one:
+    SiLU, or GELU in its tanh form as torch computes it (transformers' ``gelu_pytorch_tanh``; its
+    Python formula rounds otherwise)."""
+    import functools
+
+    import torch.nn as nn
+    from transformers.activations import GELUTanh, SiLUActivation
+    act = getattr(mlp, "act_fn", None)
+    if isinstance(act, (SiLUActivation, nn.SiLU)):
+        return "silu"
+    if isinstance(act, GELUTanh) and isinstance(getattr(act, "act", None), functools.partial):
+        return "gelu_tanh"
+    return None
 
 
 def invariant_why(model) -> str | None:
@@ -47,7 +78,10 @@ def invariant_why(model) -> str | None:
     ``model`` (None when it does): the fused step must, in a layout whose every norm runs in nvkit's
     row kernels; OLMo 2's run in torch's reductions, whose order follows the number of rows."""
     why = fusable_why(model)
-    if why is None and weight_first_norms(model.config.get_text_config()):
+    cfg = model.config.get_text_config()
+    if why is None and unit_offset_norms(cfg):
+        why = "the Gemma family's norms (times 1 + w in float32) run in torch's reductions, which follow the row count"
+    elif why is None and weight_first_norms(cfg):
         why = "OLMo 2's norms (over whole branches and all heads) run in torch's reductions, which follow the row count"
     return why
 
@@ -63,12 +97,14 @@ def fusable_why(model) -> str | None:
     if inner is None or not all(hasattr(inner, a) for a in ("layers", "embed_tokens", "norm", "rotary_emb")) \
             or not hasattr(model, "lm_head"):
         return "the model does not have the usual decoder layout"
-    if getattr(inner.rotary_emb, "rope_type", "default") in ("dynamic", "longrope"):
+    rope_types = getattr(inner.rotary_emb, "rope_type", "default")
+    if {"dynamic", "longrope"} & set(rope_types.values() if isinstance(rope_types, dict) else [rope_types]):
         return "its RoPE rescales with the length at run time"
-    if "sliding_attention" in layer_kinds(cfg):
-        return f"it has sliding-window attention layers (a window of {cfg.sliding_window} tokens)"
-    if getattr(cfg, "hidden_act", "silu") != "silu":
-        return f"its MLP activation is {cfg.hidden_act!r}"
+    other = sorted(set(layer_kinds(cfg)) - {"full_attention", "sliding_attention"})
+    if other:
+        return f"it has attention layers of kind {', '.join(other)}"
+    if getattr(cfg, "use_bidirectional_attention", False):
+        return "its attention is bidirectional"
     import torch.nn as nn
     for layer in inner.layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
@@ -76,10 +112,11 @@ def fusable_why(model) -> str | None:
         mods += [base_layer(getattr(mlp, n, None)) for n in PROJECTIONS[4:]]
         if any(type(m) is not nn.Linear for m in mods):  # exact type: quantized layers compute otherwise
             return "its projections are not plain Linear layers"
-        names = tuple(n for n in ("input_layernorm", "post_attention_layernorm", "post_feedforward_layernorm")
-                      if hasattr(layer, n))
-        if names not in (PRE_NORMS, POST_NORMS):
-            return f"its layer norms ({', '.join(names)}) are neither Llama's nor OLMo 2's"
+        if activation(mlp) is None:
+            return f"its MLP activation ({type(getattr(mlp, 'act_fn', None)).__name__}) is neither SiLU nor GELU (tanh)"
+        names = tuple(n for n in NORM_NAMES if hasattr(layer, n))
+        if names not in (PRE_NORMS, POST_NORMS, BOTH_NORMS):
+            return f"its layer norms ({', '.join(names)}) are neither Llama's, OLMo 2's nor Gemma 2's"
         for norm in (getattr(layer, n) for n in names):
             if _norm_eps(norm) is None:
                 return f"its layer norm ({type(norm).__name__}) is not an RMS norm with a weight"
@@ -132,9 +169,13 @@ def qk_norm_why(model, hd: int) -> str | None:
 @dataclass
 class _Slot:
     """One weight the steps read: how to find the model's current tensor, and the tensor (or the
-    slice of a fused tensor) the captured graphs read."""
+    slice of a fused tensor) the captured graphs read. ``derive``: the steps read a tensor computed
+    from the parameter (the Gemma norms' float32 1 + w), recomputed when the parameter is replaced
+    or changed in place (``seen``: its storage and version counter when last derived)."""
     find: Callable[[], Any]   # -> the model's nn.Parameter now
     held: Any
+    derive: Callable[[Any], Any] | None = None
+    seen: tuple = ()
 
 
 @dataclass
@@ -158,9 +199,16 @@ class LayerWeights:
     #: False where the layer applies no RoPE (SmolLM3's NoPE layers): the steps hand such a layer
     #: a rotary table of cos 1 and sin 0, which leaves q and k exactly as they are
     rope: bool = True
-    #: OLMo 2: the norm of the MLP's output (``post_norm`` is then the attention output's)
+    #: OLMo 2, Gemma 2/3: the norm of the MLP's output (``post_norm`` is then the attention output's)
     ff_norm: Any = None
     ff_eps: float = 0.0
+    #: Gemma 2/3: the norm of the MLP's input (with ``ff_norm``; OLMo 2's MLP reads the residual as it is)
+    mlp_norm: Any = None
+    mlp_eps: float = 0.0
+    #: a sliding-window layer's window (it attends to the positions p - window < j <= p); 0: every position
+    window: int = 0
+    #: which of ``FusedWeights.rope_kinds``' rotary tables the layer's RoPE reads
+    rope_table: int = 0
     #: with spare rows: the qkv, o, gate_up and down tensors with those rows below the weights
     #: (``qkv`` etc. are views of their first rows); None without
     spare: tuple | None = None
@@ -184,24 +232,52 @@ class FusedWeights:
         # Fusing can happen inside generation, under inference_mode; tensors made there could never
         # be used for training again ("Inference tensors cannot be saved for backward"). The fused
         # tensors must be ordinary ones.
+        cfg = model.config.get_text_config()
+        #: the Gemma family's norms: the steps read float32 1 + w (``_norm``)
+        self.unit_offset = unit_offset_norms(cfg)
+        #: Gemma 3: a rotary table per attention kind (its rotary module takes the layer's kind);
+        #: one table (named None) for every other model
+        import inspect
+        takes_kind = "layer_type" in inspect.signature(inner.rotary_emb.forward).parameters
+        self.rope_kinds: list = ([t for t in sorted(set(cfg.layer_types)) if hasattr(inner.rotary_emb, f"{t}_inv_freq")]
+                                 if takes_kind else [None])
         with torch.inference_mode(False), torch.no_grad():
             self.embed = self._own(lambda: inner.embed_tokens.weight)
-            self.norm = self._own(lambda: inner.norm.weight)
+            self.norm = self._norm(lambda: inner.norm.weight)
             self.norm_eps = _norm_eps(inner.norm)
             self.lm_head = self._own(lambda: model.lm_head.weight)
-            self.layers = [self._layer(layer) for layer in inner.layers]
+            kinds = layer_kinds(cfg)
+            self.layers = [self._layer(layer, kinds[i], cfg) for i, layer in enumerate(inner.layers)]
         self.nope = not all(w.rope for w in self.layers)
         self.intermediate = int(self.layers[0].down.shape[1])  # the MLP's width (a prefill's activations)
+        #: the MLP's gate activation (``ACTIVATIONS``)
+        self.activation = activation(inner.layers[0].mlp)
         # Granite's constants, applied where its forward applies them: the embeddings times one,
         # each residual branch (attention and MLP output) times another, the logits divided by a
         # third; None where the family has none (the steps then skip the operation)
-        cfg = model.config.get_text_config()
         granite = getattr(cfg, "model_type", None) == "granite"
-        #: OLMo 2's norms multiply by the weight in float32 before rounding (Llama's round first)
+        #: OLMo 2's and Gemma's norms multiply by the weight in float32 before rounding (Llama's round first)
         self.weight_first = weight_first_norms(cfg)
-        self.embed_scale = float(cfg.embedding_multiplier) if granite else None
+        scale = getattr(inner.embed_tokens, "embed_scale", None)  # Gemma: sqrt(hidden), rounded to the weights' dtype
+        self.embed_scale = (float(cfg.embedding_multiplier) if granite
+                            else float(scale.to(self.dtype)) if torch.is_tensor(scale) else None)
         self.residual_scale = float(cfg.residual_multiplier) if granite else None
         self.logits_scale = float(cfg.logits_scaling) if granite else None
+        #: Gemma 2: the attention scores and the logits soft-capped (cap · tanh(x / cap)); None: not
+        self.attn_softcap = _cap(getattr(cfg, "attn_logit_softcapping", None))
+        self.logits_softcap = _cap(getattr(cfg, "final_logit_softcapping", None))
+
+    def _norm(self, find):
+        """A norm's weight as the steps multiply by it: the parameter, or for the Gemma family float32
+        1 + w (what its norms compute before every product), kept in step by ``sync``."""
+        if not self.unit_offset:
+            return self._own(find)
+        import torch
+        p = find()
+        slot = _Slot(find, None, lambda t: 1.0 + t.detach().to(torch.float32), (p.data_ptr(), p._version))
+        slot.held = slot.derive(p).contiguous()
+        self._slots.append(slot)
+        return slot.held
 
     def _own(self, find):
         p = find()
@@ -226,7 +302,7 @@ class FusedWeights:
             off += n
         return fused[:off], fused
 
-    def _layer(self, layer) -> LayerWeights:
+    def _layer(self, layer, kind: str, cfg) -> LayerWeights:
         attn, mlp = layer.self_attn, layer.mlp
 
         def lin(parent, name, what="weight"):
@@ -243,24 +319,29 @@ class FusedWeights:
             spare = (qkv_spare, o_spare, gate_up_spare, down_spare)
         else:
             o, down = self._own(lin(attn, "o_proj")), self._own(lin(mlp, "down_proj"))
-        pre = hasattr(layer, "input_layernorm")
+        pre, post = hasattr(layer, "input_layernorm"), hasattr(layer, "post_feedforward_layernorm")
+        both = pre and post
+        table = self.rope_kinds.index(cfg.layer_types[layer.self_attn.layer_idx]) if self.rope_kinds != [None] else 0
         return LayerWeights(
-            in_norm=self._own(lambda: layer.input_layernorm.weight) if pre else None,
+            in_norm=self._norm(lambda: layer.input_layernorm.weight) if pre else None,
             in_eps=_norm_eps(layer.input_layernorm) if pre else 0.0,
             qkv=qkv, qkv_bias=qkv_bias,
-            q_norm=self._own(lambda: attn.q_norm.weight) if has_qk else None,
-            k_norm=self._own(lambda: attn.k_norm.weight) if has_qk else None,
+            q_norm=self._norm(lambda: attn.q_norm.weight) if has_qk else None,
+            k_norm=self._norm(lambda: attn.k_norm.weight) if has_qk else None,
             qk_eps=_norm_eps(attn.q_norm) if has_qk else 0.0,
             o=o,
             o_bias=self._own(lin(attn, "o_proj", "bias")) if lin(attn, "o_proj", "bias")() is not None else None,
-            post_norm=self._own(lambda: layer.post_attention_layernorm.weight),
+            post_norm=self._norm(lambda: layer.post_attention_layernorm.weight),
             post_eps=_norm_eps(layer.post_attention_layernorm),
             gate_up=gate_up, gate_up_bias=gate_up_bias,
             down=down,
             down_bias=self._own(lin(mlp, "down_proj", "bias")) if lin(mlp, "down_proj", "bias")() is not None else None,
             scaling=float(getattr(attn, "scaling", self.hd ** -0.5)), rope=bool(getattr(attn, "use_rope", True)),
-            ff_norm=None if pre else self._own(lambda: layer.post_feedforward_layernorm.weight),
-            ff_eps=0.0 if pre else _norm_eps(layer.post_feedforward_layernorm), spare=spare)
+            ff_norm=self._norm(lambda: layer.post_feedforward_layernorm.weight) if post else None,
+            ff_eps=_norm_eps(layer.post_feedforward_layernorm) if post else 0.0,
+            mlp_norm=self._norm(lambda: layer.pre_feedforward_layernorm.weight) if both else None,
+            mlp_eps=_norm_eps(layer.pre_feedforward_layernorm) if both else 0.0,
+            window=int(cfg.sliding_window) if kind == "sliding_attention" else 0, rope_table=table, spare=spare)
 
     def _bias_group(self, parent, names, lin):
         """Stacked biases of projections that share an input (a missing one is zeros of its
@@ -297,6 +378,15 @@ class FusedWeights:
                 p = slot.find()
                 if p is None:
                     raise ValueError("a weight the fused step reads is gone from the model")
+                if slot.derive is not None:
+                    if (p.data_ptr(), p._version) != slot.seen:
+                        if p.shape != slot.held.shape or p.device != slot.held.device:
+                            raise ValueError(f"a weight changed shape or device ({tuple(slot.held.shape)} -> "
+                                             f"{tuple(p.shape)})")
+                        slot.held.copy_(slot.derive(p))
+                        slot.seen = (p.data_ptr(), p._version)
+                        changed += 1
+                    continue
                 if p.data_ptr() == slot.held.data_ptr() and p.shape == slot.held.shape:
                     continue
                 if p.shape != slot.held.shape or p.dtype != slot.held.dtype or p.device != slot.held.device:
@@ -308,11 +398,19 @@ class FusedWeights:
         return changed
 
     def rotary(self, length: int):
-        """(cos, sin) tables of positions 0..length-1, (length, head_dim) in the model's dtype,
-        computed by the model's own rotary module (a lookup per step instead of its kernels)."""
+        """(cos, sin) tables of positions 0..length-1 in the model's dtype, computed by the model's
+        own rotary module (a lookup per step instead of its kernels): (length, head_dim), or with
+        several rotary kinds (Gemma 3) each kind's table below the last, (kinds × length, head_dim)
+        (``llama_step.rotary_kinds`` takes them apart)."""
         import torch
         inner = self.model.model
         dev = self.embed.device
         probe = torch.zeros(1, 1, dtype=self.dtype, device=dev)
-        cos, sin = inner.rotary_emb(probe, torch.arange(length, device=dev).view(1, length))
-        return cos.view(length, -1).contiguous(), sin.view(length, -1).contiguous()
+        positions = torch.arange(length, device=dev).view(1, length)
+        tables = [inner.rotary_emb(probe, positions) if kind is None else inner.rotary_emb(probe, positions, kind)
+                  for kind in self.rope_kinds]
+        return tuple(torch.cat([t[i].reshape(length, -1) for t in tables]).contiguous() for i in (0, 1))
+
+
+def _cap(value) -> float | None:
+    return float(value) if value else None

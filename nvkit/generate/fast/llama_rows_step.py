@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .llama_step import (embed, full_qk_norm, layer_args, layer_ends, linear, lm_logits, projection, rope, rms_norm,
-                         rotaries)
+from .llama_step import (attend_scores, embed, full_qk_norm, layer_args, layer_ends, linear, lm_logits,
+                         prefill_attention, projection, rope, rms_norm, rotaries, rotary_kinds, window_masks)
 from .fused_weights import FusedWeights
 
 
@@ -30,7 +30,8 @@ def paged_positions(table, page: int, length: int):
 
 
 def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: int, kernels: bool = False,
-                      residual: float | None = None, weight_first: bool = False, invariant: bool = False) -> Callable:
+                      residual: float | None = None, weight_first: bool = False, invariant: bool = False,
+                      act: str = "silu", softcap: float | None = None) -> Callable:
     """One layer of the rows decode step, on tensors only: ``layer(h, delta, pos, table, cos, sin,
     c, s, where, here, mask, keys, values, *layer_args(w, lo))`` -> (h, delta), the residual
     carried as ``llama_step.decode_layer`` carries it (the layer's input is ``h + delta``). "paged"
@@ -38,13 +39,15 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     rotary values ``c``/``s``, their pool indices ``where``, new positions ``here`` and ``mask``
     (``decode_rows_step`` makes them once per step). ``kernels``: the sums with their norms, the
     activation and the adapters' products in nvkit's Triton kernels (``nvkit.generate.kernels``), for a
-    step that is not compiled. ``residual``, ``weight_first`` and a layer without ``in_norm``
-    (OLMo 2's): as ``llama_step.decode_layer``. ``invariant`` (with ``kernels`` and "paged"): every
+    step that is not compiled. ``residual``, ``weight_first``, ``act``, ``softcap``, the layer's
+    window and a layer without ``in_norm`` (OLMo 2's): as ``llama_step.decode_layer`` (``mask`` is
+    the layer's own, ``window_masks``). ``invariant`` (with ``kernels`` and "paged"): every
     product and the attention computed for each row as for that row alone (``kernels.invariant_linear``,
     the paged kernel's fixed slices): the batch-invariant step."""
     import torch
     groups = nh // nkv
-    enter, leave = layer_ends(kernels, residual, weight_first, invariant)
+    cap = softcap or 0.0  # the kernel's form of "no cap"
+    enter, leave = layer_ends(kernels, residual, weight_first, invariant, act)
     splits = 0
     if attention == "paged":
         from ..kernels.paged_attention import INVARIANT_SPLITS, paged_decode_attention
@@ -52,29 +55,29 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     proj = projection(kernels, invariant)
 
     def layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys, values, in_norm, in_eps, qkv_w,
-              qkv_bias, q_norm, k_norm, qk_eps, o_w, o_bias, post_norm, post_eps, ff_norm, ff_eps, gate_up_w,
-              gate_up_bias, down_w, down_bias, scaling, lo_qkv, lo_o, lo_gate_up, lo_down):
+              qkv_bias, q_norm, k_norm, qk_eps, o_w, o_bias, post_norm, post_eps, ff_norm, ff_eps, mlp_norm, mlp_eps,
+              gate_up_w, gate_up_bias, down_w, down_bias, scaling, window, lo_qkv, lo_o, lo_gate_up, lo_down):
         h, x = enter(h, delta, in_norm, in_eps)
         # norms over all heads (OLMo 2) here, not in the kernel
         qkv, q_norm, k_norm = full_qk_norm(proj(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first)
         qkv = qkv.view(-1, nh + 2 * nkv, hd)
         if attention == "paged":
             o = paged_decode_attention(qkv, q_norm, k_norm, cos, sin, keys, values, pos, table, page, scaling, qk_eps,
-                                       splits)
+                                       splits, window, cap)
         else:
             q, k, v = qkv.split((nh, nkv, nkv), dim=1)
             if q_norm is not None:
-                q, k = rms_norm(q, q_norm, qk_eps), rms_norm(k, k_norm, qk_eps)
+                q, k = rms_norm(q, q_norm, qk_eps, weight_first), rms_norm(k, k_norm, qk_eps, weight_first)
             q, k = rope(q, c, s), rope(k, c, s)
             keys.index_copy_(0, here, k)
             values.index_copy_(0, here, v)
             kk = keys[where].transpose(1, 2)                           # (rows, nkv, length, hd)
             vv = values[where].transpose(1, 2)
-            scores = torch.matmul(q.view(-1, nkv, groups, hd), kk.transpose(2, 3)).float() * scaling
+            scores = attend_scores(torch.matmul(q.view(-1, nkv, groups, hd), kk.transpose(2, 3)), scaling, softcap)
             scores = scores + mask[:, None, None, :]
             o = torch.matmul(scores.softmax(-1).to(dtype), vv)         # (rows, nkv, groups, hd)
         return leave(h, proj(o.reshape(-1, nh * hd), o_w, o_bias, lo_o), post_norm, post_eps, ff_norm, ff_eps,
-                     gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down)
+                     mlp_norm, mlp_eps, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down)
 
     return layer
 
@@ -83,7 +86,7 @@ def model_decode_rows_layer(fw: FusedWeights, attention: str, page: int, kernels
                             invariant: bool = False) -> Callable:
     """``decode_rows_layer`` for the model whose weights ``fw`` holds."""
     return decode_rows_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, page, kernels, fw.residual_scale,
-                             fw.weight_first, invariant)
+                             fw.weight_first, invariant, fw.activation, fw.attn_softcap)
 
 
 def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, layer: Callable | None = None,
@@ -109,19 +112,22 @@ def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, lay
 
     def step(tok, pos, table, cos, sin, keys, values):
         h = embed(fw, tok)                                             # (rows, hidden)
-        where = here = mask = None
+        where = here = None
+        masks: dict = {}
         if attention == "paged":  # the kernel looks the rows' positions up in the whole tables
-            tables = [(cs, sn, None, None) for cs, sn in rotaries(fw, cos, sin)]
+            tables = [(cs, sn, None, None) for cs, sn in rotaries(fw, rotary_kinds(fw, cos, sin))]
         else:
-            c, s = cos.index_select(0, pos).unsqueeze(1), sin.index_select(0, pos).unsqueeze(1)  # (rows, 1, hd)
-            tables = [(None, None, cs, sn) for cs, sn in rotaries(fw, c, s)]
+            picked = [(c.index_select(0, pos).unsqueeze(1), s.index_select(0, pos).unsqueeze(1))  # (rows, 1, hd)
+                      for c, s in rotary_kinds(fw, cos, sin)]
+            tables = [(None, None, cs, sn) for cs, sn in rotaries(fw, picked)]
             length = table.shape[1] * page
             where = paged_positions(table, page, length)               # (rows, length) pool indices
             here = where.gather(1, pos.unsqueeze(1)).squeeze(1)        # (rows,) each row's new position
-            mask = torch.where(torch.arange(length, device=pos.device).unsqueeze(0) <= pos.unsqueeze(1), 0.0, neg)
+            masks = window_masks(fw, torch.arange(length, device=pos.device).unsqueeze(0), pos.unsqueeze(1), neg)
         delta = torch.zeros_like(h)
         for i, (w, (cs, sn, c, s)) in enumerate(zip(fw.layers, tables)):
             lo = lora.layers[i] if lora is not None else None
+            mask = masks.get(w.window)
             if regional:
                 mark_layer_rows_dynamic(h, delta, pos, table, cs, sn, c, s, where, here, mask, keys[i], values[i])
             h, delta = layer(h, delta, pos, table, cs, sn, c, s, where, here, mask, keys[i], values[i],
@@ -160,7 +166,7 @@ def mark_dynamic(tok, pos, table, cos, sin, keys, values) -> None:
 
 
 def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None,
-                       weight_first: bool = False) -> Callable:
+                       weight_first: bool = False, act: str = "silu", softcap: float | None = None) -> Callable:
     """One decoder layer of the rows prefill, on tensors only: ``layer(h, cos, sin, flat, keys,
     values, *layer_args(w, lo))`` -> the layer's output h. ``h``: (rows, length, hidden);
     ``cos``/``sin``: (1, length, 1, head_dim); ``flat``: (rows * length,) pool indices where the
@@ -170,12 +176,12 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
     compile of this function serves all of them (and every group shape), where a compile of the
     whole forward unrolls every layer into one graph and takes about as many times longer as the
     model has layers. The layer boundary costs nothing here: the host issues a layer's few fused
-    kernels far faster than the GPU runs a group's matrix products. ``residual``, ``weight_first``
-    and a layer without ``in_norm`` (OLMo 2's): as ``llama_step.decode_layer``."""
-    import torch.nn.functional as F
+    kernels far faster than the GPU runs a group's matrix products. ``residual``, ``weight_first``,
+    ``act``, ``softcap``, the layer's window and a layer without ``in_norm`` (OLMo 2's): as
+    ``llama_step.decode_layer``."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     groups = nh // nkv
-    _, leave = layer_ends(False, residual, weight_first)
+    _, leave = layer_ends(False, residual, weight_first, act=act)
     # Not cuDNN's attention: it builds a plan for every new shape (tens of milliseconds each), and
     # PyTorch keeps those plans per thread. Group shapes follow the prompts' lengths, so nearly
     # every request meets new ones, and a thread that has not run them (a new worker, the main
@@ -184,14 +190,14 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
     def layer(h, cos, sin, flat, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm, qk_eps, o_w,
-              o_bias, post_norm, post_eps, ff_norm, ff_eps, gate_up_w, gate_up_bias, down_w, down_bias, scaling,
-              lo_qkv, lo_o, lo_gate_up, lo_down):
+              o_bias, post_norm, post_eps, ff_norm, ff_eps, mlp_norm, mlp_eps, gate_up_w, gate_up_bias, down_w,
+              down_bias, scaling, window, lo_qkv, lo_o, lo_gate_up, lo_down):
         rows, length = h.shape[0], h.shape[1]
-        x = h if in_norm is None else rms_norm(h, in_norm, in_eps)
+        x = h if in_norm is None else rms_norm(h, in_norm, in_eps, weight_first)
         qkv, q_norm, k_norm = full_qk_norm(linear(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first)
         q, k, v = qkv.view(rows, length, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
         if q_norm is not None:
-            q, k = rms_norm(q, q_norm, qk_eps), rms_norm(k, k_norm, qk_eps)
+            q, k = rms_norm(q, q_norm, qk_eps, weight_first), rms_norm(k, k_norm, qk_eps, weight_first)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         keys.index_copy_(0, flat, k.reshape(rows * length, nkv, hd))
         values.index_copy_(0, flat, v.reshape(rows * length, nkv, hd))
@@ -199,9 +205,10 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
         kk = k.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
         vv = v.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
         with sdpa_kernel(backends):
-            o = F.scaled_dot_product_attention(q.transpose(1, 2), kk, vv, is_causal=True, scale=scaling)
+            o = prefill_attention(q.transpose(1, 2), kk, vv, scaling, window, softcap)
         h, m = leave(h, linear(o.transpose(1, 2).reshape(rows, length, nh * hd), o_w, o_bias, lo_o), post_norm,
-                     post_eps, ff_norm, ff_eps, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down)
+                     post_eps, ff_norm, ff_eps, mlp_norm, mlp_eps, gate_up_w, gate_up_bias, down_w, down_bias,
+                     lo_gate_up, lo_down)
         return h + m
 
     return layer
@@ -235,7 +242,8 @@ class RowsPrefillStep:
 
     def __init__(self, fw: FusedWeights, lora=None, eager_layer: Callable | None = None):
         self.fw, self.lora = fw, lora
-        self.eager_layer = eager_layer or prefill_rows_layer(fw.nh, fw.nkv, fw.hd, fw.residual_scale, fw.weight_first)
+        self.eager_layer = eager_layer or prefill_rows_layer(fw.nh, fw.nkv, fw.hd, fw.residual_scale, fw.weight_first,
+                                                             fw.activation, fw.attn_softcap)
         self.layer = self.eager_layer
         self.dynamic = False
 
@@ -250,7 +258,8 @@ class RowsPrefillStep:
         fw, lora, hd = self.fw, self.lora, self.fw.hd
         rows, length = ids.shape
         h = embed(fw, ids)                                             # (rows, length, hidden)
-        tables = rotaries(fw, cos[:length].view(1, length, 1, hd), sin[:length].view(1, length, 1, hd))
+        tables = rotaries(fw, [(c[:length].view(1, length, 1, hd), s[:length].view(1, length, 1, hd))
+                               for c, s in rotary_kinds(fw, cos, sin)])
         flat = where.reshape(-1)
         for i, (w, (c, s)) in enumerate(zip(fw.layers, tables)):
             lo = lora.layers[i] if lora is not None else None

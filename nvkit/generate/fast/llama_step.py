@@ -1,6 +1,7 @@
 """nvkit's own decode and prefill steps for the Llama family (Llama, Mistral, Qwen2, Qwen3, and the
 layers that differ from Llama's by a little: SmolLM3's NoPE layers, Granite's constant multipliers,
-OLMo 2's norms after each branch: ``FUSABLE``).
+OLMo 2's norms after each branch, the Gemma family's norms, GELU, sliding windows and soft-caps:
+``FUSABLE``).
 
 The steps read every weight from ``fused_weights.FusedWeights``, never through the model's modules,
 so a module wrapped later (a LoRA layer) or swapped changes nothing the captured graphs read.
@@ -108,27 +109,79 @@ def embed(fw: FusedWeights, ids):
 
 
 def lm_logits(fw: FusedWeights, x, invariant: bool = False):
-    """Float logits of the normed hidden states ``x``, divided by the family's logits divisor where
-    it has one (in the model's dtype, before the float copy, as its forward divides). ``invariant``:
-    the product in ``kernels.invariant_linear`` (each row as alone)."""
+    """Float logits of the normed hidden states ``x``, divided by the family's logits divisor or
+    soft-capped (Gemma 2) where it has one (in the model's dtype, before the float copy, as its
+    forward does). ``invariant``: the product in ``kernels.invariant_linear`` (each row as alone)."""
     if invariant:
         from ..kernels.invariant_linear import invariant_linear
         y = invariant_linear(x, fw.lm_head)
     else:
         import torch.nn.functional as F
         y = F.linear(x, fw.lm_head)
+    if fw.logits_softcap is not None:
+        import torch
+        y = torch.tanh(y / fw.logits_softcap) * fw.logits_softcap
     return (y if fw.logits_scale is None else y / fw.logits_scale).float()
 
 
-def rotaries(fw: FusedWeights, cos, sin) -> list:
-    """Each layer's rotary tables: ``cos``/``sin``, or for a layer without RoPE tables of ones and
-    zeros of their shape (``rope`` then leaves q and k exactly as they are), so every layer runs the
-    same code and one compile of a layer still serves all of them."""
+def rotary_kinds(fw: FusedWeights, cos, sin) -> list:
+    """The rotary tables ``FusedWeights.rotary`` made, one (cos, sin) pair of (positions, ...) views
+    per rotary kind (one for every model but Gemma 3, whose sliding layers have a table of their own)."""
+    kinds = len(fw.rope_kinds)
+    if kinds == 1:
+        return [(cos, sin)]
+    return list(zip(cos.view(kinds, -1, *cos.shape[1:]).unbind(0), sin.view(kinds, -1, *sin.shape[1:]).unbind(0)))
+
+
+def rotaries(fw: FusedWeights, tables: list) -> list:
+    """Each layer's rotary tables: its kind's pair of ``tables`` (``rotary_kinds``, or those pairs
+    at the step's positions), or for a layer without RoPE tables of ones and zeros of their shape
+    (``rope`` then leaves q and k exactly as they are), so every layer runs the same code and one
+    compile of a layer still serves all of them."""
     if not fw.nope:
-        return [(cos, sin)] * len(fw.layers)
+        return [tables[w.rope_table] for w in fw.layers]
     import torch
+    cos, sin = tables[0]
     ident = (torch.ones_like(cos), torch.zeros_like(sin))
-    return [(cos, sin) if w.rope else ident for w in fw.layers]
+    return [tables[w.rope_table] if w.rope else ident for w in fw.layers]
+
+
+def window_masks(fw: FusedWeights, arange, pos, neg: float) -> dict:
+    """Additive float32 masks over the cache positions ``arange`` for queries at ``pos`` (a 0-dim
+    tensor, or (rows, 1) for rows), one per window among the layers (0: every position up to the
+    query's; a window w: the positions p - w < j <= p, as transformers' sliding layers see)."""
+    import torch
+    seen = arange <= pos
+    return {w: torch.where(seen if not w else seen & (arange > pos - w), 0.0, neg)
+            for w in sorted({lw.window for lw in fw.layers})}
+
+
+def attend_scores(scores, scaling: float, softcap: float | None):
+    """Attention scores as float32 (the products times ``scaling``), soft-capped where the family
+    caps them (Gemma 2: cap · tanh(s / cap), before the mask)."""
+    import torch
+    scores = scores.float() * scaling
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
+
+
+def prefill_attention(q, k, v, scaling: float, window: int = 0, softcap: float | None = None):
+    """Causal attention of a prompt (q (..., heads, L, hd), k and v repeated to its heads), kept to
+    the layer's ``window`` and soft-capped where the family does so: torch's fused attention, which
+    takes a window as a mask; the scores written out where they are capped (no fused kernel caps)."""
+    import torch
+    import torch.nn.functional as F
+    length = q.shape[-2]
+    if not window and softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling)
+    at = torch.arange(length, device=q.device)
+    keep = at[None, :] <= at[:, None]
+    if window:
+        keep = keep & (at[None, :] > at[:, None] - window)
+    if softcap is None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=scaling)
+    scores = attend_scores(torch.matmul(q, k.transpose(-1, -2)), scaling, softcap)
+    scores = scores.masked_fill(~keep, torch.finfo(torch.float32).min)
+    return torch.matmul(scores.softmax(-1).to(q.dtype), v)
 
 
 def branch_scale(residual: float | None) -> Callable:
@@ -140,18 +193,19 @@ def branch_scale(residual: float | None) -> Callable:
 
 
 def layer_ends(kernels: bool = False, residual: float | None = None, weight_first: bool = False,
-               invariant: bool = False):
+               invariant: bool = False, act: str = "silu"):
     """(enter, leave): what every step's layer does around its attention, in the family's layout.
     ``enter(h, delta, in_norm, in_eps)`` -> (h, x): the layer's input ``h + delta`` and what its
     q/k/v product reads (normed, or as it is where the layer has no ``in_norm``: OLMo 2).
-    ``leave(h, a, post_norm, post_eps, ff_norm, ff_eps, gate_up_w, gate_up_bias, down_w, down_bias,
-    lo_gate_up, lo_down)`` -> (h, delta) from the o-projection's output ``a``: Llama's layout adds
-    ``a`` and norms the sum for the MLP; OLMo 2's (``ff_norm`` given) norms ``a`` and the MLP's
-    output before their sums. ``residual``: both branches' multiplier (Granite); ``weight_first``:
-    the norms' rounding (``rms_norm``); ``kernels``: the Llama layout's sums with their norms, the
-    activation and the adapters' products in nvkit's Triton kernels (CUDA only, uncompiled steps);
-    ``invariant`` (with ``kernels``): the projections too (``kernels.invariant_linear``), so each
-    row is computed as it is alone."""
+    ``leave(h, a, post_norm, post_eps, ff_norm, ff_eps, mlp_norm, mlp_eps, gate_up_w, gate_up_bias,
+    down_w, down_bias, lo_gate_up, lo_down)`` -> (h, delta) from the o-projection's output ``a``:
+    Llama's layout adds ``a`` and norms the sum for the MLP; OLMo 2's (``ff_norm`` given) norms ``a``
+    and the MLP's output before their sums; Gemma 2's (``ff_norm`` and ``mlp_norm``) norms the MLP's
+    input too. ``residual``: both branches' multiplier (Granite); ``weight_first``: the norms'
+    rounding (``rms_norm``); ``act``: the MLP's gate activation (``fused_weights.ACTIVATIONS``);
+    ``kernels``: the sums with the norms that follow them, the activation and the adapters' products
+    in nvkit's Triton kernels (CUDA only, uncompiled steps); ``invariant`` (with ``kernels``): the
+    projections too (``kernels.invariant_linear``), so each row is computed as it is alone."""
     import torch.nn.functional as F
     proj = projection(kernels, invariant)
     scaled = branch_scale(residual)
@@ -159,33 +213,41 @@ def layer_ends(kernels: bool = False, residual: float | None = None, weight_firs
         from ..kernels.add_rms_norm import add_rms_norm
         from ..kernels.silu_mul import silu_mul
 
+    def gate(g):
+        return F.silu(g) if act == "silu" else F.gelu(g, approximate="tanh")
+
     def mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down):
         if kernels:
-            return proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up)), down_w, down_bias, lo_down)
-        gate, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
-        return proj(F.silu(gate) * up, down_w, down_bias, lo_down)
+            return proj(silu_mul(proj(x, gate_up_w, gate_up_bias, lo_gate_up), act), down_w, down_bias, lo_down)
+        g, up = proj(x, gate_up_w, gate_up_bias, lo_gate_up).chunk(2, dim=-1)
+        return proj(gate(g) * up, down_w, down_bias, lo_down)
+
+    def add_norm(h, delta, weight, eps):
+        """(h + delta, its norm)."""
+        if kernels:
+            return add_rms_norm(h, delta, weight, eps, weight_first)
+        h = h + delta
+        return h, rms_norm(h, weight, eps, weight_first)
 
     def enter(h, delta, in_norm, in_eps):
         if in_norm is None:
             h = h + delta
             return h, h
-        if kernels:
-            return add_rms_norm(h, delta, in_norm, in_eps)
-        h = h + delta
-        return h, rms_norm(h, in_norm, in_eps)
+        return add_norm(h, delta, in_norm, in_eps)
 
-    def leave(h, a, post_norm, post_eps, ff_norm, ff_eps, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up,
-              lo_down):
+    def leave(h, a, post_norm, post_eps, ff_norm, ff_eps, mlp_norm, mlp_eps, gate_up_w, gate_up_bias, down_w,
+              down_bias, lo_gate_up, lo_down):
         a = scaled(a)
         if ff_norm is not None:
-            h = h + rms_norm(a, post_norm, post_eps, weight_first)
-            return h, rms_norm(mlp(h, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down), ff_norm,
+            a = rms_norm(a, post_norm, post_eps, weight_first)
+            if mlp_norm is None:
+                h = h + a
+                x = h
+            else:
+                h, x = add_norm(h, a, mlp_norm, mlp_eps)
+            return h, rms_norm(mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down), ff_norm,
                                ff_eps, weight_first)
-        if kernels:
-            h, x = add_rms_norm(h, a, post_norm, post_eps)
-        else:
-            h = h + a
-            x = rms_norm(h, post_norm, post_eps)
+        h, x = add_norm(h, a, post_norm, post_eps)
         return h, scaled(mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down))
 
     return enter, leave
@@ -201,21 +263,27 @@ def layer_args(w: LayerWeights, lo, fold: bool = False) -> tuple:
     else:
         loras = (lo and lo.qkv, lo and lo.o, lo and lo.gate_up, lo and lo.down)
     return (w.in_norm, w.in_eps, w.qkv, w.qkv_bias, w.q_norm, w.k_norm, w.qk_eps, w.o, w.o_bias, w.post_norm,
-            w.post_eps, w.ff_norm, w.ff_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias, w.scaling, *loras)
+            w.post_eps, w.ff_norm, w.ff_eps, w.mlp_norm, w.mlp_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias,
+            w.scaling, w.window, *loras)
 
 
 def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: bool = False,
-                 residual: float | None = None, weight_first: bool = False) -> Callable:
+                 residual: float | None = None, weight_first: bool = False, act: str = "silu",
+                 softcap: float | None = None) -> Callable:
     """One layer of the decode step for one token, on tensors only: ``layer(h, delta, pos, where,
     cos, sin, mask, keys, values, *layer_args(w, lo))`` -> (h, delta). The layer's input is
     ``h + delta`` (the residual and the previous layer's MLP output, added here so that the sum
     and this layer's norm stay one kernel when the layer is compiled on its own); its output is
     the residual after attention and its MLP's output, added by the next layer or ``decode_head``.
+    ``mask``: the layer's own (``window_masks``: a sliding layer's keeps it to its window), read
+    by "matmul" only; the kernels keep a sliding layer to its window (``LayerWeights.window``) themselves.
 
-    ``kernels``, ``residual``, ``weight_first`` and the layouts around the attention: ``layer_ends``."""
+    ``kernels``, ``residual``, ``weight_first``, ``act`` and the layouts around the attention:
+    ``layer_ends``; ``softcap``: the attention scores' soft-cap (Gemma 2), None for none."""
     import torch
     groups = nh // nkv
-    enter, leave = layer_ends(kernels, residual, weight_first)
+    cap = softcap or 0.0  # the kernels' form of "no cap"
+    enter, leave = layer_ends(kernels, residual, weight_first, act=act)
     proj = projection(kernels)
     if attention == "triton-split":
         from ..kernels.decode_attention import decode_attention
@@ -223,47 +291,48 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
         from ..kernels.decode_attention import decode_attention_rope
 
     def layer(h, delta, pos, where, cos, sin, mask, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm,
-              qk_eps, o_w, o_bias, post_norm, post_eps, ff_norm, ff_eps, gate_up_w, gate_up_bias, down_w, down_bias,
-              scaling, lo_qkv, lo_o, lo_gate_up, lo_down):
+              qk_eps, o_w, o_bias, post_norm, post_eps, ff_norm, ff_eps, mlp_norm, mlp_eps, gate_up_w, gate_up_bias,
+              down_w, down_bias, scaling, window, lo_qkv, lo_o, lo_gate_up, lo_down):
         h, x = enter(h, delta, in_norm, in_eps)
         # norms over all heads (OLMo 2) here, not in the kernel
         qkv, q_norm, k_norm = full_qk_norm(proj(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first)
         qkv = qkv.view(nh + 2 * nkv, hd)  # keys, values: (nkv, length, hd)
         if attention == "triton-fused":
             o = decode_attention_rope(qkv, q_norm, k_norm, cos.view(hd), sin.view(hd), keys, values, pos,
-                                      scaling, qk_eps)
+                                      scaling, qk_eps, window, cap)
         else:
             q, k, v = qkv.split((nh, nkv, nkv))
             if q_norm is not None:
-                q, k = rms_norm(q, q_norm, qk_eps), rms_norm(k, k_norm, qk_eps)
+                q, k = rms_norm(q, q_norm, qk_eps, weight_first), rms_norm(k, k_norm, qk_eps, weight_first)
             q, k = rope(q, cos, sin), rope(k, cos, sin)
             keys.index_copy_(1, where, k.view(nkv, 1, hd))
             values.index_copy_(1, where, v.view(nkv, 1, hd))
             if attention == "triton-split":
-                o = decode_attention(q, keys, values, pos, scaling)
+                o = decode_attention(q, keys, values, pos, scaling, window, cap)
             else:
-                scores = torch.matmul(q.view(nkv, groups, hd), keys.transpose(1, 2)).float() * scaling + mask
-                o = torch.matmul(scores.softmax(-1).to(dtype), values)
+                scores = attend_scores(torch.matmul(q.view(nkv, groups, hd), keys.transpose(1, 2)), scaling, softcap)
+                o = torch.matmul((scores + mask).softmax(-1).to(dtype), values)
         return leave(h, proj(o.reshape(1, nh * hd), o_w, o_bias, lo_o), post_norm, post_eps, ff_norm, ff_eps,
-                     gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down)
+                     mlp_norm, mlp_eps, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down)
 
     return layer
 
 
 def model_decode_layer(fw: FusedWeights, attention: str, kernels: bool = False) -> Callable:
     """``decode_layer`` for the model whose weights ``fw`` holds."""
-    return decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, kernels, fw.residual_scale, fw.weight_first)
+    return decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, attention, kernels, fw.residual_scale, fw.weight_first,
+                        fw.activation, fw.attn_softcap)
 
 
 def decode_head(fw: FusedWeights, kernels: bool = False, invariant: bool = False) -> Callable:
     """``head(h, delta)`` -> (1, vocab) float logits: the last layer's sum, the final norm, the LM
     head (``kernels``: the sum and norm in nvkit's Triton kernel, as ``decode_layer``; ``invariant``
     with it: the LM head's product in ``kernels.invariant_linear``)."""
-    if kernels and not fw.weight_first:  # the kernel rounds as Llama's norm does
+    if kernels:
         from ..kernels.add_rms_norm import add_rms_norm
 
         def head(h, delta):
-            return lm_logits(fw, add_rms_norm(h, delta, fw.norm, fw.norm_eps)[1], invariant)
+            return lm_logits(fw, add_rms_norm(h, delta, fw.norm, fw.norm_eps, fw.weight_first)[1], invariant)
         return head
 
     def head(h, delta):
@@ -296,12 +365,13 @@ def decode_step(fw: FusedWeights, cache, attention: str = "matmul", lora=None, l
         pos = cache.pos
         where = pos.view(1)
         h = embed(fw, tok.view(1))                                     # (1, hidden)
-        cos, sin = cache.cos.index_select(0, where), cache.sin.index_select(0, where)  # (1, hd)
-        mask = torch.where(cache.arange <= pos, 0.0, neg) if matmul else None  # (length,) float32
+        tables = [(c.index_select(0, where), s.index_select(0, where))  # (1, hd) each
+                  for c, s in rotary_kinds(fw, cache.cos, cache.sin)]
+        masks = window_masks(fw, cache.arange, pos, neg) if matmul else {}  # (length,) float32 each
         delta = torch.zeros_like(h)
-        for i, (w, (c, s)) in enumerate(zip(fw.layers, rotaries(fw, cos, sin))):
+        for i, (w, (c, s)) in enumerate(zip(fw.layers, rotaries(fw, tables))):
             lo = lora.layers[i] if lora is not None else None
-            h, delta = layer(h, delta, pos, where, c, s, mask, cache.keys[i], cache.values[i],
+            h, delta = layer(h, delta, pos, where, c, s, masks.get(w.window), cache.keys[i], cache.values[i],
                              *layer_args(w, lo, fold=True))
         cache.pos.add_(1)
         return head(h, delta)
@@ -317,23 +387,23 @@ def prefill_step(fw: FusedWeights, cache, lora=None) -> Callable:
     Padding the prompt to a few length classes lets one CUDA graph per class serve every prompt;
     the padded positions come after the prompt, so causal attention keeps them out of the prompt's
     own results, and the decode steps overwrite their cache entries before reading them."""
-    import torch.nn.functional as F
     nh, nkv, hd = fw.nh, fw.nkv, fw.hd
     groups = nh // nkv
-    _, leave = layer_ends(False, fw.residual_scale, fw.weight_first)
+    _, leave = layer_ends(False, fw.residual_scale, fw.weight_first, act=fw.activation)
 
     def prefill(ids):
         length = ids.shape[0]
         h = embed(fw, ids)                                             # (L, hidden)
-        tables = rotaries(fw, cache.cos[:length].unsqueeze(1), cache.sin[:length].unsqueeze(1))  # (L, 1, hd) each
+        tables = rotaries(fw, [(c[:length].unsqueeze(1), s[:length].unsqueeze(1))  # (L, 1, hd) each
+                               for c, s in rotary_kinds(fw, cache.cos, cache.sin)])
         for i, (w, (cos, sin)) in enumerate(zip(fw.layers, tables)):
             lo = lora.layers[i] if lora is not None else None
-            x = h if w.in_norm is None else rms_norm(h, w.in_norm, w.in_eps)
+            x = h if w.in_norm is None else rms_norm(h, w.in_norm, w.in_eps, fw.weight_first)
             qkv, q_norm, k_norm = full_qk_norm(linear(x, w.qkv, w.qkv_bias, lo and lo.qkv), w.q_norm, w.k_norm,
                                                w.qk_eps, hd, fw.weight_first)
             q, k, v = qkv.view(length, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=1)
             if q_norm is not None:
-                q, k = rms_norm(q, q_norm, w.qk_eps), rms_norm(k, k_norm, w.qk_eps)
+                q, k = rms_norm(q, q_norm, w.qk_eps, fw.weight_first), rms_norm(k, k_norm, w.qk_eps, fw.weight_first)
             q, k = rope(q, cos, sin), rope(k, cos, sin)
             k, v = k.transpose(0, 1), v.transpose(0, 1)                # (nkv, L, hd)
             cache.keys[i][:, :length].copy_(k)
@@ -341,11 +411,11 @@ def prefill_step(fw: FusedWeights, cache, lora=None) -> Callable:
             # each KV head repeated for its query heads, as transformers' repeat_kv does
             k = k[:, None].expand(nkv, groups, length, hd).reshape(nh, length, hd)
             v = v[:, None].expand(nkv, groups, length, hd).reshape(nh, length, hd)
-            o = F.scaled_dot_product_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0),
-                                               is_causal=True, scale=w.scaling)  # (1, nh, L, hd)
+            o = prefill_attention(q.transpose(0, 1).unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), w.scaling,
+                                  w.window, fw.attn_softcap)                  # (1, nh, L, hd)
             h, m = leave(h, linear(o[0].transpose(0, 1).reshape(length, nh * hd), w.o, w.o_bias, lo and lo.o),
-                         w.post_norm, w.post_eps, w.ff_norm, w.ff_eps, w.gate_up, w.gate_up_bias, w.down, w.down_bias,
-                         lo and lo.gate_up, lo and lo.down)
+                         w.post_norm, w.post_eps, w.ff_norm, w.ff_eps, w.mlp_norm, w.mlp_eps, w.gate_up,
+                         w.gate_up_bias, w.down, w.down_bias, lo and lo.gate_up, lo and lo.down)
             h = h + m
         last = h.index_select(0, cache.last.view(1))                  # (1, hidden)
         return lm_logits(fw, rms_norm(last, fw.norm, fw.norm_eps, fw.weight_first))

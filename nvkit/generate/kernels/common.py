@@ -1,9 +1,12 @@
 """What several of nvkit's Triton kernels share: the split-K attention kernels' q/k norm with RoPE
-(``norm_rope``) and their merge of the slices per query head (``combine_kernel``; ``merge_kernel``
-with the slice count at run time), the most slices
-per KV head, and the row view the elementwise kernels take their inputs in."""
+(``norm_rope``), their score soft-capping (``tanh``) and the check of its and the sliding window's
+arguments (``window_softcap_why``), their merge of the slices per query head (``combine_kernel``;
+``merge_kernel`` with the slice count at run time), the most slices per KV head, and the row view
+the elementwise kernels take their inputs in."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -24,6 +27,31 @@ def norm_rope(x, xr, W, d, rd, sign, cos, sin, eps, HAS_NORM: tl.constexpr, HD: 
 
 
 @triton.jit
+def tanh(x):
+    """tanh in plain ``tl.exp`` (Triton's interpreter has no libdevice): on -|x|, so the exponential
+    lies in (0, 1] and never overflows to inf/inf = NaN, then the sign restored."""
+    e = tl.exp(-2.0 * tl.abs(x))
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+def window_softcap_why(window, softcap) -> str | None:
+    """Why the attention kernels' ``window`` (keys pos - window < j <= pos; 0: every key up to pos)
+    and ``softcap`` (scores softcap · tanh(score / softcap); 0: none) do not fit (None when they do)."""
+    if not (isinstance(window, int) and not isinstance(window, bool) and window >= 0):
+        return f"window must be a whole number >= 0 (0: no window), not {window!r}"
+    if not (isinstance(softcap, (int, float)) and not isinstance(softcap, bool)
+            and math.isfinite(softcap) and softcap >= 0):
+        return f"softcap must be a finite number >= 0 (0: no soft-capping), not {softcap!r}"
+    return None
+
+
+# A window wider than any position is no window; past this the kernels' run-time argument would
+# change type (Triton passes a larger int as int64) and compile a second variant.
+MAX_WINDOW = 2 ** 31 - 1
+
+
+@triton.jit
 def combine_kernel(M, L, O, OUT, N_SPLITS: tl.constexpr, HD: tl.constexpr):
     """Merges one query head's slices (running max ``M``, sum ``L``, weighted sum ``O``) into ``OUT``."""
     h = tl.program_id(0)
@@ -32,8 +60,8 @@ def combine_kernel(M, L, O, OUT, N_SPLITS: tl.constexpr, HD: tl.constexpr):
     m = tl.load(M + h * N_SPLITS + sp)
     s_sum = tl.load(L + h * N_SPLITS + sp)
     o = tl.load(O + (h * N_SPLITS + sp)[:, None] * HD + d[None, :])
-    top = tl.max(m, axis=0)  # finite: slice 0 always holds position 0
-    w = tl.exp(m - top)      # 0 for slices past the current position (m = -inf)
+    top = tl.max(m, axis=0)  # finite: the slice that holds pos has at least pos itself
+    w = tl.exp(m - top)      # 0 for the slices with no position in the window up to pos (m = -inf)
     out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * s_sum, axis=0)
     tl.store(OUT + h * HD + d, out.to(OUT.dtype.element_ty))
 
@@ -50,8 +78,10 @@ def merge_kernel(M, L, O, OUT, n_splits, MAX_N: tl.constexpr, HD: tl.constexpr):
     m = tl.load(M + h * n_splits + sp, mask=live, other=float("-inf"))
     s_sum = tl.load(L + h * n_splits + sp, mask=live, other=0.0)
     o = tl.load(O + (h * n_splits + sp)[:, None] * HD + d[None, :], mask=live[:, None], other=0.0)
-    top = tl.max(m, axis=0)  # finite: slice 0 always holds position 0
-    w = tl.exp(m - top)      # 0 for slices past the current position and for the lanes past n_splits
+    top = tl.max(m, axis=0)  # finite: the slice that holds pos has at least pos itself
+    # 0 for the slices with no position in the window up to pos (m = -inf; their sums are 0 too)
+    # and for the lanes past n_splits
+    w = tl.exp(m - top)
     out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * s_sum, axis=0)
     tl.store(OUT + h * HD + d, out.to(OUT.dtype.element_ty))
 

@@ -11,6 +11,14 @@ A slice is every N-th block of ``BLOCK_L`` positions (block b belongs to slice b
 contiguous stretch: a short sequence in a long cache then still spreads over all the slices,
 so the cache can be sized for the longest request without slowing the short ones.
 
+Gemma 2 and 3's attention, as transformers computes it, is here too, both off by default: a
+sliding ``window`` (the query at ``pos`` sees keys pos - window < j <= pos; 0: every j <= pos)
+and logit soft-capping (each score s = (q · k) · scale becomes softcap · tanh(s / softcap) before
+the mask and the fp32 softmax; 0: none). A windowed slice starts its loop at its first block that
+reaches the window, so the blocks below it cost nothing: a sliding layer reads its window, not
+the cache. The window is a run-time argument (one compiled kernel serves every window); the
+soft-capping a compile-time switch, so the layers without it pay no tanh.
+
 ``decode_attention`` is a ``torch.library.custom_op``: ``torch.compile`` (fullgraph) keeps it as one
 opaque node and calls it at run time, Triton compiles the kernels in this process on the first
 (warm-up) call, and CUDA-graph capture records their launches. Why not ``triton_op``, which hands
@@ -31,31 +39,41 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import MAX_SPLITS, combine_kernel, next_pow2, norm_rope
+from .common import MAX_SPLITS, MAX_WINDOW, combine_kernel, next_pow2, norm_rope, tanh, window_softcap_why
 
 BLOCK_L = 32  # cache positions per step inside a slice
 
 
 @triton.jit
-def _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
+def _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, live, d, scale,
                   stride_kh, stride_kl, stride_vh, stride_vl,
-                  GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+                  GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr,
+                  SOFTCAP: tl.constexpr):
     """One (KV head, slice) program's part: running max, sum and weighted sum of the group's query
-    heads ``q`` (GROUPS_P2, HD; fp32) over the slice's cache positions up to ``pos`` (its blocks
-    are blocks split, split + N_SPLITS, ...)."""
+    heads ``q`` (GROUPS_P2, HD; fp32) over the slice's cache positions in the window up to ``pos``
+    (its blocks are blocks split, split + N_SPLITS, ...)."""
     m = tl.full((GROUPS_P2,), float("-inf"), tl.float32)
     s_sum = tl.zeros((GROUPS_P2,), tl.float32)
     acc = tl.zeros((GROUPS_P2, HD), tl.float32)
     hi = pos + 1
-    for off in range(split * BLOCK, hi, N_SPLITS * BLOCK):  # no step at all when the slice's first block lies past pos
+    lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)  # the first key the query sees
+    # the slice's first block at or past the one holding lo: the blocks wholly below the window
+    # are never loaded (lo // BLOCK is not negative, so % gives the slice's offset from it)
+    first = lo // BLOCK
+    start = first + (split - first % N_SPLITS + N_SPLITS) % N_SPLITS
+    for off in range(start * BLOCK, hi, N_SPLITS * BLOCK):  # no step when the slice has no block in the window
         cols = off + tl.arange(0, BLOCK)
-        ok = cols < hi
+        ok = (cols >= lo) & (cols < hi)
         k = tl.load(K + kvh * stride_kh + cols[:, None] * stride_kl + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(V + kvh * stride_vh + cols[:, None] * stride_vl + d[None, :], mask=ok[:, None], other=0.0)
         # (groups, block) scores; the group is too small for tl.dot's 16-row minimum: products and sums
         s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
+        if SOFTCAP:
+            s = softcap * tanh(s / softcap)
         s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the first column of every step is valid
+        # finite: every step holds a valid position (the first step's block holds lo, or starts
+        # past it; every later step's first column is valid)
+        m_new = tl.maximum(m, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m - m_new)
         s_sum = s_sum * alpha + tl.sum(p, axis=1)
@@ -67,11 +85,13 @@ def _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
     tl.store(O + row[:, None] * HD + d[None, :], acc, mask=live[:, None])
 
 
-@triton.jit
-def _split_kernel(Q, K, V, POS, M, L, O, scale,
+# the window is not specialised on (Triton would compile a variant of its own for a window of 1
+# or a multiple of 16): one compiled kernel serves every window, and no window
+@triton.jit(do_not_specialize=["window"])
+def _split_kernel(Q, K, V, POS, M, L, O, scale, window, softcap,
                   stride_kh, stride_kl, stride_vh, stride_vl,
                   GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr,
-                  BLOCK: tl.constexpr):
+                  BLOCK: tl.constexpr, SOFTCAP: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     pos = tl.load(POS)  # keys 0..pos (inclusive) are valid; the rest of the cache is not written yet
@@ -80,16 +100,17 @@ def _split_kernel(Q, K, V, POS, M, L, O, scale,
     heads = kvh * GROUPS + g
     live = g < GROUPS
     q = tl.load(Q + heads[:, None] * HD + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
-    _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
-                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK)
+    _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, live, d, scale,
+                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK, SOFTCAP)
 
 
 
-@triton.jit
-def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, eps,
+@triton.jit(do_not_specialize=["window"])
+def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, window, softcap, eps,
                        stride_kh, stride_kl, stride_vh, stride_vl,
                        NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
-                       HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr):
+                       HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr,
+                       SOFTCAP: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     pos = tl.load(POS)
@@ -112,8 +133,8 @@ def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, eps,
         tl.store(K + kvh * stride_kh + pos * stride_kl + d[None, :], k.to(K.dtype.element_ty))
         tl.store(V + kvh * stride_vh + pos * stride_vl + d, tl.load(QKV + (NH + NKV + kvh) * HD + d))
     tl.debug_barrier()  # the new key and value are read back below by other threads of this program
-    _attend_slice(q, K, V, M, L, O, kvh, split, pos, heads, live, d, scale,
-                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK)
+    _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, live, d, scale,
+                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK, SOFTCAP)
 
 
 
@@ -125,8 +146,8 @@ def splits_for(length: int) -> int:
 def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, out, **constexprs) -> None:
     """Both ops' launches (on the GPU, or in Triton's interpreter under ``TRITON_INTERPRET=1``):
     ``split_kernel`` over (KV heads × slices of the cache), called with ``lead`` (its tensors up to
-    the cache position), the per-slice results, ``scalars`` and the cache strides; then the merge
-    of the slices per query head into ``out``."""
+    the cache position), the per-slice results, ``scalars`` (the scale, window and soft cap first)
+    and the cache strides; then the merge of the slices per query head into ``out``."""
     nkv, length, _ = k.shape
     n_splits = splits_for(length)
     m = torch.empty((nh, n_splits), dtype=torch.float32, device=out.device)      # running max
@@ -158,20 +179,23 @@ def check_shapes(q, k, v) -> str | None:
 
 @torch.library.custom_op("nvkit::decode_attention", mutates_args=())
 def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                     scale: float) -> torch.Tensor:
-    """Attention output (heads, head_dim) of one query per head over cache positions 0..pos."""
-    why = check_shapes(q, k, v)
+                     scale: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+    """Attention output (heads, head_dim) of one query per head over cache positions 0..pos, or
+    with ``window`` > 0 over pos - window + 1..pos; scores soft-capped when ``softcap`` > 0 (see the
+    module docstring)."""
+    why = check_shapes(q, k, v) or window_softcap_why(window, softcap)
     if why:
         raise ValueError(f"nvkit::decode_attention {why}")
     q = q.contiguous()
     nh, hd = q.shape
     out = torch.empty_like(q)
-    _launch(_split_kernel, (q, k, v, pos), (scale,), k, v, nh, hd, out)
+    _launch(_split_kernel, (q, k, v, pos), (scale, min(window, MAX_WINDOW), float(softcap)), k, v, nh, hd, out,
+            SOFTCAP=softcap > 0)
     return out
 
 
 @decode_attention.register_fake
-def _(q, k, v, pos, scale):
+def _(q, k, v, pos, scale, window=0, softcap=0.0):
     # what torch.compile traces with: the output's shape and dtype, nothing run
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
@@ -179,11 +203,12 @@ def _(q, k, v, pos, scale):
 @torch.library.custom_op("nvkit::decode_attention_rope", mutates_args=("k", "v"))
 def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
                           cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                          scale: float, eps: float) -> torch.Tensor:
+                          scale: float, eps: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """The whole attention of one decode step after the q/k/v projection, in two kernels: per-head
     RMS norm of q and k (Qwen3's q_norm/k_norm; skipped when the weights are None), rotary
     embedding (``cos``/``sin`` of the current position, (head_dim,)), the new key and value written
-    into the caches ``k``/``v`` at ``pos``, and attention over positions 0..pos.
+    into the caches ``k``/``v`` at ``pos``, and attention over positions 0..pos (``window`` and
+    ``softcap`` as ``decode_attention`` takes them).
 
     ``qkv`` is the projection's output as (query heads + 2 × KV heads, head_dim): queries, then
     keys, then values. Returns (query heads, head_dim). Why: the matmul path spends separate
@@ -196,6 +221,7 @@ def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k
         why = f"expects cos and sin of shape ({hd},), not {tuple(cos.shape)} and {tuple(sin.shape)}"
     if not why and (q_weight is None) != (k_weight is None):
         why = "takes both norm weights or neither"
+    why = why or window_softcap_why(window, softcap)
     if why:
         raise ValueError(f"nvkit::decode_attention_rope {why}")
     qkv = qkv.contiguous()
@@ -204,10 +230,11 @@ def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k
     # without norms the kernel never reads the weights; any tensor fills their place
     lead = (qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos.contiguous(), sin.contiguous(),
             k, v, pos)
-    _launch(_rope_split_kernel, lead, (scale, eps), k, v, nh, hd, out, NH=nh, NKV=nkv, HAS_NORM=has_norm)
+    _launch(_rope_split_kernel, lead, (scale, min(window, MAX_WINDOW), float(softcap), eps), k, v, nh, hd, out,
+            NH=nh, NKV=nkv, HAS_NORM=has_norm, SOFTCAP=softcap > 0)
     return out
 
 
 @decode_attention_rope.register_fake
-def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps):
+def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window=0, softcap=0.0):
     return qkv.new_empty((qkv.shape[0] - 2 * k.shape[0], qkv.shape[-1]))

@@ -11,6 +11,12 @@ row in a long table still spreads over all the slices). Where the rows alone fil
 slice per row: the program then writes the normalised output itself and the merge kernel is
 skipped.
 
+The sliding ``window`` and the logit ``softcap`` of Gemma 2/3 are as ``decode_attention`` takes
+them (off by default): a windowed slice's loop starts at its first block that reaches the window,
+so the blocks below it are never loaded and their page-table entries never read. The window does
+not move the blocks between slices (block b stays in slice b mod N), so with
+``INVARIANT_SPLITS`` a row's sums still do not depend on the rows beside it.
+
 A ``torch.library.custom_op`` for the reasons ``decode_attention`` gives (torch.compile keeps it
 as one opaque node; inductor's compile workers failed on the kernels as a ``triton_op``).
 ``paged_launch`` is the same with the kernel's launch shape as arguments, which
@@ -26,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import MAX_SPLITS, merge_kernel, next_pow2, norm_rope
+from .common import MAX_SPLITS, MAX_WINDOW, merge_kernel, next_pow2, norm_rope, tanh, window_softcap_why
 
 _SM_COUNT: dict = {}
 #: the batch-invariant step's slices per (row, KV head): a row's blocks go to the slices by their
@@ -60,7 +66,8 @@ def default_launch(cache: torch.Tensor) -> dict:
 
 def paged_splits(rows: int, nkv: int, blocks: int, sms: int) -> int:
     """Slices per (row, KV head): enough programs for about two per SM, never more slices than
-    the table has blocks (of the kernel's loop), a power of two up to ``MAX_SPLITS``."""
+    ``blocks`` (the blocks of the kernel's loop a row can read: the table's, or fewer under a
+    window), a power of two up to ``MAX_SPLITS``."""
     want = -(-2 * sms // max(1, rows * nkv))
     return max(1, min(MAX_SPLITS, next_pow2(max(1, min(want, blocks)))))
 
@@ -72,13 +79,16 @@ def _pow2_or_none(name: str, value) -> None:
 
 # The slice count is a run-time value, not specialised on: the row count picks it (``paged_splits``),
 # and as a constant every rung of the rows ladder would compile a kernel of its own the first time
-# it is captured, where now one compiled kernel serves every rung.
-@triton.jit(do_not_specialize=["n_splits"])
+# it is captured, where now one compiled kernel serves every rung. The window likewise: one
+# compiled kernel serves every window (and none).
+@triton.jit(do_not_specialize=["n_splits", "window"])
 def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, OUT, scale, eps, n_splits,
+                             window, softcap,
                              stride_qb, stride_tb, stride_kt, stride_kh, stride_vt, stride_vh,
                              NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                              HD: tl.constexpr, PAGE: tl.constexpr,
-                             HAS_NORM: tl.constexpr, PAGES: tl.constexpr, DOT: tl.constexpr):
+                             HAS_NORM: tl.constexpr, PAGES: tl.constexpr, DOT: tl.constexpr,
+                             SOFTCAP: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
@@ -112,12 +122,19 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
     cols = tl.arange(0, PAGE * PAGES)
     if DOT:  # the scores and the weighted sum on tensor cores: q in the cache's dtype, rows padded to 16
         qd = q.to(K.dtype.element_ty)
-    for blk in range(split, pos // (PAGE * PAGES) + 1, n_splits):  # no step when the slice's first block lies past pos
+    lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)  # the first key the query sees
+    # the slice's first block at or past the one holding lo (block b is slice b mod n_splits's
+    # whatever the window): the blocks wholly below the window are never loaded, nor their pages
+    # looked up
+    first = lo // (PAGE * PAGES)
+    start = first + (split - first % n_splits + n_splits) % n_splits
+    for blk in range(start, pos // (PAGE * PAGES) + 1, n_splits):  # no step when the slice has no block in the window
         at = blk * (PAGE * PAGES) + cols
-        ok = at <= pos
-        if PAGES == 1:  # one page: one table entry for the whole block
+        ok = (at >= lo) & (at <= pos)
+        if PAGES == 1:  # one page: one table entry for the whole block (which reaches the window)
             t = tl.load(row_table + blk).to(tl.int64) * PAGE + cols
-        else:  # each position's own page (positions past pos read no entry: the table may end there)
+        else:  # each position's own page (positions outside the window read no entry: the table
+            # may end past pos, and the pages below the window may be gone)
             t = tl.load(row_table + at // PAGE, mask=ok, other=0).to(tl.int64) * PAGE + at % PAGE
         k = tl.load(K + t[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(V + t[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=ok[:, None], other=0.0)
@@ -125,8 +142,12 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
             s = tl.dot(qd, tl.trans(k)) * scale
         else:
             s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
+        if SOFTCAP:
+            s = softcap * tanh(s / softcap)
         s = tl.where(ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))  # finite: the first column of every step is valid
+        # finite: every step holds a valid position (the first step's block holds lo, or starts
+        # past it; every later step's first column is valid)
+        m_new = tl.maximum(m, tl.max(s, axis=1))
         p = tl.exp(s - m_new[:, None])
         alpha = tl.exp(m - m_new)
         s_sum = s_sum * alpha + tl.sum(p, axis=1)
@@ -136,7 +157,7 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
             acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
         m = m_new
     out_rows = b.to(tl.int64) * NH + heads
-    if n_splits == 1:  # the whole row in this program: the output itself, no merge
+    if n_splits == 1:  # the whole row in this program (pos among its positions: s_sum > 0): the output itself
         out = acc / s_sum[:, None]
         tl.store(OUT + out_rows[:, None] * HD + d[None, :], out.to(OUT.dtype.element_ty), mask=live[:, None])
     else:
@@ -170,25 +191,28 @@ def check_paged(qkv, k, v, pos, table, cos, sin, page: int) -> str | None:
 def paged_decode_attention(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
                            cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            pos: torch.Tensor, table: torch.Tensor, page: int, scale: float,
-                           eps: float, splits: int = 0) -> torch.Tensor:
+                           eps: float, splits: int = 0, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """``decode_attention_rope`` for many rows over a paged pool: per row b, the q/k norms and RoPE
     at position ``pos[b]`` (``cos``/``sin``: (positions, head_dim) tables), its new key and value
     written at that position through its page table ``table[b]``, attention over its positions
-    0..pos[b]. ``qkv`` (rows, query heads + 2 × KV heads, head_dim); returns (rows, query heads,
-    head_dim). ``splits``: slices per (row, KV head), 0 for ``paged_splits``'. A fixed number
-    (``INVARIANT_SPLITS``) makes a row's sums the same whatever the rows and table beside it:
-    the batch-invariant step's attention."""
+    0..pos[b] (with ``window`` > 0, pos[b] - window + 1..pos[b]; scores soft-capped when
+    ``softcap`` > 0: see ``decode_attention``). ``qkv`` (rows, query heads + 2 × KV heads,
+    head_dim); returns (rows, query heads, head_dim). ``splits``: slices per (row, KV head), 0 for
+    ``paged_splits``'. A fixed number (``INVARIANT_SPLITS``) makes a row's sums the same whatever
+    the rows and table beside it: the batch-invariant step's attention. The table entries of the
+    pages wholly below a row's window are never read: they may hold anything."""
     return paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page, scale, eps,
-                        splits=splits or None)
+                        splits=splits or None, window=window, softcap=softcap)
 
 
 def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int, scale: float, eps: float, *,
                  splits: int | None = None, pages_per_step: int | None = None, num_warps: int | None = None,
-                 dot: bool | None = None, num_stages: int | None = None):
+                 dot: bool | None = None, num_stages: int | None = None, window: int = 0, softcap: float = 0.0):
     """What ``paged_decode_attention`` runs, with the kernel's launch shape as arguments (the op
-    takes the defaults): ``splits`` slices per (row, KV head) (None: ``paged_splits``),
-    ``pages_per_step`` pages per step of the kernel's loop, ``num_warps`` and ``num_stages`` (None:
-    Triton's defaults); ``dot=True`` computes the scores and the weighted sum with ``tl.dot``
+    takes the defaults; ``window`` and ``softcap`` are the op's): ``splits`` slices per (row, KV
+    head) (None: ``paged_splits``, over the blocks the window can meet), ``pages_per_step`` pages
+    per step of the kernel's loop, ``num_warps`` and ``num_stages`` (None: Triton's defaults);
+    ``dot=True`` computes the scores and the weighted sum with ``tl.dot``
     (tensor cores; the group's query heads padded to 16 rows, q and the weights rounded to the
     cache's dtype, as a matmul in that dtype does) instead of fp32 products and sums.
     ``nvkit.benchmarks.attention`` times the shapes against each other.
@@ -201,6 +225,7 @@ def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int,
     why = check_paged(qkv, k, v, pos, table, cos, sin, page)
     if not why and (q_weight is None) != (k_weight is None):
         why = "takes both norm weights or neither"
+    why = why or window_softcap_why(window, softcap)
     if why:
         raise ValueError(f"nvkit::paged_decode_attention {why}")
     # what is not asked comes from the default launch (of the kind asked, when dot is)
@@ -226,6 +251,8 @@ def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int,
     if rows == 0:
         return out
     blocks = -(-table.shape[1] // pages_per_step)
+    if window:  # a window of w positions meets at most ceil(w / block) + 1 blocks: more slices would idle
+        blocks = min(blocks, -(-window // (page * pages_per_step)) + 1)
     n_splits = paged_splits(rows, nkv, blocks, _sm_count(qkv.device)) if splits is None else splits
     f32 = dict(dtype=torch.float32, device=qkv.device)
     # float32 slices whatever the count (one slice leaves them unused: the kernel writes the output
@@ -240,15 +267,15 @@ def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int,
         rows_p2 = max(16, rows_p2)  # tl.dot's smallest M
     _paged_rope_split_kernel[(rows, nkv, n_splits)](
         qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos, sin, k, v, pos, table,
-        m, s_sum, o, out, scale, eps, n_splits,
+        m, s_sum, o, out, scale, eps, n_splits, min(window, MAX_WINDOW), float(softcap),
         qkv.stride(0), table.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         NH=nh, NKV=nkv, GROUPS=groups, GROUPS_P2=rows_p2, HD=hd, PAGE=page,
-        HAS_NORM=has_norm, PAGES=pages_per_step, DOT=dot, **launch)
+        HAS_NORM=has_norm, PAGES=pages_per_step, DOT=dot, SOFTCAP=softcap > 0, **launch)
     if n_splits > 1:
         merge_kernel[(rows * nh,)](m, s_sum, o, out, n_splits, MAX_N=max(MAX_SPLITS, n_splits), HD=hd)
     return out
 
 
 @paged_decode_attention.register_fake
-def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page, scale, eps, splits=0):
+def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page, scale, eps, splits=0, window=0, softcap=0.0):
     return qkv.new_empty((qkv.shape[0], qkv.shape[1] - 2 * k.shape[1], qkv.shape[2]))

@@ -51,3 +51,26 @@ def test_the_sum_and_its_norm_match_torch():
         print("OK")
     """)
     assert out.strip().endswith("OK") and out.count("refused:") == 2, out
+
+
+def test_the_weight_first_norm_matches_the_gemma_and_olmo2_rounding():
+    """``weight_first``: the normalised row times the weight in float32, rounded once at the end, as
+    ``llama_step.rms_norm(..., weight_first=True)`` (OLMo 2's norm, and the Gemma family's with its
+    float32 1 + w) computes it; the result keeps the input's dtype even with a float32 weight, and
+    differs from the Llama rounding, so the flag is seen."""
+    out = _interpret("""
+        import torch
+        from nvkit.generate.fast.llama_step import rms_norm
+        from nvkit.generate.kernels.add_rms_norm import add_rms_norm
+        torch.manual_seed(0)
+        h, d = torch.randn(3, 1000, dtype=torch.float16), torch.randn(3, 1000, dtype=torch.float16)
+        w = 1.0 + torch.randn(1000) * 0.1                  # Gemma's 1 + w, in float32
+        total, x = add_rms_norm(h, d, w, 1e-6, weight_first=True)
+        ref = rms_norm(h + d, w, 1e-6, weight_first=True)
+        assert x.dtype == torch.float16 and torch.equal(total, h + d)
+        assert torch.allclose(x.float(), ref.float(), atol=1e-2, rtol=2e-3), (x - ref).abs().max()
+        llama = add_rms_norm(h, d, w, 1e-6)[1]
+        assert llama.dtype == torch.float32 and not torch.allclose(llama, x.float(), atol=0, rtol=0)
+        print("OK")
+    """)
+    assert out.strip().endswith("OK"), out

@@ -12,18 +12,51 @@ import pytest
 
 pytest.importorskip("triton", reason="triton is part of the test extra on Linux (pyproject)")
 
+import contextlib  # noqa: E402
+
 from nvkit.benchmarks.attention import attend_reference, rope_reference  # noqa: E402
 from tests.triton_interpreter import interpret as _interpret  # noqa: E402
 
 
-def attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float):
+def attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float,
+                          window: int = 0, softcap: float = 0.0):
     """``decode_attention_rope`` in plain torch (writes into ``k``/``v`` the same way)."""
     nkv = k.shape[0]
     nh = qkv.shape[0] - 2 * nkv
     q = rope_reference(qkv[:nh], q_weight, cos, sin, eps)
     k[:, int(pos)] = rope_reference(qkv[nh:nh + nkv], k_weight, cos, sin, eps).to(k.dtype)
     v[:, int(pos)] = qkv[nh + nkv:]
-    return attend_reference(q, k, v, pos, scale).to(qkv.dtype)
+    return attend_reference(q, k, v, pos, scale, window, softcap).to(qkv.dtype)
+
+
+@contextlib.contextmanager
+def recorded_loads(**tensors):
+    """Inside Triton's interpreter (a child process with TRITON_INTERPRET=1): every load the kernels
+    issue into one of ``tensors`` (contiguous), as a list that fills with (name, the flat indices
+    of the elements its mask lets it read): a load whose mask keeps nothing is a step spent on
+    nothing, which a masked-out block shows as where its elements' values cannot."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    spans = {name: (t.data_ptr(), t.data_ptr() + t.numel() * t.element_size(), t.element_size())
+             for name, t in tensors.items()}
+    loads = []
+    original = interpreter.InterpreterBuilder.create_masked_load
+
+    def create_masked_load(self, ptrs, mask, *rest):
+        at = ptrs.data.astype(np.int64)
+        keep = np.broadcast_to(mask.data, at.shape)
+        for name, (lo, hi, size) in spans.items():
+            inside = (at >= lo) & (at < hi)
+            if inside.any():
+                loads.append((name, (at[inside & keep] - lo) // size))
+        return original(self, ptrs, mask, *rest)
+
+    interpreter.InterpreterBuilder.create_masked_load = create_masked_load
+    try:
+        yield loads
+    finally:
+        interpreter.InterpreterBuilder.create_masked_load = original
 
 
 def test_kernel_matches_reference_at_every_kind_of_position():
@@ -209,6 +242,171 @@ def test_rope_op_compiles_in_place_on_the_cache():
         assert int(pos) == 5 and (cache_k[0, :, 5:] == 0).all() and (got_k[0, :, 5:] == 0).all()
         assert torch.allclose(got_k, cache_k, atol=1e-5) and torch.allclose(got_v, cache_v, atol=1e-5)
         assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(outs, ref))
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_window_and_softcap_match_reference():
+    """Gemma 2/3's sliding window and logit soft-capping against ``attend_reference``: windows
+    inside one block, of one block, across several blocks and slices, wider than pos (no window),
+    of 1 (the current position alone); soft-capping alone and with a window, also on scores large
+    enough that a naive tanh would overflow. What lies below the window is never read: NaN there
+    changes no bit."""
+    out = _interpret("""
+        import torch
+        from nvkit.benchmarks.attention import attend_reference
+        from nvkit.generate.kernels import decode_attention as da
+        torch.manual_seed(0)
+        # the cache of 256 gives 8 slices of 32-position blocks
+        for nh, nkv, hd, length, dtype in [(6, 2, 32, 256, torch.float32), (4, 2, 16, 256, torch.bfloat16)]:
+            q = torch.randn(nh, hd, dtype=dtype)
+            k, v = torch.randn(nkv, length, hd, dtype=dtype), torch.randn(nkv, length, hd, dtype=dtype)
+            tol = 1e-5 if dtype == torch.float32 else 3e-2
+            for p in (0, 3, 40, 200, length - 1):
+                for window, softcap in [(1, 0.0), (5, 0.0), (32, 0.0), (33, 0.0), (100, 0.0), (300, 0.0),
+                                        (0, 2.0), (5, 2.0), (100, 2.0), (0, 50.0)]:
+                    pos = torch.tensor(p)
+                    got = da.decode_attention(q, k, v, pos, hd ** -0.5, window, softcap)
+                    ref = attend_reference(q, k, v, pos, hd ** -0.5, window, softcap)
+                    err = (got.float() - ref.float()).abs().max().item()
+                    assert got.dtype == dtype and err <= tol, (nh, p, window, softcap, err)
+                    lo = max(0, p - window + 1) if window else 0
+                    if window >= 300:  # wider than every position: no window at all
+                        assert torch.equal(got, da.decode_attention(q, k, v, pos, hd ** -0.5, 0, softcap))
+                    if window == 1:  # the current position alone: its value
+                        assert torch.allclose(got.float(), v[:, p].repeat_interleave(nh // nkv, 0).float(), atol=tol)
+                    k2, v2 = k.clone(), v.clone()
+                    k2[:, :lo], v2[:, :lo] = float("nan"), float("nan")
+                    k2[:, p + 1:], v2[:, p + 1:] = float("nan"), float("nan")
+                    again = da.decode_attention(q, k2, v2, pos, hd ** -0.5, window, softcap)
+                    assert torch.equal(again, got), (p, window)
+        # scores of |s| ~ 1e3 under a cap of 50: tanh saturates to +-1 without NaN
+        q, k, v = torch.randn(4, 32) * 30, torch.randn(2, 64, 32) * 30, torch.randn(2, 64, 32)
+        for window in (0, 10):
+            got = da.decode_attention(q, k, v, torch.tensor(50), 1.0, window, 50.0)
+            ref = attend_reference(q, k, v, torch.tensor(50), 1.0, window, 50.0)
+            assert torch.isfinite(got).all() and (got - ref).abs().max() <= 1e-4, (got - ref).abs().max()
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_a_windowed_slice_loads_only_the_blocks_of_its_window():
+    """Every load of the cache the kernels issue (recorded in Triton's interpreter) reads some
+    position of the window and none outside it: the blocks wholly below the window cost no step,
+    as many cache loads as blocks meet the window, for the plain and the fused op."""
+    out = _interpret("""
+        import torch
+        from tests.generate.kernels.test_decode_attention import recorded_loads
+        from nvkit.generate.kernels import decode_attention as da
+        torch.manual_seed(0)
+        nh, nkv, hd, length = 4, 2, 16, 512  # 16 slices of 32-position blocks
+        block = da.BLOCK_L
+        q = torch.randn(nh, hd)
+        for p, window in ((300, 1), (300, 20), (300, 32), (300, 100), (300, 290), (40, 100), (511, 7), (300, 0)):
+            lo = max(0, p - window + 1) if window else 0
+            blocks = p // block - lo // block + 1
+            for fused in (False, True):
+                k, v = torch.randn(nkv, length, hd), torch.randn(nkv, length, hd)
+                with recorded_loads(k=k, v=v) as loads:
+                    if fused:
+                        qkv = torch.randn(nh + 2 * nkv, hd)
+                        ang = torch.randn(hd // 2).repeat(2)
+                        da.decode_attention_rope(qkv, None, None, ang.cos(), ang.sin(), k, v, torch.tensor(p),
+                                                 hd ** -0.5, 1e-6, window, 0.0)
+                    else:
+                        da.decode_attention(q, k, v, torch.tensor(p), hd ** -0.5, window)
+                for name in ("k", "v"):
+                    mine = [at for n, at in loads if n == name]
+                    assert len(mine) == nkv * blocks, (p, window, fused, name, len(mine), nkv * blocks)
+                    for at in mine:
+                        positions = (at // hd) % length
+                        assert len(at) and positions.min() >= lo and positions.max() <= p, (p, window, positions)
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_rope_kernel_with_window_and_softcap():
+    """decode_attention_rope with a window and soft-capping, with and without the q/k norms,
+    against plain torch: the new key and value written at pos, attention over the window only
+    (NaN below it changes nothing)."""
+    out = _interpret("""
+        import torch
+        from tests.generate.kernels.test_decode_attention import attend_rope_reference
+        from nvkit.generate.kernels import decode_attention as da
+        torch.manual_seed(0)
+        for nh, nkv, hd, length, dtype, norm in [(6, 2, 32, 256, torch.float32, True),
+                                                 (6, 2, 32, 256, torch.float32, False),
+                                                 (4, 2, 16, 256, torch.bfloat16, True)]:
+            for p, window, softcap in [(0, 1, 0.0), (37, 1, 0.0), (37, 5, 0.0), (100, 32, 3.0), (200, 70, 0.0),
+                                       (255, 130, 3.0), (20, 64, 0.0), (150, 0, 3.0)]:
+                qkv = torch.randn(nh + 2 * nkv, hd, dtype=dtype)
+                qw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+                kw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+                ang = torch.randn(hd // 2).repeat(2)
+                cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+                k, v = torch.randn(nkv, length, hd, dtype=dtype), torch.randn(nkv, length, hd, dtype=dtype)
+                lo = max(0, p - window + 1) if window else 0
+                k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
+                k1[:, :lo], v1[:, :lo] = float("nan"), float("nan")  # below the window: never read
+                k1[:, p + 1:], v1[:, p + 1:] = 1e4, float("nan")
+                pos = torch.tensor(p)
+                got = da.decode_attention_rope(qkv, qw, kw, cos, sin, k1, v1, pos, hd ** -0.5, 1e-6, window, softcap)
+                ref = attend_rope_reference(qkv, qw, kw, cos, sin, k2, v2, pos, hd ** -0.5, 1e-6, window, softcap)
+                tol = 1e-4 if dtype == torch.float32 else 3e-2
+                err = (got.float() - ref.float()).abs().max().item()
+                kerr = (k1[:, p].float() - k2[:, p].float()).abs().max().item()
+                assert torch.isfinite(got).all() and err <= tol and kerr <= tol, (nh, p, window, softcap, err, kerr)
+                assert torch.equal(v1[:, lo:p + 1], v2[:, lo:p + 1])
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_window_and_softcap_arguments_are_checked_and_trace():
+    """A negative window and a soft cap that is not a finite number >= 0 are refused by both ops,
+    saying which (a window that is no int the op's schema refuses before, and a bool it passes on
+    as 0 or 1); the ops with a window and a cap trace whole under torch.compile (their fakes take
+    the new arguments)."""
+    out = _interpret("""
+        import torch
+        from nvkit.benchmarks.attention import attend_reference
+        from nvkit.generate.kernels import decode_attention as da
+        torch.manual_seed(0)
+        q, k, v = torch.randn(4, 16), torch.randn(2, 64, 16), torch.randn(2, 64, 16)
+        qkv = torch.randn(8, 16)
+        cos, sin = torch.ones(16), torch.zeros(16)
+        calls = {"nvkit::decode_attention": lambda **kw: da.decode_attention(q, k, v, torch.tensor(3), 0.25, **kw),
+                 "nvkit::decode_attention_rope": lambda **kw: da.decode_attention_rope(
+                     qkv, None, None, cos, sin, k, v, torch.tensor(3), 0.25, 1e-6, **kw)}
+        for op, call in calls.items():
+            for bad, why in [(dict(window=-1), "window must be a whole number >= 0"),
+                             (dict(softcap=-1.0), "softcap must be a finite number >= 0"),
+                             (dict(softcap=float("inf")), "softcap must be a finite number >= 0"),
+                             (dict(softcap=float("nan")), "softcap must be a finite number >= 0")]:
+                try:
+                    call(**bad)
+                except ValueError as e:
+                    assert str(e).startswith(op + " " + why), e
+                else:
+                    raise AssertionError((op, bad))
+            call(window=2 ** 40, softcap=7)  # a window past every position, a whole-number cap: fine
+
+        def step(q, k, v, pos):
+            return da.decode_attention(q, k, v, pos, 0.25, 9, 4.0) * 2
+
+        got = torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v, torch.tensor(30))
+        assert torch.allclose(got, attend_reference(q, k, v, torch.tensor(30), 0.25, 9, 4.0) * 2, atol=1e-5)
+
+        def rope_step(qkv, k, v, pos):
+            return da.decode_attention_rope(qkv, None, None, cos, sin, k, v, pos, 0.25, 1e-6, 9, 4.0) * 2
+
+        k1, k2 = k.clone(), k.clone()
+        got = torch.compile(rope_step, fullgraph=True, backend="aot_eager")(qkv, k1, v.clone(), torch.tensor(30))
+        want = rope_step(qkv, k2, v.clone(), torch.tensor(30))
+        assert torch.allclose(got, want, atol=1e-5) and torch.equal(k1, k2)
         print("ok")
     """)
     assert out.strip().endswith("ok")

@@ -115,3 +115,65 @@ def test_the_rows_step_with_kernels_folds_the_adapter_as_the_step_of_torch_opera
     """)
     print(out)
     assert out.strip().endswith("OK"), out
+
+
+def test_the_gemma_steps_with_kernels_keep_to_the_window_as_the_steps_of_torch_operations():
+    """Gemma 2 (soft-capped scores and logits, four norms of 1 + w, GELU) and Gemma 3 (q/k norms,
+    a second rotary table for its sliding layers) on the fused step with nvkit's kernels: at batch 1
+    the split and the fused Triton attention (each sliding layer's reads started at its window) and
+    the norm and activation kernels, 14 steps from position 3 across the window of 6, against the
+    step of torch operations (matmul attention, the window as a mask); and the rows step with the
+    paged kernel (3 rows at their own positions, past the window) against its matmul form."""
+    out = _interpret("""
+        import torch
+        from nvkit.generate.fast.fused_weights import FusedWeights
+        from nvkit.generate.fast.llama_rows_step import decode_rows_step
+        from nvkit.generate.fast.llama_step import decode_step
+        from nvkit.generate.fast.static_cache import new_cache
+        from tests.generate.test_families_step import _tiny
+        for family in ("Gemma2", "Gemma3Text"):
+            model = _tiny(family)
+            fw = FusedWeights(model)
+            assert {w.window for w in fw.layers} == {0, 6}
+            logits = {}
+            for attention, kernels in (("matmul", False), ("matmul", True), ("triton-split", True),
+                                       ("triton-fused", True)):
+                c = new_cache(model, fw, 64, 1, torch.device("cpu"))
+                g = torch.Generator().manual_seed(2)
+                for keys in c.keys + c.values:  # a prompt's keys and values at positions 0..2
+                    keys[:, :3].copy_(torch.randn(keys[:, :3].shape, generator=g) * 0.3)
+                c.pos.fill_(3)
+                c.tok.fill_(5)
+                step = decode_step(fw, c, attention, kernels=kernels)
+                rows = []
+                with torch.inference_mode():
+                    for _ in range(14):
+                        out = step(c.tok)
+                        rows.append(out.clone())
+                        c.tok.copy_(out.argmax(-1).view(1, 1))
+                logits[attention, kernels] = torch.cat(rows)
+            ref = logits["matmul", False]
+            for key, got in logits.items():
+                diff = (got - ref).abs().max().item()
+                assert diff < 2e-3 and torch.equal(got.argmax(-1), ref.argmax(-1)), (family, key, diff)
+            page, pages, width = 16, 12, 3
+            g = torch.Generator().manual_seed(1)
+            keys = [torch.randn(pages * page, fw.nkv, fw.hd, generator=g) * 0.3 for _ in fw.layers]
+            values = [torch.randn(pages * page, fw.nkv, fw.hd, generator=g) * 0.3 for _ in fw.layers]
+            cos, sin = fw.rotary(width * page)
+            table = torch.randint(1, pages, (3, width), generator=g, dtype=torch.int32)
+            pos, tok = torch.tensor([2, 17, 40]), torch.tensor([3, 7, 11])
+            got = {}
+            with torch.inference_mode():
+                for attention, kernels in (("matmul", False), ("paged", True)):
+                    k, v = [x.clone() for x in keys], [x.clone() for x in values]
+                    got[attention] = (decode_rows_step(fw, attention, page, kernels=kernels)(tok, pos, table, cos,
+                                                                                              sin, k, v), k, v)
+            diff = (got["paged"][0] - got["matmul"][0]).abs().max().item()
+            assert diff < 2e-3, (family, diff)
+            for a, b in zip(got["paged"][1] + got["paged"][2], got["matmul"][1] + got["matmul"][2]):
+                assert torch.allclose(a, b, atol=1e-4), (family, (a - b).abs().max())
+            print(family, "OK")
+        print("OK")
+    """)
+    assert out.strip().endswith("OK"), out

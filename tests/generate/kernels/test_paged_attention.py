@@ -206,3 +206,193 @@ def test_fixed_slices_give_a_row_the_same_sums_whatever_rows_and_table_are_besid
         print("ok")
     """)
     assert out.strip().endswith("ok")
+
+
+def test_paged_window_and_softcap_match_reference():
+    """Gemma 2/3's sliding window and soft-capping in the paged kernel against
+    ``paged_attend_rope_reference``: rows at different positions over scattered pages, windows
+    inside a page, of a page, across several pages and slices, wider than pos, of 1; soft-capping
+    alone and with a window; fp32 products and tl.dot, one page or two per step, one slice (no
+    merge) to the invariant count. The pages wholly below a row's window are not looked up (their
+    table entries point at a page of NaN or past the pool) and no step is spent on them: every load
+    of the pool and the table (recorded in Triton's interpreter) reads the row's window only."""
+    out = _interpret("""
+        import torch
+        from nvkit.benchmarks.attention import paged_attend_rope_reference
+        from nvkit.generate.kernels import paged_attention as pa
+        from tests.generate.kernels.test_decode_attention import recorded_loads
+        torch.manual_seed(0)
+        nh, nkv, hd, page, rows, width = 8, 2, 32, 16, 5, 8
+        pages = rows * width + 2  # page 0 the scratch page, the last one all NaN
+        nan_page, far_page = pages - 1, 10 ** 6
+        k = torch.randn(pages * page, nkv, hd)
+        v = torch.randn(pages * page, nkv, hd)
+        k[nan_page * page:], v[nan_page * page:] = float("nan"), float("nan")
+        table = (torch.randperm(rows * width) + 1).view(rows, width).to(torch.int32)
+        pos = torch.tensor([0, 5, 40, 100, width * page - 1])
+        qkv = torch.randn(rows, nh + 2 * nkv, hd)
+        qw, kw = torch.rand(hd) + 0.5, torch.rand(hd) + 0.5
+        ang = torch.randn(width * page, hd // 2).repeat(1, 2)
+        cos, sin = ang.cos(), ang.sin()
+        s = pa.INVARIANT_SPLITS
+        fp32, dot = (dict(), dict(splits=1), dict(splits=4), dict(splits=2, pages_per_step=2), dict(splits=s)), \\
+                    (dict(dot=True), dict(dot=True, splits=4, pages_per_step=2))
+        for window, softcap, launches in [(1, 0.0, fp32[:3]), (7, 0.0, fp32 + dot[:1]), (page, 0.0, fp32[1:4]),
+                                          (20, 3.0, fp32 + dot), (50, 0.0, fp32[2:] + dot[1:]),
+                                          (500, 0.0, fp32[:1]), (0, 3.0, fp32[:3] + dot[:1])]:
+            ref_k, ref_v = k.clone(), v.clone()
+            ref = paged_attend_rope_reference(qkv, qw, kw, cos, sin, ref_k, ref_v, pos, table, page, hd ** -0.5,
+                                              1e-6, window, softcap)
+            lows = [max(0, int(p) - window + 1) if window else 0 for p in pos]
+            for shape in launches:
+                k1, v1, t1 = k.clone(), v.clone(), table.clone()
+                for b, (p, lo) in enumerate(zip(pos.tolist(), lows)):
+                    for j in range(width):  # below the window: the page's entry gone, or its positions NaN
+                        if (j + 1) * page <= lo:
+                            t1[b, j] = nan_page if b % 2 else far_page
+                    for at in list(range(lo - lo % page, lo)) + list(range(p + 1, width * page)):
+                        t = int(table[b, at // page]) * page + at % page
+                        k1[t], v1[t] = float("nan"), float("nan")
+                with recorded_loads(k=k1, v=v1, table=t1) as loads:
+                    got = pa.paged_launch(qkv, qw, kw, cos, sin, k1, v1, pos, t1, page, hd ** -0.5, 1e-6,
+                                          window=window, softcap=softcap, **shape)
+                err = (got - ref).abs().max().item()
+                assert torch.isfinite(got).all() and err <= 1e-4, (window, softcap, shape, err)
+                span = page * shape.get("pages_per_step", 1)
+                owner = {int(t1[b, j]): (b, j) for b in range(rows) for j in range(width)}
+                for b, p in enumerate(pos.tolist()):  # the new key and value, through the row's table
+                    t = int(table[b, p // page]) * page + p % page
+                    assert (k1[t] - ref_k[t]).abs().max() <= 1e-4 and torch.equal(v1[t], ref_v[t])
+                for name in ("k", "v"):
+                    mine = [at for n, at in loads if n == name]
+                    steps = sum(nkv * (p // span - lo // span + 1) for p, lo in zip(pos.tolist(), lows))
+                    assert len(mine) == steps, (window, shape, name, len(mine), steps)
+                    for at in mine:
+                        assert len(at), (window, shape, name)
+                        for token in set((at // (nkv * hd)).tolist()):  # back to (row, position)
+                            b, j = owner[token // page]
+                            where = j * page + token % page
+                            assert lows[b] <= where <= int(pos[b]), (window, shape, b, where)
+                for at in (at for n, at in loads if n == "table"):
+                    b, j = at // width, at % width
+                    for r, col in zip(b.tolist(), j.tolist()):
+                        assert lows[r] // page <= col <= int(pos[r]) // page, (window, shape, r, col)
+            print(window, softcap, "ok")
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_fixed_slices_stay_row_invariant_under_a_window():
+    """With ``splits=INVARIANT_SPLITS`` a window and a soft cap leave a row's output the same bits
+    alone and among other rows with a wider table: the window moves no block to another slice."""
+    out = _interpret("""
+        import torch
+        from nvkit.generate.kernels import paged_attention as pa
+        torch.manual_seed(1)
+        nh, nkv, hd, page, pages = 8, 2, 32, 16, 80
+        k = torch.randn(pages * page, nkv, hd)
+        v = torch.randn(pages * page, nkv, hd)
+        ang = torch.randn(12 * page, hd // 2).repeat(1, 2)
+        cos, sin = ang.cos(), ang.sin()
+        qkv = torch.randn(6, nh + 2 * nkv, hd)
+        table = (torch.randperm(pages - 1)[:6 * 12] + 1).view(6, 12).to(torch.int32)
+        pos = torch.tensor([37, 3, 150, 60, 0, 99])
+        s = pa.INVARIANT_SPLITS
+
+        def attend(rows, width, splits, window, softcap):
+            return pa.paged_decode_attention(qkv[rows].clone(), None, None, cos, sin, k.clone(), v.clone(), pos[rows],
+                                             table[rows, :width].contiguous(), page, hd ** -0.5, 1e-6, splits,
+                                             window, softcap)
+        for window, softcap in ((20, 0.0), (40, 5.0), (1, 5.0)):
+            every = attend(list(range(6)), 12, s, window, softcap)
+            for r in range(6):
+                alone = attend([r], int(pos[r]) // page + 1, s, window, softcap)
+                assert torch.equal(alone[0], every[r]), (window, r, (alone[0] - every[r]).abs().max())
+            assert torch.equal(attend([2, 0], 10, s, window, softcap)[1], every[0])
+            auto = attend(list(range(6)), 12, 0, window, softcap)
+            assert (auto - every).abs().max() <= 1e-5
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_paged_window_and_softcap_arguments_are_checked_and_trace():
+    """``paged_launch`` and the op refuse a window that is not a whole number >= 0 and a soft cap
+    that is not a finite number >= 0, saying which; the op with both traces whole under
+    torch.compile (its fake takes them); a window lowers the automatic slice count to the blocks
+    it can meet."""
+    out = _interpret("""
+        import unittest.mock as um
+        import torch
+        from nvkit.benchmarks.attention import paged_attend_rope_reference
+        from nvkit.generate.kernels import paged_attention as pa
+        torch.manual_seed(0)
+        args = (torch.randn(2, 8, 32), None, None, torch.randn(32, 32), torch.randn(32, 32), torch.randn(64, 2, 32),
+                torch.randn(64, 2, 32), torch.tensor([5, 30]), torch.tensor([[1, 2], [3, 0]], dtype=torch.int32),
+                16, 0.1, 1e-6)
+        for bad, why in [(dict(window=-1), "window must be a whole number >= 0"),
+                         (dict(window=True), "window must be a whole number >= 0"),
+                         (dict(window=2.0), "window must be a whole number >= 0"),
+                         (dict(softcap=-0.5), "softcap must be a finite number >= 0"),
+                         (dict(softcap=float("inf")), "softcap must be a finite number >= 0"),
+                         (dict(softcap=float("nan")), "softcap must be a finite number >= 0"),
+                         (dict(softcap="1"), "softcap must be a finite number >= 0"),
+                         (dict(softcap=True), "softcap must be a finite number >= 0")]:
+            for call in (pa.paged_launch, pa.paged_decode_attention):
+                if call is pa.paged_decode_attention and bad in (dict(window=True), dict(window=2.0), dict(softcap="1"),
+                                                                 dict(softcap=True)):
+                    continue  # the op's schema converts a bool and refuses a wrong type itself
+                try:
+                    call(*args, **bad)
+                except ValueError as e:
+                    assert str(e).startswith("nvkit::paged_decode_attention " + why), e
+                else:
+                    raise AssertionError((call, bad))
+
+        def f(qkv, k, v, pos, table, cos, sin):
+            return pa.paged_decode_attention(qkv, None, None, cos, sin, k, v, pos, table, 16, 0.1, 1e-6, 0, 9, 4.0) * 2
+        qkv, _, _, cos, sin, k, v, pos, table = args[:9]
+        k1, k2 = k.clone(), k.clone()
+        got = torch.compile(f, fullgraph=True, backend="aot_eager")(qkv, k1, v.clone(), pos, table, cos, sin)
+        ref = paged_attend_rope_reference(qkv, None, None, cos, sin, k2, v.clone(), pos, table, 16, 0.1, 1e-6, 9, 4.0)
+        assert torch.allclose(got, ref * 2, atol=1e-5) and torch.allclose(k1, k2, atol=1e-6)
+        # 2 rows x 2 KV heads on 64 SMs would take 16 slices of a 64-block table; a window of 40
+        # positions meets at most 4 blocks of 16
+        pa._sm_count = lambda device: 64
+        table = torch.arange(1, 129, dtype=torch.int32).view(2, 64)
+        kk, vv = torch.randn(129 * 16, 2, 32), torch.randn(129 * 16, 2, 32)
+        ang = torch.randn(1024, 16).repeat(1, 2)
+        for window, want in ((0, 16), (40, 4)):
+            with um.patch.object(pa, "paged_splits", wraps=pa.paged_splits) as spy:
+                pa.paged_launch(torch.randn(2, 8, 32), None, None, ang.cos(), ang.sin(), kk, vv,
+                                torch.tensor([900, 1000]), table, 16, 0.1, 1e-6, window=window)
+            assert pa.paged_splits(*spy.call_args.args) == want, (window, spy.call_args)
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_the_window_is_not_a_compile_time_constant():
+    """One compiled kernel serves every window: each attention kernel takes it as a run-time
+    argument that Triton does not specialise on (as the paged kernel's slice count), and the soft
+    cap as a float argument beside one constexpr switch. Read off the kernels as Triton's JIT
+    (not the interpreter) has them."""
+    import os
+    import subprocess
+    import sys
+    import textwrap
+
+    from tests.triton_interpreter import ROOT
+    code = textwrap.dedent("""
+        from nvkit.generate.kernels import decode_attention as da, paged_attention as pa
+        for kernel in (da._split_kernel, da._rope_split_kernel, pa._paged_rope_split_kernel):
+            params = {p.name: p for p in kernel.params}
+            assert params["window"].do_not_specialize and not params["window"].is_constexpr, kernel
+            assert not params["softcap"].is_constexpr and params["SOFTCAP"].is_constexpr, kernel
+        print("ok")
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=ROOT), capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-4000:] + r.stderr[-4000:]

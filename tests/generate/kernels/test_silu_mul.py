@@ -40,3 +40,32 @@ def test_the_activation_matches_torch():
         print("OK")
     """)
     assert out.strip().endswith("OK") and out.count("refused:") == 1, out
+
+
+def test_the_gelu_tanh_activation_matches_torch():
+    """``act="gelu_tanh"``: the Gemma family's GELU (torch's tanh approximation, what transformers'
+    ``gelu_pytorch_tanh`` runs) times up, large inputs included (its tanh written so it cannot
+    overflow); another activation is refused."""
+    out = _interpret("""
+        import torch
+        from nvkit.generate.kernels.silu_mul import silu_mul
+        torch.manual_seed(0)
+        for dtype in (torch.float16, torch.float32):
+            tol = 2e-3 if dtype == torch.float16 else 1e-5
+            gu = torch.cat([torch.randn(3, 2000, dtype=dtype), torch.full((1, 2000), 60.0, dtype=dtype),
+                            torch.full((1, 2000), -60.0, dtype=dtype)])
+            gate, up = gu.chunk(2, dim=-1)
+            ref = torch.nn.functional.gelu(gate.float(), approximate="tanh").to(dtype).float() * up.float()
+            act = silu_mul(gu, "gelu_tanh")
+            assert act.dtype == dtype and torch.isfinite(act).all()
+            assert torch.allclose(act.float(), ref, atol=tol * 8, rtol=tol), (act.float() - ref).abs().max()
+            assert not torch.allclose(silu_mul(gu).float(), ref, atol=tol * 8, rtol=tol)
+        try:
+            silu_mul(torch.ones(1, 8), "relu")
+        except ValueError as e:
+            print("refused:", e)
+        else:
+            raise AssertionError("an unknown activation was accepted")
+        print("OK")
+    """)
+    assert out.strip().endswith("OK") and out.count("refused:") == 1, out
