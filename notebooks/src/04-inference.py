@@ -173,11 +173,11 @@ assert gen.text and gen.last_error is None
 # `on_progress` (the Generate panel's status line, `%nvkit generate`) shows "preparing fast
 # decode… N s".
 #
-# Not every model family runs the same way: Llama, Mistral, Qwen2, Qwen3, SmolLM3, Granite, OLMo 2
-# and Gemma 1/2/3 get nvkit's fused step, other families (Phi-3, GPT-2, the mixtures of experts,
-# ...) their own forward, captured the same way, and the stats line names which. To see every
-# family side by side on your GPU, with its rate against plain `generate` and its share of the
-# memory-bandwidth limit, run in a terminal (minutes):
+# Not every model family runs the same way: Llama, Mistral, Qwen2, Qwen3, SmolLM3, Granite, OLMo 2,
+# Gemma 1/2/3 and Phi-3/4-mini get nvkit's fused step, other families (GPT-2, Starcoder2, the
+# mixtures of experts, ...) their own forward, captured the same way, and the stats line names
+# which. To see every family side by side on your GPU, with its rate against plain `generate` and
+# its share of the memory-bandwidth limit, run in a terminal (minutes):
 #
 #     nvkit bench --families
 

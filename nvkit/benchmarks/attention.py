@@ -171,13 +171,18 @@ def _time_us(fn, repeats: int, dev) -> float:
 # kernels against the same functions (the reference of ``decode_attention_rope`` is there).
 
 def rope_reference(x, weight, cos, sin, eps: float):
-    """RMS norm per row (when ``weight`` is given) and rotate-half RoPE, in fp32."""
+    """RMS norm per row over the whole head (when ``weight`` is given) and rotate-half RoPE, in
+    fp32. Tables narrower than the head (r of head_dim values) are partial rotary embedding as
+    transformers' Phi-3 applies it: the first r dims rotate (rotate-half over r), the rest pass."""
     import torch
     x = x.float()
     if weight is not None:
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
-    half = x.shape[-1] // 2
-    return x * cos.float() + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin.float()
+    rot = cos.shape[-1]
+    x_rot, x_pass = x[..., :rot], x[..., rot:]
+    half = rot // 2
+    out = x_rot * cos.float() + torch.cat((-x_rot[..., half:], x_rot[..., :half]), dim=-1) * sin.float()
+    return torch.cat((out, x_pass), dim=-1) if rot < x.shape[-1] else out
 
 
 def attend_reference(q, k, v, pos, scale: float, window: int = 0, softcap: float = 0.0):
@@ -203,8 +208,9 @@ def attend_reference(q, k, v, pos, scale: float, window: int = 0, softcap: float
 def paged_attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int, scale: float,
                                 eps: float, window: int = 0, softcap: float = 0.0):
     """``kernels.paged_attention.paged_decode_attention`` in plain torch, row by row (writes into
-    ``k``/``v`` the same way); ``window`` and ``softcap`` as ``attend_reference`` takes them. It
-    gathers every position up to each row's own, so the whole table must point at real pages."""
+    ``k``/``v`` the same way); ``window`` and ``softcap`` as ``attend_reference`` takes them, the
+    (positions, r) tables as ``rope_reference`` (r < head_dim: partial rotation). It gathers every
+    position up to each row's own, so the whole table must point at real pages."""
     import torch
     rows, width, hd = qkv.shape
     nkv = k.shape[1]

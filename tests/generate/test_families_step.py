@@ -1,7 +1,8 @@
 """Every family issue 37 names, on the batch-1 fast path's step logic (issue 37): the Llama family
 and the layers near it (SmolLM3, OLMo 2, Granite, Gemma 1/2/3 with their sliding windows and
-soft-caps) on nvkit's fused step, the others (Phi-3, Starcoder2, Cohere 2 and the mixtures of
-experts OLMoE, Qwen3-MoE, Mixtral, gpt-oss) on their own forward over the static cache, each greedy
+soft-caps, Phi-3 with its partial rotary) on nvkit's fused step, the others (Starcoder2, Cohere 2
+and the mixtures of experts OLMoE, Qwen3-MoE, Mixtral, gpt-oss) on their own forward over the
+static cache, each greedy
 token for token as plain ``generate``. Tiny random models in float32 on the CPU,
 built from transformers' configs; the captured graphs of the same step run in
 tests/gpu/test_sliding_window_gpu.py and ``nvkit bench --families``."""
@@ -19,18 +20,27 @@ SIZES = dict(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_la
 MOE = dict(num_experts_per_tok=2)
 FAMILIES = {  # transformers' class prefix -> the config's own settings (a window of 6 crosses the 9-token prompt)
     "Llama": {}, "Qwen2": {}, "Qwen3": dict(head_dim=16),
-    "Gemma": dict(head_dim=16), "Phi3": dict(pad_token_id=0), "SmolLM3": dict(no_rope_layer_interval=2, pad_token_id=0),
+    "Gemma": dict(head_dim=16),
+    # 12 of 16 dims rotate; weights large enough that attention follows the rotation (near uniform
+    # at the default scale, where a wrong rotation would go unseen)
+    "Phi3": dict(pad_token_id=0, partial_rotary_factor=0.75, initializer_range=0.25),
+    "SmolLM3": dict(no_rope_layer_interval=2, pad_token_id=0),
     "Olmo2": {}, "Granite": dict(residual_multiplier=0.5, embedding_multiplier=2.0, logits_scaling=4.0),
     "Starcoder2": {}, "Cohere2": dict(head_dim=16, sliding_window=6),
     "Olmoe": dict(num_experts=4, **MOE), "Qwen3Moe": dict(num_experts=4, moe_intermediate_size=32, head_dim=16, **MOE),
     "Mixtral": dict(num_local_experts=4, **MOE), "GptOss": dict(num_local_experts=4, head_dim=16, sliding_window=6, **MOE),
 }
-FUSED = {"Llama", "Qwen2", "Qwen3", "SmolLM3", "Granite", "Olmo2", "Gemma"}
+FUSED = {"Llama", "Qwen2", "Qwen3", "SmolLM3", "Granite", "Olmo2", "Gemma", "Phi3"}
 # the windowed and hybrid families, their windows crossed by the prompts and answers (Gemma 3's
-# sliding layers with a rotary table of their own)
-ALL_FAMILIES = {**FAMILIES, "Mistral": dict(sliding_window=6), "Gemma2": dict(head_dim=16, sliding_window=6),
+# sliding layers with a rotary table of their own; Gemma 2's soft-caps low enough to bite), with
+# weights large enough that attention follows the window, the rotation and the caps (untied, as with
+# Gemma's embedding scale and tied weights such large ones would make each token predict itself)
+SHARP = dict(initializer_range=0.25, tie_word_embeddings=False)
+ALL_FAMILIES = {**FAMILIES, "Mistral": dict(sliding_window=6, **SHARP),
+                "Gemma2": dict(head_dim=16, sliding_window=6, attn_logit_softcapping=1.0, final_logit_softcapping=2.0,
+                               **SHARP),
                 "Gemma3Text": dict(head_dim=16, sliding_window=6,
-                                   layer_types=["sliding_attention", "sliding_attention", "full_attention"])}
+                                   layer_types=["sliding_attention", "sliding_attention", "full_attention"], **SHARP)}
 FUSED_ALL = FUSED | {"Mistral", "Gemma2", "Gemma3Text"}
 
 
@@ -71,7 +81,7 @@ def _tiny(family):
     return getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval()
 
 
-@pytest.mark.parametrize("family", ["Phi3", "Cohere2", "Olmoe"])
+@pytest.mark.parametrize("family", ["Starcoder2", "Cohere2", "Olmoe"])
 def test_a_lora_adapter_runs_in_the_models_own_forward(family):
     """A family the fused step does not cover runs its adapters in PEFT's own layers (any module
     they wrap, Phi-3's fused qkv_proj and the experts' router included): the tuned tokens are PEFT's,
@@ -139,11 +149,13 @@ def test_other_adapter_types_on_the_models_own_forward_say_why():
     assert "PROMPT_TUNING" in support.single_why(s, dict(max_new_tokens=8, do_sample=False))
 
 
-@pytest.mark.parametrize("family", ["SmolLM3", "Granite", "Olmo2", "Gemma", "Gemma2", "Gemma3Text", "Mistral", "Phi3"])
+@pytest.mark.parametrize("family", ["SmolLM3", "Granite", "Olmo2", "Gemma", "Gemma2", "Gemma3Text", "Mistral", "Phi3",
+                                    "Starcoder2"])
 def test_a_list_runs_on_the_fused_rows_where_the_family_fits(family):
     """A list: SmolLM3 (NoPE layers), Granite (multipliers), OLMo 2 (norms after each branch,
     q/k normed over all heads), the Gemma family (norms of 1 + w, GELU, Gemma 2/3's four norms and
-    sliding layers, Gemma 2's soft-caps, Gemma 3's second rotary table) and a Mistral with a window
+    sliding layers, Gemma 2's soft-caps, Gemma 3's second rotary table), Phi-3 (q/k/v and gate/up
+    as one module each, the adapter on those, and 12 of 16 dims rotated) and a Mistral with a window
     on every layer (prompts and answers longer than the window) take the fused step over rows, each
     prompt greedy token for token as plain ``generate`` of the prompt alone, with rows refilled
     (3 prompts through 2 rows), and with a LoRA adapter attached; a family the fused step does not
@@ -155,7 +167,7 @@ def test_a_list_runs_on_the_fused_rows_where_the_family_fits(family):
 
     s = _session(model)
     gen = dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER)
-    if family == "Phi3":  # the model's own forward (test_a_lora_adapter_runs_in_the_models_own_forward)
+    if family == "Starcoder2":  # the model's own forward (test_a_lora_adapter_runs_in_the_models_own_forward)
         assert support.rows_why(s, gen) is None
         return
     assert support.rows_why(s, gen) is None
@@ -169,7 +181,9 @@ def test_a_list_runs_on_the_fused_rows_where_the_family_fits(family):
     answers = []
     for tuned in (False, True):
         m = model if not tuned else get_peft_model(model, LoraConfig(  # PEFT wraps the model's layers in place
-            r=4, lora_alpha=8, init_lora_weights=False, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"]))
+            r=4, lora_alpha=64, init_lora_weights=False,
+            target_modules=(["qkv_proj", "o_proj", "gate_up_proj"] if family == "Phi3"
+                            else ["q_proj", "v_proj", "o_proj", "down_proj"])))
         s.model = m
         assert support.rows_why(s, gen) is None
         bd = BatchedDecoder(fast.FastDecoder(support.base_model(m), k_steps=4, graphs=False), max_rows=2)
@@ -279,7 +293,7 @@ def test_the_models_own_forward_refuses_a_fused_model_and_the_session_picks_the_
     fused = fast.FastDecoder(_tiny("Llama"), k_steps=4, graphs=False)
     with pytest.raises(NvkitError, match="use BatchedDecoder"):
         ModelRowsDecoder(fused)
-    for family, kind in (("Llama", BatchedDecoder), ("Phi3", ModelRowsDecoder)):
+    for family, kind in (("Llama", BatchedDecoder), ("Starcoder2", ModelRowsDecoder)):
         decoders = Decoders()
         model = _tiny(family)
         decoders.swap(model, fast.FastDecoder(model, k_steps=4, graphs=False))
@@ -308,3 +322,94 @@ def test_a_sampled_list_on_the_models_own_forward_depends_on_each_prompts_seed_o
         other_seed = bd.generate(prompts[:1], sampling, seeds=[99])[0]
     assert together == alone == reordered and all(len(t) == 10 for t in together)
     assert other_seed != together[0]
+
+
+def test_a_longrope_model_runs_fast_where_its_text_stays_on_one_side_of_the_switch():
+    """Phi-3 with LongRoPE (Phi-3.5, Phi-4-mini), original context 16 here: transformers rotates a
+    text up to that long with the short factors and a longer one with the long factors from its
+    first position (encoding the whole text again where it grows past it). The fused step takes
+    the short or the long tables by the request, in place (no capture again), alone and in lists;
+    a request that would grow past the switch, or a list mixing both sides, runs plain
+    ``generate`` and says why; so does the model's own forward (``fused=False``) for the same reasons."""
+    from nvkit.generate.fast.fused_weights import long_rope_from
+    from nvkit.generate.fast.rows import BatchedDecoder
+    rope = dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
+                original_max_position_embeddings=16, short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                long_factor=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
+    # weights large enough that attention follows the rotation (at the default scale it is near uniform,
+    # and tables of the wrong factors would go unseen)
+    cfg = transformers.Phi3Config(**SIZES, pad_token_id=0, original_max_position_embeddings=16, initializer_range=0.25,
+                                  rope_parameters=rope)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.Phi3ForCausalLM(cfg).eval()
+    assert long_rope_from(model.config) == 16
+    gen = dict(max_new_tokens=20, do_sample=False, eos_token_id=NEVER)
+
+    def plain(p, new):
+        with torch.inference_mode():
+            out = model.generate(torch.tensor([p]), pad_token_id=0, **dict(gen, max_new_tokens=new))
+        return out[0, len(p):].tolist()
+
+    def prompt(n):
+        return torch.randint(1, SIZES["vocab_size"], (n,), generator=torch.Generator().manual_seed(n)).tolist()
+    for fused in (None, False):
+        d = fast.FastDecoder(model, k_steps=4, graphs=False, fused=fused)
+        assert d.describe().startswith("fused step" if fused is None else "model forward"), d.describe()
+        for n, new in ((5, 8), (20, 20), (9, 6)):  # short tables, long ones, short again (switched back in place)
+            with torch.inference_mode():
+                assert d.generate(torch.tensor([prompt(n)]), fast.resolve(model, dict(gen, max_new_tokens=new))[0]) \
+                    == plain(prompt(n), new), (fused, n, new)
+        crossing = prompt(9)  # 9 + 20 grows past 16: the captured step's text is not transformers'
+        with torch.inference_mode():
+            assert d.generate(torch.tensor([crossing]), fast.resolve(model, gen)[0]) != plain(crossing, 20)
+    bd = BatchedDecoder(fast.FastDecoder(model, k_steps=4, graphs=False), max_rows=2)
+    for lengths, new in (((5, 7, 3), 8), ((20, 30, 17), 12)):
+        prompts = [prompt(n) for n in lengths]
+        with torch.inference_mode():
+            assert bd.generate(prompts, fast.resolve(model, dict(gen, max_new_tokens=new))[0]) == \
+                [plain(p, new) for p in prompts], lengths
+
+    class Decoders:  # a session whose lists' graphs are captured: a prompt could take them instead
+        @staticmethod
+        def batched_ready():
+            return True
+    s = _session(model)
+    s.tokenizer = lambda text: {"input_ids": [1] * len(text)}
+    s.decoders = Decoders()
+    for texts, path, why in ((["x" * 9], "generate", "grow past 16 tokens"), (["x" * 20], "fast", None),
+                             (["x" * 5], "fast", None), (["x" * 20, "x" * 9], "generate", "grow past 16 tokens"),
+                             (["x" * 20, "x" * 3], "generate", "mixes prompts over and under 16"),
+                             (["x" * 20, "x" * 30], "fast batch", None)):
+        r = support.route(s, texts, dict(gen, max_new_tokens=10), True)
+        assert r.path == path and (why is None or why in r.why), (texts, r)
+
+
+def test_gemma3_as_its_larger_checkpoints_load_runs_the_fused_step_on_its_language_model():
+    """Gemma 3 from 4B up is a vision-language checkpoint (``Gemma3ForConditionalGeneration``,
+    what ``AutoModelForCausalLM`` loads): text generation runs the fused step on its language model
+    (``fused_weights.decoder_of``), alone and in a list, token for token as plain ``generate``."""
+    from nvkit.generate.fast.fused_weights import decoder_of
+    from nvkit.generate.fast.rows import BatchedDecoder
+    text = dict(SIZES, **ALL_FAMILIES["Gemma3Text"])
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    assert type(model).__name__ == "Gemma3ForConditionalGeneration"
+    assert decoder_of(model) is model.model.language_model
+    gen = dict(max_new_tokens=16, do_sample=False, eos_token_id=NEVER)
+    assert support.single_why(_session(model), gen) is None and support.rows_why(_session(model), gen) is None
+    d = fast.FastDecoder(model, k_steps=4, graphs=False)
+    assert d.describe().startswith("fused step"), d.describe()
+    sampling, _ = fast.resolve(model, gen)
+    rng = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (9, 4, 12)]
+    with torch.inference_mode():
+        want = [model.generate(torch.tensor([p]), pad_token_id=0, **gen)[0, len(p):].tolist() for p in prompts]
+        assert d.generate(torch.tensor([prompts[0]]), sampling) == want[0]
+        bd = BatchedDecoder(d, max_rows=2)
+        assert bd.generate(prompts, sampling) == want
+    assert bd.describe().startswith("fused step over rows")

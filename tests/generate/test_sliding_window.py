@@ -1,11 +1,10 @@
 """Sliding-window and hybrid models on the batch-1 fast path (issue 37): Gemma 2 and 3 (sliding and
-full layers), a Mistral and a Phi-3 with a window on every layer. Gemma 2/3 and the Mistral run
-nvkit's fused step, each sliding layer masked to its window (``llama_step.window_masks``; the
-kernels' lower bound on the GPU); with ``fused=False`` (and for Phi-3, which the fused step does not
-fit) the model's own forward is the step, over a cache that keeps every position, with masks that
-keep each sliding layer to its window (``static_cache.model_masks``). Either way greedy tokens equal
-plain ``generate``'s well past the window. Tiny random models in float32 on the CPU, built from
-transformers' configs (nothing downloaded)."""
+full layers), a Mistral and a Phi-3 with a window on every layer. All run nvkit's fused step, each
+sliding layer masked to its window (``llama_step.window_masks``; the kernels' lower bound on the
+GPU); with ``fused=False`` the model's own forward is the step, over a cache that keeps every
+position, with masks that keep each sliding layer to its window (``static_cache.model_masks``).
+Either way greedy tokens equal plain ``generate``'s well past the window. Tiny random models in
+float32 on the CPU, built from transformers' configs (nothing downloaded)."""
 
 import pytest
 import torch
@@ -43,9 +42,9 @@ def _model(family, **extra):
 def test_a_sliding_window_model_decodes_as_plain_generate_past_its_window(family, fused):
     model = _model(family)
     assert "sliding_attention" in layer_kinds(model.config)
-    assert (fusable_why(model) is None) == (family != "phi3"), fusable_why(model)
+    assert fusable_why(model) is None, fusable_why(model)
     d = fast.FastDecoder(model, k_steps=4, graphs=False, fused=fused)
-    on_fused = fused is None and family != "phi3"
+    on_fused = fused is None
     assert d.describe().startswith("fused step" if on_fused else "model forward"), d.describe()
     for prompt_len, n in ((3, 20), (11, 9)):  # decoding across the window, and a prompt longer than it
         ids = torch.randint(1, SIZES["vocab_size"], (1, prompt_len))

@@ -135,7 +135,7 @@ def test_a_list_with_an_adapter_on_the_fused_rows_folds_it(family):
         d.release()
 
 
-@pytest.mark.parametrize("family", ["Phi3", "Cohere2", "Olmoe"])
+@pytest.mark.parametrize("family", ["Starcoder2", "Cohere2", "Olmoe"])
 def test_a_list_with_an_adapter_on_its_own_forwards_graphs(family):
     """A LoRA adapter on a family off the fused step: the list's rows graphs run PEFT's layers
     (each prompt as PEFT's ``generate`` of it alone), and switched off, the base model's."""
@@ -172,4 +172,69 @@ def test_a_windowed_family_runs_every_attention_kind_as_plain_generate(family, a
             assert d.generate(ids, sampling) == ref, d.describe()
         assert d.describe().startswith("fused step") and f"{attention} attention" in d.describe(), d.describe()
     finally:
+        d.release()
+
+
+def test_gemma3_vision_language_checkpoint_runs_its_language_model_on_the_graphs():
+    """Gemma 3 as its 4B-and-up checkpoints load (``Gemma3ForConditionalGeneration``): the fused
+    step's graphs on its language model, alone and in a list, as plain ``generate``."""
+    text = dict(SIZES, **ALL_FAMILIES["Gemma3Text"])
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg).eval().to("cuda")
+    d = fast.FastDecoder(model, k_steps=8)
+    bd = BatchedDecoder(d, max_rows=4)
+    gen = dict(max_new_tokens=48, do_sample=False, eos_token_id=NEVER)
+    sampling, _ = fast.resolve(model, gen)
+    rng = torch.Generator().manual_seed(6)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (30, 4, 17, 9, 2)]
+    try:
+        with torch.inference_mode():
+            want = [model.generate(torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
+                    for p in prompts]
+            assert d.generate(torch.tensor([prompts[0]], device="cuda"), sampling) == want[0], d.describe()
+            assert bd.generate(prompts, sampling) == want, bd.describe()
+        assert d.describe().startswith("fused step") and bd.describe().startswith("fused step over rows")
+    finally:
+        bd.release()
+        d.release()
+
+
+def test_a_longrope_model_swaps_its_tables_under_the_captured_graphs():
+    """Phi-3 with LongRoPE (original context 16): the graphs captured on the short factors' tables
+    replay a prompt past 16 tokens on the long factors' (copied into the same buffers) and then a
+    short prompt on the short ones again, alone and in lists, each as plain ``generate``."""
+    rope = dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
+                original_max_position_embeddings=16, short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                long_factor=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
+    cfg = transformers.Phi3Config(**SIZES, pad_token_id=0, original_max_position_embeddings=16, initializer_range=0.25,
+                                  rope_parameters=rope)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    model = transformers.Phi3ForCausalLM(cfg).eval().to("cuda")
+    d = fast.FastDecoder(model, k_steps=8)
+    bd = BatchedDecoder(d, max_rows=4)
+
+    def prompt(n):
+        return torch.randint(1, SIZES["vocab_size"], (n,), generator=torch.Generator().manual_seed(n)).tolist()
+
+    def plain(p, new):
+        return model.generate(torch.tensor([p], device="cuda"), pad_token_id=0, max_new_tokens=new, do_sample=False,
+                              eos_token_id=NEVER)[0, len(p):].tolist()
+    try:
+        with torch.inference_mode():
+            for n, new in ((5, 8), (20, 40), (7, 8)):
+                sampling, _ = fast.resolve(model, dict(max_new_tokens=new, do_sample=False, eos_token_id=NEVER))
+                assert d.generate(torch.tensor([prompt(n)], device="cuda"), sampling) == plain(prompt(n), new), n
+            for lengths, new in (((20, 30, 17), 24), ((4, 6, 2), 8)):
+                sampling, _ = fast.resolve(model, dict(max_new_tokens=new, do_sample=False, eos_token_id=NEVER))
+                prompts = [prompt(n) for n in lengths]
+                assert bd.generate(prompts, sampling) == [plain(p, new) for p in prompts], lengths
+        # one capture: the tables are swapped under the graphs, not captured again
+        assert d.counts["compiles"] == 1 and d.describe().startswith("fused step"), (d.counts, d.describe())
+    finally:
+        bd.release()
         d.release()

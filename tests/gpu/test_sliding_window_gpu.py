@@ -1,7 +1,7 @@
 """Sliding-window and hybrid models on the batch-1 fast path with its CUDA graphs (issue 37):
 greedy tokens equal plain ``generate``'s for 64 new tokens, decoding well past the window, on tiny
 random Gemma 2, Gemma 3, Mistral (windowed) and Phi-3 models in float32, on nvkit's fused step
-(Phi-3: the model's own forward) and with ``fused=False`` on the model's own forward; the stats
+and with ``fused=False`` on the model's own forward; the stats
 line says which ran. The same models on the CPU, without graphs:
 tests/generate/test_sliding_window.py."""
 
@@ -27,7 +27,7 @@ def test_a_sliding_window_model_runs_its_graphs_as_plain_generate(family, fused)
                 assert why is None, why
                 got = d.generate(ids, sampling)
             assert got == ref, (family, prompt_len, d.describe())
-        want = "fused step" if fused is None and family != "phi3" else "model forward"
+        want = "fused step" if fused is None else "model forward"
         assert d.describe().startswith(want) and d.counts["compiles"] == 1, (d.describe(), d.counts)
     finally:
         d.release()

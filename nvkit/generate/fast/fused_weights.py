@@ -29,7 +29,11 @@ from ...memory.estimate import attention_dims
 # norm each branch before and after it (four norms, ``LayerWeights.mlp_norm``), keep some layers to a
 # sliding window (``LayerWeights.window``), Gemma 2 soft-caps the attention scores and the logits, and
 # Gemma 3 gives its sliding layers a rotary table of their own (``LayerWeights.rope_table``).
-FUSABLE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "granite", "olmo2", "gemma", "gemma2", "gemma3_text")
+# Phi-3 (and Phi-4-mini) computes q/k/v and gate/up as one module each (``GROUPS``) and rotates
+# only part of each head (the rotary tables are narrower than the head: ``llama_step.rope``); with
+# LongRoPE its tables are the short or the long factors' by the request (``FusedWeights.rotary_for``).
+FUSABLE = ("llama", "mistral", "qwen2", "qwen3", "smollm3", "granite", "olmo2", "gemma", "gemma2", "gemma3_text",
+           "phi3")
 # the layer norms of the three layouts: before attention and MLP (Llama), after them (OLMo 2),
 # before and after both (Gemma 2/3)
 PRE_NORMS = ("input_layernorm", "post_attention_layernorm")
@@ -39,6 +43,30 @@ NORM_NAMES = BOTH_NORMS
 #: the MLP's gate activations the steps compute (``activation``): name -> transformers' function
 ACTIVATIONS = ("silu", "gelu_tanh")
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+#: the projections that meet the same input, one product each in the steps: group -> (the layer's
+#: part, the forms its modules take: Llama's names, or one module for the whole group as Phi-3's)
+GROUPS = {"qkv": ("self_attn", (("q_proj", "k_proj", "v_proj"), ("qkv_proj",))),
+          "o": ("self_attn", (("o_proj",),)),
+          "gate_up": ("mlp", (("gate_proj", "up_proj"), ("gate_up_proj",))),
+          "down": ("mlp", (("down_proj",),))}
+
+
+def group_names(layer, group: str) -> tuple[str, ...]:
+    """The names of ``layer``'s modules in projection group ``group`` (``GROUPS``), in the order
+    their rows stack: Llama's separate projections, or the one module that computes the group."""
+    part, forms = GROUPS[group]
+    owner = getattr(layer, part, None)
+    return next((names for names in forms if owner is not None and all(hasattr(owner, n) for n in names)), forms[0])
+
+
+def decoder_of(model):
+    """The text decoder of a causal LM (its ``layers``, ``embed_tokens``, ``norm``, ``rotary_emb``):
+    ``model.model``, or for a vision-language model that generates text (Gemma 3 from 4B up)
+    its language model, ``model.model.language_model``; None when it has neither."""
+    inner = getattr(model, "model", None)
+    if inner is not None and not hasattr(inner, "layers"):
+        inner = getattr(inner, "language_model", None)
+    return inner
 
 
 def base_layer(module):
@@ -57,6 +85,18 @@ def unit_offset_norms(cfg) -> bool:
     return getattr(cfg, "model_type", None) in ("gemma", "gemma2", "gemma3_text")
 
 
+def long_rope_from(cfg) -> int | None:
+    """A LongRoPE model's original context (Phi-3 128k, Phi-3.5, Phi-4-mini): a text up to that
+    long is rotated with the short factors, a longer one with the long factors from its first
+    position (transformers encodes the whole text again where it grows past it). None for another
+    RoPE, or a LongRoPE whose rotary parameters differ by layer."""
+    params = getattr(cfg, "rope_parameters", None) or {}
+    if params.get("rope_type") != "longrope":
+        return None
+    start = params.get("original_max_position_embeddings") or getattr(cfg, "original_max_position_embeddings", None)
+    return int(start) if start else None
+
+
 def activation(mlp) -> str | None:
     """The MLP's gate activation as the steps name it (``ACTIVATIONS``), or None for another one:
     SiLU, or GELU in its tanh form as torch computes it (transformers' ``gelu_pytorch_tanh``; its
@@ -65,7 +105,7 @@ def activation(mlp) -> str | None:
 
     import torch.nn as nn
     from transformers.activations import GELUTanh, SiLUActivation
-    act = getattr(mlp, "act_fn", None)
+    act = getattr(mlp, "act_fn", getattr(mlp, "activation_fn", None))  # Phi-3 names it activation_fn
     if isinstance(act, (SiLUActivation, nn.SiLU)):
         return "silu"
     if isinstance(act, GELUTanh) and isinstance(getattr(act, "act", None), functools.partial):
@@ -93,12 +133,13 @@ def fusable_why(model) -> str | None:
     mtype = getattr(cfg, "model_type", None)
     if mtype not in FUSABLE:
         return f"model type {mtype!r} is not one of {', '.join(FUSABLE)}"
-    inner = getattr(model, "model", None)
+    inner = decoder_of(model)
     if inner is None or not all(hasattr(inner, a) for a in ("layers", "embed_tokens", "norm", "rotary_emb")) \
             or not hasattr(model, "lm_head"):
         return "the model does not have the usual decoder layout"
     rope_types = getattr(inner.rotary_emb, "rope_type", "default")
-    if {"dynamic", "longrope"} & set(rope_types.values() if isinstance(rope_types, dict) else [rope_types]):
+    rope_types = set(rope_types.values() if isinstance(rope_types, dict) else [rope_types])
+    if "dynamic" in rope_types or ("longrope" in rope_types and long_rope_from(cfg) is None):
         return "its RoPE rescales with the length at run time"
     other = sorted(set(layer_kinds(cfg)) - {"full_attention", "sliding_attention"})
     if other:
@@ -108,12 +149,13 @@ def fusable_why(model) -> str | None:
     import torch.nn as nn
     for layer in inner.layers:
         attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-        mods = [base_layer(getattr(attn, n, None)) for n in PROJECTIONS[:4]]
-        mods += [base_layer(getattr(mlp, n, None)) for n in PROJECTIONS[4:]]
+        mods = [base_layer(getattr(getattr(layer, GROUPS[g][0], None), n, None)) for g in GROUPS
+                for n in group_names(layer, g)]
         if any(type(m) is not nn.Linear for m in mods):  # exact type: quantized layers compute otherwise
             return "its projections are not plain Linear layers"
         if activation(mlp) is None:
-            return f"its MLP activation ({type(getattr(mlp, 'act_fn', None)).__name__}) is neither SiLU nor GELU (tanh)"
+            act = getattr(mlp, "act_fn", getattr(mlp, "activation_fn", None))
+            return f"its MLP activation ({type(act).__name__}) is neither SiLU nor GELU (tanh)"
         names = tuple(n for n in NORM_NAMES if hasattr(layer, n))
         if names not in (PRE_NORMS, POST_NORMS, BOTH_NORMS):
             return f"its layer norms ({', '.join(names)}) are neither Llama's, OLMo 2's nor Gemma 2's"
@@ -149,7 +191,7 @@ def qk_norm_why(model, hd: int) -> str | None:
     """Why the per-head q/k norms are not the plain RMS norm the Triton kernel applies (None: they
     are). Norms over all heads at once (OLMo 2's) are applied by the steps before the kernel."""
     nh, nkv, _ = attention_dims(model.config)
-    for layer in model.model.layers:
+    for layer in decoder_of(model).layers:
         attn = layer.self_attn
         if hasattr(attn, "q_norm") != hasattr(attn, "k_norm"):
             return "it normalises only one of q and k"
@@ -225,7 +267,7 @@ class FusedWeights:
         import torch
         self.model = model
         self.spare = spare
-        inner = model.model
+        inner = decoder_of(model)
         self.nh, self.nkv, self.hd = attention_dims(model.config)
         self.dtype = model.dtype
         self._slots: list[_Slot] = []
@@ -266,6 +308,8 @@ class FusedWeights:
         #: Gemma 2: the attention scores and the logits soft-capped (cap · tanh(x / cap)); None: not
         self.attn_softcap = _cap(getattr(cfg, "attn_logit_softcapping", None))
         self.logits_softcap = _cap(getattr(cfg, "final_logit_softcapping", None))
+        #: LongRoPE: the original context, past which a prompt takes the long factors' tables
+        self.long_from = long_rope_from(cfg)
 
     def _norm(self, find):
         """A norm's weight as the steps multiply by it: the parameter, or for the Gemma family float32
@@ -308,10 +352,11 @@ class FusedWeights:
         def lin(parent, name, what="weight"):
             return lambda: getattr(base_layer(getattr(parent, name)), what)
 
-        qkv, qkv_spare = self._fused([lin(attn, n) for n in ("q_proj", "k_proj", "v_proj")])
-        qkv_bias = self._bias_group(attn, ("q_proj", "k_proj", "v_proj"), lin)
-        gate_up, gate_up_spare = self._fused([lin(mlp, n) for n in ("gate_proj", "up_proj")])
-        gate_up_bias = self._bias_group(mlp, ("gate_proj", "up_proj"), lin)
+        qkv_names, gate_up_names = group_names(layer, "qkv"), group_names(layer, "gate_up")
+        qkv, qkv_spare = self._fused([lin(attn, n) for n in qkv_names])
+        qkv_bias = self._bias_group(attn, qkv_names, lin)
+        gate_up, gate_up_spare = self._fused([lin(mlp, n) for n in gate_up_names])
+        gate_up_bias = self._bias_group(mlp, gate_up_names, lin)
         has_qk = hasattr(attn, "q_norm")
         spare = None
         if self.spare:
@@ -397,19 +442,47 @@ class FusedWeights:
                 changed += 1
         return changed
 
-    def rotary(self, length: int):
+    def rotary(self, length: int, long: bool = False):
         """(cos, sin) tables of positions 0..length-1 in the model's dtype, computed by the model's
-        own rotary module (a lookup per step instead of its kernels): (length, head_dim), or with
-        several rotary kinds (Gemma 3) each kind's table below the last, (kinds × length, head_dim)
-        (``llama_step.rotary_kinds`` takes them apart)."""
+        own rotary module (a lookup per step instead of its kernels): (length, rotary width), or with
+        several rotary kinds (Gemma 3) each kind's table below the last, (kinds × length, width)
+        (``llama_step.rotary_kinds`` takes them apart). LongRoPE: the short factors' tables up to
+        ``long_from`` (past it the long ones, where only a request's spare steps land), or with
+        ``long`` the long factors' everywhere; the module picks them by the last position it is
+        given, so each part comes from a call that ends where it should."""
         import torch
-        inner = self.model.model
+        inner = decoder_of(self.model)
         dev = self.embed.device
         probe = torch.zeros(1, 1, dtype=self.dtype, device=dev)
-        positions = torch.arange(length, device=dev).view(1, length)
-        tables = [inner.rotary_emb(probe, positions) if kind is None else inner.rotary_emb(probe, positions, kind)
-                  for kind in self.rope_kinds]
-        return tuple(torch.cat([t[i].reshape(length, -1) for t in tables]).contiguous() for i in (0, 1))
+        start = self.long_from
+        if start is None:
+            spans = [(0, length)]
+        elif long:
+            spans = [(0, max(length, start + 1))]
+        else:
+            spans = [(a, b) for a, b in ((0, min(length, start)), (start, length)) if b > a]
+
+        def table(kind, a, b):
+            positions = torch.arange(a, b, device=dev).view(1, b - a)
+            cos, sin = (inner.rotary_emb(probe, positions) if kind is None
+                        else inner.rotary_emb(probe, positions, kind))
+            return cos.reshape(b - a, -1), sin.reshape(b - a, -1)
+        per_kind = [[table(kind, a, b) for a, b in spans] for kind in self.rope_kinds]
+        return tuple(torch.cat([torch.cat([p[i] for p in parts])[:length] for parts in per_kind]).contiguous()
+                     for i in (0, 1))
+
+    def rotary_for(self, holder, longest_prompt: int) -> None:
+        """LongRoPE: ``holder``'s tables (a ``static_cache.Cache`` or ``paged_cache.Arena``) the
+        short or the long factors', as the request's longest prompt asks (``long_rope_from``), copied
+        in place, so the graphs captured on them read the new ones; nothing for another model."""
+        if self.long_from is None:
+            return
+        long = longest_prompt > self.long_from
+        if holder.rope_long != long:
+            cos, sin = self.rotary(holder.cos.shape[0] // len(self.rope_kinds), long)
+            holder.cos.copy_(cos)
+            holder.sin.copy_(sin)
+            holder.rope_long = long
 
 
 def _cap(value) -> float | None:

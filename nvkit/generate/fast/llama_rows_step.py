@@ -93,8 +93,9 @@ def decode_rows_step(fw: FusedWeights, attention: str, page: int, lora=None, lay
                      head: Callable | None = None, kernels: bool = False, invariant: bool = False) -> Callable:
     """``step(tok, pos, table, cos, sin, keys, values)`` -> (rows, vocab) float logits: one decode
     step of every row (``tok``, ``pos``: (rows,) int64; ``table``: (rows, blocks) int32 page ids;
-    ``cos``/``sin``: (positions, head_dim); ``keys``/``values``: one pool tensor per layer). Writes
-    each row's new key and value at its position; the caller advances ``pos``.
+    ``cos``/``sin``: ``FusedWeights.rotary``'s tables, (positions, rotary width) per rotary kind;
+    ``keys``/``values``: one pool tensor per layer). Writes each row's new key and value at its
+    position; the caller advances ``pos``.
 
     ``layer`` and ``head``: the functions of ``decode_rows_layer`` and ``llama_step.decode_head`` to run
     (default: those, eager). Given, they are compiled ones, and the sizes that change from one
@@ -169,7 +170,7 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
                        weight_first: bool = False, act: str = "silu", softcap: float | None = None) -> Callable:
     """One decoder layer of the rows prefill, on tensors only: ``layer(h, cos, sin, flat, keys,
     values, *layer_args(w, lo))`` -> the layer's output h. ``h``: (rows, length, hidden);
-    ``cos``/``sin``: (1, length, 1, head_dim); ``flat``: (rows * length,) pool indices where the
+    ``cos``/``sin``: (1, length, 1, rotary width); ``flat``: (rows * length,) pool indices where the
     layer's keys and values go; ``keys``/``values``: this layer's pool tensors.
 
     Why a layer and not the whole forward: every layer is the same code on other tensors, so one
@@ -255,10 +256,10 @@ class RowsPrefillStep:
 
     def __call__(self, ids, last, where, cos, sin, keys, values):
         import torch
-        fw, lora, hd = self.fw, self.lora, self.fw.hd
+        fw, lora = self.fw, self.lora
         rows, length = ids.shape
         h = embed(fw, ids)                                             # (rows, length, hidden)
-        tables = rotaries(fw, [(c[:length].view(1, length, 1, hd), s[:length].view(1, length, 1, hd))
+        tables = rotaries(fw, [(c[:length].view(1, length, 1, -1), s[:length].view(1, length, 1, -1))
                                for c, s in rotary_kinds(fw, cos, sin)])
         flat = where.reshape(-1)
         for i, (w, (c, s)) in enumerate(zip(fw.layers, tables)):

@@ -51,9 +51,14 @@ def full_qk_norm(qkv, q_norm, k_norm, eps: float, hd: int, weight_first: bool):
 
 def rope(x, cos, sin):
     """``x`` rotated by the tables, in ``x``'s dtype: tables in a wider dtype (OLMo 2's rotary
-    module returns float32 ones) compute in it and round once at the end, as that model does."""
+    module returns float32 ones) compute in it and round once at the end, as that model does.
+    Tables narrower than the head (Phi-3's partial rotary) rotate its first dims only, the rest
+    passing as they are, as transformers' Phi-3 does."""
     import torch
-    half = x.shape[-1] // 2
+    rot = cos.shape[-1]
+    if rot != x.shape[-1]:
+        return torch.cat((rope(x[..., :rot], cos, sin), x[..., rot:]), dim=-1)
+    half = rot // 2
     return (x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin).to(x.dtype)
 
 
@@ -298,7 +303,7 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
         qkv, q_norm, k_norm = full_qk_norm(proj(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first)
         qkv = qkv.view(nh + 2 * nkv, hd)  # keys, values: (nkv, length, hd)
         if attention == "triton-fused":
-            o = decode_attention_rope(qkv, q_norm, k_norm, cos.view(hd), sin.view(hd), keys, values, pos,
+            o = decode_attention_rope(qkv, q_norm, k_norm, cos.view(-1), sin.view(-1), keys, values, pos,
                                       scaling, qk_eps, window, cap)
         else:
             q, k, v = qkv.split((nh, nkv, nkv))

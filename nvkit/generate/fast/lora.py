@@ -19,26 +19,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .fused_weights import PROJECTIONS, FusedWeights, base_layer
-
-_GROUPS = {"qkv": ("self_attn", ("q_proj", "k_proj", "v_proj")), "o": ("self_attn", ("o_proj",)),
-           "gate_up": ("mlp", ("gate_proj", "up_proj")), "down": ("mlp", ("down_proj",))}
+from .fused_weights import GROUPS, PROJECTIONS, FusedWeights, base_layer, decoder_of, group_names
 
 
 def _lora_layers(model):
     """(layer index, group, position in group, LoRA layer) for every projection a LoRA wraps."""
     inner = _inner(model)
     for i, layer in enumerate(inner.layers):
-        for group, (part, names) in _GROUPS.items():
-            for j, name in enumerate(names):
-                m = getattr(getattr(layer, part), name)
+        for group, (part, _) in GROUPS.items():
+            for j, name in enumerate(group_names(layer, group)):
+                m = getattr(getattr(layer, part), name, None)
                 if hasattr(m, "lora_A"):
                     yield i, group, j, m
 
 
 def _inner(model):
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return base.model
+    return decoder_of(base)
 
 
 def _active(m) -> list[str]:
@@ -60,7 +57,8 @@ def lora_why(model) -> str | None:
         if "ModulesToSave" in cls or "TrainableTokens" in cls:
             return f"the adapter trains whole modules ({name}: modules_to_save or trainable tokens)"
         if hasattr(m, "lora_A") and id(m) not in covered:
-            return f"a LoRA adapter sits on {name}; the fast path runs LoRA on the {', '.join(PROJECTIONS)} projections"
+            return (f"a LoRA adapter sits on {name}; the fast path runs LoRA on the {', '.join(PROJECTIONS)} "
+                    "projections (qkv_proj and gate_up_proj where a model computes those as one)")
     import torch.nn as nn
     for _, _, _, m in _lora_layers(model):
         for a in _active(m):
@@ -142,10 +140,10 @@ class LoraSlots:
         dev = fw.embed.device
         self.layers: list[LayerLora] = []
         with torch.inference_mode(False):
-            for w in fw.layers:
+            for w, layer in zip(fw.layers, decoder_of(fw.model).layers):
                 pairs, folded = {}, []
-                for group, weight, spare in zip(_GROUPS, (w.qkv, w.o, w.gate_up, w.down), w.spare or (None,) * 4):
-                    n = len(_GROUPS[group][1])
+                for group, weight, spare in zip(GROUPS, (w.qkv, w.o, w.gate_up, w.down), w.spare or (None,) * 4):
+                    n = len(group_names(layer, group))
                     pairs[group] = (torch.zeros(n * rank, weight.shape[1], dtype=dtype, device=dev),
                                     torch.zeros(weight.shape[0], n * rank, dtype=dtype, device=dev))
                     if self.folded:
@@ -180,8 +178,9 @@ class LoraSlots:
                     b.zero_()
             for i, group, j, m in _lora_layers(model):
                 a_buf, b_buf = getattr(self.layers[i], group)
-                part, names = _GROUPS[group]
-                owner = getattr(_inner(model).layers[i], part)
+                layer = _inner(model).layers[i]
+                part, names = GROUPS[group][0], group_names(layer, group)
+                owner = getattr(layer, part)
                 row0 = sum(base_layer(getattr(owner, name)).out_features for name in names[:j])  # rows before it
                 col = j * self.rank
                 for ad in _active(m):

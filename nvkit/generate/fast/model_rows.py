@@ -59,6 +59,10 @@ class PoolShape:
         z = torch.zeros((1, self.hd), dtype=self.dtype, device=self.embed.device)
         return z, z
 
+    def rotary_for(self, holder, longest_prompt: int) -> None:
+        """Nothing: the model's forward rotates by its own positions (``FusedWeights.rotary_for``
+        picks a LongRoPE model's tables for the fused step)."""
+
 
 def _paged_rows(layers: int):
     """A transformers ``Cache`` of ``layers`` layers over the pool named by its ``at`` (``_Where``),

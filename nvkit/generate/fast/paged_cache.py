@@ -86,7 +86,7 @@ class Arena:
     width: int                 # page-table entries per row
     keys: list[Tensor]             # per layer: (pages × PAGE, kv heads, head_dim)
     values: list[Tensor]
-    cos: Tensor
+    cos: Tensor                   # rotary tables (FusedWeights.rotary)
     sin: Tensor
     tok: Tensor                   # (rows,) int64: each row's next input id
     pos: Tensor                   # (rows,) int64: the position that id takes
@@ -99,6 +99,7 @@ class Arena:
     eos_mask: Tensor              # (1, vocab) bool
     out: Tensor                   # (rows, K + 1) int64: a replay's ids (column 0: the id it started from)
     seen: Tensor | None = None           # (rows, vocab) bool, when the repetition penalty runs
+    rope_long: bool = False       # LongRoPE: the tables hold the long factors' (FusedWeights.rotary_for)
     host: list = field(default_factory=list)  # two (pinned ids, CUDA event) pairs for the readouts
     turn: int = 0
     graphs: dict = field(default_factory=dict)  # RowsKey -> replay

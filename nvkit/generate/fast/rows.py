@@ -435,6 +435,7 @@ class BatchedDecoder(GraphRunner):
                              StopStrings(tokenizer, sampling.stop_strings, p) if sampling.stop_strings else None)
                     for i, p in enumerate(prompts)]
             a = self._arena_for(seqs, sampling.max_new_tokens, sampling.repetition_penalty != 1.0)
+            self._fw.rotary_for(a, max(len(p) for p in prompts))
             rows_replay.set_request(a, sampling, self.vocab)
             sched = Scheduler(seqs, a.rows, a.pages, PAGE, self.k, sampling.eos)
             before = dict(self.timings)

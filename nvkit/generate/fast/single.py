@@ -412,6 +412,8 @@ class FastDecoder(GraphRunner):
             n = int(input_ids.shape[-1])
             lora_on = self._sync()
             c = self._cache_for(self._positions(n, sampling))
+            if self._fw is not None:
+                self._fw.rotary_for(c, n)
             # a short request does not stop for a compile that was due (compile_after > 0): it
             # replays what is captured
             replay = self._graph(c, GraphKey(sampling.key, lora_on, keep_logits), on_progress,

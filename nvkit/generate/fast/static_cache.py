@@ -61,7 +61,7 @@ class Cache:
     out: Tensor | None = None        # (K,) int64: the ids picked by one replay
     pos: Tensor | None = None        # 0-dim int64: the position the next token takes
     arange: Tensor | None = None     # (length,) int64
-    cos: Tensor | None = None        # (length, head_dim) rotary tables (fused step)
+    cos: Tensor | None = None        # (kinds × length, rotary width) rotary tables (fused step, FusedWeights.rotary)
     sin: Tensor | None = None
     prompt: Tensor | None = None     # (1, prefill capacity) int64: the padded prompt a prefill graph reads
     last: Tensor | None = None       # 0-dim int64: the prompt's last position
@@ -75,6 +75,7 @@ class Cache:
     logits: Tensor | None = None        # (K, vocab) float32 when a graph copies its logits out (FastDecoder.trace)
     # "lora on?" below: a bool on the fused step; on the model's own forward, its adapters' state
     # (lora.forward_state, () when off)
+    rope_long: bool = False  # LongRoPE: the tables hold the long factors' (FusedWeights.rotary_for)
     steps: dict = field(default_factory=dict)     # lora on? -> the eager decode step
     compiled: dict = field(default_factory=dict)  # lora on? -> its torch.compile wrapper
     graphs: dict = field(default_factory=dict)    # GraphKey -> replay

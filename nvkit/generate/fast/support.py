@@ -29,7 +29,7 @@ from .sampling import Sampling, resolve
 BATCH_OPTIONS = {"max_new_tokens", "do_sample", "temperature", "top_p", "top_k", "pad_token_id", "eos_token_id"}
 
 __all__ = ["Route", "route", "single_why", "rows_why", "deterministic_why", "batch_why", "worth_capturing",
-           "worth_batching", "resolve"]
+           "worth_batching", "long_rope_why", "resolve"]
 
 
 @dataclass
@@ -134,6 +134,29 @@ def rows_why(session, gen: dict) -> str | None:
 
 
 
+def long_rope_why(base, ids: list[list[int]], gen: dict) -> str | None:
+    """Why these prompts cannot run on a fast path (None when they can): a LongRoPE model (Phi-3
+    128k, Phi-3.5, Phi-4-mini) whose text would grow past its original context during the answer.
+    transformers' ``generate`` then encodes the whole text again with the long factors (Phi-3's
+    ``prepare_inputs_for_generation`` drops its cache there), which a captured step, whose cache
+    keeps the keys it wrote, does not do. A prompt already past that length runs on the long
+    factors from its first token, and one whose answer ends before it on the short ones: both run,
+    but not in one list (its rows share one rotary table)."""
+    params = getattr(base.config.get_text_config(), "rope_parameters", None) or {}
+    start = params.get("original_max_position_embeddings") or getattr(base.config, "original_max_position_embeddings",
+                                                                       None)
+    if params.get("rope_type") != "longrope" or not start:
+        return None
+    new = int(gen.get("max_new_tokens") or 0)
+    if any(len(p) <= start < len(p) + new for p in ids):
+        return (f"the text would grow past {start} tokens, where LongRoPE switches to its long factors and "
+                "transformers encodes the whole text again")
+    if len({len(p) > start for p in ids}) > 1:
+        return (f"the list mixes prompts over and under {start} tokens, which LongRoPE rotates with its long and "
+                "its short factors, and a list's rows share one rotary table")
+    return None
+
+
 def _fused_why(base) -> str | None:
     """Why nvkit's fused step does not run ``base``: it does not fit, or it is turned off."""
     return fusable_why(base) or (default_options().fused is False and "the fused step is turned off (NVKIT_FAST_FUSED=0)")
@@ -224,10 +247,13 @@ def route(session, texts: list[str], gen: dict, fast: bool | None, stream: bool 
         if why is None:
             sampling = resolve(base_model(session.model), gen)[0]
             ids = [session.tokenizer(texts[0])["input_ids"]]
-            why = worth_capturing(session, len(ids[0]), gen, sampling) if fast is None else None
+            why = long_rope_why(base_model(session.model), ids, gen)
+            if why is None and fast is None:
+                why = worth_capturing(session, len(ids[0]), gen, sampling)
             if why is None:
                 return Route("fast", sampling=sampling, ids=ids)
-            if not stream and session.decoders.batched_ready() and rows_why(session, gen) is None:
+            if not stream and session.decoders.batched_ready() and rows_why(session, gen) is None \
+                    and long_rope_why(base_model(session.model), ids, gen) is None:
                 # the lists' graphs run a batch of one about as fast as the batch-1 path, with no
                 # capture of its own to wait for (or one rung's: tenths of a second)
                 return Route("fast batch", ["the batch-1 fast path is not captured yet: the batched fast path, "
@@ -236,11 +262,13 @@ def route(session, texts: list[str], gen: dict, fast: bool | None, stream: bool 
     if stream:
         return Route("generate")
     why = rows_why(session, gen)
+    ids = [session.tokenizer(t)["input_ids"] for t in texts] if why is None else None
+    if why is None:
+        why = long_rope_why(base_model(session.model), ids, gen)
     if why is None and fast is None:
         why = worth_batching(session, len(texts), gen)
     if why is None:
-        return Route("fast batch", sampling=resolve(base_model(session.model), gen)[0],
-                     ids=[session.tokenizer(t)["input_ids"] for t in texts])
+        return Route("fast batch", sampling=resolve(base_model(session.model), gen)[0], ids=ids)
     return fallback(session, texts, gen, fast, why)
 
 
@@ -252,9 +280,10 @@ def _deterministic_route(session, texts: list[str], gen: dict, fast: bool | None
         why = "fast=False" if fast is False else f"the model is on {session.device}"
     else:
         why = deterministic_why(session, gen)
+        ids = [session.tokenizer(t)["input_ids"] for t in texts] if why is None else None
+        why = why or long_rope_why(base_model(session.model), ids, gen)
         if why is None:
-            return Route("fast batch", sampling=resolve(base_model(session.model), gen)[0],
-                         ids=[session.tokenizer(t)["input_ids"] for t in texts], invariant=True)
+            return Route("fast batch", sampling=resolve(base_model(session.model), gen)[0], ids=ids, invariant=True)
     return alone_fallback(why)
 
 

@@ -1,8 +1,9 @@
 """What several of nvkit's Triton kernels share: the split-K attention kernels' q/k norm with RoPE
-(``norm_rope``), their score soft-capping (``tanh``) and the check of its and the sliding window's
-arguments (``window_softcap_why``), their merge of the slices per query head (``combine_kernel``;
-``merge_kernel`` with the slice count at run time), the most slices per KV head, and the row view
-the elementwise kernels take their inputs in."""
+(``norm_rope``; the lanes and tables of a full or partial rotation from ``rope_lanes``, the rule
+for the tables' width in ``rotary_width_fits``), their score soft-capping (``tanh``) and the check
+of its and the sliding window's arguments (``window_softcap_why``), their merge of the slices per
+query head (``combine_kernel``; ``merge_kernel`` with the slice count at run time), the most slices
+per KV head, and the row view the elementwise kernels take their inputs in."""
 
 from __future__ import annotations
 
@@ -16,9 +17,41 @@ MAX_SPLITS = 16  # slices of the cache per KV head: 8 KV heads x 16 programs fil
 
 
 @triton.jit
+def rope_lanes(COS, SIN, d, HD: tl.constexpr, ROT: tl.constexpr):
+    """For the lanes ``d`` (0..HD) of a head: each lane's rotate-half partner ``rd``, its ``sign``
+    and the fp32 ``cos``/``sin`` of the current position, read from ``COS``/``SIN`` (ROT values).
+
+    ROT < HD is partial rotary embedding (transformers' ``partial_rotary_factor``, e.g. Phi-3 and
+    Phi-4-mini): only the first ROT dims rotate, among themselves (partner (d + ROT/2) mod ROT,
+    negated in the first ROT/2), and the rest pass unchanged — their own partner, cos 1 and sin 0,
+    so ``norm_rope`` gives x · 1 + x · 0 = x. ROT is a constexpr: a model's one width compiles one
+    variant, and a full table (ROT == HD) compiles the plain rotation with no masks."""
+    if ROT == HD:
+        rd = (d + HD // 2) % HD                      # rotate_half: the other half of the head...
+        sign = tl.where(d < HD // 2, -1.0, 1.0)      # ...negated for the first half
+        cos = tl.load(COS + d).to(tl.float32)
+        sin = tl.load(SIN + d).to(tl.float32)
+    else:
+        rot = d < ROT
+        rd = tl.where(rot, (d + ROT // 2) % ROT, d)  # the pass dims are their own partner
+        sign = tl.where(d < ROT // 2, -1.0, 1.0)
+        cos = tl.load(COS + d, mask=rot, other=1.0).to(tl.float32)
+        sin = tl.load(SIN + d, mask=rot, other=0.0).to(tl.float32)
+    return rd, sign, cos, sin
+
+
+def rotary_width_fits(rot: int, hd: int) -> bool:
+    """Whether a rotary table ``rot`` values wide fits heads of ``hd``: the rotation pairs dim d
+    with d + rot/2, so ``rot`` is even, and it covers at least one pair and at most the head."""
+    return rot % 2 == 0 and 2 <= rot <= hd
+
+
+@triton.jit
 def norm_rope(x, xr, W, d, rd, sign, cos, sin, eps, HAS_NORM: tl.constexpr, HD: tl.constexpr):
-    """RMS-normalise rows of ``x`` (fp32, (rows, HD); ``xr`` the same rows rotated by half a head)
-    with weight ``W`` when HAS_NORM, then apply rotary embedding (rotate-half form)."""
+    """RMS-normalise rows of ``x`` (fp32, (rows, HD); ``xr`` the same rows at the partner lanes
+    ``rd``) over the whole head with weight ``W`` when HAS_NORM, then apply rotary embedding
+    (rotate-half form; lanes, signs and tables from ``rope_lanes``, so partial rotation too: the
+    norm covers every dim, as transformers' q_norm/k_norm run before RoPE)."""
     if HAS_NORM:
         rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / HD + eps)
         x = x * rstd[:, None] * tl.load(W + d).to(tl.float32)[None, :]

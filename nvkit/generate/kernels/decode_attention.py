@@ -19,6 +19,11 @@ reaches the window, so the blocks below it cost nothing: a sliding layer reads i
 the cache. The window is a run-time argument (one compiled kernel serves every window); the
 soft-capping a compile-time switch, so the layers without it pay no tanh.
 
+The fused variant's RoPE may be partial, as Phi-3 and Phi-4-mini have it (transformers'
+``partial_rotary_factor``): cos/sin tables of r < head_dim values rotate each head's first r dims
+and pass the rest; r is a compile-time constant, so a model's one width compiles one variant and
+the full-width kernel keeps its unmasked loads.
+
 ``decode_attention`` is a ``torch.library.custom_op``: ``torch.compile`` (fullgraph) keeps it as one
 opaque node and calls it at run time, Triton compiles the kernels in this process on the first
 (warm-up) call, and CUDA-graph capture records their launches. Why not ``triton_op``, which hands
@@ -39,7 +44,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import MAX_SPLITS, MAX_WINDOW, combine_kernel, next_pow2, norm_rope, tanh, window_softcap_why
+from .common import (MAX_SPLITS, MAX_WINDOW, combine_kernel, next_pow2, norm_rope, rope_lanes, rotary_width_fits,
+                     tanh, window_softcap_why)
 
 BLOCK_L = 32  # cache positions per step inside a slice
 
@@ -110,16 +116,13 @@ def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, window,
                        stride_kh, stride_kl, stride_vh, stride_vl,
                        NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                        HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr,
-                       SOFTCAP: tl.constexpr):
+                       SOFTCAP: tl.constexpr, ROT: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     pos = tl.load(POS)
     g = tl.arange(0, GROUPS_P2)
     d = tl.arange(0, HD)
-    rd = (d + HD // 2) % HD                      # rotate_half: the other half of the head...
-    sign = tl.where(d < HD // 2, -1.0, 1.0)      # ...negated for the first half
-    cos = tl.load(COS + d).to(tl.float32)
-    sin = tl.load(SIN + d).to(tl.float32)
+    rd, sign, cos, sin = rope_lanes(COS, SIN, d, HD, ROT)  # ROT < HD: the dims past ROT pass unrotated
     heads = kvh * GROUPS + g
     live = g < GROUPS
     qp = QKV + heads[:, None] * HD
@@ -205,10 +208,16 @@ def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k
                           cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
                           scale: float, eps: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """The whole attention of one decode step after the q/k/v projection, in two kernels: per-head
-    RMS norm of q and k (Qwen3's q_norm/k_norm; skipped when the weights are None), rotary
-    embedding (``cos``/``sin`` of the current position, (head_dim,)), the new key and value written
-    into the caches ``k``/``v`` at ``pos``, and attention over positions 0..pos (``window`` and
-    ``softcap`` as ``decode_attention`` takes them).
+    RMS norm of q and k over the whole head (Qwen3's q_norm/k_norm; skipped when the weights are
+    None), rotary embedding (``cos``/``sin`` of the current position, (r,)), the new key and value
+    written into the caches ``k``/``v`` at ``pos``, and attention over positions 0..pos
+    (``window`` and ``softcap`` as ``decode_attention`` takes them).
+
+    ``r`` is the rotary width: head_dim for full RoPE, fewer (even, from 2) for partial rotary
+    embedding as transformers' Phi-3 applies it (``partial_rotary_factor``; Phi-4-mini rotates 96
+    of 128): the first r dims of each head rotate among themselves (rotate-half over r), the rest
+    pass as the norm left them, into the attention and the key cache alike. Each width compiles
+    its own kernel variant.
 
     ``qkv`` is the projection's output as (query heads + 2 × KV heads, head_dim): queries, then
     keys, then values. Returns (query heads, head_dim). Why: the matmul path spends separate
@@ -217,8 +226,9 @@ def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k
     nh, hd = qkv.shape[0] - 2 * nkv, qkv.shape[-1]
     why = (check_shapes(qkv[:nh], k, v) if qkv.dim() == 2 and nh > 0
            else "expects qkv (heads + 2 x kv_heads, head_dim)")
-    if not why and (cos.shape != (hd,) or sin.shape != (hd,)):
-        why = f"expects cos and sin of shape ({hd},), not {tuple(cos.shape)} and {tuple(sin.shape)}"
+    if not why and (cos.dim() != 1 or sin.shape != cos.shape or not rotary_width_fits(cos.shape[0], hd)):
+        why = (f"expects cos and sin of shape (r,), r even and at most {hd}, "
+               f"not {tuple(cos.shape)} and {tuple(sin.shape)}")
     if not why and (q_weight is None) != (k_weight is None):
         why = "takes both norm weights or neither"
     why = why or window_softcap_why(window, softcap)
@@ -231,7 +241,7 @@ def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k
     lead = (qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos.contiguous(), sin.contiguous(),
             k, v, pos)
     _launch(_rope_split_kernel, lead, (scale, min(window, MAX_WINDOW), float(softcap), eps), k, v, nh, hd, out,
-            NH=nh, NKV=nkv, HAS_NORM=has_norm, SOFTCAP=softcap > 0)
+            NH=nh, NKV=nkv, HAS_NORM=has_norm, SOFTCAP=softcap > 0, ROT=cos.shape[0])
     return out
 
 

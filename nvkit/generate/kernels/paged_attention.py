@@ -32,7 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import MAX_SPLITS, MAX_WINDOW, merge_kernel, next_pow2, norm_rope, tanh, window_softcap_why
+from .common import (MAX_SPLITS, MAX_WINDOW, merge_kernel, next_pow2, norm_rope, rope_lanes, rotary_width_fits,
+                     tanh, window_softcap_why)
 
 _SM_COUNT: dict = {}
 #: the batch-invariant step's slices per (row, KV head): a row's blocks go to the slices by their
@@ -88,17 +89,15 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
                              NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                              HD: tl.constexpr, PAGE: tl.constexpr,
                              HAS_NORM: tl.constexpr, PAGES: tl.constexpr, DOT: tl.constexpr,
-                             SOFTCAP: tl.constexpr):
+                             SOFTCAP: tl.constexpr, ROT: tl.constexpr):
     b = tl.program_id(0)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     pos = tl.load(POS + b).to(tl.int32)
     g = tl.arange(0, GROUPS_P2)
     d = tl.arange(0, HD)
-    rd = (d + HD // 2) % HD
-    sign = tl.where(d < HD // 2, -1.0, 1.0)
-    cos = tl.load(COS + pos.to(tl.int64) * HD + d).to(tl.float32)
-    sin = tl.load(SIN + pos.to(tl.int64) * HD + d).to(tl.float32)
+    # the tables' row of pos (ROT values a row); ROT < HD: the dims past ROT pass unrotated
+    rd, sign, cos, sin = rope_lanes(COS + pos.to(tl.int64) * ROT, SIN + pos.to(tl.int64) * ROT, d, HD, ROT)
     heads = kvh * GROUPS + g
     live = g < GROUPS
     qp = QKV + b.to(tl.int64) * stride_qb + heads[:, None] * HD
@@ -180,8 +179,9 @@ def check_paged(qkv, k, v, pos, table, cos, sin, page: int) -> str | None:
         return f"head_dim ({hd}) and the page ({page}) must be powers of two, the pool ({tokens}) whole pages"
     if pos.shape != (rows,) or table.dim() != 2 or table.shape[0] != rows:
         return f"expects pos ({rows},) and table ({rows}, blocks), not {tuple(pos.shape)} and {tuple(table.shape)}"
-    if cos.dim() != 2 or cos.shape[1] != hd or sin.shape != cos.shape:
-        return f"expects cos and sin tables (positions, {hd})"
+    if cos.dim() != 2 or sin.shape != cos.shape or not rotary_width_fits(cos.shape[1], hd):
+        return (f"expects cos and sin tables (positions, r), r even and at most {hd}, "
+                f"not {tuple(cos.shape)} and {tuple(sin.shape)}")
     if k.stride(-1) != 1 or v.stride(-1) != 1 or k.stride(1) != hd or v.stride(1) != hd:
         return "each position's heads must be contiguous in the pool"
     return None
@@ -193,10 +193,11 @@ def paged_decode_attention(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], 
                            pos: torch.Tensor, table: torch.Tensor, page: int, scale: float,
                            eps: float, splits: int = 0, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
     """``decode_attention_rope`` for many rows over a paged pool: per row b, the q/k norms and RoPE
-    at position ``pos[b]`` (``cos``/``sin``: (positions, head_dim) tables), its new key and value
-    written at that position through its page table ``table[b]``, attention over its positions
-    0..pos[b] (with ``window`` > 0, pos[b] - window + 1..pos[b]; scores soft-capped when
-    ``softcap`` > 0: see ``decode_attention``). ``qkv`` (rows, query heads + 2 × KV heads,
+    at position ``pos[b]`` (``cos``/``sin``: (positions, r) tables, r the rotary width: head_dim,
+    or fewer, even, for partial rotary embedding as ``decode_attention_rope`` takes it), its new
+    key and value written at that position through its page table ``table[b]``, attention over
+    its positions 0..pos[b] (with ``window`` > 0, pos[b] - window + 1..pos[b]; scores soft-capped
+    when ``softcap`` > 0: see ``decode_attention``). ``qkv`` (rows, query heads + 2 × KV heads,
     head_dim); returns (rows, query heads, head_dim). ``splits``: slices per (row, KV head), 0 for
     ``paged_splits``'. A fixed number (``INVARIANT_SPLITS``) makes a row's sums the same whatever
     the rows and table beside it: the batch-invariant step's attention. The table entries of the
@@ -270,7 +271,7 @@ def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int,
         m, s_sum, o, out, scale, eps, n_splits, min(window, MAX_WINDOW), float(softcap),
         qkv.stride(0), table.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         NH=nh, NKV=nkv, GROUPS=groups, GROUPS_P2=rows_p2, HD=hd, PAGE=page,
-        HAS_NORM=has_norm, PAGES=pages_per_step, DOT=dot, SOFTCAP=softcap > 0, **launch)
+        HAS_NORM=has_norm, PAGES=pages_per_step, DOT=dot, SOFTCAP=softcap > 0, ROT=cos.shape[1], **launch)
     if n_splits > 1:
         merge_kernel[(rows * nh,)](m, s_sum, o, out, n_splits, MAX_N=max(MAX_SPLITS, n_splits), HD=hd)
     return out

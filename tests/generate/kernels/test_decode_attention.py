@@ -20,7 +20,8 @@ from tests.triton_interpreter import interpret as _interpret  # noqa: E402
 
 def attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float,
                           window: int = 0, softcap: float = 0.0):
-    """``decode_attention_rope`` in plain torch (writes into ``k``/``v`` the same way)."""
+    """``decode_attention_rope`` in plain torch (writes into ``k``/``v`` the same way); ``cos``/``sin``
+    (r,) with r < head_dim rotate the first r dims only (``rope_reference``)."""
     nkv = k.shape[0]
     nh = qkv.shape[0] - 2 * nkv
     q = rope_reference(qkv[:nh], q_weight, cos, sin, eps)
@@ -192,7 +193,7 @@ def test_rope_kernel_norms_rotates_writes_the_cache_and_attends():
                 assert torch.equal(k1[:, :p], k[:, :p]) and (k1[:, p + 1:] == 1e4).all()
         bad = torch.zeros(20, 64)
         for args, why in [((bad, None, None, torch.zeros(64), torch.zeros(64), torch.zeros(2, 256, 32), torch.zeros(2, 256, 32)), "cannot attend"),
-                          ((bad, None, None, torch.zeros(32), torch.zeros(32), torch.zeros(2, 256, 64), torch.zeros(2, 256, 64)), "cos and sin"),
+                          ((bad, None, None, torch.zeros(128), torch.zeros(128), torch.zeros(2, 256, 64), torch.zeros(2, 256, 64)), "cos and sin"),
                           ((bad, torch.ones(64), None, torch.zeros(64), torch.zeros(64), torch.zeros(2, 256, 64), torch.zeros(2, 256, 64)), "both norm weights")]:
             try:
                 da.decode_attention_rope(*args, torch.tensor(0), 0.1, 1e-6)
@@ -407,6 +408,101 @@ def test_window_and_softcap_arguments_are_checked_and_trace():
         got = torch.compile(rope_step, fullgraph=True, backend="aot_eager")(qkv, k1, v.clone(), torch.tensor(30))
         want = rope_step(qkv, k2, v.clone(), torch.tensor(30))
         assert torch.allclose(got, want, atol=1e-5) and torch.equal(k1, k2)
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_rope_reference_rotates_as_transformers_phi3_does():
+    """``rope_reference`` (no norm) is transformers' ``apply_rotary_pos_emb`` of Phi-3, whose tables
+    may be narrower than the head (``partial_rotary_factor``): the first r dims rotate, the rest
+    pass; full-width tables are the plain rotate-half RoPE."""
+    import torch
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+
+    torch.manual_seed(0)
+    for hd, rot in ((128, 96), (16, 8), (16, 16), (16, 2)):
+        q, k = torch.randn(1, 4, 3, hd), torch.randn(1, 2, 3, hd)  # (batch, heads, positions, head_dim)
+        ang = torch.randn(1, 3, rot // 2).repeat(1, 1, 2)
+        cos, sin = ang.cos(), ang.sin()
+        want_q, want_k = apply_rotary_pos_emb(q, k, cos, sin)
+        for x, want in ((q, want_q), (k, want_k)):
+            got = rope_reference(x.transpose(1, 2), None, cos[:, :, None], sin[:, :, None], 1e-6).transpose(1, 2)
+            assert torch.allclose(got, want, atol=1e-6), (hd, rot)
+            assert torch.equal(got[..., rot:], x[..., rot:])
+
+
+def test_rope_kernel_with_partial_rotary_tables():
+    """decode_attention_rope with cos/sin of r < head_dim values (Phi-3/Phi-4-mini's partial
+    rotary embedding: 96 of 128; 8 of 16; 2 of 16, the narrowest) and of the full head, with and
+    without the q/k norms, fp32 and bf16, at several positions (the last with a window and a soft
+    cap), against plain torch: the output,
+    the new key in the cache (its rotated dims, and its pass dims as the norm left them: without
+    norms the projected values bit for bit) and the value."""
+    out = _interpret("""
+        import torch
+        from tests.generate.kernels.test_decode_attention import attend_rope_reference
+        from nvkit.generate.kernels import decode_attention as da
+        torch.manual_seed(0)
+        for nh, nkv, hd, rot, dtype, norm in [(8, 2, 128, 96, torch.float32, True), (8, 2, 128, 96, torch.float32, False),
+                                              (8, 2, 128, 96, torch.bfloat16, True),
+                                              (4, 2, 16, 8, torch.float32, True), (4, 2, 16, 8, torch.float32, False),
+                                              (4, 2, 16, 8, torch.bfloat16, True), (4, 2, 16, 8, torch.bfloat16, False),
+                                              (4, 2, 16, 2, torch.float32, True), (4, 2, 16, 16, torch.float32, True),
+                                              (4, 2, 16, 16, torch.bfloat16, False)]:
+            length = 128
+            tol = 1e-4 if dtype == torch.float32 else 3e-2
+            for p, window, softcap in ((0, 0, 0.0), (37, 0, 0.0), (length - 1, 20, 3.0)):
+                qkv = torch.randn(nh + 2 * nkv, hd, dtype=dtype)
+                qw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+                kw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+                ang = torch.randn(rot // 2).repeat(2)
+                cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+                k, v = torch.randn(nkv, length, hd, dtype=dtype), torch.randn(nkv, length, hd, dtype=dtype)
+                k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
+                k1[:, p + 1:], v1[:, p + 1:] = 1e4, float("nan")  # past pos: never read
+                pos = torch.tensor(p)
+                got = da.decode_attention_rope(qkv, qw, kw, cos, sin, k1, v1, pos, hd ** -0.5, 1e-6, window, softcap)
+                ref = attend_rope_reference(qkv, qw, kw, cos, sin, k2, v2, pos, hd ** -0.5, 1e-6, window, softcap)
+                err = (got.float() - ref.float()).abs().max().item()
+                kerr = (k1[:, p].float() - k2[:, p].float()).abs().max().item()
+                assert got.shape == (nh, hd) and got.dtype == dtype, (got.shape, got.dtype)
+                assert err <= tol and kerr <= tol, (hd, rot, dtype, norm, p, err, kerr)
+                new_k = qkv[nh:nh + nkv].float()
+                if norm and rot < hd:  # the pass dims: normalised over the whole head, not rotated
+                    new_k = new_k * torch.rsqrt(new_k.pow(2).mean(-1, keepdim=True) + 1e-6) * kw.float()
+                    assert (k1[:, p, rot:].float() - new_k[:, rot:]).abs().max() <= tol, (hd, rot, p)
+                elif not norm:
+                    assert torch.equal(k1[:, p, rot:], qkv[nh:nh + nkv, rot:]), (hd, rot, p)
+                assert torch.equal(v1[:, :p + 1], v2[:, :p + 1]) and torch.equal(k1[:, :p], k[:, :p])
+            print(hd, rot, dtype, norm, "ok")
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_rope_kernel_refuses_rotary_tables_that_do_not_fit():
+    """cos/sin must be (r,) with r even, 2 <= r <= head_dim, the two alike: an odd width, one
+    wider than the head, an empty one, a table of positions and unequal cos/sin are refused
+    before any launch, saying the rule."""
+    out = _interpret("""
+        import torch
+        from nvkit.generate.kernels import decode_attention as da
+        qkv, k, v = torch.randn(8, 16), torch.randn(2, 64, 16), torch.randn(2, 64, 16)
+        for cos, sin in [(torch.ones(7), torch.zeros(7)), (torch.ones(18), torch.zeros(18)),
+                         (torch.ones(0), torch.zeros(0)), (torch.ones(4, 16), torch.zeros(4, 16)),
+                         (torch.ones(8), torch.zeros(16))]:
+            for qw in (None, torch.ones(16)):
+                try:
+                    da.decode_attention_rope(qkv, qw, qw, cos, sin, k, v, torch.tensor(3), 0.25, 1e-6)
+                except ValueError as e:
+                    assert str(e).startswith("nvkit::decode_attention_rope expects cos and sin of shape (r,), "
+                                             "r even and at most 16, not "), e
+                else:
+                    raise AssertionError((cos.shape, sin.shape))
+        for rot in (2, 8, 16):  # the widths that fit
+            ang = torch.randn(rot // 2).repeat(2)
+            da.decode_attention_rope(qkv, None, None, ang.cos(), ang.sin(), k, v, torch.tensor(3), 0.25, 1e-6)
         print("ok")
     """)
     assert out.strip().endswith("ok")

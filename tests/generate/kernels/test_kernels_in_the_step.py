@@ -117,9 +117,10 @@ def test_the_rows_step_with_kernels_folds_the_adapter_as_the_step_of_torch_opera
     assert out.strip().endswith("OK"), out
 
 
-def test_the_gemma_steps_with_kernels_keep_to_the_window_as_the_steps_of_torch_operations():
-    """Gemma 2 (soft-capped scores and logits, four norms of 1 + w, GELU) and Gemma 3 (q/k norms,
-    a second rotary table for its sliding layers) on the fused step with nvkit's kernels: at batch 1
+def test_the_gemma_and_phi3_steps_with_kernels_compute_as_the_steps_of_torch_operations():
+    """Gemma 2 (soft-capped scores and logits, four norms of 1 + w, GELU), Gemma 3 (q/k norms,
+    a second rotary table for its sliding layers) and Phi-3 (12 of 16 dims rotated: rotary tables
+    narrower than the head) on the fused step with nvkit's kernels: at batch 1
     the split and the fused Triton attention (each sliding layer's reads started at its window) and
     the norm and activation kernels, 14 steps from position 3 across the window of 6, against the
     step of torch operations (matmul attention, the window as a mask); and the rows step with the
@@ -131,10 +132,13 @@ def test_the_gemma_steps_with_kernels_keep_to_the_window_as_the_steps_of_torch_o
         from nvkit.generate.fast.llama_step import decode_step
         from nvkit.generate.fast.static_cache import new_cache
         from tests.generate.test_families_step import _tiny
-        for family in ("Gemma2", "Gemma3Text"):
+        for family in ("Gemma2", "Gemma3Text", "Phi3"):
             model = _tiny(family)
             fw = FusedWeights(model)
-            assert {w.window for w in fw.layers} == {0, 6}
+            if family == "Phi3":
+                assert fw.rotary(4)[0].shape == (4, 12)
+            else:
+                assert {w.window for w in fw.layers} == {0, 6}
             logits = {}
             for attention, kernels in (("matmul", False), ("matmul", True), ("triton-split", True),
                                        ("triton-fused", True)):

@@ -396,3 +396,95 @@ def test_the_window_is_not_a_compile_time_constant():
     r = subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=ROOT), capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stdout[-4000:] + r.stderr[-4000:]
+
+
+def test_paged_kernel_with_partial_rotary_tables():
+    """The paged kernel with (positions, r) tables, r < head_dim (Phi-3/Phi-4-mini's partial rotary
+    embedding: 96 of 128; 8 of 16) and r = head_dim, with and without the q/k norms, fp32 and bf16,
+    ragged rows over scattered pages, against ``paged_attend_rope_reference``: the output, each
+    row's new key (its pass dims as the norm left them: without norms the projected values bit
+    for bit) and value; on fp32 also other launch shapes (several slices, two pages a step, tl.dot,
+    a window and a soft cap), and tables cut from wider ones (``cos[:, :r]``, rows r apart once
+    made contiguous)."""
+    out = _interpret("""
+        import torch
+        from nvkit.benchmarks.attention import paged_attend_rope_reference
+        from nvkit.generate.kernels import paged_attention as pa
+        torch.manual_seed(0)
+        for nh, nkv, hd, rot, page, dtype, norm in [(8, 2, 128, 96, 16, torch.float32, True),
+                                                    (8, 2, 128, 96, 16, torch.float32, False),
+                                                    (8, 2, 128, 96, 16, torch.bfloat16, True),
+                                                    (4, 2, 16, 8, 32, torch.float32, True),
+                                                    (4, 2, 16, 8, 32, torch.bfloat16, True),
+                                                    (4, 2, 16, 8, 32, torch.bfloat16, False),
+                                                    (4, 2, 16, 16, 32, torch.float32, False)]:
+            rows, width = 5, 4
+            pages = rows * width + 1
+            k = torch.randn(pages * page, nkv, hd, dtype=dtype)
+            v = torch.randn(pages * page, nkv, hd, dtype=dtype)
+            table = (torch.randperm(pages - 1)[:rows * width] + 1).view(rows, width).to(torch.int32)
+            pos = torch.tensor([0, 1, page - 1, page + 3, width * page - 1])
+            qkv = torch.randn(rows, nh + 2 * nkv, hd, dtype=dtype)
+            qw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+            kw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+            ang = torch.randn(width * page, hd // 2).repeat(1, 2)  # a full table; r of it below
+            ang = torch.cat((ang[:, :rot // 2], ang[:, :rot // 2]), 1) if rot < hd else ang
+            cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+            assert cos.shape == (width * page, rot)
+            tol = 1e-4 if dtype == torch.float32 else 3e-2
+            shapes = [dict()]
+            if dtype == torch.float32 and norm:
+                shapes += [dict(splits=1), dict(splits=4, pages_per_step=2), dict(dot=True),
+                           dict(splits=2, window=20, softcap=3.0)]
+            for shape in shapes:
+                extra = {n: shape[n] for n in ("window", "softcap") if n in shape}
+                k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
+                for b in range(rows):  # past each row's position: garbage, never read
+                    for p in range(int(pos[b]) + 1, width * page):
+                        t = int(table[b, p // page]) * page + p % page
+                        k1[t], v1[t] = 1e4, float("nan")
+                got = pa.paged_launch(qkv, qw, kw, cos, sin, k1, v1, pos, table, page, hd ** -0.5, 1e-6, **shape)
+                ref = paged_attend_rope_reference(qkv, qw, kw, cos, sin, k2, v2, pos, table, page, hd ** -0.5,
+                                                  1e-6, **extra)
+                err = (got.float() - ref.float()).abs().max().item()
+                assert got.shape == (rows, nh, hd) and got.dtype == dtype and err <= tol, (hd, rot, shape, err)
+                new_k = qkv[:, nh:nh + nkv].float()
+                if norm:
+                    new_k = new_k * torch.rsqrt(new_k.pow(2).mean(-1, keepdim=True) + 1e-6) * kw.float()
+                for b in range(rows):  # the new key and value at each row's position, through its table
+                    t = int(table[b, int(pos[b]) // page]) * page + int(pos[b]) % page
+                    assert (k1[t].float() - k2[t].float()).abs().max() <= tol and torch.equal(v1[t], v2[t]), (b, shape)
+                    if not norm:  # the pass dims: the projected values, unrotated
+                        assert torch.equal(k1[t, :, rot:], qkv[b, nh:nh + nkv, rot:]), (hd, rot, b)
+                    else:  # normalised over the whole head, unrotated
+                        assert (k1[t, :, rot:].float() - new_k[b, :, rot:]).abs().max() <= tol, (hd, rot, b)
+            if dtype == torch.float32 and rot < hd:  # a table cut from a wider one, as the op's argument
+                wide = torch.cat((cos, torch.ones(width * page, 8)), 1)
+                wide_sin = torch.cat((sin, torch.zeros(width * page, 8)), 1)
+                k3, v3 = k.clone(), v.clone()
+                got3 = pa.paged_decode_attention(qkv, qw, kw, wide[:, :rot], wide_sin[:, :rot], k3, v3, pos, table,
+                                                 page, hd ** -0.5, 1e-6)
+                assert torch.equal(got3, pa.paged_decode_attention(qkv, qw, kw, cos, sin, k.clone(), v.clone(), pos,
+                                                                   table, page, hd ** -0.5, 1e-6))
+            print(hd, rot, dtype, norm, "ok")
+        # widths that do not fit: odd, wider than the head, none, one value a row, cos and sin unlike
+        args = lambda cos, sin: (torch.randn(2, 8, 16), None, None, cos, sin, torch.randn(64, 2, 16),
+                                 torch.randn(64, 2, 16), torch.tensor([5, 30]),
+                                 torch.tensor([[1, 2], [3, 0]], dtype=torch.int32), 16, 0.1, 1e-6)
+        for cos, sin in [(torch.ones(32, 7), torch.zeros(32, 7)), (torch.ones(32, 18), torch.zeros(32, 18)),
+                         (torch.ones(32, 0), torch.zeros(32, 0)), (torch.ones(32), torch.zeros(32)),
+                         (torch.ones(32, 8), torch.zeros(32, 16))]:
+            for call in (pa.paged_launch, pa.paged_decode_attention):
+                try:
+                    call(*args(cos, sin))
+                except ValueError as e:
+                    assert str(e).startswith("nvkit::paged_decode_attention expects cos and sin tables (positions, r), "
+                                             "r even and at most 16, not "), e
+                else:
+                    raise AssertionError((call, cos.shape, sin.shape))
+        for rot in (2, 8, 16):  # the widths that fit
+            ang = torch.randn(32, rot // 2).repeat(1, 2)
+            pa.paged_decode_attention(*args(ang.cos(), ang.sin()))
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
