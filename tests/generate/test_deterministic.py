@@ -101,12 +101,12 @@ def test_fast_true_with_deterministic_on_the_cpu_is_refused_and_the_session_goes
 def test_what_the_invariant_path_cannot_run_is_said(s, monkeypatch):
     """On a GPU the route would take the invariant path; here its reasons are asked directly: the
     placement (CPU), and a family the invariant step does not fit."""
-    from nvkit.generate.fast import fused_weights, support
+    from nvkit.generate.fast import fused_fit, support
     gen = dict(max_new_tokens=4, do_sample=False)
     assert "replays CUDA graphs" in support.deterministic_why(s, gen)
-    assert fused_weights.invariant_why(s.model) is None  # the demo model's layout fits
+    assert fused_fit.invariant_why(s.model) is None  # the demo model's layout fits
     monkeypatch.setattr(s.model.config, "model_type", "olmo2")
-    assert "OLMo 2's norms" in fused_weights.invariant_why(s.model)
+    assert "OLMo 2's norms" in fused_fit.invariant_why(s.model)
     r = support.route(s, PROMPTS[:2], gen, None, deterministic=True)
     assert r.path == "generate" and r.alone and "the model is on cpu" in r.why
     assert support.route(s, PROMPTS[:2], gen, False, deterministic=True).why == "fast=False"

@@ -331,7 +331,7 @@ def test_a_longrope_model_runs_fast_where_its_text_stays_on_one_side_of_the_swit
     the short or the long tables by the request, in place (no capture again), alone and in lists;
     a request that would grow past the switch, or a list mixing both sides, runs plain
     ``generate`` and says why; so does the model's own forward (``fused=False``) for the same reasons."""
-    from nvkit.generate.fast.fused_weights import long_rope_from
+    from nvkit.generate.fast.fused_fit import long_rope_from
     from nvkit.generate.fast.rows import BatchedDecoder
     rope = dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
                 original_max_position_embeddings=16, short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
@@ -388,8 +388,8 @@ def test_a_longrope_model_runs_fast_where_its_text_stays_on_one_side_of_the_swit
 def test_gemma3_as_its_larger_checkpoints_load_runs_the_fused_step_on_its_language_model():
     """Gemma 3 from 4B up is a vision-language checkpoint (``Gemma3ForConditionalGeneration``,
     what ``AutoModelForCausalLM`` loads): text generation runs the fused step on its language model
-    (``fused_weights.decoder_of``), alone and in a list, token for token as plain ``generate``."""
-    from nvkit.generate.fast.fused_weights import decoder_of
+    (``fused_fit.decoder_of``), alone and in a list, token for token as plain ``generate``."""
+    from nvkit.generate.fast.fused_fit import decoder_of
     from nvkit.generate.fast.rows import BatchedDecoder
     text = dict(SIZES, **ALL_FAMILIES["Gemma3Text"])
     vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,

@@ -137,7 +137,7 @@ def test_folded_adapters_decode_as_peft_does(tok):
     fw = d._fw
     assert fw.spare == 2 * FOLD_RANK and fw.layers[0].spare[0].shape[0] == fw.layers[0].qkv.shape[0] + 3 * fw.spare
     # the model's own weights are the fused tensors' rows (no second copy kept)
-    from nvkit.generate.fast.fused_weights import base_layer
+    from nvkit.generate.fast.fused_fit import base_layer
     layer0 = base.model.layers[0]
     assert base_layer(layer0.self_attn.o_proj).weight.data_ptr() == fw.layers[0].o.data_ptr()
     assert base_layer(layer0.mlp.down_proj).weight.data_ptr() == fw.layers[0].down.data_ptr()

@@ -495,7 +495,7 @@ def test_fast_pdl_and_inductor_options(s, monkeypatch):
 
 @pytest.mark.parametrize("arch", ["llama", "llama-bias", "qwen2", "mistral", "qwen3", "smollm3", "granite", "olmo2"])
 def test_fused_step_matches_the_model_for_each_family(arch):
-    """Each architecture in fast.fused_weights.FUSABLE (random tiny fp32 weights, so ties are not an issue at
+    """Each architecture in fast.fused_fit.FUSABLE (random tiny fp32 weights, so ties are not an issue at
     fp32): the fused step's logits equal the model's own forward step by step, biases included."""
     import transformers as T
     torch.manual_seed(0)

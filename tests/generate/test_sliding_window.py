@@ -11,7 +11,7 @@ import torch
 import transformers
 
 import nvkit.generate.fast as fast
-from nvkit.generate.fast.fused_weights import fusable_why, layer_kinds
+from nvkit.generate.fast.fused_fit import fusable_why, layer_kinds
 from nvkit.generate.fast.static_cache import model_masks
 
 NEVER = 10 ** 7

@@ -19,7 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .fused_weights import GROUPS, PROJECTIONS, FusedWeights, base_layer, decoder_of, group_names
+from .fused_fit import GROUPS, PROJECTIONS, base_layer, decoder_of, group_names
+from .fused_weights import FusedWeights
 
 
 def _lora_layers(model):

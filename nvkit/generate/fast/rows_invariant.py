@@ -30,7 +30,7 @@ from __future__ import annotations
 from typing import Callable
 
 from ...errors import NvkitError, error_summary
-from . import fused_weights, prefill_rows
+from . import fused_fit, prefill_rows
 from .prefill_graphs import PrefillGraphs
 from .llama_rows_step import decode_rows_step, prefill_rows_step
 from .paged_cache import MAX_ROWS, PAGE
@@ -46,7 +46,7 @@ def invariant_why(single: FastDecoder) -> str | None:
     """Why the batch-invariant rows decoder cannot run ``single``'s model (None: it can)."""
     if not single.fused and single.fused_why is None:
         return "it runs on nvkit's fused decode step, which is turned off (fused=False)"
-    return fused_weights.invariant_why(single.model)
+    return fused_fit.invariant_why(single.model)
 
 
 class InvariantRowsDecoder(BatchedDecoder):

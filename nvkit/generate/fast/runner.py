@@ -32,7 +32,7 @@ from ...errors import NvkitError, error_summary
 from ...memory.estimate import attention_dims
 from . import artifacts, cuda_graphs as graphs_mod
 from .compile_policy import CompilePolicy, Verdict, time_replays
-from .fused_weights import qk_norm_why
+from .fused_fit import qk_norm_why
 from .options import FastOptions
 
 

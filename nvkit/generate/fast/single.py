@@ -25,7 +25,8 @@ from ...errors import NvkitError
 from . import artifacts, cuda_graphs as graphs_mod, lora as lora_mod
 from .static_cache import Cache, GraphKey, model_prefill, model_step, new_cache, prefill_class, set_request, size_class
 from .llama_step import decode_head, decode_step, model_decode_layer, prefill_step
-from .fused_weights import FusedWeights, fusable_why
+from .fused_fit import fusable_why
+from .fused_weights import FusedWeights
 from .options import FOLD_RANK, FastOptions, default_options
 from .replay import replays, ticking
 from .compile_policy import compile_fullgraph

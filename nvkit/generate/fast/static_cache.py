@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from . import dense_experts
 from .cuda_graphs import drop
-from .fused_weights import layer_kinds
+from .fused_fit import layer_kinds
 
 if TYPE_CHECKING:
     from torch import Tensor

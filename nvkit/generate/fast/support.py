@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ...errors import NvkitError
 from . import dense_experts, first_request
-from .fused_weights import fusable_why, invariant_why, layer_kinds
+from .fused_fit import fusable_why, invariant_why, layer_kinds, long_rope_from
 from .lora import forward_lora_why, lora_why
 from .options import default_options
 from .sampling import Sampling, resolve
@@ -142,10 +142,8 @@ def long_rope_why(base, ids: list[list[int]], gen: dict) -> str | None:
     keeps the keys it wrote, does not do. A prompt already past that length runs on the long
     factors from its first token, and one whose answer ends before it on the short ones: both run,
     but not in one list (its rows share one rotary table)."""
-    params = getattr(base.config.get_text_config(), "rope_parameters", None) or {}
-    start = params.get("original_max_position_embeddings") or getattr(base.config, "original_max_position_embeddings",
-                                                                       None)
-    if params.get("rope_type") != "longrope" or not start:
+    start = long_rope_from(base.config.get_text_config())
+    if start is None:
         return None
     new = int(gen.get("max_new_tokens") or 0)
     if any(len(p) <= start < len(p) + new for p in ids):
