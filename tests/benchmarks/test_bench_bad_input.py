@@ -59,3 +59,14 @@ LORA = [
 def test_lora_bench_refuses(survivor, kwargs, words):
     from nvkit.benchmarks import lora
     refused(lambda: lora.run(**kwargs), *words, survivor=survivor)
+
+
+def test_a_fast_path_variant_names_its_options_and_a_typo_is_refused():
+    """``--paths "fast,fast+forward"`` compares the fused step with the model's own forward in one
+    process (the family table's ≥ 15 % rule); an unknown option is refused, not measured as the default."""
+    from nvkit.benchmarks.decode import fast_options
+    from nvkit.errors import NvkitError
+    assert fast_options("fast+forward")["fused"] is False and "fused" not in fast_options("fast")
+    assert fast_options("fast+forward+eager")["compile"] is False
+    with pytest.raises(NvkitError, match="Unknown fast-path option 'foward'"):
+        fast_options("fast+foward")
