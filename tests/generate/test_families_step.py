@@ -324,6 +324,31 @@ def test_a_sampled_list_on_the_models_own_forward_depends_on_each_prompts_seed_o
     assert other_seed != together[0]
 
 
+def longrope_phi3():
+    """A tiny Phi-3 with LongRoPE (original context 16, 12 of 16 dims rotated), with weights large
+    enough that attention follows the rotation (at the default scale it is near uniform, and tables
+    of the wrong factors would go unseen)."""
+    rope = dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
+                original_max_position_embeddings=16, short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
+                long_factor=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
+    cfg = transformers.Phi3Config(**SIZES, pad_token_id=0, original_max_position_embeddings=16, initializer_range=0.25,
+                                  rope_parameters=rope)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return transformers.Phi3ForCausalLM(cfg).eval()
+
+
+def gemma3_vision_language():
+    """A tiny Gemma 3 as its 4B-and-up checkpoints load (``Gemma3ForConditionalGeneration``)."""
+    text = dict(SIZES, **ALL_FAMILIES["Gemma3Text"])
+    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    cfg._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(cfg).eval()
+
+
 def test_a_longrope_model_runs_fast_where_its_text_stays_on_one_side_of_the_switch():
     """Phi-3 with LongRoPE (Phi-3.5, Phi-4-mini), original context 16 here: transformers rotates a
     text up to that long with the short factors and a longer one with the long factors from its
@@ -333,16 +358,7 @@ def test_a_longrope_model_runs_fast_where_its_text_stays_on_one_side_of_the_swit
     ``generate`` and says why; so does the model's own forward (``fused=False``) for the same reasons."""
     from nvkit.generate.fast.fused_fit import long_rope_from
     from nvkit.generate.fast.rows import BatchedDecoder
-    rope = dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
-                original_max_position_embeddings=16, short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
-                long_factor=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
-    # weights large enough that attention follows the rotation (at the default scale it is near uniform,
-    # and tables of the wrong factors would go unseen)
-    cfg = transformers.Phi3Config(**SIZES, pad_token_id=0, original_max_position_embeddings=16, initializer_range=0.25,
-                                  rope_parameters=rope)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.Phi3ForCausalLM(cfg).eval()
+    model = longrope_phi3()
     assert long_rope_from(model.config) == 16
     gen = dict(max_new_tokens=20, do_sample=False, eos_token_id=NEVER)
 
@@ -391,13 +407,7 @@ def test_gemma3_as_its_larger_checkpoints_load_runs_the_fused_step_on_its_langua
     (``fused_fit.decoder_of``), alone and in a list, token for token as plain ``generate``."""
     from nvkit.generate.fast.fused_fit import decoder_of
     from nvkit.generate.fast.rows import BatchedDecoder
-    text = dict(SIZES, **ALL_FAMILIES["Gemma3Text"])
-    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-                  patch_size=14)
-    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    model = gemma3_vision_language()
     assert type(model).__name__ == "Gemma3ForConditionalGeneration"
     assert decoder_of(model) is model.model.language_model
     gen = dict(max_new_tokens=16, do_sample=False, eos_token_id=NEVER)

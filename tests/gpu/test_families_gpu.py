@@ -13,7 +13,8 @@ import transformers
 import nvkit.generate.fast as fast
 from nvkit.generate.fast.model_rows import ModelRowsDecoder
 from nvkit.generate.fast.rows import BatchedDecoder
-from tests.generate.test_families_step import ALL_FAMILIES, FUSED_ALL, NEVER, SIZES
+from tests.generate.test_families_step import (ALL_FAMILIES, FUSED_ALL, NEVER, SIZES, gemma3_vision_language,
+                                              longrope_phi3)
 
 
 def _model(family):
@@ -178,13 +179,7 @@ def test_a_windowed_family_runs_every_attention_kind_as_plain_generate(family, a
 def test_gemma3_vision_language_checkpoint_runs_its_language_model_on_the_graphs():
     """Gemma 3 as its 4B-and-up checkpoints load (``Gemma3ForConditionalGeneration``): the fused
     step's graphs on its language model, alone and in a list, as plain ``generate``."""
-    text = dict(SIZES, **ALL_FAMILIES["Gemma3Text"])
-    vision = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-                  patch_size=14)
-    cfg = transformers.Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg).eval().to("cuda")
+    model = gemma3_vision_language().to("cuda")
     d = fast.FastDecoder(model, k_steps=8)
     bd = BatchedDecoder(d, max_rows=4)
     gen = dict(max_new_tokens=48, do_sample=False, eos_token_id=NEVER)
@@ -207,14 +202,7 @@ def test_a_longrope_model_swaps_its_tables_under_the_captured_graphs():
     """Phi-3 with LongRoPE (original context 16): the graphs captured on the short factors' tables
     replay a prompt past 16 tokens on the long factors' (copied into the same buffers) and then a
     short prompt on the short ones again, alone and in lists, each as plain ``generate``."""
-    rope = dict(rope_type="longrope", rope_theta=10000.0, partial_rotary_factor=0.75,
-                original_max_position_embeddings=16, short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5],
-                long_factor=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0])
-    cfg = transformers.Phi3Config(**SIZES, pad_token_id=0, original_max_position_embeddings=16, initializer_range=0.25,
-                                  rope_parameters=rope)
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    model = transformers.Phi3ForCausalLM(cfg).eval().to("cuda")
+    model = longrope_phi3().to("cuda")
     d = fast.FastDecoder(model, k_steps=8)
     bd = BatchedDecoder(d, max_rows=4)
 

@@ -87,6 +87,11 @@ def long_rope_from(cfg) -> int | None:
     return int(start) if start else None
 
 
+def act_module(mlp):
+    """The MLP's activation module (Phi-3 names it ``activation_fn``, the others ``act_fn``)."""
+    return getattr(mlp, "act_fn", getattr(mlp, "activation_fn", None))
+
+
 def activation(mlp) -> str | None:
     """The MLP's gate activation as the steps name it (``ACTIVATIONS``), or None for another one:
     SiLU, or GELU in its tanh form as torch computes it (transformers' ``gelu_pytorch_tanh``; its
@@ -95,7 +100,7 @@ def activation(mlp) -> str | None:
 
     import torch.nn as nn
     from transformers.activations import GELUTanh, SiLUActivation
-    act = getattr(mlp, "act_fn", getattr(mlp, "activation_fn", None))  # Phi-3 names it activation_fn
+    act = act_module(mlp)
     if isinstance(act, (SiLUActivation, nn.SiLU)):
         return "silu"
     if isinstance(act, GELUTanh) and isinstance(getattr(act, "act", None), functools.partial):
@@ -144,8 +149,7 @@ def fusable_why(model) -> str | None:
         if any(type(m) is not nn.Linear for m in mods):  # exact type: quantized layers compute otherwise
             return "its projections are not plain Linear layers"
         if activation(mlp) is None:
-            act = getattr(mlp, "act_fn", getattr(mlp, "activation_fn", None))
-            return f"its MLP activation ({type(act).__name__}) is neither SiLU nor GELU (tanh)"
+            return f"its MLP activation ({type(act_module(mlp)).__name__}) is neither SiLU nor GELU (tanh)"
         names = tuple(n for n in NORM_NAMES if hasattr(layer, n))
         if names not in (PRE_NORMS, POST_NORMS, BOTH_NORMS):
             return f"its layer norms ({', '.join(names)}) are neither Llama's, OLMo 2's nor Gemma 2's"
