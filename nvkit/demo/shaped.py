@@ -149,7 +149,7 @@ SHAPES: dict[str, dict] = {
 
 _MARKER = "nvkit_shaped.json"
 _WHAT = "shaped models"
-_BUILD = 3  # 3: rows past the demo tokenizer share one small row (2: they were zero; see fill_unspellable)
+_BUILD = 4  # bumped whenever _build makes different weights (see _fingerprint)
 
 
 def _spec(name: str) -> dict:
@@ -282,15 +282,34 @@ def _pad(config):
     return pad if pad is not None else config.bos_token_id
 
 
-def _build(name: str, out: Path, fingerprint: str) -> None:
+def random_model(config):
+    """A bf16 causal LM of ``config`` with the model's own random init, built on the CPU.
+
+    Built on the meta device and then initialised once: ``from_config`` on the CPU runs torch's
+    default init in every layer's constructor and then transformers' init over all of it again, and
+    at 4B parameters those two passes over bf16 take minutes even on 16 cores. Seeded, so every
+    machine that builds a shape gets the same weights."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    # transformers' init also fills the buffers the meta device left empty (rotary tables,
+    # embedding scales), as it does for a checkpoint loaded onto the meta device
+    model.initialize_weights()
+    model.tie_weights()
+    return model
+
+
+def _build(name: str, out: Path, fingerprint: str) -> None:
+    from transformers import AutoTokenizer, GenerationConfig
 
     from .checkpoint import path as demo_path
 
     config = shaped_config(name)
-    torch.manual_seed(0)  # the same random weights on every machine that builds them
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+    model = random_model(config)
     fill_unspellable(model, len(AutoTokenizer.from_pretrained(demo_path())))
     model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
                                                pad_token_id=_pad(config), do_sample=False)
