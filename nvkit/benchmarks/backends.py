@@ -348,7 +348,10 @@ def _families_cli(a, chosen: str, options: dict, flags: dict):
               f"{'' if row['ok'] else ' · NOT HEALTHY: tokens short'}\n    batch 1: {row['batch1_detail']}\n"
               f"    list: {row['list_detail']}", flush=True)
 
-    return families.run(shapes, on_row=show, **kw)
+    def progress(text):  # on stderr, so --json's stdout stays the table alone
+        print(f"[families] {text}", file=sys.stderr, flush=True)
+
+    return families.run(shapes, on_row=show, on_step=progress, **kw)
 
 
 def _profile_cli(a, chosen: str, options: dict, flags: dict) -> int:

@@ -104,20 +104,40 @@ def _timed(s, prompt, *, n: int, fast):
 
 
 def run_family(model: str, *, new_tokens: int = 200, n_prompts: int = 32, list_tokens: int = 128,
-               plain_tokens: int | None = None) -> dict:
-    """One family's row (``model``: a shape name from ``nvkit.demo.SHAPES`` or a model folder)."""
+               plain_tokens: int | None = None, on_step=None) -> dict:
+    """One family's row (``model``: a shape name from ``nvkit.demo.SHAPES`` or a model folder).
+    ``on_step(text)`` hears each step as it starts, with the seconds since the family's start: a 4B
+    shape's first build and plain ``generate``'s lists take minutes, and a silent bench cannot be
+    told from a stuck one."""
     from ..model.session import load
     from ..demo import SHAPES, shaped
     from .decode import mixed_prompts
-    path = shaped(model) if model.lower() in SHAPES else model
+    start = time.perf_counter()
+
+    def step(text):
+        if on_step is not None:
+            on_step(f"{model}: {text} ({time.perf_counter() - start:.0f} s)")
+
+    if model.lower() in SHAPES:
+        step("building or finding its random checkpoint")
+        path = shaped(model)
+    else:
+        path = model
     cuda = _cuda()
+    step("loading")
     s = load(path, device_map="cuda" if cuda else "cpu", dtype="bfloat16" if cuda else "float32")
     try:
+        step(f"one prompt × {new_tokens} tokens, nvkit's default")
         one, one_wall, ok_one = _timed(s, PROMPT, n=new_tokens, fast=None)
-        plain, plain_wall, ok_plain = _timed(s, PROMPT, n=plain_tokens or min(new_tokens, 64), fast=False)
+        n_plain = plain_tokens or min(new_tokens, 64)
+        step(f"one prompt × {n_plain} tokens, plain generate")
+        plain, plain_wall, ok_plain = _timed(s, PROMPT, n=n_plain, fast=False)
         prompts = mixed_prompts(s.tokenizer, n_prompts, seed=0)
+        step(f"{n_prompts} prompts × {list_tokens} tokens, nvkit's default")
         many, many_wall, ok_many = _timed(s, prompts, n=list_tokens, fast=None)
+        step(f"{n_prompts} prompts × {list_tokens} tokens, padded plain generate")
         padded, padded_wall, ok_padded = _timed(s, prompts, n=list_tokens, fast=False)
+        step("done")
         rate, plain_rate = _decode_rate(one), _decode_rate(plain)
         read = bytes_per_token(s.model)
         return {
@@ -147,9 +167,10 @@ def _cuda() -> bool:
 
 
 def run(shapes=FAMILIES, *, new_tokens: int = 200, n_prompts: int = 32, list_tokens: int = 128,
-        plain_tokens: int | None = None, on_row=None):
-    """The table, one row per shape (a DataFrame). ``on_row(row)`` hears each row as it is done; a
-    shape that fails to run gives a row with its error instead of stopping the others."""
+        plain_tokens: int | None = None, on_row=None, on_step=None):
+    """The table, one row per shape (a DataFrame). ``on_row(row)`` hears each row as it is done,
+    ``on_step(text)`` each step as it starts; a shape that fails to run gives a row with its error
+    instead of stopping the others."""
     import pandas as pd
     whole_number("new_tokens", new_tokens, 2)
     whole_number("n_prompts", n_prompts, 2)
@@ -167,7 +188,7 @@ def run(shapes=FAMILIES, *, new_tokens: int = 200, n_prompts: int = 32, list_tok
     for name in shapes:
         try:
             row = run_family(name, new_tokens=new_tokens, n_prompts=n_prompts, list_tokens=list_tokens,
-                             plain_tokens=plain_tokens)
+                             plain_tokens=plain_tokens, on_step=on_step)
         except Exception as e:  # noqa: BLE001 - one family's failure is that family's row
             from ..errors import error_summary
             row = {"family": name, "ok": False, "error": error_summary(e)}

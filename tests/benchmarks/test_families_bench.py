@@ -69,8 +69,13 @@ def test_the_command_refuses_what_does_not_apply(argv, match):
 def test_the_command_prints_rows_or_json(tmp_path, monkeypatch):
     monkeypatch.setenv("NVKIT_CACHE", str(tmp_path))
     small = ("--families", "--shapes", "qwen3-tiny", "--new-tokens", "3", "--n-prompts", "2", "--batch-new-tokens", "2")
-    code, out, _ = _cli(*small)
+    code, out, err = _cli(*small)
     # "in", not startswith: a library imported earlier in this process may have logged to stdout
     assert code == 0 and "qwen3-tiny (qwen3): batch 1 generate" in out and "n/a of the HBM roofline" in out
-    code, out, _ = _cli(*small, "--json")
-    assert code == 0 and json.loads(out)[0]["family"] == "qwen3-tiny"
+    # each step announced as it starts, on stderr, in order
+    steps = [line for line in err.splitlines() if line.startswith("[families] qwen3-tiny: ")]
+    words = ["random checkpoint", "loading", "one prompt × 3 tokens, nvkit",
+             "one prompt × 3 tokens, plain", "2 prompts × 2 tokens, nvkit", "2 prompts × 2 tokens, padded", "done"]
+    assert len(steps) == len(words) and all(w in line for w, line in zip(words, steps)), steps
+    code, out, err = _cli(*small, "--json")
+    assert code == 0 and json.loads(out)[0]["family"] == "qwen3-tiny" and "[families] qwen3-tiny: done" in err
