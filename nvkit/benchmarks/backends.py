@@ -311,8 +311,8 @@ def _session_cli(a, chosen: str, options: dict, flags: dict) -> int:
 def _model_path(model: str) -> str:
     """``shape:NAME`` built (or found) as a random-weight folder; any other name as given."""
     if model.startswith("shape:"):
-        from ..demo import shaped
-        return shaped(model.split(":", 1)[1])
+        from .shapes import shape_folder
+        return shape_folder(model.split(":", 1)[1])
     return model
 
 

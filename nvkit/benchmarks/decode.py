@@ -125,7 +125,8 @@ def _session(model, dtype):
     key = model.strip().lower()
     if key in demo.SHAPES:
         print(f"Random-weight {key} (exact shape, built once): loading…", flush=True)
-        return load(demo.shaped(key), dtype=dtype)
+        from .shapes import shape_folder
+        return load(shape_folder(key), dtype=dtype)
     return load(model, dtype=dtype)
 
 

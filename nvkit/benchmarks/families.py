@@ -110,8 +110,9 @@ def run_family(model: str, *, new_tokens: int = 200, n_prompts: int = 32, list_t
     shape's first build and plain ``generate``'s lists take minutes, and a silent bench cannot be
     told from a stuck one."""
     from ..model.session import load
-    from ..demo import SHAPES, shaped
+    from ..demo import SHAPES
     from .decode import mixed_prompts
+    from .shapes import shape_folder
     start = time.perf_counter()
 
     def step(text):
@@ -120,7 +121,7 @@ def run_family(model: str, *, new_tokens: int = 200, n_prompts: int = 32, list_t
 
     if model.lower() in SHAPES:
         step("building or finding its random checkpoint")
-        path = shaped(model)
+        path = shape_folder(model)
     else:
         path = model
     cuda = _cuda()

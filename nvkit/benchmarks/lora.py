@@ -231,8 +231,8 @@ def run(model: str = "qwen3-0.6b", batch_size: int = 8, seq_len: int = 512, step
         from ..demo import path as demo_path
         path = demo_path()
     else:
-        from ..demo import shaped
-        path = shaped(model)
+        from .shapes import shape_folder
+        path = shape_folder(model)
     if device_type == "cuda":
         cap = torch.cuda.get_device_capability()
         dtype = torch.bfloat16 if cap >= (8, 0) else torch.float16
@@ -286,8 +286,8 @@ def short_runs(model: str = "qwen3-0.6b", steps=(20, 200), batch_size: int = 8, 
     if os.path.isdir(os.path.expanduser(model)):
         path = os.path.expanduser(model)
     else:
-        from ..demo import shaped
-        path = shaped(model)
+        from .shapes import shape_folder
+        path = shape_folder(model)
 
     from ..model.session import load
     from ..train.finetune import finetune

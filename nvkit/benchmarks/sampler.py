@@ -20,12 +20,13 @@ def overhead_benchmark(model: str = "qwen3-0.6b", new_tokens: int = 256, rounds:
     (``tokens``: the fewest any round produced). The rates are decode rates (the tokens after the
     first, over the time after it). ``noise`` is the spread of the rounds without the sampler
     ((max - min) / median): a ``difference`` inside it is not one the sampler caused."""
-    from ..demo import SHAPES, shaped
+    from ..demo import SHAPES
     from ..errors import require
     from ..model.session import load
     require(isinstance(new_tokens, int) and not isinstance(new_tokens, bool) and new_tokens >= 2,
             f"new_tokens must be a whole number ≥ 2 (a decode rate needs a token after the first), not {new_tokens!r}.")
-    s = load(shaped(model) if model.lower() in SHAPES else model)
+    from .shapes import shape_folder
+    s = load(shape_folder(model) if model.lower() in SHAPES else model)
     prompt = "NVIDIA GPUs are " * 16
     exact = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     s.generate(prompt, **exact)  # warm-up: capture, kernels, allocator

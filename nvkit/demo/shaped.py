@@ -198,8 +198,13 @@ def _is_built(target: Path, fingerprint: str) -> bool:
             and cache.trusted_file(target / "config.json", _WHAT) is not None)
 
 
-def shaped(name: str, cache_dir: str | os.PathLike | None = None) -> str:
+def shaped(name: str, cache_dir: str | os.PathLike | None = None, *, device: str = "cpu") -> str:
     """Directory of a random-weight model with the exact shape of ``name``; built on first use.
+
+    ``device`` is where a build initialises the weights: ``"cuda"`` takes seconds where the CPU
+    takes minutes for a 4B shape (torch draws bf16 normals on one CPU core), for a process that runs
+    on the GPU anyway (the benchmarks). The two draw different random weights; a built folder is
+    reused whichever drew it. A GPU without room for the model builds on the CPU.
 
     The cache lives in ``cache_dir/<name>``; by default ``$NVKIT_CACHE/shaped/<name>``, and without
     ``NVKIT_CACHE`` ``~/.cache/nvkit/shaped/<name>``. A build goes to a temporary directory that is
@@ -209,6 +214,12 @@ def shaped(name: str, cache_dir: str | os.PathLike | None = None) -> str:
     """
     key = name.lower()
     _spec(key)
+    if device not in ("cpu", "cuda"):
+        raise NvkitError(f"shaped(device={device!r}): give 'cpu' or 'cuda'.")
+    if device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            raise NvkitError("shaped(device='cuda'): no CUDA device here; build with device='cpu'.")
     root = _cache_root(cache_dir)
     target = root / key
     fingerprint = _fingerprint(key)
@@ -225,7 +236,7 @@ def shaped(name: str, cache_dir: str | os.PathLike | None = None) -> str:
         raise NvkitError(f"Cannot create the shaped-model cache in {root}: {e}. "
                          "Set NVKIT_CACHE to a writable directory.") from e
     try:
-        _build(key, tmp, fingerprint)
+        _build(key, tmp, fingerprint, device)
         if target.exists():  # stale (older spec) or built meanwhile by another process
             if _is_built(target, fingerprint):
                 return str(target)
@@ -273,7 +284,7 @@ def fill_unspellable(model, n_tok: int, seed: int = 1) -> None:
     g = torch.Generator().manual_seed(seed)
     row = torch.randn(head.shape[1], generator=g) * (std / 2)
     with torch.no_grad():
-        head[n_tok:] = row.to(head.dtype)
+        head[n_tok:] = row.to(head.device, head.dtype)
 
 
 def _pad(config):
@@ -282,19 +293,19 @@ def _pad(config):
     return pad if pad is not None else config.bos_token_id
 
 
-def random_model(config):
-    """A bf16 causal LM of ``config`` with the model's own random init, built on the CPU.
+def random_model(config, device: str = "cpu"):
+    """A bf16 causal LM of ``config`` with the model's own random init, its weights on ``device``.
 
     Built on the meta device and then initialised once: ``from_config`` on the CPU runs torch's
     default init in every layer's constructor and then transformers' init over all of it again, and
     at 4B parameters those two passes over bf16 take minutes even on 16 cores. Seeded, so every
-    machine that builds a shape gets the same weights."""
+    CPU that builds a shape gets the same weights (a GPU draws others, the same on GPUs of a kind)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.to_empty(device="cpu")
+    model.to_empty(device=device)
     torch.manual_seed(0)
     # transformers' init also fills the buffers the meta device left empty (rotary tables,
     # embedding scales), as it does for a checkpoint loaded onto the meta device
@@ -303,19 +314,27 @@ def random_model(config):
     return model
 
 
-def _build(name: str, out: Path, fingerprint: str) -> None:
+def _build(name: str, out: Path, fingerprint: str, device: str = "cpu") -> None:
+    import torch
     from transformers import AutoTokenizer, GenerationConfig
 
     from .checkpoint import path as demo_path
 
     config = shaped_config(name)
-    model = random_model(config)
+    try:
+        model = random_model(config, device)
+    except torch.OutOfMemoryError:  # the GPU is busy with other work: the CPU is slower, not wrong
+        torch.cuda.empty_cache()
+        model = random_model(config, "cpu")
     fill_unspellable(model, len(AutoTokenizer.from_pretrained(demo_path())))
     model.generation_config = GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
                                                pad_token_id=_pad(config), do_sample=False)
+    model.to("cpu")  # written from host memory; the GPU's copy is freed before the caller loads
     model.save_pretrained(out, safe_serialization=True)
     n_params = sum(p.numel() for p in model.parameters())
     del model
+    if device == "cuda":
+        torch.cuda.empty_cache()
     AutoTokenizer.from_pretrained(demo_path()).save_pretrained(out)
     # with a umask such as 002 the files come out group-writable, which nvkit.cache's rule refuses to
     # read back; the folder is this user's alone anyway

@@ -55,3 +55,14 @@ def test_random_model_is_the_same_every_time():
     a, b = random_model(cfg), random_model(cfg)
     for (key, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items()):
         assert torch.equal(x, y), key
+
+
+@pytest.mark.parametrize("device, match", [("gpu", "give 'cpu' or 'cuda'"), ("cuda:0", "give 'cpu' or 'cuda'")]
+                         + ([] if torch.cuda.is_available() else [("cuda", "no CUDA device here")]))
+def test_a_build_device_that_cannot_be_used_is_refused_before_anything_is_written(tmp_path, device, match):
+    from nvkit.demo import shaped
+    from nvkit.errors import NvkitError
+    with pytest.raises(NvkitError, match=match):
+        shaped("qwen3-tiny", cache_dir=tmp_path, device=device)
+    assert not list(tmp_path.iterdir())
+    assert shaped("qwen3-tiny", cache_dir=tmp_path)  # the next call builds as usual
