@@ -59,7 +59,8 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
               gate_up_w, gate_up_bias, down_w, down_bias, scaling, window, lo_qkv, lo_o, lo_gate_up, lo_down):
         h, x = enter(h, delta, in_norm, in_eps)
         # norms over all heads (OLMo 2) here, not in the kernel
-        qkv, q_norm, k_norm = full_qk_norm(proj(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first)
+        qkv, q_norm, k_norm = full_qk_norm(proj(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first,
+                                           kernels)
         qkv = qkv.view(-1, nh + 2 * nkv, hd)
         if attention == "paged":
             o = paged_decode_attention(qkv, q_norm, k_norm, cos, sin, keys, values, pos, table, page, scaling, qk_eps,

@@ -36,16 +36,21 @@ def rms_norm(x, weight, eps: float, weight_first: bool = False):
     return (weight * h).to(dtype) if weight_first else weight * h.to(dtype)
 
 
-def full_qk_norm(qkv, q_norm, k_norm, eps: float, hd: int, weight_first: bool):
+def full_qk_norm(qkv, q_norm, k_norm, eps: float, hd: int, weight_first: bool, kernels: bool = False):
     """(qkv, q_norm, k_norm) for the per-head part of a step: where the q/k norms span all heads at
     once (OLMo 2), q and k of the stacked projection ``qkv`` (..., (q + k + v) width) normed here,
-    before the heads split, and no per-head norms left; else everything as it is."""
+    before the heads split, and no per-head norms left; else everything as it is. ``kernels``: each
+    norm in nvkit's Triton kernel (``layer_ends``)."""
     if q_norm is None or q_norm.shape[0] == hd:
         return qkv, q_norm, k_norm
     import torch
+    if kernels:
+        from ..kernels.add_rms_norm import rms_norm as norm
+    else:
+        norm = rms_norm
     nq, nk = q_norm.shape[0], k_norm.shape[0]
     q, k, v = qkv.split((nq, nk, qkv.shape[-1] - nq - nk), dim=-1)
-    qkv = torch.cat((rms_norm(q, q_norm, eps, weight_first), rms_norm(k, k_norm, eps, weight_first), v), dim=-1)
+    qkv = torch.cat((norm(q, q_norm, eps, weight_first), norm(k, k_norm, eps, weight_first), v), dim=-1)
     return qkv, None, None
 
 
@@ -215,7 +220,7 @@ def layer_ends(kernels: bool = False, residual: float | None = None, weight_firs
     proj = projection(kernels, invariant)
     scaled = branch_scale(residual)
     if kernels:
-        from ..kernels.add_rms_norm import add_rms_norm
+        from ..kernels.add_rms_norm import add_rms_norm, rms_norm as norm_kernel
         from ..kernels.silu_mul import silu_mul
 
     def gate(g):
@@ -240,18 +245,23 @@ def layer_ends(kernels: bool = False, residual: float | None = None, weight_firs
             return h, h
         return add_norm(h, delta, in_norm, in_eps)
 
+    def norm(x, weight, eps):
+        return norm_kernel(x, weight, eps, weight_first) if kernels else rms_norm(x, weight, eps, weight_first)
+
     def leave(h, a, post_norm, post_eps, ff_norm, ff_eps, mlp_norm, mlp_eps, gate_up_w, gate_up_bias, down_w,
               down_bias, lo_gate_up, lo_down):
         a = scaled(a)
         if ff_norm is not None:
-            a = rms_norm(a, post_norm, post_eps, weight_first)
-            if mlp_norm is None:
-                h = h + a
-                x = h
+            if kernels:  # the branch's norm, the sum and the MLP's input norm in one kernel
+                h, x = add_rms_norm(h, a, mlp_norm, mlp_eps, weight_first, delta_norm=post_norm, delta_eps=post_eps)
             else:
-                h, x = add_norm(h, a, mlp_norm, mlp_eps)
-            return h, rms_norm(mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down), ff_norm,
-                               ff_eps, weight_first)
+                a = rms_norm(a, post_norm, post_eps, weight_first)
+                if mlp_norm is None:
+                    h = h + a
+                    x = h
+                else:
+                    h, x = add_norm(h, a, mlp_norm, mlp_eps)
+            return h, norm(mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down), ff_norm, ff_eps)
         h, x = add_norm(h, a, post_norm, post_eps)
         return h, scaled(mlp(x, gate_up_w, gate_up_bias, down_w, down_bias, lo_gate_up, lo_down))
 
@@ -300,7 +310,8 @@ def decode_layer(nh: int, nkv: int, hd: int, dtype, attention: str, kernels: boo
               down_w, down_bias, scaling, window, lo_qkv, lo_o, lo_gate_up, lo_down):
         h, x = enter(h, delta, in_norm, in_eps)
         # norms over all heads (OLMo 2) here, not in the kernel
-        qkv, q_norm, k_norm = full_qk_norm(proj(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first)
+        qkv, q_norm, k_norm = full_qk_norm(proj(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first,
+                                           kernels)
         qkv = qkv.view(nh + 2 * nkv, hd)  # keys, values: (nkv, length, hd)
         if attention == "triton-fused":
             o = decode_attention_rope(qkv, q_norm, k_norm, cos.view(-1), sin.view(-1), keys, values, pos,

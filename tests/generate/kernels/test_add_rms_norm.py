@@ -74,3 +74,47 @@ def test_the_weight_first_norm_matches_the_gemma_and_olmo2_rounding():
         print("OK")
     """)
     assert out.strip().endswith("OK"), out
+
+
+def test_a_branch_norm_before_the_sum_and_a_norm_alone_match_the_eager_layouts():
+    """``delta_norm``: Gemma 2/3's layout (the attention's output normed, added, the sum normed for
+    the MLP) and OLMo 2's (normed and added, no norm after: ``weight`` None returns the sum twice) in
+    one kernel; ``rms_norm``: a norm alone (the MLP's output). Each against ``llama_step.rms_norm``
+    and a plain sum, in both roundings, for rows and for a strided view (OLMo 2's q of a stacked qkv);
+    wrong widths refused."""
+    out = _interpret("""
+        import torch
+        from nvkit.generate.fast.llama_step import rms_norm as ref_norm
+        from nvkit.generate.kernels.add_rms_norm import add_rms_norm, rms_norm
+        torch.manual_seed(0)
+        for dtype in (torch.float16, torch.float32):
+            tol = dict(atol=1e-2, rtol=2e-3) if dtype == torch.float16 else dict(atol=1e-5, rtol=1e-5)
+            for wf in (True, False):
+                h, a = torch.randn(3, 1000, dtype=dtype), torch.randn(3, 1000, dtype=dtype) * 4
+                post = (1.0 + torch.randn(1000) * 0.1) if wf else torch.randn(1000, dtype=dtype)
+                pre = (1.0 + torch.randn(1000) * 0.1) if wf else torch.randn(1000, dtype=dtype)
+                normed = ref_norm(a, post, 1e-6, wf)
+                total, x = add_rms_norm(h, a, pre, 1e-5, wf, delta_norm=post, delta_eps=1e-6)
+                assert torch.allclose(total.float(), (h + normed).float(), **tol), (total - (h + normed)).abs().max()
+                assert torch.allclose(x.float(), ref_norm(h + normed, pre, 1e-5, wf).float(), **tol)
+                total2, same = add_rms_norm(h, a, None, 0.0, wf, delta_norm=post, delta_eps=1e-6)
+                assert same is total2 or torch.equal(same, total2)
+                assert torch.equal(total2, total)
+                alone = rms_norm(a, post, 1e-6, wf)
+                assert alone.dtype == normed.dtype and torch.allclose(alone.float(), normed.float(), **tol)
+                qkv = torch.randn(2, 96, dtype=dtype)
+                q = qkv[:, :64]                                    # a view with the stacked row's stride
+                assert torch.allclose(rms_norm(q, pre[:64], 1e-6, wf).float(), ref_norm(q, pre[:64], 1e-6, wf).float(),
+                                      **tol)
+        h = torch.randn(1, 64)
+        for bad in (lambda: add_rms_norm(h, h, torch.ones(64), 1e-6, delta_norm=torch.ones(32)),
+                    lambda: rms_norm(h, torch.ones(32), 1e-6)):
+            try:
+                bad()
+            except ValueError as e:
+                print("refused:", e)
+            else:
+                raise AssertionError("a wrong width was accepted")
+        print("OK")
+    """)
+    assert out.strip().endswith("OK") and out.count("refused:") == 2, out

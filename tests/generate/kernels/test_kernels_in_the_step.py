@@ -117,10 +117,11 @@ def test_the_rows_step_with_kernels_folds_the_adapter_as_the_step_of_torch_opera
     assert out.strip().endswith("OK"), out
 
 
-def test_the_gemma_and_phi3_steps_with_kernels_compute_as_the_steps_of_torch_operations():
+def test_the_gemma_phi3_and_olmo2_steps_with_kernels_compute_as_the_steps_of_torch_operations():
     """Gemma 2 (soft-capped scores and logits, four norms of 1 + w, GELU), Gemma 3 (q/k norms,
-    a second rotary table for its sliding layers) and Phi-3 (12 of 16 dims rotated: rotary tables
-    narrower than the head) on the fused step with nvkit's kernels: at batch 1
+    a second rotary table for its sliding layers), Phi-3 (12 of 16 dims rotated: rotary tables
+    narrower than the head) and OLMo 2 (norms after each branch, q and k normed over all heads:
+    the norm kernels' branch-norm and norm-alone forms) on the fused step with nvkit's kernels: at batch 1
     the split and the fused Triton attention (each sliding layer's reads started at its window) and
     the norm and activation kernels, 14 steps from position 3 across the window of 6, against the
     step of torch operations (matmul attention, the window as a mask); and the rows step with the
@@ -132,11 +133,18 @@ def test_the_gemma_and_phi3_steps_with_kernels_compute_as_the_steps_of_torch_ope
         from nvkit.generate.fast.llama_step import decode_step
         from nvkit.generate.fast.static_cache import new_cache
         from tests.generate.test_families_step import _tiny
-        for family in ("Gemma2", "Gemma3Text", "Phi3"):
+        for family in ("Gemma2", "Gemma3Text", "Phi3", "Olmo2"):
             model = _tiny(family)
+            g = torch.Generator().manual_seed(3)
+            with torch.no_grad():  # norms that are not all ones (or Gemma's zeros), so a dropped weight shows
+                for name, p in model.named_parameters():
+                    if "norm" in name:
+                        p.add_(torch.randn(p.shape, generator=g) * 0.2)
             fw = FusedWeights(model)
             if family == "Phi3":
                 assert fw.rotary(4)[0].shape == (4, 12)
+            elif family == "Olmo2":  # norms after each branch and over all heads' q and k
+                assert fw.layers[0].ff_norm is not None and fw.layers[0].q_norm.shape[0] == fw.nh * fw.hd
             else:
                 assert {w.window for w in fw.layers} == {0, 6}
             logits = {}
