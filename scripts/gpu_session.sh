@@ -62,6 +62,9 @@
 #            on the model's own forward, graphs' own cuBLAS workspace)         (carry .whl-core)
 #   families-check  every family's graphs against plain generate (batch 1; the fused families' lists
 #            too), then compare's two sides on the fast path without a compile     (carry .whl-core)
+#   shapes-norms  shapes drawn on the GPU and the norm kernels in bf16 (tests), then the families
+#            bench of the layouts with norms after their branches (FAMILIES, default gemma-3-1b
+#            olmo-2-1b; TF seconds each, default 150)                             (carry .whl-core)
 #   deterministic  deterministic=True: each prompt alone against lists of 2-40 on the Qwen3 shape and
 #            the demo model (0 rows may differ), its list throughput against the default's; then the
 #            rows path's identity and batch-of-one tests                            (carry .whl-core)
@@ -199,6 +202,15 @@ case "$phase" in
   families-check)
     T=${TF:-460} t tests/gpu/test_families_gpu.py
     T=100 t tests/gpu/test_fast_session_gpu.py -k compare ;;
+  shapes-norms)
+    # the shapes drawn on the GPU and the norm kernels in bf16, then the families whose layers
+    # norm after their branches (FAMILIES to change), timed as one by one in families
+    T=200 t tests/gpu/test_shaped_gpu.py tests/gpu/test_norm_kernels_gpu.py
+    for sh in ${FAMILIES:-gemma-3-1b olmo-2-1b}; do
+      echo "=== families $sh ($(date +%T))"
+      timeout "${TF:-150}" python3 -m nvkit.cli bench --families --shapes "$sh" --json > "$out/family-$sh.json"
+      echo "=== exit $? ($(date +%T))"; cat "$out/family-$sh.json"
+    done ;;
   deterministic)
     T=${TD:-420} t tests/gpu/test_batched_gpu.py -k deterministic
     T=120 t tests/gpu/test_batched_gpu.py -k "each_prompt or batch_of_one" ;;

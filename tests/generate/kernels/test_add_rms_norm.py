@@ -1,7 +1,7 @@
 """``nvkit.generate.kernels.add_rms_norm`` (the residual sum with the RMSNorm after it) against its
 torch reference, run by Triton's interpreter on the CPU (TRITON_INTERPRET=1 must be set before
 triton is imported: hence a child process), in float16 and float32 (the interpreter rounds bfloat16
-by truncation, so bf16 is checked on the GPU: tests/gpu/test_fast_gpu.py)."""
+by truncation, so bf16 is checked on the GPU: tests/gpu/test_norm_kernels_gpu.py)."""
 
 from __future__ import annotations
 
