@@ -226,3 +226,26 @@ def test_a_longrope_model_swaps_its_tables_under_the_captured_graphs():
     finally:
         bd.release()
         d.release()
+
+
+@pytest.mark.parametrize("family", ["Gemma2", "Gemma3Text", "Olmo2", "Phi3"])
+def test_deterministic_gives_a_fused_family_its_own_tokens_in_any_list(family):
+    """``deterministic=True``'s decoder on the layouts with norms after the branches (Gemma 2/3,
+    OLMo 2) and partial rotary (Phi-3), in bf16 where the row count would otherwise change the
+    sums: each prompt alone and in lists (rows padded to a class of 4, a row refilled) gives the
+    same tokens, on CUDA graphs."""
+    from nvkit.generate.fast.rows_invariant import InvariantRowsDecoder
+    model = _model(family).to(torch.bfloat16)
+    gen = dict(max_new_tokens=32, do_sample=False, eos_token_id=NEVER)
+    rng = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (4, 30, 9, 17, 2)]
+    sampling, _ = fast.resolve(model, gen)
+    d = InvariantRowsDecoder(fast.FastDecoder(model, k_steps=8), max_rows=4)
+    try:
+        with torch.inference_mode():
+            alone = [d.generate([p], sampling)[0] for p in prompts]
+            assert d.generate(prompts, sampling) == alone, family
+            assert d.generate([prompts[3], prompts[1]], sampling) == [alone[3], alone[1]], family
+        assert d.describe().startswith("batch-invariant kernels"), d.describe()
+    finally:
+        d.release()

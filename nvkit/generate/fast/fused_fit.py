@@ -110,15 +110,10 @@ def activation(mlp) -> str | None:
 
 def invariant_why(model) -> str | None:
     """Why the batch-invariant rows step (``deterministic=True``, ``rows_invariant``) does not fit
-    ``model`` (None when it does): the fused step must, in a layout whose every norm runs in nvkit's
-    row kernels; OLMo 2's run in torch's reductions, whose order follows the number of rows."""
-    why = fusable_why(model)
-    cfg = model.config.get_text_config()
-    if why is None and unit_offset_norms(cfg):
-        why = "the Gemma family's norms (times 1 + w in float32) run in torch's reductions, which follow the row count"
-    elif why is None and weight_first_norms(cfg):
-        why = "OLMo 2's norms (over whole branches and all heads) run in torch's reductions, which follow the row count"
-    return why
+    ``model`` (None when it does): the fused step must, since every norm of its layouts (the Gemma
+    family's and OLMo 2's after the branches and over all heads too) runs in nvkit's row kernels,
+    whose sums do not follow the number of rows."""
+    return fusable_why(model)
 
 
 def fusable_why(model) -> str | None:

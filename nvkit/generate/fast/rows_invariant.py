@@ -21,8 +21,8 @@ it would alone:
 
 It costs list throughput (the fixed tiles are not cuBLAS's best for every row count, and the
 prefill runs a forward per prompt): ``nvkit bench MODEL --afternoon`` and the GPU test of
-tests/gpu/test_batched_gpu.py measure it against the default rows decoder (docs/benchmarks.md). The model's layout must be the Llama family's with nvkit's
-fused step: OLMo 2's norms over whole branches and all heads run in torch's reductions.
+tests/gpu/test_batched_gpu.py measure it against the default rows decoder (docs/benchmarks.md). The model
+must run nvkit's fused step (``fused_fit``).
 """
 
 from __future__ import annotations
