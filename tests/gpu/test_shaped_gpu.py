@@ -36,11 +36,12 @@ def test_a_gpu_draw_is_the_cpu_draws_model(name):
 
 
 def test_a_shape_built_on_the_gpu_loads_and_generates(tmp_path):
+    before = torch.cuda.memory_allocated()
     t = time.perf_counter()
     path = nvkit.demo.shaped("gemma-3-1b", cache_dir=tmp_path, device="cuda")
     built = time.perf_counter() - t
     print(f"\ngemma-3-1b drawn on the GPU and written in {built:.1f} s")
-    assert torch.cuda.memory_allocated() < 2**28  # the build's copy is gone before the caller loads
+    assert torch.cuda.memory_allocated() - before < 2**20  # the build's copy is gone before the caller loads
     s = nvkit.load(path, device_map="cuda", dtype="bfloat16")
     try:
         text = s.generate("The history of", max_new_tokens=8, min_new_tokens=8)
