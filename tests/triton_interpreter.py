@@ -18,3 +18,14 @@ def interpret(code: str) -> str:
                        timeout=600)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
     return r.stdout
+
+
+def refused(call, what: str = "a wrong shape") -> str:
+    """For a child's code: ``call()`` must raise ValueError. Prints "refused: <message>" (the
+    parent counts those lines) and returns the message; raises AssertionError if ``what`` passed."""
+    try:
+        call()
+    except ValueError as e:
+        print("refused:", e)
+        return str(e)
+    raise AssertionError(f"{what} was accepted")

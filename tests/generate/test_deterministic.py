@@ -118,9 +118,9 @@ def test_what_the_invariant_path_cannot_run_is_said(s, monkeypatch):
     from nvkit.generate.fast import fused_fit, support
     gen = dict(max_new_tokens=4, do_sample=False)
     assert "replays CUDA graphs" in support.deterministic_why(s, gen)
-    assert fused_fit.invariant_why(s.model) is None  # the demo model's layout fits
+    assert fused_fit.fusable_why(s.model) is None  # the demo model's layout fits
     monkeypatch.setattr(s.model.config, "model_type", "starcoder2")
-    assert "model type 'starcoder2' is not one of" in fused_fit.invariant_why(s.model)
+    assert "model type 'starcoder2' is not one of" in fused_fit.fusable_why(s.model)
     r = support.route(s, PROMPTS[:2], gen, None, deterministic=True)
     assert r.path == "generate" and r.alone and "the model is on cpu" in r.why
     assert support.route(s, PROMPTS[:2], gen, False, deterministic=True).why == "fast=False"

@@ -1,7 +1,8 @@
 """Whether a model fits nvkit's fused steps, and the facts of its layout they read: the families
 (``FUSABLE``) and how their layers differ from Llama's, the projection groups (``GROUPS``), the
 decoder inside the causal LM (``decoder_of``), each layer's attention kind (``layer_kinds``), and
-why a model does not fit (``fusable_why``, ``qk_norm_why``, ``invariant_why``). The weights
+why a model does not fit (``fusable_why``, ``qk_norm_why``; the batch-invariant step fits what
+the fused step fits, since every norm of its layouts runs in nvkit's row kernels). The weights
 themselves, as the steps read them: ``fused_weights.FusedWeights``."""
 
 from __future__ import annotations
@@ -106,14 +107,6 @@ def activation(mlp) -> str | None:
     if isinstance(act, GELUTanh) and isinstance(getattr(act, "act", None), functools.partial):
         return "gelu_tanh"
     return None
-
-
-def invariant_why(model) -> str | None:
-    """Why the batch-invariant rows step (``deterministic=True``, ``rows_invariant``) does not fit
-    ``model`` (None when it does): the fused step must, since every norm of its layouts (the Gemma
-    family's and OLMo 2's after the branches and over all heads too) runs in nvkit's row kernels,
-    whose sums do not follow the number of rows."""
-    return fusable_why(model)
 
 
 def fusable_why(model) -> str | None:

@@ -46,7 +46,7 @@ def invariant_why(single: FastDecoder) -> str | None:
     """Why the batch-invariant rows decoder cannot run ``single``'s model (None: it can)."""
     if not single.fused and single.fused_why is None:
         return "it runs on nvkit's fused decode step, which is turned off (fused=False)"
-    return fused_fit.invariant_why(single.model)
+    return fused_fit.fusable_why(single.model)
 
 
 class InvariantRowsDecoder(BatchedDecoder):

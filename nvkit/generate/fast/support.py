@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from ...errors import NvkitError
 from . import dense_experts, first_request
-from .fused_fit import fusable_why, invariant_why, layer_kinds, long_rope_from
+from .fused_fit import fusable_why, layer_kinds, long_rope_from
 from .lora import forward_lora_why, lora_why
 from .options import default_options
 from .sampling import Sampling, resolve
@@ -162,10 +162,9 @@ def _fused_why(base) -> str | None:
 
 def deterministic_why(session, gen: dict) -> str | None:
     """Why a ``deterministic=True`` request cannot take the batch-invariant rows path here (None
-    when it can): a model the invariant step does not fit (it runs on the fused step), or what rules
-    out the rows path on the fused step."""
-    base = base_model(session.model)
-    return _fused_why(base) or invariant_why(base) or rows_why(session, gen)
+    when it can): a model the fused step does not fit (the invariant step is the fused step with
+    per-row kernels), or what rules out the rows path on the fused step."""
+    return _fused_why(base_model(session.model)) or rows_why(session, gen)
 
 
 def batch_why(session, gen: dict) -> str | None:

@@ -160,24 +160,33 @@ def test_the_op_traces_whole_under_torch_compile():
     assert out.strip().endswith("ok")
 
 
+
+def token_inputs(nh: int, nkv: int, hd: int, rot: int, length: int, dtype, norm: bool):
+    """Random inputs of the batch-1 kernels, drawn from torch's global generator: one token's
+    stacked q/k/v, the q/k norm weights (None without ``norm``), rotary cos/sin of ``rot`` values
+    (rot < hd: partial rotary) and a cache of ``length`` keys and values."""
+    import torch
+    qkv = torch.randn(nh + 2 * nkv, hd, dtype=dtype)
+    qw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+    kw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+    ang = torch.randn(rot // 2).repeat(2)
+    cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
+    k, v = torch.randn(nkv, length, hd, dtype=dtype), torch.randn(nkv, length, hd, dtype=dtype)
+    return qkv, qw, kw, cos, sin, k, v
+
 def test_rope_kernel_norms_rotates_writes_the_cache_and_attends():
     """decode_attention_rope against plain torch: q/k RMS norm (or none), RoPE, the new key and
     value written at pos (nothing else in the cache touched), attention over 0..pos."""
     out = _interpret("""
         import torch
-        from tests.generate.kernels.test_decode_attention import attend_rope_reference
+        from tests.generate.kernels.test_decode_attention import attend_rope_reference, token_inputs
         from nvkit.generate.kernels import decode_attention as da
         torch.manual_seed(0)
         for nh, nkv, hd, length, dtype, norm in [(16, 8, 128, 512, torch.float32, True),
                                                  (6, 2, 32, 256, torch.float32, False),
                                                  (4, 2, 16, 256, torch.bfloat16, True)]:
             for p in (0, 1, 37, length - 1):
-                qkv = torch.randn(nh + 2 * nkv, hd, dtype=dtype)
-                qw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
-                kw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
-                ang = torch.randn(hd // 2).repeat(2)
-                cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
-                k, v = torch.randn(nkv, length, hd, dtype=dtype), torch.randn(nkv, length, hd, dtype=dtype)
+                qkv, qw, kw, cos, sin, k, v = token_inputs(nh, nkv, hd, hd, length, dtype, norm)
                 k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
                 k1[:, p + 1:] = 1e4
                 v1[:, p + 1:] = float("nan")  # past pos: whatever the cache held, never read
@@ -335,7 +344,7 @@ def test_rope_kernel_with_window_and_softcap():
     (NaN below it changes nothing)."""
     out = _interpret("""
         import torch
-        from tests.generate.kernels.test_decode_attention import attend_rope_reference
+        from tests.generate.kernels.test_decode_attention import attend_rope_reference, token_inputs
         from nvkit.generate.kernels import decode_attention as da
         torch.manual_seed(0)
         for nh, nkv, hd, length, dtype, norm in [(6, 2, 32, 256, torch.float32, True),
@@ -343,12 +352,7 @@ def test_rope_kernel_with_window_and_softcap():
                                                  (4, 2, 16, 256, torch.bfloat16, True)]:
             for p, window, softcap in [(0, 1, 0.0), (37, 1, 0.0), (37, 5, 0.0), (100, 32, 3.0), (200, 70, 0.0),
                                        (255, 130, 3.0), (20, 64, 0.0), (150, 0, 3.0)]:
-                qkv = torch.randn(nh + 2 * nkv, hd, dtype=dtype)
-                qw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
-                kw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
-                ang = torch.randn(hd // 2).repeat(2)
-                cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
-                k, v = torch.randn(nkv, length, hd, dtype=dtype), torch.randn(nkv, length, hd, dtype=dtype)
+                qkv, qw, kw, cos, sin, k, v = token_inputs(nh, nkv, hd, hd, length, dtype, norm)
                 lo = max(0, p - window + 1) if window else 0
                 k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
                 k1[:, :lo], v1[:, :lo] = float("nan"), float("nan")  # below the window: never read
@@ -441,7 +445,7 @@ def test_rope_kernel_with_partial_rotary_tables():
     norms the projected values bit for bit) and the value."""
     out = _interpret("""
         import torch
-        from tests.generate.kernels.test_decode_attention import attend_rope_reference
+        from tests.generate.kernels.test_decode_attention import attend_rope_reference, token_inputs
         from nvkit.generate.kernels import decode_attention as da
         torch.manual_seed(0)
         for nh, nkv, hd, rot, dtype, norm in [(8, 2, 128, 96, torch.float32, True), (8, 2, 128, 96, torch.float32, False),
@@ -453,12 +457,7 @@ def test_rope_kernel_with_partial_rotary_tables():
             length = 128
             tol = 1e-4 if dtype == torch.float32 else 3e-2
             for p, window, softcap in ((0, 0, 0.0), (37, 0, 0.0), (length - 1, 20, 3.0)):
-                qkv = torch.randn(nh + 2 * nkv, hd, dtype=dtype)
-                qw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
-                kw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
-                ang = torch.randn(rot // 2).repeat(2)
-                cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
-                k, v = torch.randn(nkv, length, hd, dtype=dtype), torch.randn(nkv, length, hd, dtype=dtype)
+                qkv, qw, kw, cos, sin, k, v = token_inputs(nh, nkv, hd, rot, length, dtype, norm)
                 k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
                 k1[:, p + 1:], v1[:, p + 1:] = 1e4, float("nan")  # past pos: never read
                 pos = torch.tensor(p)

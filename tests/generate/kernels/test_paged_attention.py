@@ -14,6 +14,22 @@ pytest.importorskip("triton", reason="triton is part of the test extra on Linux 
 from tests.triton_interpreter import interpret as _interpret  # noqa: E402
 
 
+
+def rows_inputs(nh: int, nkv: int, hd: int, page: int, dtype, norm: bool, rows: int, width: int, pages: int):
+    """Random inputs of the paged kernel, drawn from torch's global generator: a pool of
+    ``pages`` pages, ``rows`` page tables of ``width`` pages each (page 0 never handed out), the
+    rows' positions (first, second, a page's last, inside the second page, the table's last), the
+    new tokens' stacked q/k/v and the q/k norm weights (None without ``norm``)."""
+    import torch
+    k = torch.randn(pages * page, nkv, hd, dtype=dtype)
+    v = torch.randn(pages * page, nkv, hd, dtype=dtype)
+    table = (torch.randperm(pages - 1)[:rows * width] + 1).view(rows, width).to(torch.int32)
+    pos = torch.tensor([0, 1, page - 1, page + 3, width * page - 1])
+    qkv = torch.randn(rows, nh + 2 * nkv, hd, dtype=dtype)
+    qw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+    kw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+    return k, v, table, pos, qkv, qw, kw
+
 def test_paged_kernel_matches_reference_for_ragged_rows():
     """The batched kernel over a paged pool: every row at its own position, reading and writing
     through its own page table (pages scattered in the pool), with one slice per row (no merge) or
@@ -22,6 +38,7 @@ def test_paged_kernel_matches_reference_for_ragged_rows():
         import torch
         from nvkit.benchmarks.attention import paged_attend_rope_reference
         from nvkit.generate.kernels import paged_attention as pa
+        from tests.generate.kernels.test_paged_attention import rows_inputs
         torch.manual_seed(0)
         for nh, nkv, hd, page, dtype, norm, sms in [(16, 8, 128, 32, torch.float32, True, 64),
                                                     (6, 2, 32, 16, torch.float32, False, 64),
@@ -29,13 +46,7 @@ def test_paged_kernel_matches_reference_for_ragged_rows():
                                                     (4, 2, 16, 32, torch.bfloat16, True, 64)]:
             pa._sm_count = lambda device, sms=sms: sms  # 1 SM: one slice per row, the no-merge branch
             rows, pages, width = 5, 24, 4
-            k = torch.randn(pages * page, nkv, hd, dtype=dtype)
-            v = torch.randn(pages * page, nkv, hd, dtype=dtype)
-            table = (torch.randperm(pages - 1)[:rows * width] + 1).view(rows, width).to(torch.int32)
-            pos = torch.tensor([0, 1, page - 1, page + 3, width * page - 1])
-            qkv = torch.randn(rows, nh + 2 * nkv, hd, dtype=dtype)
-            qw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
-            kw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+            k, v, table, pos, qkv, qw, kw = rows_inputs(nh, nkv, hd, page, dtype, norm, rows, width, pages)
             ang = torch.randn(width * page, hd // 2).repeat(1, 2)
             cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
             k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
@@ -410,6 +421,7 @@ def test_paged_kernel_with_partial_rotary_tables():
         import torch
         from nvkit.benchmarks.attention import paged_attend_rope_reference
         from nvkit.generate.kernels import paged_attention as pa
+        from tests.generate.kernels.test_paged_attention import rows_inputs
         torch.manual_seed(0)
         for nh, nkv, hd, rot, page, dtype, norm in [(8, 2, 128, 96, 16, torch.float32, True),
                                                     (8, 2, 128, 96, 16, torch.float32, False),
@@ -420,13 +432,7 @@ def test_paged_kernel_with_partial_rotary_tables():
                                                     (4, 2, 16, 16, 32, torch.float32, False)]:
             rows, width = 5, 4
             pages = rows * width + 1
-            k = torch.randn(pages * page, nkv, hd, dtype=dtype)
-            v = torch.randn(pages * page, nkv, hd, dtype=dtype)
-            table = (torch.randperm(pages - 1)[:rows * width] + 1).view(rows, width).to(torch.int32)
-            pos = torch.tensor([0, 1, page - 1, page + 3, width * page - 1])
-            qkv = torch.randn(rows, nh + 2 * nkv, hd, dtype=dtype)
-            qw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
-            kw = torch.rand(hd, dtype=dtype) + 0.5 if norm else None
+            k, v, table, pos, qkv, qw, kw = rows_inputs(nh, nkv, hd, page, dtype, norm, rows, width, pages)
             ang = torch.randn(width * page, hd // 2).repeat(1, 2)  # a full table; r of it below
             ang = torch.cat((ang[:, :rot // 2], ang[:, :rot // 2]), 1) if rot < hd else ang
             cos, sin = ang.cos().to(dtype), ang.sin().to(dtype)
