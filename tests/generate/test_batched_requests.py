@@ -245,8 +245,7 @@ def test_a_pool_never_shrinks_and_grows_once_with_room_to_spare(s, monkeypatch):
     """Issue 39: a smaller list after a bigger one runs in the pool (and on the graphs) the bigger
     one left; a list the pool cannot hold gets one new pool, with rows for ``max_rows`` prompts,
     twice the pages and everything the old one held, and the lists after it fit."""
-    from nvkit.generate.fast import rows
-    monkeypatch.setattr(rows, "FIRST_POSITIONS", 0)  # a first pool of the first list's size
+    monkeypatch.setattr(arena, "FIRST_POSITIONS", 0)  # a first pool of the first list's size
     bd = _decoder(s.model, max_rows=16)
     _batched(s, bd, PROMPTS[:2], max_new_tokens=5, eos_token_id=NEVER)
     first = bd._arena
@@ -261,6 +260,31 @@ def test_a_pool_never_shrinks_and_grows_once_with_room_to_spare(s, monkeypatch):
         assert bd._arena is grown, (len(prompts), n)
         assert got[-1] == _plain(s, prompts[-1], max_new_tokens=n, eos_token_id=NEVER)
     assert all(grown.graphs[k] is g for k, g in graphs.items())  # nothing captured again
+
+
+def test_pool_for_keeps_grows_and_keeps_within_free_memory():
+    """The pool choice on its own (``paged_cache.pool_for``), with the free memory a GPU reports:
+    the session's pool serves whatever it holds; the first pool and a growing one take room for the
+    lists to come only within their share of free memory, never less than the request needs; a new
+    pool holds the old one's rows, width and penalty mask."""
+    page = 1 << 20
+    P = arena.PAGE
+    first = arena.pool_for(None, 3, 10, 4, False, page, None, 16, 4096)
+    assert first == (arena.FIRST_POSITIONS // P, 16, 4096 // P, False)  # room for the lists to come
+    tight = arena.pool_for(None, 3, 10, 4, False, page, free_bytes=100 * page, max_rows=16, first_width=0)
+    assert tight == (max(10, int(arena.FIRST_SHARE * 100)), 16, 4, False)
+    assert arena.pool_for(None, 3, 40, 4, False, page, free_bytes=100 * page, max_rows=16, first_width=0)[0] == 40
+    old = SimpleNamespace(pages=64, rows=16, width=8, seen=None)
+    for rows, pages, width in ((1, 1, 1), (16, 64, 8), (9, 30, 2)):
+        assert arena.pool_for(old, rows, pages, width, False, page, None, 16, 0) is None  # never shrunk
+    assert arena.pool_for(old, 2, 2, 2, True, page, None, 16, 0) == (128, 16, 8, True)  # the penalty's mask
+    assert arena.pool_for(old, 32, 70, 2, False, page, None, 16, 0) == (128, 32, 8, False)  # more rows
+    assert arena.pool_for(old, 2, 300, 20, False, page, None, 16, 0) == (300, 16, 20, False)  # the need wins
+    # growing within MEMORY_SHARE of what is free (the old pool's bytes counted as free by the caller)
+    assert arena.pool_for(old, 2, 70, 2, False, page, 100 * page, 16, 0)[0] == max(70, int(arena.MEMORY_SHARE * 100))
+    masked = SimpleNamespace(pages=64, rows=16, width=8, seen=object())
+    assert arena.pool_for(masked, 2, 2, 2, True, page, None, 16, 0) is None
+    assert arena.pool_for(masked, 2, 200, 2, False, page, None, 16, 0)[3] is True  # a mask once taken stays
 
 
 def test_pool_plan_fits_rows_to_memory(s):

@@ -182,3 +182,31 @@ def test_prepare_compiles_only_when_asked(s):
         d.prepare(8, sampling, prefill_up_to=0)
         assert d.policy.due(True, False)
     d.release()
+
+
+@pytest.mark.parametrize("compiled_s, kept", [(0.012, False), (0.008, True)])
+def test_both_runners_keep_the_faster_graph_measured_against_the_uncompiled_one(s, monkeypatch, compiled_s, kept):
+    """``GraphRunner.keep_faster``, which the batch-1 and the rows decoder both call after a
+    compiled capture: the uncompiled graph of the same shape is captured only when there is none,
+    the two are measured against each other, the policy keeps the faster, and a loss says so."""
+    from nvkit import events
+    from nvkit.generate.fast.single import FastDecoder
+    runner = FastDecoder(s.model, graphs=False, compile_after=0.0)
+    measured = []
+    monkeypatch.setattr(runner, "measure", lambda c, u, reset, replays=None: measured.append((c, u, replays))
+                        or Verdict(uncompiled=0.010, compiled=compiled_s))
+    graph = SimpleNamespace(replay=lambda: None)
+    captured = []
+    uncompiled = lambda: None  # noqa: E731
+
+    since = events.now()
+    verdict, got, compiled = runner.keep_faster(graph, None, lambda: captured.append(1) or uncompiled,
+                                                lambda: None, False, 8, "on a 64-token cache", replays=3)
+    assert captured == [1] and measured == [(graph.replay, uncompiled, 3)]
+    assert compiled is kept and verdict.compiled == compiled_s
+    assert (got is graph) if kept else (got.replay is uncompiled)
+    said = [e.text for e in events.events(since) if "slower" in e.text]
+    assert said == ([] if kept else ["fast decode: the compiled step is slower on a 64-token cache (measured 800 "
+                                     "tok/s against 667 compiled); the uncompiled step runs there"])
+    again = runner.keep_faster(graph, uncompiled, lambda: captured.append(2), lambda: None, (False, 4), 32, "at 4 rows")
+    assert captured == [1] and again[2] is kept  # an uncompiled graph at hand is not captured again

@@ -155,6 +155,27 @@ def plan(prompt_lens: list[int], max_new: int, max_rows: int, page_bytes: int,
         rows = max(1, rows * 3 // 4)
 
 
+def pool_for(old: Arena | None, rows: int, pages: int, width: int, penalty: bool, page_bytes: int,
+             free_bytes: int | None, max_rows: int, first_width: int) -> tuple[int, int, int, bool] | None:
+    """The pool a request runs in, from what it needs (``rows`` rows, ``pages`` pages, page tables
+    ``width`` wide, the penalty's mask or not): None where the session's pool ``old`` holds it
+    (a pool is never shrunk: a smaller list runs on the graphs captured already); else (pages,
+    rows, width, penalty) of a new one that holds ``old``'s and the request and has room for the
+    lists to come, so that a new pool and its graphs are rarely needed. The first pool holds
+    ``FIRST_POSITIONS`` within ``FIRST_SHARE`` of ``free_bytes`` (None: no limit) and tables
+    ``first_width`` positions wide; a growing one twice the old pages within ``MEMORY_SHARE``;
+    either has rows for ``max_rows`` prompts, whose buffers are small."""
+    cls = batch_class(rows)
+    if (old is not None and old.pages >= pages and old.rows >= cls and old.width >= width
+            and (old.seen is not None or not penalty)):
+        return None
+    spare = 2 * old.pages if old is not None else FIRST_POSITIONS // PAGE
+    if free_bytes is not None:
+        spare = min(spare, int((MEMORY_SHARE if old is not None else FIRST_SHARE) * free_bytes) // page_bytes)
+    width = max(width, old.width if old is not None else pages_for(first_width, PAGE))
+    return max(pages, spare), max(cls, max_rows), width, penalty or (old is not None and old.seen is not None)
+
+
 def new_arena(fw, pages: int, rows: int, width: int, k: int, vocab: int, penalty: bool, device) -> Arena:
     """A pool of ``pages`` KV pages for the fused weights ``fw`` and the buffers of ``rows`` rows
     (``width`` page-table entries each; the penalty's seen-ids mask when ``penalty``)."""

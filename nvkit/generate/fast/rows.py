@@ -38,8 +38,8 @@ from ...errors import NvkitError
 from ...memory.estimate import kv_bytes_per_token
 from . import cuda_graphs as graphs_mod, prefill_rows, rows_replay
 from .compile_policy import compile_fullgraph
-from .paged_cache import (CLASSES, FIRST_POSITIONS, FIRST_SHARE, FIRST_WIDTH, MAX_ROWS, MEMORY_SHARE, PAGE, UPFRONT_ROWS,
-                          Arena, RowsKey, batch_class, ladder, new_arena, plan, prefill_budget, prefill_bytes_per_token)
+from .paged_cache import (CLASSES, FIRST_WIDTH, MAX_ROWS, PAGE, UPFRONT_ROWS, Arena, RowsKey, ladder, new_arena, plan,
+                          pool_for, prefill_budget, prefill_bytes_per_token)
 from .single import FastDecoder
 from .llama_step import decode_head
 from .llama_rows_step import decode_rows_step, mark_dynamic, model_decode_rows_layer, prefill_rows_step
@@ -178,31 +178,21 @@ class BatchedDecoder(GraphRunner):
 
     def _arena_for(self, seqs: list[Sequence], max_new: int, penalty: bool) -> Arena:
         """The pool and row buffers the request runs in: the session's own whenever it holds the
-        request (never shrunk: a smaller list runs on the graphs captured already), else a new one
-        that holds the old one's and grows (rows for ``max_rows`` prompts, whose buffers are small;
-        at least twice the old pages, within ``MEMORY_SHARE`` of free memory)."""
+        request, else a new one that holds the old one's and grows (``paged_cache.pool_for``)."""
         import torch
         a = self._arena
         free = (torch.cuda.mem_get_info(self.device)[0] + (self._arena_bytes(a) if a is not None else 0)
                 if self.device.type == "cuda" else None)
         rows, pages = self.plan([len(s.prompt) for s in seqs], max_new, free)
         width = pages_for(max(len(s.prompt) for s in seqs) + max_new + 2 * self.k + 2, PAGE)
-        cls = batch_class(rows)
-        if (a is not None and a.pages >= pages and a.rows >= cls and a.width >= width
-                and (a.seen is not None or not penalty)):
-            return a
-        # room for the lists to come: the first pool holds FIRST_POSITIONS (within FIRST_SHARE of free
-        # memory), a growing one twice the old, so that a new pool and its graphs are rarely needed;
-        # wide page tables too where attention reads each row only up to its position (the paged
+        # wide page tables where attention reads each row only up to its position (the paged
         # kernel: "matmul" attends over the whole table width)
-        spare = 2 * a.pages if a is not None else FIRST_POSITIONS // PAGE
-        if free is not None:
-            spare = min(spare, int((MEMORY_SHARE if a is not None else FIRST_SHARE) * free) // self._page_bytes())
-        pages, cls = max(pages, spare), max(cls, self.max_rows)
         first_width = min(self.max_positions, FIRST_WIDTH) if self.attention == "paged" else 0
-        width = max(width, a.width if a is not None else pages_for(first_width, PAGE))
+        new = pool_for(a, rows, pages, width, penalty, self._page_bytes(), free, self.max_rows, first_width)
+        if new is None:
+            return a
+        pages, cls, width, penalty = new
         if a is not None:
-            penalty = penalty or a.seen is not None
             events.record("compile", f"fast batch: a pool of {pages} pages replaces {a.pages}; its graphs are captured again")
         self._drop_arena()
         self._arena = new_arena(self._fw, pages, cls, width, self.k, self.vocab, penalty, self.device)
@@ -376,18 +366,10 @@ class BatchedDecoder(GraphRunner):
 
     def _measured(self, a: Arena, key: RowsKey, graph):
         """The compiled ``graph`` against the uncompiled one of the same class, timed with every
-        row parked; returns (verdict, the graph kept, whether it is the compiled one). A graph
-        already at ``key`` is the uncompiled step's: a measured class is never measured again."""
-        uncompiled = a.graphs.get(key)
-        if uncompiled is None:
-            u_graph, _ = self._capture(a, key, False)
-            uncompiled = u_graph.replay
-        verdict = self.measure(graph.replay, uncompiled, a.pos.zero_)
-        if self.policy.decide((key.lora, key.batch), verdict):
-            return verdict, graph, True
-        events.record("compile", f"fast batch: the compiled rows step is slower at {key.batch} rows "
-                                 f"({verdict.words(self.k * key.batch)}); the uncompiled step runs there")
-        return verdict, KeptReplay(uncompiled), False
+        row parked (``GraphRunner.keep_faster``). A graph already at ``key`` is the uncompiled
+        step's: a measured class is never measured again."""
+        return self.keep_faster(graph, a.graphs.get(key), lambda: self._capture(a, key, False)[0].replay,
+                                a.pos.zero_, (key.lora, key.batch), self.k * key.batch, f"at {key.batch} rows")
 
     def _disk_key(self, lora_on: bool, part: str = "step") -> str | None:
         """The artifacts' key of the rows step or ("prefill") of the prompt prefill: each is

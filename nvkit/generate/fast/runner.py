@@ -241,6 +241,21 @@ class GraphRunner:
                              lambda: torch.cuda.synchronize(self.device), **kw)
         return Verdict(uncompiled=t["uncompiled"], compiled=t["compiled"])
 
+    def keep_faster(self, graph, uncompiled: Callable[[], None] | None, capture_uncompiled: Callable[[], Callable],
+                    reset: Callable[[], None], kind, tokens_per_replay: int, where: str, replays: int | None = None):
+        """The compiled ``graph`` against the uncompiled graph of the same shape (``uncompiled``'s
+        replay, or one ``capture_uncompiled`` returns when there is none yet), replayed in turn on
+        the same buffers; the policy keeps the faster for ``kind``. Returns (verdict, the graph
+        kept, whether it is the compiled one)."""
+        if uncompiled is None:
+            uncompiled = capture_uncompiled()
+        verdict = self.measure(graph.replay, uncompiled, reset, replays=replays)
+        if self.policy.decide(kind, verdict):
+            return verdict, graph, True
+        events.record("compile", f"{self.label}: the compiled step is slower {where} "
+                                 f"({verdict.words(tokens_per_replay)}); the uncompiled step runs there")
+        return verdict, KeptReplay(uncompiled), False
+
     def inductor_options(self, compiling: bool, tune: bool | None = None):
         """inductor settings around a capture that compiles: coordinate-descent tuning, PDL,
         ``variant.inductor`` (a context manager; nothing when not ``compiling``)."""

@@ -22,7 +22,7 @@ from typing import Callable
 
 from ... import events
 from ...errors import NvkitError
-from . import artifacts, cuda_graphs as graphs_mod, lora as lora_mod
+from . import cuda_graphs as graphs_mod, lora as lora_mod
 from .static_cache import Cache, GraphKey, model_prefill, model_step, new_cache, prefill_class, set_request, size_class
 from .llama_step import decode_head, decode_step, model_decode_layer, prefill_step
 from .fused_fit import fusable_why
@@ -256,8 +256,7 @@ class FastDecoder(GraphRunner):
         verdict = None
         try:
             with ticking(on_progress if expensive else None):
-                with self.timings.part("compile artifacts from disk"):
-                    restored = disk_key is not None and artifacts.restore(disk_key)
+                restored = self.restore_artifacts(disk_key)
                 graph, compiled = self._capture(c, key, compiling)
                 if compiled and expensive:
                     verdict, graph, compiled = self._measured(c, key, graph)
@@ -281,24 +280,16 @@ class FastDecoder(GraphRunner):
         return c.graphs[key]
 
     def _measured(self, c: Cache, key: GraphKey, graph):
-        """The compiled ``graph`` against the uncompiled one of the same key, timed on this cache;
-        returns (verdict, the graph kept, whether it is the compiled one)."""
-        uncompiled = c.graphs.get(key) if key.lora in c.uncompiled else None
-        if uncompiled is None:
-            # nothing uncompiled to compare against (prepare, compile_after=0): capture it now
-            u_graph, u_compiled = self._capture(c, key, False)
-            if u_compiled:  # pragma: no cover - an uncompiled capture is never compiled
-                return None, graph, True
-            uncompiled = u_graph.replay
+        """The compiled ``graph`` against the uncompiled one of the same key, timed on this cache
+        (``GraphRunner.keep_faster``); a compiled step that loses is dropped."""
+        # a small cache holds few replays before its positions run out
         replays = max(1, (c.length - 1) // self.k - 2) if c.length <= 8 * self.k else None
-        verdict = self.measure(graph.replay, uncompiled, lambda: self._rewind(c), replays=replays)
-        keep = self.policy.decide(key.lora, verdict)
-        if keep:
-            return verdict, graph, True
-        events.record("compile", f"fast decode: the compiled step is slower here ({verdict.words(self.k)}); "
-                                 "the uncompiled step stays")
-        c.compiled.pop(key.lora, None)
-        return verdict, KeptReplay(uncompiled), False
+        kept = self.keep_faster(graph, c.graphs.get(key) if key.lora in c.uncompiled else None,
+                                lambda: self._capture(c, key, False)[0].replay, lambda: self._rewind(c), key.lora,
+                                self.k, f"on a {c.length}-token cache", replays)
+        if not kept[2]:
+            c.compiled.pop(key.lora, None)
+        return kept
 
     def _disk_key(self, c: Cache, lora_on: bool) -> str | None:
         extra = {"regional": True} if self.regional else {}  # keys of the whole-step compile stay as they were
