@@ -355,24 +355,28 @@ def _families_cli(a, chosen: str, options: dict, flags: dict):
 
 
 def _profile_cli(a, chosen: str, options: dict, flags: dict) -> int:
-    """``nvkit bench MODEL --decode --profile [--new-tokens N]``."""
+    """``nvkit bench MODEL --decode --profile [--new-tokens N] [--prompt-len N]``."""
     from . import decode_profile
     if chosen != "decode":
         raise NvkitError("--profile belongs to --decode.")
     if a.json:
         raise NvkitError("--json does not apply to --decode --profile: it prints its summary as text.")
-    other = [k for k in options if k != "new_tokens"]
+    other = [k for k in options if k not in ("new_tokens", "prompt_len")]
     if other:
-        raise NvkitError(f"{flags.get(other[0], other[0])} does not apply to --decode --profile; it takes --new-tokens.")
+        raise NvkitError(f"{flags.get(other[0], other[0])} does not apply to --decode --profile; "
+                         "it takes --new-tokens and --prompt-len.")
     n = options.get("new_tokens", 256)
     if not isinstance(n, int) or n < 2:
         raise NvkitError(f"--new-tokens must be at least 2 for a profile, not {n}.")
+    prompt_len = options.get("prompt_len")
+    if prompt_len is not None and prompt_len < 1:
+        raise NvkitError(f"--prompt-len must be at least 1, not {prompt_len}.")
     model = a.model
     model = _model_path(model)
     if model == "demo":
         from ..demo import path as demo_path
         model = demo_path()
-    summary = decode_profile.profile(model, new_tokens=n)
+    summary = decode_profile.profile(model, new_tokens=n, prompt_len=prompt_len)
     print(summary.text())
     return 0
 
@@ -406,7 +410,7 @@ def cli_main(argv) -> int:
     o.add_argument("--quant", dest="quantizations", help="[default] comma-separated, e.g. none,nf4,int8 (default none)",
                    type=lambda t: [None if q.lower() == "none" else q for q in _csv(t)] or [None])
     o.add_argument("--device-map", dest="device_map", help="[default] e.g. cpu, cuda, auto")
-    o.add_argument("--prompt-len", dest="prompt_len", type=int, help="[default, --decode] prompt tokens")
+    o.add_argument("--prompt-len", dest="prompt_len", type=int, help="[default, --decode] prompt tokens (also of --decode --profile)")
     o.add_argument("--new-tokens", dest="new_tokens", type=int, help="[default, --decode] tokens generated per prompt")
     o.add_argument("--repeats", type=int, help="[default, --decode] timed runs per row (the median is shown)")
     o.add_argument("--dtype", help="[default, --decode] e.g. auto, bfloat16, float32")

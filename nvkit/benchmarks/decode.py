@@ -130,20 +130,24 @@ def _session(model, dtype):
     return load(model, dtype=dtype)
 
 
-def _prompts(tok, prompt_len: int, n: int, seed: int) -> tuple[str, list[str]]:
-    """One prompt of about ``prompt_len`` tokens, and ``n`` of mixed lengths, from the demo corpus."""
+def corpus_prompt(tok, n_tokens: int, rng: random.Random | None = None) -> str:
+    """A prompt of about ``n_tokens`` tokens from the demo corpus (from where ``rng`` picks; the
+    start without one). The corpus repeats itself as often as a long prompt needs."""
     from .. import demo
     with open(demo.CORPUS, encoding="utf-8") as f:
         words = f.read().split()
+    if len(words) < 4 * n_tokens:
+        words = words * (-(-4 * n_tokens // max(1, len(words))) + 1)
+    start = rng.randrange(max(1, len(words) - 4 * n_tokens)) if rng is not None else 0
+    ids = tok(" ".join(words[start:start + 2 * n_tokens]))["input_ids"][:n_tokens]
+    return tok.decode(ids, skip_special_tokens=True)
+
+
+def _prompts(tok, prompt_len: int, n: int, seed: int) -> tuple[str, list[str]]:
+    """One prompt of about ``prompt_len`` tokens, and ``n`` of mixed lengths, from the demo corpus."""
     rng = random.Random(seed)
-
-    def text(n_tokens: int) -> str:
-        start = rng.randrange(max(1, len(words) - 4 * n_tokens))
-        ids = tok(" ".join(words[start:start + 2 * n_tokens]))["input_ids"][:n_tokens]
-        return tok.decode(ids, skip_special_tokens=True)
-
     lo, hi = max(4, prompt_len // 4), max(8, prompt_len * 2)
-    return text(prompt_len), [text(rng.randint(lo, hi)) for _ in range(n)]
+    return corpus_prompt(tok, prompt_len, rng), [corpus_prompt(tok, rng.randint(lo, hi), rng) for _ in range(n)]
 
 
 def _short(got: int, asked: int) -> str:

@@ -8,7 +8,10 @@ decoder from it is visible per token in a profile of one request on the session'
 - GPU busy time per token: the union of the kernels' intervals (overlapping kernels, as
   programmatic dependent launch lets them, count once);
 - the gaps: the token's wall time minus the busy time, the GPU waiting on the host;
-- achieved bytes/s and its share of the bandwidth, from the token's wall time.
+- achieved bytes/s and its share of the bandwidth, from the token's wall time: the weights' bytes
+  and, at the positions the request decodes, the KV cache's (``families.kv_bytes_read``), so a
+  long prompt's profile says what its attention costs;
+- the kernels by kind and the most expensive ones by name, per token.
 
 The arithmetic (``summarize``) takes plain (name, start µs, end µs) kernel records so it is tested
 on the CPU; ``profile`` records them with torch's profiler (CUPTI sees the kernels inside CUDA-graph
@@ -60,10 +63,12 @@ class Summary:
     wall_us: float            # the request's decode wall time per token
     kernels: float            # launches per token
     busy_us: float            # GPU busy time per token (the kernels' union)
-    bytes_per_token: int
+    bytes_per_token: int      # the weights' bytes a token reads
     bandwidth: float | None   # bytes/s (None: unknown)
     by_kind: dict = field(default_factory=dict)  # kind -> (µs per token, launches per token)
     detail: str = ""          # how the fast path ran (its stats line's words)
+    kv_bytes_per_token: int = 0  # the KV cache's bytes a token reads, on average over the request
+    by_name: dict = field(default_factory=dict)  # kernel name -> (µs per token, launches per token)
 
     @property
     def gap_share(self) -> float:
@@ -72,8 +77,9 @@ class Summary:
 
     @property
     def achieved(self) -> float:
-        """Weight bytes read per second over the token's wall time."""
-        return self.bytes_per_token / (self.wall_us * 1e-6) if self.wall_us > 0 else 0.0
+        """Weight and KV bytes read per second over the token's wall time."""
+        read = self.bytes_per_token + self.kv_bytes_per_token
+        return read / (self.wall_us * 1e-6) if self.wall_us > 0 else 0.0
 
     @property
     def roofline(self) -> float | None:
@@ -84,27 +90,51 @@ class Summary:
         lines = [f"fast path: {self.detail}"] if self.detail else []
         lines += [f"per token ({self.tokens} tokens): {self.wall_us:.1f} µs wall, {self.kernels:.0f} kernels, "
                  f"GPU busy {self.busy_us:.1f} µs ({self.gap_share:.0%} idle), {self.achieved / 1e9:,.0f} GB/s read "
-                 f"({share}; {self.bytes_per_token / 2 ** 20:,.0f} MiB of weights per token)"]
+                 f"({share}; {self.bytes_per_token / 2 ** 20:,.0f} MiB of weights"
+                 + (f" + {self.kv_bytes_per_token / 2 ** 20:,.1f} MiB of KV cache" if self.kv_bytes_per_token else "")
+                 + " per token)", "by kind:"]
         for k, (us, n) in sorted(self.by_kind.items(), key=lambda kv: -kv[1][0]):
             lines.append(f"    {k:24s} {us:9.1f} µs  {n:6.1f} launches")
+        if self.by_name:
+            lines.append(f"the {len(self.by_name)} kernels that take longest:")
+            for k, (us, n) in sorted(self.by_name.items(), key=lambda kv: -kv[1][0]):
+                lines.append(f"    {us:9.1f} µs  {n:6.1f} launches  {k[:NAME_CHARS]}")
         return "\n".join(lines)
 
 
-def summarize(kernels, tokens: int, wall_s: float, bytes_per_token: int, bandwidth: float | None) -> Summary:
+#: kernels listed by name in a summary, and the characters of each name shown
+TOP_KERNELS, NAME_CHARS = 12, 90
+
+
+def summarize(kernels, tokens: int, wall_s: float, bytes_per_token: int, bandwidth: float | None,
+              kv_bytes_per_token: int = 0) -> Summary:
     """``kernels``: (name, start µs, end µs) of every kernel the request ran; ``wall_s``: the decode
-    time of its ``tokens`` tokens."""
+    time of its ``tokens`` tokens; the bytes a token reads: the weights' and, on average, the KV
+    cache's."""
     if tokens < 1 or wall_s <= 0:
         raise NvkitError(f"A profile needs at least one token and a positive time (got {tokens} tokens "
                          f"in {wall_s} s).")
     kernels = list(kernels)
     by_kind: dict = {}
+    by_name: dict = {}
     for name, s, e in kernels:
-        k = by_kind.setdefault(kind(name), [0.0, 0])
-        k[0] += e - s
-        k[1] += 1
+        for key, into in ((kind(name), by_kind), (name, by_name)):
+            k = into.setdefault(key, [0.0, 0])
+            k[0] += e - s
+            k[1] += 1
+    top = sorted(by_name.items(), key=lambda kv: -kv[1][0])[:TOP_KERNELS]
     return Summary(tokens=tokens, wall_us=wall_s * 1e6 / tokens, kernels=len(kernels) / tokens,
                    busy_us=busy_us((s, e) for _, s, e in kernels) / tokens, bytes_per_token=bytes_per_token,
-                   bandwidth=bandwidth, by_kind={k: (us / tokens, n / tokens) for k, (us, n) in by_kind.items()})
+                   bandwidth=bandwidth, by_kind={k: (us / tokens, n / tokens) for k, (us, n) in by_kind.items()},
+                   kv_bytes_per_token=kv_bytes_per_token, by_name={k: (us / tokens, n / tokens) for k, (us, n) in top})
+
+
+def mean_kv_bytes(config, itemsize: int, prompt_tokens: int, new_tokens: int) -> int:
+    """The KV bytes a decode token of a request reads, on average over its decode steps (after
+    the first token, which the prefill gives): the step at position p reads positions 0..p."""
+    from .families import kv_bytes_read
+    steps = range(prompt_tokens, prompt_tokens + max(1, new_tokens - 1))
+    return sum(kv_bytes_read(config, itemsize, p) for p in steps) // len(steps)
 
 
 def _kernel_records(prof) -> list[tuple[str, float, float]]:
@@ -116,9 +146,12 @@ def _kernel_records(prof) -> list[tuple[str, float, float]]:
     return out
 
 
-def profile(model: str, *, new_tokens: int = 256, prompt: str = "The history of the graphics processor began with"):
+def profile(model: str, *, new_tokens: int = 256, prompt_len: int | None = None,
+            prompt: str = "The history of the graphics processor began with"):
     """Profile one batch-1 request of ``new_tokens`` on the session's fast path after it is prepared
-    (compiled and captured, as a session runs after ``fast.prepare``); returns the ``Summary``."""
+    (compiled and captured, as a session runs after ``fast.prepare``); returns the ``Summary``.
+    ``prompt_len``: a prompt of that many tokens instead of ``prompt`` (a long one shows what
+    attention over a long cache costs)."""
     import torch
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
@@ -129,7 +162,11 @@ def profile(model: str, *, new_tokens: int = 256, prompt: str = "The history of 
         raise NvkitError("--profile times CUDA kernels: it needs a GPU (this machine has no CUDA).")
     s = load(model, device_map="cuda", dtype="bfloat16")
     try:
-        fast.prepare(s, max_new_tokens=new_tokens)
+        if prompt_len is not None:
+            from .decode import corpus_prompt
+            prompt = corpus_prompt(s.tokenizer, prompt_len)
+        n_prompt = len(s.tokenizer(prompt)["input_ids"])
+        fast.prepare(s, max_new_tokens=new_tokens, prompt_tokens=n_prompt)
         kw = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, fast=True)
         s.generate(prompt, **kw)
         with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -146,8 +183,11 @@ def profile(model: str, *, new_tokens: int = 256, prompt: str = "The history of 
         # the prompt's prefill and the first token are left out: the kernels from the first token on
         cut = first + (st.time_to_first_token or 0.0) * 1e6
         decode = [r for r in records if r[1] >= cut]
-        summary = summarize(decode, max(1, new_tokens - 1), decode_s, bytes_per_token(s.model), bandwidth(s.device))
+        itemsize = s.model.get_input_embeddings().weight.element_size()
+        summary = summarize(decode, max(1, new_tokens - 1), decode_s, bytes_per_token(s.model), bandwidth(s.device),
+                            mean_kv_bytes(s.model.config, itemsize, n_prompt, new_tokens))
         summary.detail = st.detail
         return summary
     finally:
         s.unload()
+

@@ -62,17 +62,37 @@ def bandwidth(device) -> float | None:
 
 def bytes_per_token(model) -> int:
     """The weight bytes one batch-1 decode step reads: all of them, but of a mixture of experts only
-    the experts a token runs."""
+    the experts a token runs, and of an input embedding that is not also the LM head only the
+    token's own row (a tied one is read whole by the head, and counted once)."""
     cfg = model.config.get_text_config()
     experts = int(getattr(cfg, "num_experts", 0) or getattr(cfg, "num_local_experts", 0) or 0)
     active = int(getattr(cfg, "num_experts_per_tok", 0) or 0)
+    embed = model.get_input_embeddings().weight
+    head = model.get_output_embeddings()
+    tied = head is not None and head.weight is embed
     total = 0
     for name, p in model.named_parameters():
         size = p.numel() * p.element_size()
         if experts and active and ".experts." in f".{name}.":
             size = size * active // experts
+        elif p is embed and not tied:
+            size = p.shape[-1] * p.element_size()
         total += size
     return total
+
+
+def kv_bytes_read(config, itemsize: int, position: int) -> int:
+    """The KV-cache bytes a batch-1 decode step at ``position`` reads (attention over the positions
+    0..position): keys and values of each of them in every layer, a sliding layer's window at most."""
+    from ..generate.fast.fused_fit import layer_kinds
+    from ..memory.estimate import attention_dims
+    cfg = config.get_text_config()
+    _, kv_heads, head_dim = attention_dims(config)
+    seen = position + 1
+    window = getattr(cfg, "sliding_window", None) or seen
+    per_position = kv_heads * head_dim * 2 * itemsize
+    return sum(per_position * (min(seen, window) if kind == "sliding_attention" else seen)
+               for kind in layer_kinds(cfg))
 
 
 def roofline_share(bytes_read: int, seconds_per_token: float, bytes_per_second: float | None) -> float | None:

@@ -31,6 +31,65 @@ def test_a_summary_per_token():
     assert decode_profile.summarize(kernels, 2, 200e-6, 400_000, None).roofline is None
 
 
+def test_a_long_prompts_summary_counts_the_kv_cache_it_reads_and_names_the_costliest_kernels():
+    kernels = [("gemv_a", 0, 30), ("attn_split", 30, 70), ("gemv_a", 70, 100), ("tiny", 100, 101)]
+    s = decode_profile.summarize(kernels, tokens=2, wall_s=200e-6, bytes_per_token=300_000, bandwidth=8e9,
+                                 kv_bytes_per_token=100_000)
+    assert s.achieved == pytest.approx(4e9) and s.roofline == pytest.approx(0.5)  # weights and KV over the time
+    assert list(s.by_name) == ["gemv_a", "attn_split", "tiny"] and s.by_name["gemv_a"] == (30, 1)
+    text = s.text()
+    assert "MiB of KV cache" in text and text.index("gemv_a") < text.index("attn_split") < text.index("tiny")
+    many = [(f"k{i}", i, 2 * i) for i in range(40)]
+    top = decode_profile.summarize(many, 1, 1e-3, 1, None).by_name
+    assert len(top) == decode_profile.TOP_KERNELS and "k39" in top and "k0" not in top
+    assert "KV" not in decode_profile.summarize(kernels, 2, 200e-6, 1, None).text()  # none counted, none said
+
+
+def test_the_kv_bytes_a_request_reads_grow_with_its_positions_and_stop_at_a_window():
+    from transformers import Gemma3TextConfig, Qwen3Config
+    from nvkit.benchmarks import families
+    full = Qwen3Config(num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8, hidden_size=32)
+    per_position = 4 * 2 * 8 * 2 * 2  # layers x KV heads x head_dim x (K, V) x bytes
+    assert families.kv_bytes_read(full, 2, 0) == per_position
+    assert families.kv_bytes_read(full, 2, 99) == 100 * per_position
+    # the mean over a request's decode steps: positions 10..13 for a 10-token prompt and 5 new tokens
+    assert decode_profile.mean_kv_bytes(full, 2, 10, 5) == (11 + 12 + 13 + 14) * per_position // 4
+    gemma = Gemma3TextConfig(num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1, head_dim=8,
+                             hidden_size=32, sliding_window=16, sliding_window_pattern=6)
+    kinds = gemma.layer_types
+    assert kinds.count("sliding_attention") == 5
+    layer = 1 * 8 * 2 * 2
+    assert families.kv_bytes_read(gemma, 2, 1000) == 5 * 16 * layer + 1001 * layer  # a sliding layer: its window
+    assert families.kv_bytes_read(gemma, 2, 3) == 6 * 4 * layer  # inside the window, every layer alike
+
+
+def test_an_untied_input_embedding_counts_one_row_and_a_tied_one_is_read_whole_once():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from nvkit.benchmarks import families
+    small = dict(vocab_size=1000, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 num_key_value_heads=2)
+    tied = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=True, **small))
+    untied = LlamaForCausalLM(LlamaConfig(tie_word_embeddings=False, **small))
+    every = sum(p.numel() * p.element_size() for p in tied.parameters())  # the shared matrix once
+    assert families.bytes_per_token(tied) == every
+    embed = untied.get_input_embeddings().weight
+    assert families.bytes_per_token(untied) == sum(p.numel() * p.element_size() for p in untied.parameters()) \
+        - embed.numel() * embed.element_size() + 16 * embed.element_size()
+
+
+def test_a_corpus_prompt_has_about_the_tokens_asked_even_past_the_corpus():
+    from nvkit import demo
+    from nvkit.benchmarks.decode import corpus_prompt
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(demo.path())
+    for n in (8, 300):
+        assert abs(len(tok(corpus_prompt(tok, n))["input_ids"]) - n) <= 2
+    with open(demo.CORPUS, encoding="utf-8") as f:
+        words = len(f.read().split())
+    # longer than the corpus: it repeats (the chat markers it holds are left out of a prompt's text)
+    assert len(tok(corpus_prompt(tok, words))["input_ids"]) >= 0.9 * words
+
+
 @pytest.mark.parametrize("tokens, wall", [(0, 1.0), (3, 0.0), (3, -1.0)])
 def test_a_summary_needs_tokens_and_time(tokens, wall):
     with pytest.raises(NvkitError, match="at least one token"):
@@ -50,6 +109,8 @@ def _cli(*argv):
     (("--decode", "--profile", "--repeats", "3"), "--repeats does not apply to --decode --profile"),
     (("--decode", "--profile", "--new-tokens", "1"), "at least 2"),
     (("--decode", "--profile", "--json"), "--json does not apply"),
+    (("--decode", "--profile", "--prompt-len", "0"), "--prompt-len must be at least 1"),
+    (("--decode", "--profile", "--k-steps", "4"), "it takes --new-tokens and --prompt-len"),
 ])
 def test_the_command_refuses_what_does_not_apply(argv, match):
     code, err = _cli(*argv)
