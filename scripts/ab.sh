@@ -29,7 +29,8 @@ for r in $(seq 1 "${ROUNDS:-2}"); do
     name=$([ "$tree" = "$new" ] && echo new || echo old)
     [ -n "${ONLY:-}" ] && [ "$ONLY" != "$name" ] && continue
     echo "=== $name round $r ($(date +%T)): python -m nvkit.cli $*"
-    (cd "$tree" && PYTHONPATH="$tree" timeout "${T:-560}" python3 -m nvkit.cli "$@") 2>&1 | tee "$out/ab-$name-$r.log" | tail -n 25
+    # the tree first, the wheels' site folder (install.sh put it on PYTHONPATH) kept behind it
+    (cd "$tree" && PYTHONPATH="$tree:${PYTHONPATH:-}" timeout "${T:-560}" python3 -m nvkit.cli "$@") 2>&1 | tee "$out/ab-$name-$r.log" | tail -n 25
     echo "=== exit ${PIPESTATUS[0]} ($(date +%T))"
   done
 done

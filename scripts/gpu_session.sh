@@ -56,6 +56,9 @@
 #   policy   the measured compile policy on SHAPES (default qwen3-4b llama-3.2-1b qwen3-0.6b): the
 #            session against the uncompiled and the always-compiled step (scripts/compile_policy_check.py)
 #   decode-profile  nvkit bench shape:S --decode --profile for SHAPES (default qwen3-0.6b llama-3.2-1b qwen3-4b)
+#   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
+#            at 1 k, 8 k and 16 k positions (python -m nvkit.benchmarks.attention --batch1), then an
+#            8 k-token prompt's decode rate and its profile (PROMPT_LEN to change)     (carry .whl-core)
 #   families  nvkit bench --families, one process per shape (FAMILIES picks; each row as JSON in $OUT)
 #   afternoon  issue 39's afternoon on SHAPE (default qwen3-0.6b): nvkit bench shape:SHAPE --afternoon,
 #            then the GPU tests of its pieces (first request, compare, sliding windows and adapters
@@ -187,6 +190,11 @@ case "$phase" in
     for sh in ${SHAPES:-qwen3-0.6b llama-3.2-1b qwen3-4b}; do
       T=${TP:-300} bench shape:$sh --decode --profile
     done ;;
+  long)
+    echo "=== batch-1 attention launches ($(date +%T))"
+    timeout 240 python3 -m nvkit.benchmarks.attention --batch1 --csv "$out/attention-batch1.csv"; echo "=== exit $? ($(date +%T))"
+    T=240 bench shape:qwen3-0.6b --decode --repeats 3 --prompt-len "${PROMPT_LEN:-8192}" --paths fast
+    T=240 bench shape:qwen3-0.6b --decode --profile --prompt-len "${PROMPT_LEN:-8192}" ;;
   afternoon)
     T=${TA:-400} bench shape:${SHAPE:-qwen3-0.6b} --afternoon
     T=200 t tests/gpu/test_fast_session_gpu.py -k "quicker or compare"

@@ -1,5 +1,7 @@
-"""The batched path's paged decode attention, timed for several launch shapes of its kernel in one
-process (``python -m nvkit.benchmarks.attention``; on a GPU machine).
+"""nvkit's decode attention kernels timed for several launch shapes in one process (``python -m
+nvkit.benchmarks.attention``; on a GPU machine): the batched path's paged kernel (``paged``, the
+default) and the batch-1 kernel over a static cache at short and long positions (``batch1``,
+``--batch1``: a long prompt's decode reads the cache at every step, and this says at what rate).
 
 One call is one layer's attention of one decode step: every row at its own position over a pool of
 scattered pages, as the batched fast path runs it. The rows' lengths are drawn like the decode
@@ -12,9 +14,9 @@ step (× the model's layers), the KV bytes the call must read and the rate it re
 ``device="cpu"`` runs the same under Triton's interpreter (``TRITON_INTERPRET=1``), to check the
 benchmark itself; its times say nothing about a GPU.
 
-The references in plain torch (``paged_attend_rope_reference`` and the two it is built from) live
-here, not in the kernels' modules: this benchmark checks every shape against them, and
-tests/generate/kernels/ check the kernels against them too.
+The references in plain torch (``paged_attend_rope_reference``, ``attend_rope_reference`` and the
+two they are built from) live here, not in the kernels' modules: this benchmark checks every
+shape against them, and tests/generate/kernels/ check the kernels against them too.
 """
 
 from __future__ import annotations
@@ -36,13 +38,20 @@ SHAPES = ((None, None, None, None, None), (None, 1, None, False, None), (None, 1
           (None, 1, 4, True, None), (None, 2, 4, True, 3), (None, 2, 8, True, 3), (4, 2, 4, True, 3),
           (8, 1, 4, True, 3))
 TOLERANCE = 2e-2  # from the fp32 reference, for bf16 outputs of O(1): a few ulps (or 4 × the default's own)
+#: the batch-1 kernel's launches ``batch1`` times, as (splits, blocks of ``BLOCK_L`` positions per
+#: loop step, warps, tl.dot, stages); the first is the op's own launch
+BATCH1_SHAPES = ((None, 1, None, False, None), (32, 1, None, False, None), (64, 1, None, False, None),
+                 (128, 1, None, False, None), (None, 2, 4, True, 3), (32, 2, 4, True, 3), (64, 2, 4, True, 3),
+                 (128, 2, 4, True, 3), (64, 4, 8, True, 3), (64, 1, 4, True, 2))
+#: the positions ``batch1`` attends over by default: a chat turn's, a long prompt's, a longer one's
+BATCH1_LENGTHS = (1024, 8192, 16384)
 
 
-def _shape_name(shape) -> str:
+def _shape_name(shape, unit: str = "page", default=None) -> str:
     splits, pages, warps, dot, stages = shape
-    if shape == SHAPES[0]:
+    if shape == (default or SHAPES[0]):
         return "default"
-    return (f"splits {splits if splits is not None else 'auto'} · {pages} page{'s' if pages > 1 else ''}/step"
+    return (f"splits {splits if splits is not None else 'auto'} · {pages} {unit}{'s' if pages > 1 else ''}/step"
             f" · warps {warps if warps is not None else 'default'}{' · tl.dot' if dot else ''}"
             f"{f' · {stages} stages' if stages is not None else ''}")
 
@@ -55,11 +64,9 @@ def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512
     import torch
 
     from ..demo import SHAPES as MODEL_SHAPES
-    from ..demo import shaped_config
     from ..generate.kernels import paged_attention as pa
     from ..generate.fast.paged_cache import PAGE
     from ..generate.fast.schedule import pages_for
-    from ..memory.estimate import attention_dims
 
     require(isinstance(model, str) and model.lower() in MODEL_SHAPES,
             f"model must be one of {sorted(MODEL_SHAPES)}, not {model!r}.")
@@ -71,18 +78,7 @@ def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512
     require(lo <= hi, f"lo ({lo}) must not be more than hi ({hi}).")
     require(isinstance(shapes, (list, tuple)) and shapes and all(isinstance(s, tuple) and len(s) == 5 for s in shapes),
             "shapes must be a list of (splits, pages per step, warps, dot, stages) tuples.")
-    require(device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise NvkitError("The attention benchmark times a Triton kernel on a CUDA GPU; none is visible here "
-                         "(device='cpu' with TRITON_INTERPRET=1 checks the benchmark itself).")
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise NvkitError("device='cpu' runs the kernel in Triton's interpreter: start Python with TRITON_INTERPRET=1.")
-
-    cfg = shaped_config(model.lower())
-    nh, nkv, hd = attention_dims(cfg)
-    layers = int(cfg.get_text_config().num_hidden_layers)
-    dev = torch.device(device)
-    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    nh, nkv, hd, layers, dev, dt = _setting(model, device)
     rng = random.Random(f"attention:{seed}")
     gen = torch.Generator(device="cpu").manual_seed(seed)
     out = []
@@ -118,24 +114,8 @@ def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512
         # fp32 reference in plain torch, row by row (on copies: it writes the new keys too)
         ref = paged_attend_rope_reference(qkv, qw, kw, cos, sin, k.clone(), v.clone(), pos.cpu(), table.cpu(),
                                           PAGE, hd ** -0.5, 1e-6).float()
-        base_err = (call(SHAPES[0]).float() - ref).abs().max().item()
-        bound = max(TOLERANCE, 4 * base_err)
-        for shape in shapes:
-            row = {"rows": n, "shape": _shape_name(shape), "positions": sum(lengths), "kv_mib": read / 2**20}
-            try:
-                got = call(shape)  # compiles the kernel for this shape
-                err = (got.float() - ref).abs().max().item()
-                row["max_err"] = err
-                if not err <= bound:
-                    row["note"] = (f"wrong: {err:.3g} from the fp32 reference, where the default launch is "
-                                   f"{base_err:.3g} from it")
-                    out.append(row)
-                    continue
-                us = _time_us(lambda: call(shape), repeats, dev)
-                row.update(us_per_call=us, ms_per_step=us * layers / 1000, read_gb_s=read / (us * 1e-6) / 1e9)
-            except Exception as e:  # noqa: BLE001 - a shape the GPU cannot run is a row that says so
-                row["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-            out.append(row)
+        out += _checked_and_timed(call, ref, SHAPES[0], shapes, _shape_name, read, layers, "ms_per_step", repeats, dev,
+                                  {"rows": n, "shape": None, "positions": sum(lengths), "kv_mib": read / 2**20})
         del k, v, qkv
     df = pd.DataFrame(out)
     cuda = dev.type == "cuda"
@@ -144,6 +124,108 @@ def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512
                     sms=torch.cuda.get_device_properties(dev).multi_processor_count if cuda else 0,
                     new_tokens=new_tokens, lo=lo, hi=hi, repeats=repeats)
     return df
+
+
+def batch1(model: str = "qwen3-0.6b", lengths=BATCH1_LENGTHS, shapes=BATCH1_SHAPES, repeats: int = 50,
+           seed: int = 0, device: str = "cuda"):
+    """A DataFrame, one row per (positions, launch shape) of the batch-1 kernel
+    (``decode_attention.decode_launch``, the q/k norms and RoPE fused in, as the fused step runs
+    it): one layer's attention of one token at position ``length - 1`` over a static cache of the
+    size class such a request gets, each shape checked against the fp32 reference first, as
+    ``paged`` does; the rows give µs per call, ms per token (× the model's layers), the KV bytes
+    read and the rate. ``shapes``: (splits, blocks per loop step, warps, dot, stages) tuples."""
+    import pandas as pd
+    import torch
+
+    from ..demo import SHAPES as MODEL_SHAPES
+    from ..generate.kernels import decode_attention as da
+    from ..generate.kernels.common import next_pow2
+
+    require(isinstance(model, str) and model.lower() in MODEL_SHAPES,
+            f"model must be one of {sorted(MODEL_SHAPES)}, not {model!r}.")
+    require(isinstance(lengths, (list, tuple)) and lengths,
+            f"lengths must be a list of positions, e.g. (1024, 8192), not {lengths!r}.")
+    for n in lengths:
+        whole_number("lengths", n, 1, 1 << 20)
+    positive_int("repeats", repeats)
+    require(isinstance(shapes, (list, tuple)) and shapes and all(isinstance(s, tuple) and len(s) == 5 for s in shapes),
+            "shapes must be a list of (splits, blocks per step, warps, dot, stages) tuples.")
+    nh, nkv, hd, layers, dev, dt = _setting(model, device)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    out = []
+    for n in lengths:
+        cache = next_pow2(n + 512)  # the size class of a request of n positions and a few hundred new tokens
+        k = torch.randn((nkv, cache, hd), generator=gen).to(dev, dt)
+        v = torch.randn((nkv, cache, hd), generator=gen).to(dev, dt)
+        qkv = torch.randn((nh + 2 * nkv, hd), generator=gen).to(dev, dt)
+        qw = (torch.rand(hd, generator=gen) + 0.5).to(dev, dt)
+        kw = (torch.rand(hd, generator=gen) + 0.5).to(dev, dt)
+        ang = torch.randn(hd // 2, generator=gen).repeat(2)
+        cos, sin = ang.cos().to(dev, dt), ang.sin().to(dev, dt)
+        pos = torch.tensor(n - 1, device=dev)
+        read = n * nkv * hd * 2 * k.element_size()  # K and V of the positions up to pos
+
+        def call(shape):
+            splits, per_step, warps, dot, stages = shape
+            return da.decode_launch(qkv, qw, kw, cos, sin, k, v, pos, hd ** -0.5, 1e-6, splits=splits,
+                                    blocks_per_step=per_step, dot=bool(dot), num_warps=warps, num_stages=stages)
+
+        ref = attend_rope_reference(qkv, qw, kw, cos, sin, k.clone(), v.clone(), pos, hd ** -0.5, 1e-6).float()
+        out += _checked_and_timed(call, ref, BATCH1_SHAPES[0], shapes,
+                                  lambda shape: _shape_name(shape, "block", BATCH1_SHAPES[0]), read, layers,
+                                  "ms_per_token", repeats, dev,
+                                  {"positions": n, "cache": cache, "shape": None, "kv_mib": read / 2**20})
+        del k, v
+    df = pd.DataFrame(out)
+    cuda = dev.type == "cuda"
+    df.attrs.update(model=model, layers=layers, heads=(nh, nkv, hd), repeats=repeats,
+                    gpu=torch.cuda.get_device_name(dev) if cuda else "cpu (Triton's interpreter)",
+                    sms=torch.cuda.get_device_properties(dev).multi_processor_count if cuda else 0)
+    return df
+
+
+def _checked_and_timed(call, ref, default, shapes, name, read: int, layers: int, per_step: str, repeats: int, dev,
+                       row: dict) -> list[dict]:
+    """One row per launch shape (``row`` filled in): ``call(shape)``'s output checked against the
+    fp32 reference ``ref`` first (a shape much further from it than the ``default`` launch is a
+    row marked "wrong", not timed), then timed: µs per call, ``per_step`` (ms for every layer's
+    call) and the rate it read its ``read`` bytes at. A shape that fails is a row that says so."""
+    base_err = (call(default).float() - ref).abs().max().item()
+    bound = max(TOLERANCE, 4 * base_err)
+    rows = []
+    for shape in shapes:
+        r = {**row, "shape": name(shape)}
+        try:
+            err = (call(shape).float() - ref).abs().max().item()  # the first call compiles the kernel for it
+            r["max_err"] = err
+            if not err <= bound:
+                r["note"] = f"wrong: {err:.3g} from the fp32 reference, where the default launch is {base_err:.3g} from it"
+            else:
+                us = _time_us(lambda: call(shape), repeats, dev)
+                r.update(us_per_call=us, **{per_step: us * layers / 1000}, read_gb_s=read / (us * 1e-6) / 1e9)
+        except Exception as e:  # noqa: BLE001 - a shape the GPU cannot run is a row that says so
+            r["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+        rows.append(r)
+    return rows
+
+
+def _setting(model: str, device: str) -> tuple:
+    """(query heads, KV heads, head_dim, layers, device, dtype) of a run on ``model``'s attention
+    layout: bf16 on a GPU, float32 in Triton's interpreter (which must be on for ``device="cpu"``)."""
+    import torch
+
+    from ..demo import shaped_config
+    from ..memory.estimate import attention_dims
+    require(device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise NvkitError("The attention benchmark times a Triton kernel on a CUDA GPU; none is visible here "
+                         "(device='cpu' with TRITON_INTERPRET=1 checks the benchmark itself).")
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise NvkitError("device='cpu' runs the kernel in Triton's interpreter: start Python with TRITON_INTERPRET=1.")
+    cfg = shaped_config(model.lower())
+    nh, nkv, hd = attention_dims(cfg)
+    layers = int(cfg.get_text_config().num_hidden_layers)
+    return nh, nkv, hd, layers, torch.device(device), torch.bfloat16 if device == "cuda" else torch.float32
 
 
 def _time_us(fn, repeats: int, dev) -> float:
@@ -205,6 +287,18 @@ def attend_reference(q, k, v, pos, scale: float, window: int = 0, softcap: float
     return torch.matmul(scores.softmax(-1), v.float()).reshape(nh, hd).to(q.dtype)
 
 
+def attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float,
+                          window: int = 0, softcap: float = 0.0):
+    """``kernels.decode_attention.decode_attention_rope`` in plain torch (writes into ``k``/``v`` the
+    same way); ``cos``/``sin`` (r,) with r < head_dim rotate the first r dims only (``rope_reference``)."""
+    nkv = k.shape[0]
+    nh = qkv.shape[0] - 2 * nkv
+    q = rope_reference(qkv[:nh], q_weight, cos, sin, eps)
+    k[:, int(pos)] = rope_reference(qkv[nh:nh + nkv], k_weight, cos, sin, eps).to(k.dtype)
+    v[:, int(pos)] = qkv[nh + nkv:]
+    return attend_reference(q, k, v, pos, scale, window, softcap).to(qkv.dtype)
+
+
 def paged_attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int, scale: float,
                                 eps: float, window: int = 0, softcap: float = 0.0):
     """``kernels.paged_attention.paged_decode_attention`` in plain torch, row by row (writes into
@@ -256,27 +350,43 @@ def parse_shapes(text: str) -> tuple:
 
 
 def main(argv=None) -> int:
-    """``python -m nvkit.benchmarks.attention [--rows 64,256] [--shapes auto/1/auto,2/2/8/dot/3] [--csv F]``."""
+    """``python -m nvkit.benchmarks.attention [--rows 64,256] [--shapes auto/1/auto,2/2/8/dot/3] [--csv F]``, or
+    ``... --batch1 [--lengths 1024,8192,16384] [--shapes ...]`` for the batch-1 kernel."""
     import argparse
 
     p = argparse.ArgumentParser(prog="python -m nvkit.benchmarks.attention", description=__doc__.splitlines()[0])
     p.add_argument("--model", default="qwen3-0.6b")
-    p.add_argument("--rows", default="64,256", help="comma-separated row counts")
+    p.add_argument("--batch1", action="store_true", help="the batch-1 kernel over a static cache (default: the "
+                                                         "batched path's paged kernel)")
+    p.add_argument("--rows", default="64,256", help="comma-separated row counts (the paged kernel)")
+    p.add_argument("--lengths", default=",".join(map(str, BATCH1_LENGTHS)),
+                   help="comma-separated positions attended over (--batch1)")
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=50)
-    p.add_argument("--shapes", default=None, help="splits/pages/warps[/dot|sum[/stages]],... (default: the built-in list)")
+    p.add_argument("--shapes", default=None, help="splits/pages/warps[/dot|sum[/stages]],... (default: the built-in "
+                                                  "list; with --batch1 the second number is blocks of 32 positions)")
     p.add_argument("--csv", default=None)
     a = p.parse_args(argv)
     try:
-        rows = tuple(int(x) for x in a.rows.split(",") if x.strip())
-        df = paged(model=a.model, rows=rows, new_tokens=a.new_tokens, repeats=a.repeats,
-                   shapes=parse_shapes(a.shapes) if a.shapes else SHAPES)
+        if a.batch1:
+            lengths = tuple(int(x) for x in a.lengths.split(",") if x.strip())
+            df = batch1(model=a.model, lengths=lengths, repeats=a.repeats,
+                        shapes=parse_shapes(a.shapes) if a.shapes else BATCH1_SHAPES)
+        else:
+            rows = tuple(int(x) for x in a.rows.split(",") if x.strip())
+            df = paged(model=a.model, rows=rows, new_tokens=a.new_tokens, repeats=a.repeats,
+                       shapes=parse_shapes(a.shapes) if a.shapes else SHAPES)
     except (NvkitError, ValueError) as e:
         print(f"NvkitError: {e}")
         return 2
     at = df.attrs
-    print(f"paged decode attention · {at['model']} (heads {at['heads']}, {at['layers']} layers) · page {at['page']} · "
-          f"prompts {at['lo']}-{at['hi']} + {at['new_tokens'] // 2} · {at['gpu']} ({at['sms']} SMs) · {at['repeats']} calls")
+    if a.batch1:
+        print(f"batch-1 decode attention · {at['model']} (heads {at['heads']}, {at['layers']} layers) · "
+              f"{at['gpu']} ({at['sms']} SMs) · {at['repeats']} calls")
+    else:
+        print(f"paged decode attention · {at['model']} (heads {at['heads']}, {at['layers']} layers) · "
+              f"page {at['page']} · prompts {at['lo']}-{at['hi']} + {at['new_tokens'] // 2} · {at['gpu']} "
+              f"({at['sms']} SMs) · {at['repeats']} calls")
     print(table_text(df.round(3)))
     if a.csv:
         df.to_csv(a.csv, index=False)

@@ -65,3 +65,40 @@ def test_a_whole_run_in_the_interpreter_checks_every_shape_against_the_reference
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root),
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("kw, words", [
+    (dict(model="gpt-17"), "model must be one of"),
+    (dict(lengths=()), "lengths must be"),
+    (dict(lengths=(1024, 0)), "lengths must be"),
+    (dict(repeats=0), "repeats must be"),
+    (dict(shapes=((1, 1, 4),)), "tuples"),
+    (dict(device="tpu"), "device must be"),
+    (dict(device="cpu"), "TRITON_INTERPRET=1"),
+])
+def test_the_batch1_benchmark_refuses_bad_arguments_before_any_work(kw, words):
+    with pytest.raises(NvkitError, match=words):
+        A.batch1(**kw)
+
+
+def test_the_batch1_benchmark_in_the_interpreter_checks_every_launch_against_the_reference():
+    """``--batch1``: a short and a longer position, the default launch and the others, each checked
+    against ``attend_rope_reference`` before it is timed (the times mean nothing on the CPU)."""
+    pytest.importorskip("triton", reason="triton is part of the test extra on Linux (pyproject)")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    code = textwrap.dedent("""
+        from nvkit.benchmarks import attention as A
+        shapes = (A.BATCH1_SHAPES[0], (2, 2, None, False, None), (4, 1, 4, True, 3), (64, 2, 4, True, 3))
+        df = A.batch1(model="qwen3-tiny", lengths=(5, 300), repeats=1, shapes=shapes, device="cpu")
+        assert list(df["shape"])[::4] == ["default", "default"] and len(df) == 8, df
+        assert "note" not in df.columns or df["note"].isna().all(), df["note"].tolist()
+        assert (df["max_err"] < 1e-4).all() and (df["us_per_call"] > 0).all(), df
+        assert list(df["positions"]) == [5] * 4 + [300] * 4 and list(df["cache"]) == [1024] * 4 + [1024] * 4
+        kv = df.attrs["heads"][1] * df.attrs["heads"][2] * 2 * 4  # bytes per position: K and V, fp32
+        assert abs(df["kv_mib"].iloc[-1] - 300 * kv / 2 ** 20) < 1e-9
+        print("ok")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root),
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+    assert A.main(["--batch1", "--lengths", "0"]) == 2 and A.main(["--batch1", "--shapes", "1/1"]) == 2

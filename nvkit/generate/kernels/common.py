@@ -1,6 +1,7 @@
 """What several of nvkit's Triton kernels share: the split-K attention kernels' q/k norm with RoPE
 (``norm_rope``; the lanes and tables of a full or partial rotation from ``rope_lanes``, the rule
-for the tables' width in ``rotary_width_fits``), their score soft-capping (``tanh``) and the check
+for the tables' width in ``rotary_width_fits``), one block's step of their online softmax
+(``attend_block``), their score soft-capping (``tanh``) and the check
 of its and the sliding window's arguments (``window_softcap_why``), their merge of the slices per
 query head (``combine_kernel``; ``merge_kernel`` with the slice count at run time), the most slices
 per KV head, and the row view the elementwise kernels take their inputs in."""
@@ -60,12 +61,57 @@ def norm_rope(x, xr, W, d, rd, sign, cos, sin, eps, HAS_NORM: tl.constexpr, HD: 
 
 
 @triton.jit
+def attend_block(q, k, v, ok, m, s_sum, acc, scale, softcap, SOFTCAP: tl.constexpr, DOT: tl.constexpr):
+    """One block of cache positions in a slice's online softmax: the scores of the query heads
+    ``q`` (rows, head_dim) against the block's keys ``k`` (block, head_dim), soft-capped where
+    ``SOFTCAP``, the positions outside ``ok`` (block,) masked, and the running max ``m``, sum
+    ``s_sum`` (rows,) and weighted sum of values ``acc`` (rows, head_dim; all float32) updated.
+    ``DOT``: both products on tensor cores (``tl.dot``: ``q`` in the cache's dtype, rows a multiple
+    of 16, the weights rounded to that dtype as a 16-bit matmul rounds them); else ``q`` in float32
+    and the products and sums in float32. Returns (m, s_sum, acc)."""
+    if DOT:
+        s = tl.dot(q, tl.trans(k)) * scale
+    else:
+        s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
+    if SOFTCAP:
+        s = softcap * tanh(s / softcap)
+    s = tl.where(ok[None, :], s, float("-inf"))
+    # finite: the callers' every block holds a position the query sees (the first block holds the
+    # window's first key or starts past it; every later block's first position is seen)
+    m_new = tl.maximum(m, tl.max(s, axis=1))
+    p = tl.exp(s - m_new[:, None])
+    alpha = tl.exp(m - m_new)
+    s_sum = s_sum * alpha + tl.sum(p, axis=1)
+    if DOT:
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    else:
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
+    return m_new, s_sum, acc
+
+
+@triton.jit
 def tanh(x):
     """tanh in plain ``tl.exp`` (Triton's interpreter has no libdevice): on -|x|, so the exponential
     lies in (0, 1] and never overflows to inf/inf = NaN, then the sign restored."""
     e = tl.exp(-2.0 * tl.abs(x))
     t = (1.0 - e) / (1.0 + e)
     return tl.where(x < 0, -t, t)
+
+
+def launch_why(num_stages=None, dot: bool = False, **powers_of_two) -> str | None:
+    """Why a split kernel's launch shape cannot run (None: it can): each of ``powers_of_two``
+    (slices, blocks or pages per loop step, warps) a power of two or None, ``dot`` a bool,
+    ``num_stages`` a whole number from 1 to 8 or None."""
+    for name, value in powers_of_two.items():
+        if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 1
+                                      and value & (value - 1) == 0):
+            return f"{name} must be a power of two, not {value!r}"
+    if not isinstance(dot, bool):
+        return f"dot must be True or False, not {dot!r}"
+    if num_stages is not None and not (isinstance(num_stages, int) and not isinstance(num_stages, bool)
+                                       and 1 <= num_stages <= 8):
+        return f"num_stages must be a whole number from 1 to 8, not {num_stages!r}"
+    return None
 
 
 def window_softcap_why(window, softcap) -> str | None:

@@ -30,8 +30,10 @@ opaque node and calls it at run time, Triton compiles the kernels in this proces
 the kernels to inductor: on a Hopper GPU with torch 2.11 inductor's compile workers failed on them
 ("SubprocException"), while the same kernels compiled and decoded the right tokens when launched
 directly. Used by ``nvkit.fast`` with ``attention="triton-split"`` (``decode_attention``) and
-``attention="triton-fused"`` (``decode_attention_rope``); the batched path's kernel over a paged
-cache is ``paged_attention``. The references in plain torch: ``attend_reference`` (in
+``attention="triton-fused"`` (``decode_attention_rope``); ``decode_launch`` is the latter with the
+kernel's launch shape as arguments (slices, positions per loop step, ``tl.dot`` on tensor cores,
+warps, stages), which ``python -m nvkit.benchmarks.attention --batch1`` times against each other
+at long and short caches. The batched path's kernel over a paged cache is ``paged_attention``. The references in plain torch: ``attend_reference`` (in
 ``nvkit.benchmarks.attention``, which checks the paged kernel against it too) and, built on it,
 ``attend_rope_reference`` in tests/generate/kernels/test_decode_attention.py.
 """
@@ -44,8 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (MAX_SPLITS, MAX_WINDOW, combine_kernel, next_pow2, norm_rope, rope_lanes, rotary_width_fits,
-                     tanh, window_softcap_why)
+from .common import (MAX_SPLITS, MAX_WINDOW, attend_block, combine_kernel, launch_why, next_pow2, norm_rope,
+                     rope_lanes, rotary_width_fits, window_softcap_why)
 
 BLOCK_L = 32  # cache positions per step inside a slice
 
@@ -54,13 +56,16 @@ BLOCK_L = 32  # cache positions per step inside a slice
 def _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, live, d, scale,
                   stride_kh, stride_kl, stride_vh, stride_vl,
                   GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr,
-                  SOFTCAP: tl.constexpr):
+                  SOFTCAP: tl.constexpr, DOT: tl.constexpr):
     """One (KV head, slice) program's part: running max, sum and weighted sum of the group's query
     heads ``q`` (GROUPS_P2, HD; fp32) over the slice's cache positions in the window up to ``pos``
-    (its blocks are blocks split, split + N_SPLITS, ...)."""
+    (its blocks are blocks split, split + N_SPLITS, ...); ``DOT``: the products on tensor cores
+    (``common.attend_block``; GROUPS_P2 at least 16)."""
     m = tl.full((GROUPS_P2,), float("-inf"), tl.float32)
     s_sum = tl.zeros((GROUPS_P2,), tl.float32)
     acc = tl.zeros((GROUPS_P2, HD), tl.float32)
+    if DOT:
+        q = q.to(K.dtype.element_ty)
     hi = pos + 1
     lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)  # the first key the query sees
     # the slice's first block at or past the one holding lo: the blocks wholly below the window
@@ -72,19 +77,7 @@ def _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, liv
         ok = (cols >= lo) & (cols < hi)
         k = tl.load(K + kvh * stride_kh + cols[:, None] * stride_kl + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(V + kvh * stride_vh + cols[:, None] * stride_vl + d[None, :], mask=ok[:, None], other=0.0)
-        # (groups, block) scores; the group is too small for tl.dot's 16-row minimum: products and sums
-        s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
-        if SOFTCAP:
-            s = softcap * tanh(s / softcap)
-        s = tl.where(ok[None, :], s, float("-inf"))
-        # finite: every step holds a valid position (the first step's block holds lo, or starts
-        # past it; every later step's first column is valid)
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m - m_new)
-        s_sum = s_sum * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-        m = m_new
+        m, s_sum, acc = attend_block(q, k, v, ok, m, s_sum, acc, scale, softcap, SOFTCAP, DOT)
     row = heads * N_SPLITS + split
     tl.store(M + row, m, mask=live)
     tl.store(L + row, s_sum, mask=live)
@@ -97,7 +90,7 @@ def _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, liv
 def _split_kernel(Q, K, V, POS, M, L, O, scale, window, softcap,
                   stride_kh, stride_kl, stride_vh, stride_vl,
                   GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr,
-                  BLOCK: tl.constexpr, SOFTCAP: tl.constexpr):
+                  BLOCK: tl.constexpr, SOFTCAP: tl.constexpr, DOT: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     pos = tl.load(POS)  # keys 0..pos (inclusive) are valid; the rest of the cache is not written yet
@@ -107,7 +100,7 @@ def _split_kernel(Q, K, V, POS, M, L, O, scale, window, softcap,
     live = g < GROUPS
     q = tl.load(Q + heads[:, None] * HD + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
     _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, live, d, scale,
-                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK, SOFTCAP)
+                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK, SOFTCAP, DOT)
 
 
 
@@ -116,7 +109,7 @@ def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, window,
                        stride_kh, stride_kl, stride_vh, stride_vl,
                        NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                        HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr,
-                       SOFTCAP: tl.constexpr, ROT: tl.constexpr):
+                       SOFTCAP: tl.constexpr, ROT: tl.constexpr, DOT: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     pos = tl.load(POS)
@@ -137,7 +130,7 @@ def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, window,
         tl.store(V + kvh * stride_vh + pos * stride_vl + d, tl.load(QKV + (NH + NKV + kvh) * HD + d))
     tl.debug_barrier()  # the new key and value are read back below by other threads of this program
     _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, live, d, scale,
-                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK, SOFTCAP)
+                  stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK, SOFTCAP, DOT)
 
 
 
@@ -146,22 +139,34 @@ def splits_for(length: int) -> int:
     return max(1, min(MAX_SPLITS, length // BLOCK_L))
 
 
-def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, out, **constexprs) -> None:
+def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, out, *, splits: int | None = None,
+            blocks_per_step: int = 1, dot: bool = False, num_warps: int | None = None, num_stages: int | None = None,
+            **constexprs) -> None:
     """Both ops' launches (on the GPU, or in Triton's interpreter under ``TRITON_INTERPRET=1``):
     ``split_kernel`` over (KV heads × slices of the cache), called with ``lead`` (its tensors up to
     the cache position), the per-slice results, ``scalars`` (the scale, window and soft cap first)
-    and the cache strides; then the merge of the slices per query head into ``out``."""
+    and the cache strides; then the merge of the slices per query head into ``out``. The launch
+    shape (``decode_launch``): ``splits`` slices (None: ``splits_for``), ``blocks_per_step`` blocks
+    of ``BLOCK_L`` positions per step of the kernel's loop, ``dot``, ``num_warps``, ``num_stages``."""
     nkv, length, _ = k.shape
-    n_splits = splits_for(length)
+    why = launch_why(num_stages, dot, splits=splits, blocks_per_step=blocks_per_step, num_warps=num_warps)
+    if why:
+        raise ValueError(f"nvkit::decode_attention {why}")
+    block = min(BLOCK_L * blocks_per_step, length)
+    if dot and block < 16:
+        raise ValueError(f"nvkit::decode_attention dot=True needs blocks of at least 16 positions (tl.dot's "
+                         f"smallest size), and this cache holds {length}")
+    n_splits = splits_for(length) if splits is None else splits
     m = torch.empty((nh, n_splits), dtype=torch.float32, device=out.device)      # running max
     s_sum = torch.empty((nh, n_splits), dtype=torch.float32, device=out.device)  # running sum
     o = torch.empty((nh, n_splits, hd), dtype=torch.float32, device=out.device)  # weighted sum
     groups = nh // nkv
+    launch = {name: n for name, n in (("num_warps", num_warps), ("num_stages", num_stages)) if n is not None}
     split_kernel[(nkv, n_splits)](
         *lead, m, s_sum, o, *scalars,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        GROUPS=groups, GROUPS_P2=next_pow2(groups), HD=hd, N_SPLITS=n_splits,
-        BLOCK=min(BLOCK_L, length), **constexprs)
+        GROUPS=groups, GROUPS_P2=max(16, next_pow2(groups)) if dot else next_pow2(groups), HD=hd, N_SPLITS=n_splits,
+        BLOCK=block, DOT=dot, **constexprs, **launch)
     combine_kernel[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
 
 
@@ -222,6 +227,18 @@ def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k
     ``qkv`` is the projection's output as (query heads + 2 × KV heads, head_dim): queries, then
     keys, then values. Returns (query heads, head_dim). Why: the matmul path spends separate
     kernels on the norms and RoPE, the two cache writes and the attention itself."""
+    return decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window=window, softcap=softcap)
+
+
+def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float, *, window: int = 0,
+                  softcap: float = 0.0, splits: int | None = None, blocks_per_step: int = 1, dot: bool = False,
+                  num_warps: int | None = None, num_stages: int | None = None):
+    """What ``decode_attention_rope`` runs, with the kernel's launch
+    shape as arguments (the op takes the defaults): ``splits`` slices per KV head (a power of two;
+    None: ``splits_for`` the cache's length), ``blocks_per_step`` blocks of ``BLOCK_L`` positions
+    per step of the kernel's loop, ``dot=True`` the scores and the weighted sum on tensor cores
+    (``common.attend_block``), ``num_warps`` and ``num_stages`` (None: Triton's). ``python -m
+    nvkit.benchmarks.attention --batch1`` times the shapes against each other."""
     nkv = k.shape[0]
     nh, hd = qkv.shape[0] - 2 * nkv, qkv.shape[-1]
     why = (check_shapes(qkv[:nh], k, v) if qkv.dim() == 2 and nh > 0
@@ -241,6 +258,7 @@ def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k
     lead = (qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos.contiguous(), sin.contiguous(),
             k, v, pos)
     _launch(_rope_split_kernel, lead, (scale, min(window, MAX_WINDOW), float(softcap), eps), k, v, nh, hd, out,
+            splits=splits, blocks_per_step=blocks_per_step, dot=dot, num_warps=num_warps, num_stages=num_stages,
             NH=nh, NKV=nkv, HAS_NORM=has_norm, SOFTCAP=softcap > 0, ROT=cos.shape[0])
     return out
 

@@ -32,8 +32,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (MAX_SPLITS, MAX_WINDOW, merge_kernel, next_pow2, norm_rope, rope_lanes, rotary_width_fits,
-                     tanh, window_softcap_why)
+from .common import (MAX_SPLITS, MAX_WINDOW, attend_block, launch_why, merge_kernel, next_pow2, norm_rope,
+                     rope_lanes, rotary_width_fits, window_softcap_why)
 
 _SM_COUNT: dict = {}
 #: the batch-invariant step's slices per (row, KV head): a row's blocks go to the slices by their
@@ -71,11 +71,6 @@ def paged_splits(rows: int, nkv: int, blocks: int, sms: int) -> int:
     window), a power of two up to ``MAX_SPLITS``."""
     want = -(-2 * sms // max(1, rows * nkv))
     return max(1, min(MAX_SPLITS, next_pow2(max(1, min(want, blocks)))))
-
-
-def _pow2_or_none(name: str, value) -> None:
-    if value is not None and not (isinstance(value, int) and value >= 1 and value & (value - 1) == 0):
-        raise ValueError(f"nvkit::paged_decode_attention {name} must be a power of two, not {value!r}")
 
 
 # The slice count is a run-time value, not specialised on: the row count picks it (``paged_splits``),
@@ -121,6 +116,8 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
     cols = tl.arange(0, PAGE * PAGES)
     if DOT:  # the scores and the weighted sum on tensor cores: q in the cache's dtype, rows padded to 16
         qd = q.to(K.dtype.element_ty)
+    else:
+        qd = q
     lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)  # the first key the query sees
     # the slice's first block at or past the one holding lo (block b is slice b mod n_splits's
     # whatever the window): the blocks wholly below the window are never loaded, nor their pages
@@ -137,24 +134,7 @@ def _paged_rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, TABLE, M, L, O, O
             t = tl.load(row_table + at // PAGE, mask=ok, other=0).to(tl.int64) * PAGE + at % PAGE
         k = tl.load(K + t[:, None] * stride_kt + kvh * stride_kh + d[None, :], mask=ok[:, None], other=0.0)
         v = tl.load(V + t[:, None] * stride_vt + kvh * stride_vh + d[None, :], mask=ok[:, None], other=0.0)
-        if DOT:
-            s = tl.dot(qd, tl.trans(k)) * scale
-        else:
-            s = tl.sum(q[:, None, :] * k.to(tl.float32)[None, :, :], axis=2) * scale
-        if SOFTCAP:
-            s = softcap * tanh(s / softcap)
-        s = tl.where(ok[None, :], s, float("-inf"))
-        # finite: every step holds a valid position (the first step's block holds lo, or starts
-        # past it; every later step's first column is valid)
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        p = tl.exp(s - m_new[:, None])
-        alpha = tl.exp(m - m_new)
-        s_sum = s_sum * alpha + tl.sum(p, axis=1)
-        if DOT:
-            acc = acc * alpha[:, None] + tl.dot(p.to(V.dtype.element_ty), v)
-        else:
-            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v.to(tl.float32)[None, :, :], axis=1)
-        m = m_new
+        m, s_sum, acc = attend_block(qd, k, v, ok, m, s_sum, acc, scale, softcap, SOFTCAP, DOT)
     out_rows = b.to(tl.int64) * NH + heads
     if n_splits == 1:  # the whole row in this program (pos among its positions: s_sum > 0): the output itself
         out = acc / s_sum[:, None]
@@ -235,14 +215,9 @@ def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int,
     pages_per_step = auto["pages_per_step"] if pages_per_step is None else pages_per_step
     num_warps = auto["num_warps"] if num_warps is None else num_warps
     num_stages = auto["num_stages"] if num_stages is None else num_stages
-    _pow2_or_none("splits", splits)
-    _pow2_or_none("pages_per_step", pages_per_step)
-    _pow2_or_none("num_warps", num_warps)
-    if not isinstance(dot, bool):
-        raise ValueError(f"nvkit::paged_decode_attention dot must be True or False, not {dot!r}")
-    if num_stages is not None and not (isinstance(num_stages, int) and not isinstance(num_stages, bool)
-                                       and 1 <= num_stages <= 8):
-        raise ValueError(f"nvkit::paged_decode_attention num_stages must be a whole number from 1 to 8, not {num_stages!r}")
+    why = launch_why(num_stages, dot, splits=splits, pages_per_step=pages_per_step, num_warps=num_warps)
+    if why:
+        raise ValueError(f"nvkit::paged_decode_attention {why}")
     rows, width, hd = qkv.shape
     nkv = k.shape[1]
     nh = width - 2 * nkv

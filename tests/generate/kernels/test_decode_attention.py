@@ -1,9 +1,9 @@
 """nvkit's batch-1 decode attention (``nvkit.generate.kernels.decode_attention``: the split-K kernel
 over a contiguous static cache and its variant with the q/k norms, RoPE and the cache write fused
 in), run by Triton's interpreter on the CPU (TRITON_INTERPRET=1, which must be set before triton is
-imported: hence a child process), against the references in plain torch: ``attend_rope_reference``
-below, built on ``attend_reference`` and ``rope_reference`` (in ``nvkit.benchmarks.attention``,
-whose paged-attention benchmark checks against them too). The GPU run of the same kernels is
+imported: hence a child process), against the references in plain torch: ``attend_rope_reference``,
+built on ``attend_reference`` and ``rope_reference`` (in ``nvkit.benchmarks.attention``, whose
+benchmarks check every launch shape against them too). The GPU run of the same kernels is
 tests/gpu/test_fast_gpu.py and the "fast+split" decode benchmark."""
 
 from __future__ import annotations
@@ -16,18 +16,6 @@ import contextlib  # noqa: E402
 
 from nvkit.benchmarks.attention import attend_reference, rope_reference  # noqa: E402
 from tests.triton_interpreter import interpret as _interpret  # noqa: E402
-
-
-def attend_rope_reference(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float,
-                          window: int = 0, softcap: float = 0.0):
-    """``decode_attention_rope`` in plain torch (writes into ``k``/``v`` the same way); ``cos``/``sin``
-    (r,) with r < head_dim rotate the first r dims only (``rope_reference``)."""
-    nkv = k.shape[0]
-    nh = qkv.shape[0] - 2 * nkv
-    q = rope_reference(qkv[:nh], q_weight, cos, sin, eps)
-    k[:, int(pos)] = rope_reference(qkv[nh:nh + nkv], k_weight, cos, sin, eps).to(k.dtype)
-    v[:, int(pos)] = qkv[nh + nkv:]
-    return attend_reference(q, k, v, pos, scale, window, softcap).to(qkv.dtype)
 
 
 @contextlib.contextmanager
@@ -179,7 +167,8 @@ def test_rope_kernel_norms_rotates_writes_the_cache_and_attends():
     value written at pos (nothing else in the cache touched), attention over 0..pos."""
     out = _interpret("""
         import torch
-        from tests.generate.kernels.test_decode_attention import attend_rope_reference, token_inputs
+        from nvkit.benchmarks.attention import attend_rope_reference
+        from tests.generate.kernels.test_decode_attention import token_inputs
         from nvkit.generate.kernels import decode_attention as da
         torch.manual_seed(0)
         for nh, nkv, hd, length, dtype, norm in [(16, 8, 128, 512, torch.float32, True),
@@ -344,7 +333,8 @@ def test_rope_kernel_with_window_and_softcap():
     (NaN below it changes nothing)."""
     out = _interpret("""
         import torch
-        from tests.generate.kernels.test_decode_attention import attend_rope_reference, token_inputs
+        from nvkit.benchmarks.attention import attend_rope_reference
+        from tests.generate.kernels.test_decode_attention import token_inputs
         from nvkit.generate.kernels import decode_attention as da
         torch.manual_seed(0)
         for nh, nkv, hd, length, dtype, norm in [(6, 2, 32, 256, torch.float32, True),
@@ -445,7 +435,8 @@ def test_rope_kernel_with_partial_rotary_tables():
     norms the projected values bit for bit) and the value."""
     out = _interpret("""
         import torch
-        from tests.generate.kernels.test_decode_attention import attend_rope_reference, token_inputs
+        from nvkit.benchmarks.attention import attend_rope_reference
+        from tests.generate.kernels.test_decode_attention import token_inputs
         from nvkit.generate.kernels import decode_attention as da
         torch.manual_seed(0)
         for nh, nkv, hd, rot, dtype, norm in [(8, 2, 128, 96, torch.float32, True), (8, 2, 128, 96, torch.float32, False),
@@ -505,3 +496,44 @@ def test_rope_kernel_refuses_rotary_tables_that_do_not_fit():
         print("ok")
     """)
     assert out.strip().endswith("ok")
+
+
+def test_every_launch_shape_of_the_rope_kernel_attends_the_same():
+    """``decode_launch``: more or fewer slices than the cache has blocks, two blocks per loop step,
+    the products on ``tl.dot`` (float32 here: the interpreter's bf16 dot is not the GPU's), with a
+    window and soft-capping too, all against plain torch; launch values that cannot run refused."""
+    out = _interpret("""
+        import torch
+        from nvkit.benchmarks.attention import attend_rope_reference
+        from tests.generate.kernels.test_decode_attention import token_inputs
+        from tests.triton_interpreter import refused
+        from nvkit.generate.kernels import decode_attention as da
+        torch.manual_seed(0)
+        # a slice of several blocks each way (the running max and sum carried between its blocks)
+        launches = [dict(splits=1), dict(splits=2, blocks_per_step=2), dict(splits=32), dict(dot=True),
+                    dict(dot=True, splits=1), dict(dot=True, splits=2, blocks_per_step=2, num_warps=4, num_stages=3)]
+        nh, nkv, hd, length = 6, 2, 32, 256
+        for p, window, softcap in [(0, 0, 0.0), (37, 0, 0.0), (200, 70, 0.0), (255, 0, 3.0)]:
+            qkv, qw, kw, cos, sin, k, v = token_inputs(nh, nkv, hd, hd, length, torch.float32, True)
+            k2, v2 = k.clone(), v.clone()
+            ref = attend_rope_reference(qkv, qw, kw, cos, sin, k2, v2, torch.tensor(p), hd ** -0.5, 1e-6, window,
+                                        softcap)
+            for launch in launches:
+                k1, v1 = k.clone(), v.clone()
+                k1[:, p + 1:], v1[:, p + 1:] = 1e4, float("nan")  # past pos: never read
+                got = da.decode_launch(qkv, qw, kw, cos, sin, k1, v1, torch.tensor(p), hd ** -0.5, 1e-6,
+                                       window=window, softcap=softcap, **launch)
+                err = (got - ref).abs().max().item()
+                assert err <= 1e-4 and torch.equal(k1[:, p], k2[:, p]) and torch.equal(v1[:, p], v2[:, p]), \\
+                    (p, window, launch, err)
+        qkv, qw, kw, cos, sin, k, v = token_inputs(nh, nkv, hd, hd, length, torch.float32, True)
+        call = lambda **kw_: lambda: da.decode_launch(qkv, qw, kw, cos, sin, k, v, torch.tensor(3), 0.1, 1e-6, **kw_)
+        for bad in (dict(splits=3), dict(splits=0), dict(blocks_per_step=0), dict(blocks_per_step=3),
+                    dict(dot="yes"), dict(num_warps=5), dict(num_stages=0), dict(num_stages=True)):
+            refused(call(**bad), str(bad))
+        small = token_inputs(nh, nkv, hd, hd, 8, torch.float32, True)
+        refused(lambda: da.decode_launch(*small, torch.tensor(3), 0.1, 1e-6, dot=True), "dot over 8 positions")
+        print("ok")
+    """)
+    assert out.strip().endswith("ok") and out.count("refused:") == 9, out
+    assert "at least 16 positions" in out and "power of two" in out and "num_stages" in out
