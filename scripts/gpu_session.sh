@@ -56,6 +56,9 @@
 #   policy   the measured compile policy on SHAPES (default qwen3-4b llama-3.2-1b qwen3-0.6b): the
 #            session against the uncompiled and the always-compiled step (scripts/compile_policy_check.py)
 #   decode-profile  nvkit bench shape:S --decode --profile for SHAPES (default qwen3-0.6b llama-3.2-1b qwen3-4b)
+#   gemv     issue 38's six-kernel layers: a layer's projections in nvkit's fused GEMV kernels against
+#            the step's kernels and cuBLAS (python -m nvkit.benchmarks.gemv), their identity test, then
+#            the uncompiled step with them against without on two shapes           (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
 #            at 1 k, 8 k and 16 k positions (python -m nvkit.benchmarks.attention --batch1), then an
 #            8 k-token prompt's decode rate and its profile (PROMPT_LEN to change)     (carry .whl-core)
@@ -189,6 +192,13 @@ case "$phase" in
   decode-profile)
     for sh in ${SHAPES:-qwen3-0.6b llama-3.2-1b qwen3-4b}; do
       T=${TP:-300} bench shape:$sh --decode --profile
+    done ;;
+  gemv)
+    echo "=== gemv forms ($(date +%T))"
+    timeout 240 python3 -m nvkit.benchmarks.gemv --csv "$out/gemv.csv"; echo "=== exit $? ($(date +%T))"
+    T=200 t tests/gpu/test_fast_gpu.py -k six_kernel
+    for sh in qwen3-0.6b qwen3-4b; do
+      T=240 bench shape:$sh --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
     done ;;
   long)
     echo "=== batch-1 attention launches ($(date +%T))"

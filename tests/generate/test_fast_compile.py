@@ -87,6 +87,23 @@ def test_how_the_step_compiles_is_a_benchmark_variant_not_a_user_option():
     assert opts.k_steps == 4 and variant == StepVariant(regional=False)
     with pytest.raises(NvkitError, match="Unknown fast-path option"):
         split_overrides(FastOptions(), StepVariant(), dict(warp=9))
+    assert StepVariant().gemv is False and not {"NVKIT_FAST_GEMV"} & set(ENVIRONMENT_VARIABLES)
+    with pytest.raises(NvkitError, match="gemv must be True or False"):
+        StepVariant(gemv=1)
+
+
+def test_the_six_kernel_layers_say_where_they_run_and_why_not():
+    """``StepVariant(gemv=True)`` (the decode benchmark's "+gemv"): the stats line says whether the
+    six-kernel layers run and why not; without CUDA the uncompiled step has no Triton kernels."""
+    from nvkit.generate.fast.single import FastDecoder
+    from tests.generate.test_families_step import _tiny
+    asked = FastDecoder(_tiny("Qwen3"), graphs=False, gemv=True, attention="triton-fused")
+    assert "six-kernel layers: uncompiled, no adapter" in asked.describe(), asked.describe()
+    assert "six-kernel" not in FastDecoder(_tiny("Qwen3"), graphs=False, attention="triton-fused").describe()
+    matmul = FastDecoder(_tiny("Qwen3"), graphs=False, gemv=True, attention="matmul")
+    assert "six-kernel layers: it runs on the triton-fused attention" in matmul.describe()
+    gemma = FastDecoder(_tiny("Gemma2"), graphs=False, gemv=True, attention="matmul")
+    assert "six-kernel layers: it runs on the triton-fused" in gemma.describe()
 
 
 def test_the_folded_adapter_layer_compiles_and_computes_the_unfolded_step():

@@ -48,14 +48,16 @@ class StepVariant:
       products into reductions tuned to the memory bandwidth and fused with their neighbours.
     - ``pdl``: Programmatic Dependent Launch between inductor's kernels, so each kernel's launch
       overlaps the tail of the one before it (None: where this torch can emit it).
-    - ``inductor``: further ``torch._inductor.config`` settings, as (name, value) pairs."""
+    - ``inductor``: further ``torch._inductor.config`` settings, as (name, value) pairs.
+    - ``gemv``: the uncompiled batch-1 step's layers in six kernels (``gemv_step``), where they run."""
     regional: bool = True
     tune: bool = True
     pdl: bool | None = None
     inductor: tuple = ()
+    gemv: bool = False
 
     def __post_init__(self):
-        for name in ("regional", "tune"):
+        for name in ("regional", "tune", "gemv"):
             if not isinstance(getattr(self, name), bool):
                 raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
         if self.pdl not in (None, True, False):

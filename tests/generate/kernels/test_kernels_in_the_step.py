@@ -189,3 +189,56 @@ def test_the_gemma_phi3_and_olmo2_steps_with_kernels_compute_as_the_steps_of_tor
         print("OK")
     """)
     assert out.strip().endswith("OK"), out
+
+
+def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
+    """``StepVariant.gemv``'s layer (``fast.gemv_step``: every projection in ``kernels.gemv`` with
+    its norm, residual sum or gated activation, the attention in the fused Triton kernel) against
+    the uncompiled step with nvkit's kernels on the same attention: Llama, Qwen2 (biases), Qwen3
+    (per-head q/k norms), Granite (branch multipliers) and Mistral (a window), 12 steps in float32;
+    the layouts it does not run say why, and the step they get is the usual one."""
+    out = _interpret("""
+        import torch
+        from nvkit.generate.fast.fused_weights import FusedWeights
+        from nvkit.generate.fast.gemv_step import gemv_parts, gemv_why
+        from nvkit.generate.fast.llama_step import decode_step
+        from nvkit.generate.fast.static_cache import new_cache
+        from tests.generate.test_families_step import _tiny
+        for family in ("Llama", "Qwen2", "Qwen3", "Granite", "Mistral"):
+            model = _tiny(family)
+            g = torch.Generator().manual_seed(3)
+            with torch.no_grad():  # norms and biases that are not ones and zeros, so a dropped one shows
+                for name, p in model.named_parameters():
+                    if p.dim() == 1:
+                        p.add_(torch.randn(p.shape, generator=g) * 0.3)
+            fw = FusedWeights(model)
+            assert gemv_why(fw, "triton-fused") is None, family
+            parts = gemv_parts(fw, "triton-fused", True)
+            assert set(parts) == {"layer", "head"} and gemv_parts(fw, "triton-fused", False) == {}
+            logits = {}
+            for name, kw in (("kernels", {}), ("gemv", parts)):
+                c = new_cache(model, fw, 32, 1, torch.device("cpu"))
+                fw.rotary_for(c, 32)
+                step = decode_step(fw, c, "triton-fused", None, kernels=True, **kw)
+                c.tok.fill_(5)
+                c.pos.fill_(3)
+                rows = []
+                with torch.inference_mode():
+                    for _ in range(12):
+                        out = step(c.tok)
+                        rows.append(out.clone())
+                        c.tok.copy_(out.argmax(-1).view(1, 1))
+                logits[name] = torch.cat(rows)
+            diff = (logits["gemv"] - logits["kernels"]).abs().max().item()
+            assert diff < 1e-4 and torch.equal(logits["gemv"].argmax(-1), logits["kernels"].argmax(-1)), (family, diff)
+            print(family, diff)
+        for family, words in (("Gemma2", "SiLU"), ("Olmo2", "Llama layout"), ("Phi3", None)):
+            fw = FusedWeights(_tiny(family))
+            why = gemv_why(fw, "triton-fused")
+            assert (why is None) if words is None else (words in why), (family, why)
+            assert (gemv_parts(fw, "triton-fused", True) == {}) == bool(words), family
+        assert "triton-fused" in gemv_why(FusedWeights(_tiny("Llama")), "matmul")
+        print("OK")
+    """)
+    print(out)
+    assert out.strip().endswith("OK"), out

@@ -1,0 +1,223 @@
+"""A batch-1 decoder layer's projections as the uncompiled step runs them now (nvkit's norm and
+activation kernels beside cuBLAS's products) against ``kernels.gemv``'s fused forms, timed in one
+process (``python -m nvkit.benchmarks.gemv``; on a GPU machine).
+
+Per model shape (random weights of its published layout) and per projection, one row each:
+
+- ``now``: the kernels the uncompiled step launches for it (q/k/v: the sum and norm, then the
+  product; o: the product; gate/up: the sum and norm, the product, the activation; down: the product);
+- ``cuBLAS``: the product alone (``F.linear``), the bandwidth cuBLAS reaches on that shape;
+- ``fused``: ``gemv``'s one kernel for the same work with its automatic launch, and ``fused best``:
+  the fastest of a few other launches (rows per program, inputs per step, warps).
+
+Why measured this way: a decode step replays its kernels from a CUDA graph, each reading weights
+that are not in the L2 cache (the whole model streams through it every token). So each row is
+timed as a CUDA graph that calls its kernels on enough copies of the weights to overflow the L2
+cache, one copy after another, and the time per call is the graph's over the calls; the read rate
+counts the weight bytes. Every fused launch is checked against the ``now`` kernels' output first.
+``device="cpu"`` runs the same under Triton's interpreter (``TRITON_INTERPRET=1``), without graphs,
+to check the benchmark itself; its times say nothing about a GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..checks import positive_int
+from ..errors import NvkitError, require
+from .tables import table_text
+
+#: the shapes timed by default: the three issue 38 sets its targets on
+MODELS = ("qwen3-0.6b", "llama-3.2-1b", "qwen3-4b")
+#: the other launches ``fused best`` picks from: (rows per program, inputs per step, warps)
+LAUNCHES = ((2, 1024, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8),
+            (32, 256, 8))
+L2_OVERFLOW = 256 * 2**20  # bytes of weight copies a graph cycles through: several times any GPU's L2 cache
+FORMS = ("qkv", "o", "gate_up", "down")
+TOLERANCE = 2e-2  # from the ``now`` kernels' output, bf16 values of O(1): a few ulps
+
+
+def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0):
+    """A DataFrame, one row per (model, projection, variant): see the module docstring."""
+    import pandas as pd
+    import torch
+
+    from ..demo import SHAPES, shaped_config
+    require(isinstance(models, (list, tuple)) and models and all(isinstance(m, str) for m in models),
+            f"models must be a list of shape names, e.g. ('qwen3-0.6b',), not {models!r}.")
+    for m in models:
+        require(m.lower() in SHAPES, f"Unknown shape {m!r}: one of {sorted(SHAPES)}.")
+    positive_int("repeats", repeats)
+    require(device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise NvkitError("The GEMV benchmark times Triton kernels on a CUDA GPU; none is visible here "
+                         "(device='cpu' with TRITON_INTERPRET=1 checks the benchmark itself).")
+    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise NvkitError("device='cpu' runs the kernels in Triton's interpreter: start Python with TRITON_INTERPRET=1.")
+    dev = torch.device(device)
+    dt = torch.bfloat16 if device == "cuda" else torch.float32
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rows = []
+    for model in models:
+        cfg = shaped_config(model.lower()).get_text_config()
+        for form in FORMS:
+            rows += _form_rows(model, form, cfg, dev, dt, gen, repeats)
+    df = pd.DataFrame(rows)
+    df.attrs.update(gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton's interpreter)",
+                    repeats=repeats)
+    return df
+
+
+def _dims(form: str, cfg) -> tuple[int, int]:
+    """(output rows of the weight, inputs) of a projection of ``cfg``'s layers."""
+    from ..memory.estimate import attention_dims
+    nh, nkv, hd = attention_dims(cfg)
+    hidden, inter = int(cfg.hidden_size), int(cfg.intermediate_size)
+    return {"qkv": ((nh + 2 * nkv) * hd, hidden), "o": (hidden, nh * hd), "gate_up": (2 * inter, hidden),
+            "down": (hidden, inter)}[form]
+
+
+def _form_rows(model, form, cfg, dev, dt, gen, repeats) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from ..generate.kernels.add_rms_norm import add_rms_norm
+    from ..generate.kernels.gemv import gemv, gemv_launch
+    from ..generate.kernels.silu_mul import silu_mul
+    rows_w, k = _dims(form, cfg)
+    n = rows_w // 2 if form == "gate_up" else rows_w
+    nbytes = rows_w * k * torch.finfo(dt).bits // 8
+    copies = max(1, -(-L2_OVERFLOW // nbytes)) if dev.type == "cuda" else 1
+    ws = [(torch.randn((rows_w, k), generator=gen) / k ** 0.5).to(dev, dt) for _ in range(copies)]
+    x = torch.randn(k, generator=gen).to(dev, dt)
+    res = torch.randn((1, n), generator=gen).to(dev, dt)
+    nw = (torch.rand(k, generator=gen) + 0.5).to(dev, dt)
+    norm = form in ("qkv", "gate_up")
+    eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
+
+    zeros = torch.zeros((1, k), device=dev, dtype=dt)
+
+    def now(w):
+        # the uncompiled step's kernels for this projection; its residual sum is the next norm's
+        # (add_rms_norm's), so the o and down products are the product alone
+        xin = add_rms_norm(zeros, x.view(1, -1), nw, eps)[1] if norm else x.view(1, -1)
+        y = F.linear(xin, w)
+        return silu_mul(y, "silu") if form == "gate_up" else y
+
+    def fused(w, launch=None):
+        bn, bk, warps = launch or (None, None, None)
+        return gemv(x, w, norm=nw if norm else None, eps=eps, glu=form == "gate_up",
+                    residual=res if form in ("o", "down") else None, block_n=bn, block_k=bk, num_warps=warps)
+
+    ref = now(ws[0]).float()
+    if form in ("o", "down"):
+        ref = ref + res.float()
+    label = dict(model=model, form=form, n=n, k=k, weight_mib=nbytes / 2**20)
+    out = [dict(label, variant="now", kernels={"qkv": 2, "o": 1, "gate_up": 3, "down": 1}[form],
+                us_per_call=_time_us(now, ws, repeats, dev)),
+           dict(label, variant="cuBLAS", kernels=1, us_per_call=_time_us(lambda w: F.linear(x.view(1, -1), w), ws,
+                                                                          repeats, dev))]
+    auto = gemv_launch(n, k, _sms(dev))
+    best = None
+    for launch in (None,) + tuple(l for l in LAUNCHES if l[:2] != auto):
+        if launch is not None and (launch[0] * launch[1] > 4 * 8192 or launch[1] > 2 * max(16, 1 << (k - 1).bit_length())):
+            continue  # more than a program can hold, or far more inputs per step than there are
+        try:
+            err = (fused(ws[0], launch).float() - ref).abs().max().item()
+        except Exception as e:  # noqa: BLE001 - a launch the GPU cannot run is a row that says so
+            out.append(dict(label, variant=f"fused {launch}", note=f"failed: {type(e).__name__}"))
+            continue
+        if not err <= TOLERANCE * (1 + ref.abs().max().item()):
+            out.append(dict(label, variant=f"fused {launch or auto}", max_err=err, note="wrong"))
+            continue
+        us = _time_us(lambda w, launch=launch: fused(w, launch), ws, repeats, dev)
+        row = dict(label, variant="fused" if launch is None else f"fused {launch[0]}x{launch[1]} w{launch[2]}",
+                   kernels=1, us_per_call=us, max_err=err)
+        if launch is None:
+            row["variant"] = f"fused ({auto[0]}x{auto[1]})"
+            out.append(row)
+        elif best is None or us < best["us_per_call"]:
+            best = row
+    if best is not None:
+        best["variant"] = best["variant"].replace("fused", "fused best", 1)
+        out.append(best)
+    for r in out:
+        if r.get("us_per_call"):
+            r["weight_gb_s"] = nbytes / (r["us_per_call"] * 1e-6) / 1e9
+    return out
+
+
+def _sms(dev) -> int:
+    import torch
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 64
+
+
+def _time_us(fn, weights, repeats: int, dev) -> float:
+    """Microseconds per call of ``fn(weight)``, the calls cycling through ``weights``: on a GPU one
+    CUDA graph of ``repeats`` cycles (after a warm-up that compiles), replayed and timed with events."""
+    import time
+
+    import torch
+    if dev.type != "cuda":
+        t = time.perf_counter()
+        for w in weights * repeats:
+            fn(w)
+        return (time.perf_counter() - t) * 1e6 / (repeats * len(weights))
+    for w in weights:
+        fn(w)
+    torch.cuda.synchronize(dev)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(repeats):
+            for w in weights:
+                fn(w)
+    graph.replay()
+    torch.cuda.synchronize(dev)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / (3 * repeats * len(weights))
+
+
+def layer_summary(df):
+    """Per model: a layer's four projections as the step runs them now against the fused forms
+    (each form's faster fused launch), µs per layer and kernels."""
+    import pandas as pd
+    out = []
+    for model, d in df.groupby("model", sort=False):
+        now = d[d.variant == "now"]
+        fused = d[d.variant.str.startswith("fused") & d.us_per_call.notna()] if "us_per_call" in d else d[:0]
+        best = fused.groupby("form").us_per_call.min()
+        out.append(dict(model=model, now_us=now.us_per_call.sum(), now_kernels=int(now.kernels.sum()),
+                        fused_us=best.sum() if len(best) == len(now) else None, fused_kernels=len(best)))
+    return pd.DataFrame(out)
+
+
+def main(argv=None) -> int:
+    """``python -m nvkit.benchmarks.gemv [--models qwen3-0.6b,qwen3-4b] [--repeats N] [--csv F]``."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m nvkit.benchmarks.gemv", description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--csv", default=None)
+    a = p.parse_args(argv)
+    try:
+        df = run(models=tuple(m.strip() for m in a.models.split(",") if m.strip()), repeats=a.repeats)
+    except (NvkitError, ValueError) as e:
+        print(f"NvkitError: {e}")
+        return 2
+    print(f"a layer's projections at batch 1 · {df.attrs['gpu']} · CUDA graphs of {df.attrs['repeats']} cycles "
+          "over weights that overflow the L2 cache")
+    print(table_text(df.round(3)))
+    print(table_text(layer_summary(df).round(2)))
+    if a.csv:
+        df.to_csv(a.csv, index=False)
+    return 1 if "note" in df.columns and (df["note"] == "wrong").any() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The uncompiled batch-1 decode step with a layer in six kernels (``StepVariant.gemv``): each
+projection in ``kernels.gemv`` with the norm before it, the residual sum after it or the gated
+activation fused in, and the attention in ``decode_attention_rope``'s two.
+
+Why: at batch 1 a layer's time is its weights' bytes over the bandwidth plus, per kernel, a launch
+and a ramp in which few bytes stream; the uncompiled step with nvkit's norm and activation kernels
+runs the Llama layout's layer in nine. The layer's results are the uncompiled step's but for the
+order of the products' sums (the same roundings: ``kernels.gemv``), so the session's tokens stay
+the same wherever the products' last bits do not tip a greedy choice.
+
+It runs the layers laid out as Llama's (a norm before each branch, none after; SiLU; per-head
+q/k norms or none) without adapters, on the triton-fused attention; ``gemv_why`` says why not
+elsewhere, and the runner keeps its usual step there. The layer keeps ``llama_step.decode_layer``'s
+signature, so ``llama_step.decode_step`` runs it: the residual stream it returns is whole (the
+sums are the products' epilogues), and the ``delta`` it is handed, zeros, passes through untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from .fused_weights import FusedWeights
+
+
+def gemv_why(fw: FusedWeights | None, attention: str) -> str | None:
+    """Why the six-kernel layer does not run this model (None: it does)."""
+    if fw is None:
+        return "it runs nvkit's fused step, which does not fit this model"
+    if attention != "triton-fused":
+        return f"it runs on the triton-fused attention, not {attention!r}"
+    if fw.activation != "silu":
+        return f"its gated activation is SiLU, not {fw.activation!r}"
+    for w in fw.layers:
+        if w.in_norm is None or w.ff_norm is not None or w.mlp_norm is not None:
+            return "its layers norm before each branch and not after (the Llama layout)"
+        if w.q_norm is not None and w.q_norm.shape[0] != fw.hd:
+            return "its q/k norms are per head or absent"
+    return None
+
+
+def gemv_decode_layer(fw: FusedWeights) -> Callable:
+    """``llama_step.decode_layer``'s layer in six kernels, for the model whose weights ``fw`` holds
+    (``gemv_why`` None): ``layer(h, delta, pos, where, cos, sin, mask, keys, values,
+    *llama_step.layer_args(w, None))`` -> (h, delta), ``h`` the whole residual stream."""
+    from ..kernels.decode_attention import decode_attention_rope
+    from ..kernels.gemv import gemv
+    nh, nkv, hd, scale = fw.nh, fw.nkv, fw.hd, fw.residual_scale
+    cap = fw.attn_softcap or 0.0
+    wf = fw.weight_first
+
+    def layer(h, delta, pos, where, cos, sin, mask, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm,
+              qk_eps, o_w, o_bias, post_norm, post_eps, ff_norm, ff_eps, mlp_norm, mlp_eps, gate_up_w, gate_up_bias,
+              down_w, down_bias, scaling, window, lo_qkv, lo_o, lo_gate_up, lo_down):
+        qkv = gemv(h, qkv_w, qkv_bias, norm=in_norm, eps=in_eps, weight_first=wf)
+        o = decode_attention_rope(qkv.view(nh + 2 * nkv, hd), q_norm, k_norm, cos.view(-1), sin.view(-1), keys,
+                                  values, pos, scaling, qk_eps, window, cap)
+        h = gemv(o.view(1, nh * hd), o_w, o_bias, scale=scale, residual=h)
+        m = gemv(h, gate_up_w, gate_up_bias, norm=post_norm, eps=post_eps, weight_first=wf, glu=True)
+        return gemv(m, down_w, down_bias, scale=scale, residual=h), delta
+
+    return layer
+
+
+def gemv_head(fw: FusedWeights) -> Callable:
+    """``head(h, delta)`` -> (1, vocab) float logits for ``gemv_decode_layer``'s stream: the final
+    norm in nvkit's kernel and the LM head (``delta``, the zeros the step started with, unread)."""
+    from ..kernels.add_rms_norm import rms_norm
+    from .llama_step import lm_logits
+
+    def head(h, delta):
+        return lm_logits(fw, rms_norm(h, fw.norm, fw.norm_eps, fw.weight_first))
+
+    return head
+
+
+def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool) -> dict:
+    """``llama_step.decode_step``'s ``layer`` and ``head`` for the six-kernel layer where it is
+    ``asked`` for and runs (``gemv_why``); none (the usual step) elsewhere."""
+    if not asked or gemv_why(fw, attention) is not None:
+        return {}
+    return {"layer": gemv_decode_layer(fw), "head": gemv_head(fw)}

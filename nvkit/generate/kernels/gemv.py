@@ -1,0 +1,166 @@
+"""One token's projection with what surrounds it in a decoder layer, in one Triton kernel: the
+matrix-vector product of a batch-1 decode step (``gemv``), optionally with the RMSNorm before it,
+the residual sum after it, or the gated activation of a stacked gate/up weight.
+
+Why: at batch 1 a decoder layer reads its weights once and does little else, so its time is the
+weights' bytes over the bandwidth plus each kernel's launch and ramp, in which few bytes stream.
+The uncompiled step runs a layer as eight kernels or more (the sum and norm, the q/k/v product, the
+attention's two, the o-product, the sum and norm, the gate/up product, the activation, the down
+product); with these forms it is six: the q/k/v product with the norm in front (``norm``), the
+attention, the o-product with the residual sum behind it (``residual``), the gate/up product with
+the norm in front and the activation behind (``norm`` and ``glu``), the down product with the sum
+(``residual``).
+
+How: each program computes ``BLOCK_N`` outputs over the whole input, in steps of ``BLOCK_K``. A
+norm in front costs each program a first pass over the input row (a few kilobytes, from cache) for
+its mean square; every product then reads the row normed and rounded as ``llama_step.rms_norm``
+rounds it, so the result is the eager operations' up to the order of the sums. The rows a program
+computes are whole (no split of the input), so the sum and the activation are the program's own
+epilogue; the launch (``gemv_launch``) picks rows per program for about one program per SM.
+
+Rounding as the eager step rounds: the product (and its bias) in float32, rounded to the weight's
+dtype; the activation (SiLU) in float32 of the rounded gate, rounded, times the rounded up,
+rounded; a branch multiplier (Granite's) on the rounded product, rounded; the residual sum,
+rounded. The torch reference is in tests/generate/kernels/test_gemv.py;
+``python -m nvkit.benchmarks.gemv`` times the forms against torch's operations and cuBLAS.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import launch_why, next_pow2
+
+#: the most weight elements one program holds per step of its loop (BLOCK_N × BLOCK_K)
+TILE = 8192
+_SM_COUNT: dict = {}
+
+
+def _sm_count(device) -> int:
+    if device.type != "cuda":
+        return 1  # Triton's interpreter runs programs one by one: the fewest, the largest tiles
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SM_COUNT[key]
+
+
+def gemv_launch(n: int, k: int, sms: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K) for ``n`` outputs over ``k`` inputs: rows per program a power of two that
+    gives about one program per SM (at most 64), and as much of the input per step as ``TILE``
+    allows (at most the input, rounded up to a power of two)."""
+    block_n = max(1, min(64, next_pow2(max(1, n // max(1, sms)) + 1) // 2))
+    block_k = max(16, min(next_pow2(k), TILE // block_n))
+    return block_n, block_k
+
+
+@triton.jit
+def _gemv_kernel(X, W, NW, B, R, OUT, N, K, eps, scale, stride_w,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, WEIGHT_FIRST: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, GLU: tl.constexpr, HAS_SCALE: tl.constexpr, RESIDUAL: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    live = rows < N
+    cols = tl.arange(0, BLOCK_K)
+    dt = W.dtype.element_ty
+    if NORM:  # the input row's mean square, before any product reads it normed
+        ss = tl.zeros((BLOCK_K,), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            h = tl.load(X + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
+            ss += h * h
+        rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
+    acc = tl.zeros((BLOCK_N,), tl.float32)
+    if GLU:
+        acc_up = tl.zeros((BLOCK_N,), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        c = k0 + cols
+        ok = c < K
+        x = tl.load(X + c, mask=ok, other=0.0).to(tl.float32)
+        if NORM:  # llama_step.rms_norm's roundings
+            y = x * rstd
+            nw = tl.load(NW + c, mask=ok, other=0.0).to(tl.float32)
+            if WEIGHT_FIRST:
+                x = (nw * y).to(dt).to(tl.float32)
+            else:
+                x = (nw * y.to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        m = live[:, None] & ok[None, :]
+        w = tl.load(W + rows[:, None] * stride_w + c[None, :], mask=m, other=0.0)
+        acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
+        if GLU:  # the up row of each gate row: N rows further down the stacked weight
+            wu = tl.load(W + (rows + N)[:, None] * stride_w + c[None, :], mask=m, other=0.0)
+            acc_up += tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
+    if HAS_BIAS:
+        acc += tl.load(B + rows, mask=live, other=0.0).to(tl.float32)
+        if GLU:
+            acc_up += tl.load(B + N + rows, mask=live, other=0.0).to(tl.float32)
+    out = acc.to(dt).to(tl.float32)
+    if GLU:  # F.silu(gate) * up, each rounded as the eager operations round
+        silu = (out / (1.0 + tl.exp(-out))).to(dt).to(tl.float32)
+        out = (silu * acc_up.to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    if HAS_SCALE:
+        out = (out * scale).to(dt).to(tl.float32)
+    if RESIDUAL:
+        out = out + tl.load(R + rows, mask=live, other=0.0).to(tl.float32)
+    tl.store(OUT + rows, out.to(OUT.dtype.element_ty), mask=live)
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+         norm: torch.Tensor | None = None, eps: float = 1e-6, weight_first: bool = False,
+         glu: bool = False, scale: float | None = None, residual: torch.Tensor | None = None,
+         block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
+         num_stages: int | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` for one row ``x`` ((K,) or (1, K)), as (1, N), with what may come
+    around it in a decoder layer (see the module docstring):
+
+    - ``norm``: ``x`` is the residual stream, normed first with this weight and ``eps``
+      (``llama_step.rms_norm``; ``weight_first``: the Gemma/OLMo 2 rounding);
+    - ``glu``: ``weight`` (and ``bias``) are a gate and an up projection stacked (2N, K); the
+      result is SiLU(gate) × up, (1, N);
+    - ``scale``: the product times this branch multiplier (Granite's ``residual_multiplier``);
+    - ``residual``: the result added to this (1, N) row (the residual sum after a branch).
+
+    ``block_n``, ``block_k``, ``num_warps``, ``num_stages``: the launch (None: ``gemv_launch`` and
+    Triton's own), which ``nvkit.benchmarks.gemv`` varies. The weight's dtype is the result's."""
+    why = _why(x, weight, bias, norm, glu, residual)
+    why = why or launch_why(num_stages, False, block_n=block_n, block_k=block_k, num_warps=num_warps)
+    if why:
+        raise ValueError(f"nvkit gemv: {why}")
+    k = weight.shape[1]
+    n = weight.shape[0] // 2 if glu else weight.shape[0]
+    auto_n, auto_k = gemv_launch(n, k, _sm_count(weight.device))
+    block_n, block_k = block_n or auto_n, block_k or auto_k
+    x = x.reshape(-1).contiguous()
+    out = torch.empty((1, n), dtype=weight.dtype, device=weight.device)
+    launch = {name: v for name, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x, weight, norm if norm is not None else x, bias if bias is not None else x,
+        residual.reshape(-1) if residual is not None else x, out, n, k, float(eps), float(scale or 1.0),
+        weight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm is not None, WEIGHT_FIRST=bool(weight_first),
+        HAS_BIAS=bias is not None, GLU=bool(glu), HAS_SCALE=scale is not None, RESIDUAL=residual is not None,
+        **launch)
+    return out
+
+
+def _why(x, weight, bias, norm, glu, residual) -> str | None:
+    """Why these tensors do not fit the kernel (None when they do)."""
+    if weight.dim() != 2 or weight.stride(1) != 1:
+        return f"expects a 2-d weight with contiguous rows, not {tuple(weight.shape)}"
+    rows, k = weight.shape
+    if x.numel() != k or (x.dim() == 2 and x.shape[0] != 1) or x.dim() > 2:
+        return f"expects one row of {k} values, not {tuple(x.shape)}"
+    if glu and rows % 2:
+        return f"glu=True expects the gate and up rows stacked (an even count), not {rows}"
+    n = rows // 2 if glu else rows
+    if bias is not None and bias.shape != (rows,):
+        return f"expects a bias of ({rows},), not {tuple(bias.shape)}"
+    if norm is not None and norm.shape != (k,):
+        return f"expects a norm weight of ({k},), not {tuple(norm.shape)}"
+    if residual is not None and residual.numel() != n:
+        return f"expects a residual of {n} values, not {tuple(residual.shape)}"
+    devices = {t.device for t in (x, weight, bias, norm, residual) if t is not None}
+    if len(devices) > 1:
+        return f"expects every tensor on one device, not {sorted(map(str, devices))}"
+    if x.dtype != weight.dtype or (residual is not None and residual.dtype != weight.dtype):
+        return f"expects x and the residual in the weight's dtype ({weight.dtype}), not {x.dtype}"
+    return None

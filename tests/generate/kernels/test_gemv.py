@@ -1,0 +1,97 @@
+"""``nvkit.generate.kernels.gemv`` (one token's projection with the norm before it, the residual
+sum after it, or the gated activation of a stacked gate/up weight) against its torch reference,
+run by Triton's interpreter on the CPU (TRITON_INTERPRET=1 must be set before triton is imported:
+hence a child process), in float32 and float16 (the interpreter rounds bfloat16 by truncation).
+``python -m nvkit.benchmarks.gemv`` times it on a GPU against torch's operations."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("triton", reason="triton is part of the test extra on Linux (pyproject)")
+
+from tests.triton_interpreter import interpret as _interpret  # noqa: E402
+
+
+def gemv_reference(x, weight, bias=None, norm=None, eps: float = 1e-6, weight_first: bool = False,
+                   glu: bool = False, scale=None, residual=None):
+    """``gemv`` in the eager step's operations (``llama_step``'s norm, ``F.linear``, SiLU × up,
+    the branch multiplier, the residual sum), each rounding where it rounds."""
+    import torch.nn.functional as F
+
+    from nvkit.generate.fast.llama_step import rms_norm
+    x = x.reshape(1, -1)
+    if norm is not None:
+        x = rms_norm(x, norm, eps, weight_first)
+    y = F.linear(x, weight, bias)
+    if glu:
+        g, up = y.chunk(2, dim=-1)
+        y = F.silu(g) * up
+    if scale is not None:
+        y = y * scale
+    return y if residual is None else residual.reshape(1, -1) + y
+
+
+def test_every_form_matches_the_eager_operations():
+    """Each form alone and together, widths that are and are not multiples of the tiles, the
+    automatic and explicit launches (a program's rows past N, a step's inputs past K)."""
+    out = _interpret("""
+        import itertools
+        import torch
+        from nvkit.generate.kernels.gemv import gemv
+        from tests.generate.kernels.test_gemv import gemv_reference
+        torch.manual_seed(0)
+        checked = 0
+        for dtype, (n, k) in itertools.product((torch.float32, torch.float16), ((64, 96), (40, 300), (7, 16))):
+            for norm, glu, bias, scale, residual in itertools.product((False, True), repeat=5):
+                rows = 2 * n if glu else n
+                w = torch.randn(rows, k, dtype=dtype) / k ** 0.5
+                x = torch.randn(k, dtype=dtype) * 2
+                kw = dict(bias=torch.randn(rows, dtype=dtype) if bias else None,
+                          norm=torch.rand(k, dtype=dtype) + 0.5 if norm else None, glu=glu,
+                          scale=0.25 if scale else None, residual=torch.randn(1, n, dtype=dtype) if residual else None)
+                ref = gemv_reference(x, w, **kw)
+                for launch in (dict(), dict(block_n=4, block_k=32), dict(block_n=64, block_k=16, num_warps=2)):
+                    got = gemv(x, w, **kw, **launch)
+                    tol = 1e-4 if dtype == torch.float32 else 4e-3
+                    assert got.shape == (1, n) and got.dtype == dtype, (got.shape, got.dtype)
+                    err = (got.float() - ref.float()).abs().max().item()
+                    assert err <= tol * (1 + ref.float().abs().max().item()), (dtype, n, k, kw.keys(), launch, err)
+                    checked += 1
+        # Gemma's and OLMo 2's rounding: the norm weight in float32, multiplied before rounding
+        w, x = torch.randn(32, 64) / 8, torch.randn(64)
+        nw = 1.0 + torch.randn(64) * 0.1
+        assert torch.allclose(gemv(x, w, norm=nw, weight_first=True),
+                              gemv_reference(x, w, norm=nw, weight_first=True), atol=1e-5)
+        print("ok", checked)
+    """)
+    assert out.strip() == "ok 576", out
+
+
+def test_wrong_inputs_and_launches_are_refused():
+    out = _interpret("""
+        import torch
+        from nvkit.generate.kernels.gemv import gemv
+        from tests.triton_interpreter import refused
+        w, x = torch.randn(8, 16), torch.randn(16)
+        for call in (lambda: gemv(torch.randn(15), w), lambda: gemv(torch.randn(2, 16), w),
+                     lambda: gemv(x, torch.randn(8, 16).t()), lambda: gemv(x, torch.randn(7, 16), glu=True),
+                     lambda: gemv(x, w, torch.randn(7)), lambda: gemv(x, w, norm=torch.randn(8)),
+                     lambda: gemv(x, w, residual=torch.randn(1, 4)), lambda: gemv(x.half(), w),
+                     lambda: gemv(x, w, residual=torch.randn(1, 8).half()),
+                     lambda: gemv(x, w, block_n=3), lambda: gemv(x, w, block_k=0), lambda: gemv(x, w, num_stages=9)):
+            refused(call)
+        assert torch.allclose(gemv(x, w), (w @ x).view(1, -1), atol=1e-5)  # usable after every refusal
+        print("ok")
+    """)
+    assert out.count("refused:") == 12 and out.strip().endswith("ok"), out
+
+
+def test_the_launch_gives_about_a_program_per_sm_within_the_tile():
+    from nvkit.generate.kernels.gemv import TILE, gemv_launch
+    for n, k, sms in ((1024, 2048, 132), (4096, 1024, 132), (2560, 9728, 132), (151936, 1024, 132), (7, 16, 132)):
+        bn, bk = gemv_launch(n, k, sms)
+        assert bn & (bn - 1) == 0 and bk & (bk - 1) == 0 and bn * bk <= max(TILE, 16 * bn)
+        assert bn == 1 or -(-n // bn) >= sms  # never fewer programs than SMs where the rows allow
+        assert bn <= 64 and (bk >= min(k, TILE // bn) or bk >= 16)
+    assert gemv_launch(1024, 2048, 132) == (4, 2048)
