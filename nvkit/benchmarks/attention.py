@@ -21,12 +21,12 @@ shape against them, and tests/generate/kernels/ check the kernels against them t
 
 from __future__ import annotations
 
-import os
 import random
 import sys
 
 from ..checks import positive_int, whole_number
 from ..errors import NvkitError, require
+from .kernel_timing import events_us, kernel_device
 from .tables import table_text
 
 # (splits, pages per loop step, warps, tl.dot, stages); None: the kernel's own choice. The first
@@ -201,7 +201,7 @@ def _checked_and_timed(call, ref, default, shapes, name, read: int, layers: int,
             if not err <= bound:
                 r["note"] = f"wrong: {err:.3g} from the fp32 reference, where the default launch is {base_err:.3g} from it"
             else:
-                us = _time_us(lambda: call(shape), repeats, dev)
+                us = events_us(lambda: call(shape), repeats, dev)
                 r.update(us_per_call=us, **{per_step: us * layers / 1000}, read_gb_s=read / (us * 1e-6) / 1e9)
         except Exception as e:  # noqa: BLE001 - a shape the GPU cannot run is a row that says so
             r["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
@@ -211,46 +211,21 @@ def _checked_and_timed(call, ref, default, shapes, name, read: int, layers: int,
 
 def _setting(model: str, device: str) -> tuple:
     """(query heads, KV heads, head_dim, layers, device, dtype) of a run on ``model``'s attention
-    layout: bf16 on a GPU, float32 in Triton's interpreter (which must be on for ``device="cpu"``)."""
+    layout: bf16 on a GPU, float32 in Triton's interpreter (``kernel_timing.kernel_device``)."""
     import torch
 
     from ..demo import shaped_config
     from ..memory.estimate import attention_dims
-    require(device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise NvkitError("The attention benchmark times a Triton kernel on a CUDA GPU; none is visible here "
-                         "(device='cpu' with TRITON_INTERPRET=1 checks the benchmark itself).")
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise NvkitError("device='cpu' runs the kernel in Triton's interpreter: start Python with TRITON_INTERPRET=1.")
+    dev = kernel_device(device, "attention")
     cfg = shaped_config(model.lower())
     nh, nkv, hd = attention_dims(cfg)
     layers = int(cfg.get_text_config().num_hidden_layers)
-    return nh, nkv, hd, layers, torch.device(device), torch.bfloat16 if device == "cuda" else torch.float32
-
-
-def _time_us(fn, repeats: int, dev) -> float:
-    """Microseconds per call of ``fn`` over ``repeats`` calls (CUDA events on a GPU)."""
-    import time
-
-    import torch
-    if dev.type != "cuda":
-        t = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        return (time.perf_counter() - t) * 1e6 / repeats
-    torch.cuda.synchronize(dev)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / repeats
+    return nh, nkv, hd, layers, dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
 
 
 # --- the kernels' references in plain torch (fp32) ---------------------------------------------
-# What the benchmark checks every launch shape against; tests/generate/kernels/ check the attention
-# kernels against the same functions (the reference of ``decode_attention_rope`` is there).
+# What the benchmarks check every launch shape against; tests/generate/kernels/ check the attention
+# kernels against the same functions.
 
 def rope_reference(x, weight, cos, sin, eps: float):
     """RMS norm per row over the whole head (when ``weight`` is given) and rotate-half RoPE, in

@@ -379,6 +379,11 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     group1 = f"batch 1 · {new_tokens} new tokens"
 
     def build(opts, path):  # the session's decoder built with a variant's options
+        # from the defaults, not on the last path's decoder: an option a path leaves None is the
+        # default's, where the last decoder would keep what its path set
+        leftover = fast_mod.swap(s, None)
+        if leftover is not None:
+            leftover.release()
         opts["k_steps"] = opts["k_steps"] or k_steps
         opts["inductor"] = tuple(sorted(opts["inductor"].items()))
         # the rows compare the steps themselves: a compiling variant compiles at its first call
@@ -411,11 +416,8 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
                 if not cuda:
                     skip(group1, path, "the fast path needs CUDA")
                     continue
-                own = path not in ADAPTER_PATHS  # options of its own: a decoder built for it
-                if own:
-                    build(adapter_options(path), path)
-                else:
-                    fast_mod.decoder(s).compile_next()
+                own = path not in ADAPTER_PATHS  # options of its own: its decoder kept for the rounds
+                build(adapter_options(path), path)
                 _with_adapter(s, lambda: single(path, new_tokens, fast=True))
                 rows[-1]["note"] += f"; {s.last_stats.detail}"
                 timed = timed_runs[-1]["timed"]  # later rounds attach the adapter again around their run

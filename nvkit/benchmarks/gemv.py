@@ -21,11 +21,11 @@ to check the benchmark itself; its times say nothing about a GPU.
 
 from __future__ import annotations
 
-import os
 import sys
 
 from ..checks import positive_int
 from ..errors import NvkitError, require
+from .kernel_timing import graph_us, kernel_device
 from .tables import table_text
 
 #: the shapes timed by default: the three issue 38 sets its targets on
@@ -49,13 +49,7 @@ def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0):
     for m in models:
         require(m.lower() in SHAPES, f"Unknown shape {m!r}: one of {sorted(SHAPES)}.")
     positive_int("repeats", repeats)
-    require(device in ("cuda", "cpu"), f"device must be 'cuda' or 'cpu', not {device!r}.")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise NvkitError("The GEMV benchmark times Triton kernels on a CUDA GPU; none is visible here "
-                         "(device='cpu' with TRITON_INTERPRET=1 checks the benchmark itself).")
-    if device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise NvkitError("device='cpu' runs the kernels in Triton's interpreter: start Python with TRITON_INTERPRET=1.")
-    dev = torch.device(device)
+    dev = kernel_device(device, "GEMV")
     dt = torch.bfloat16 if device == "cuda" else torch.float32
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rows = []
@@ -115,8 +109,8 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats) -> list[dict]:
         ref = ref + res.float()
     label = dict(model=model, form=form, n=n, k=k, weight_mib=nbytes / 2**20)
     out = [dict(label, variant="now", kernels={"qkv": 2, "o": 1, "gate_up": 3, "down": 1}[form],
-                us_per_call=_time_us(now, ws, repeats, dev)),
-           dict(label, variant="cuBLAS", kernels=1, us_per_call=_time_us(lambda w: F.linear(x.view(1, -1), w), ws,
+                us_per_call=graph_us(now, ws, repeats, dev)),
+           dict(label, variant="cuBLAS", kernels=1, us_per_call=graph_us(lambda w: F.linear(x.view(1, -1), w), ws,
                                                                           repeats, dev))]
     auto = gemv_launch(n, k, _sms(dev))
     best = None
@@ -131,7 +125,7 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats) -> list[dict]:
         if not err <= TOLERANCE * (1 + ref.abs().max().item()):
             out.append(dict(label, variant=f"fused {launch or auto}", max_err=err, note="wrong"))
             continue
-        us = _time_us(lambda w, launch=launch: fused(w, launch), ws, repeats, dev)
+        us = graph_us(lambda w, launch=launch: fused(w, launch), ws, repeats, dev)
         row = dict(label, variant="fused" if launch is None else f"fused {launch[0]}x{launch[1]} w{launch[2]}",
                    kernels=1, us_per_call=us, max_err=err)
         if launch is None:
@@ -151,36 +145,6 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats) -> list[dict]:
 def _sms(dev) -> int:
     import torch
     return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 64
-
-
-def _time_us(fn, weights, repeats: int, dev) -> float:
-    """Microseconds per call of ``fn(weight)``, the calls cycling through ``weights``: on a GPU one
-    CUDA graph of ``repeats`` cycles (after a warm-up that compiles), replayed and timed with events."""
-    import time
-
-    import torch
-    if dev.type != "cuda":
-        t = time.perf_counter()
-        for w in weights * repeats:
-            fn(w)
-        return (time.perf_counter() - t) * 1e6 / (repeats * len(weights))
-    for w in weights:
-        fn(w)
-    torch.cuda.synchronize(dev)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(repeats):
-            for w in weights:
-                fn(w)
-    graph.replay()
-    torch.cuda.synchronize(dev)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / (3 * repeats * len(weights))
 
 
 def layer_summary(df):

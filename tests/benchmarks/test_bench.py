@@ -95,6 +95,7 @@ def test_cli_json(capsys):
     (the bench says on stderr that it unloads it, as in a notebook that ran ``nvkit.load`` first)."""
     import nvkit
     nvkit.load(demo_model.path(), device_map="cpu")
+    capsys.readouterr()  # what the load said (a session an earlier test left is unloaded first): not the bench's
     rc = cli_main([demo_model.path(), "--backends", "sdpa", "--quant", "none", "--prompt-len", "6", "--new-tokens", "3",
                    "--repeats", "1", "--device-map", "cpu", "--json"])
     assert rc == 0
