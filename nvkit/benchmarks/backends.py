@@ -355,16 +355,20 @@ def _families_cli(a, chosen: str, options: dict, flags: dict):
 
 
 def _profile_cli(a, chosen: str, options: dict, flags: dict) -> int:
-    """``nvkit bench MODEL --decode --profile [--new-tokens N] [--prompt-len N]``."""
-    from . import decode_profile
+    """``nvkit bench MODEL --decode --profile [--new-tokens N] [--prompt-len N] [--paths PATH]``."""
+    from . import decode, decode_profile
     if chosen != "decode":
         raise NvkitError("--profile belongs to --decode.")
     if a.json:
         raise NvkitError("--json does not apply to --decode --profile: it prints its summary as text.")
-    other = [k for k in options if k not in ("new_tokens", "prompt_len")]
+    other = [k for k in options if k not in ("new_tokens", "prompt_len", "paths")]
     if other:
         raise NvkitError(f"{flags.get(other[0], other[0])} does not apply to --decode --profile; "
-                         "it takes --new-tokens and --prompt-len.")
+                         "it takes --new-tokens, --prompt-len and --paths.")
+    paths = options.get("paths") or ["fast"]
+    if len(paths) != 1 or decode.fast_options(paths[0]) is None:
+        raise NvkitError(f"--paths takes one fast path for --decode --profile ('fast' or 'fast+OPT...'), not "
+                         f"{','.join(paths)!r}.")
     n = options.get("new_tokens", 256)
     if not isinstance(n, int) or n < 2:
         raise NvkitError(f"--new-tokens must be at least 2 for a profile, not {n}.")
@@ -376,7 +380,7 @@ def _profile_cli(a, chosen: str, options: dict, flags: dict) -> int:
     if model == "demo":
         from ..demo import path as demo_path
         model = demo_path()
-    summary = decode_profile.profile(model, new_tokens=n, prompt_len=prompt_len)
+    summary = decode_profile.profile(model, new_tokens=n, prompt_len=prompt_len, path=paths[0])
     print(summary.text())
     return 0
 
@@ -421,7 +425,8 @@ def cli_main(argv) -> int:
     o.add_argument("--batch-new-tokens", dest="batch_new_tokens", type=int, help="[--decode] new tokens per batch prompt")
     o.add_argument("--profile", action="store_true", help="[--decode] one batch-1 request on the prepared fast path, "
                                                           "per token: kernels, GPU busy time, bytes/s, share of "
-                                                          "the HBM roofline (nvkit.benchmarks.decode_profile)")
+                                                          "the HBM roofline (nvkit.benchmarks.decode_profile); "
+                                                          "--paths names one variant, e.g. fast+eager+gemv")
     o.add_argument("--k-steps", dest="k_steps", type=int, help="[--decode] fast-path decode steps per graph replay")
     o.add_argument("--seq-len", dest="seq_len", type=int, help="[--lora] tokens per training row")
     o.add_argument("--steps", type=int, help="[--lora] timed training steps")

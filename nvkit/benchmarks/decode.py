@@ -112,6 +112,22 @@ def fast_options(path: str) -> dict | None:
     return opts
 
 
+def path_decoder(session, opts: dict, k_steps: int | None = None):
+    """The session's batch-1 decoder built with a fast path's options (``fast_options``), from the
+    defaults, not on the decoder the session had (an option a path leaves None is the default's,
+    where the last decoder would keep what its path set; that one is released). A compiling variant
+    compiles at its first call rather than after ``FastOptions.compile_after`` seconds of decoding:
+    the rows compare the steps themselves."""
+    from ..generate.fast import decoders
+    leftover = decoders.swap(session, None)
+    if leftover is not None:
+        leftover.release()
+    opts = dict(opts, k_steps=opts["k_steps"] or k_steps, inductor=tuple(sorted(opts["inductor"].items())))
+    d = decoders.decoder(session, **opts)
+    d.compile_next()
+    return d
+
+
 def adapter_options(path: str) -> dict | None:
     """``fast_options`` of an adapter path ("fast lora", "fast lora+fold", ...); None: not one."""
     if path != "fast lora" and not path.startswith("fast lora+"):
@@ -379,19 +395,9 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
     group1 = f"batch 1 · {new_tokens} new tokens"
 
     def build(opts, path):  # the session's decoder built with a variant's options
-        # from the defaults, not on the last path's decoder: an option a path leaves None is the
-        # default's, where the last decoder would keep what its path set
-        leftover = fast_mod.swap(s, None)
-        if leftover is not None:
-            leftover.release()
-        opts["k_steps"] = opts["k_steps"] or k_steps
-        opts["inductor"] = tuple(sorted(opts["inductor"].items()))
-        # the rows compare the steps themselves: a compiling variant compiles at its first call
-        # rather than after FastOptions.compile_after seconds of decoding, and a named variant
-        # keeps its compiled step (the default path keeps the faster step, measured, as users get)
-        d = fast_mod.decoder(s, **opts)
-        d.compile_next()
-        d.policy.measure = path in ("fast", "fast lora")
+        # a named variant keeps its compiled step (the default path keeps the faster step,
+        # measured, as users get)
+        path_decoder(s, opts, k_steps).policy.measure = path in ("fast", "fast lora")
 
     def keep(path):  # the variant's decoder kept for the later rounds; the next builds its own beside it
         if repeats > 1:

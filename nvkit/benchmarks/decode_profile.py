@@ -146,22 +146,29 @@ def _kernel_records(prof) -> list[tuple[str, float, float]]:
     return out
 
 
-def profile(model: str, *, new_tokens: int = 256, prompt_len: int | None = None,
+def profile(model: str, *, new_tokens: int = 256, prompt_len: int | None = None, path: str = "fast",
             prompt: str = "The history of the graphics processor began with"):
     """Profile one batch-1 request of ``new_tokens`` on the session's fast path after it is prepared
     (compiled and captured, as a session runs after ``fast.prepare``); returns the ``Summary``.
     ``prompt_len``: a prompt of that many tokens instead of ``prompt`` (a long one shows what
-    attention over a long cache costs)."""
+    attention over a long cache costs). ``path``: a variant of the decode benchmark's (e.g.
+    "fast+eager+gemv"), profiled as that benchmark builds it; "fast" is the session's default."""
     import torch
     from torch.profiler import ProfilerActivity, profile as torch_profile
 
     from ..model.session import load
     from ..generate import fast
+    from .decode import fast_options, path_decoder
     from .families import bandwidth, bytes_per_token
+    opts = fast_options(path)
+    if opts is None:
+        raise NvkitError(f"A profile runs a fast path ('fast' or 'fast+OPT...'), not {path!r}.")
     if not torch.cuda.is_available():
         raise NvkitError("--profile times CUDA kernels: it needs a GPU (this machine has no CUDA).")
     s = load(model, device_map="cuda", dtype="bfloat16")
     try:
+        if path != "fast":
+            path_decoder(s, opts)
         if prompt_len is not None:
             from .decode import corpus_prompt
             prompt = corpus_prompt(s.tokenizer, prompt_len)

@@ -110,7 +110,10 @@ def _cli(*argv):
     (("--decode", "--profile", "--new-tokens", "1"), "at least 2"),
     (("--decode", "--profile", "--json"), "--json does not apply"),
     (("--decode", "--profile", "--prompt-len", "0"), "--prompt-len must be at least 1"),
-    (("--decode", "--profile", "--k-steps", "4"), "it takes --new-tokens and --prompt-len"),
+    (("--decode", "--profile", "--k-steps", "4"), "it takes --new-tokens, --prompt-len and --paths"),
+    (("--decode", "--profile", "--paths", "generate"), "takes one fast path"),
+    (("--decode", "--profile", "--paths", "fast,fast+eager"), "takes one fast path"),
+    (("--decode", "--profile", "--paths", "fast+bogus"), "Unknown fast-path option"),
 ])
 def test_the_command_refuses_what_does_not_apply(argv, match):
     code, err = _cli(*argv)
@@ -121,3 +124,7 @@ def test_the_command_refuses_what_does_not_apply(argv, match):
 def test_without_cuda_the_profile_says_why():
     code, err = _cli("--decode", "--profile", "--new-tokens", "4")
     assert code == 2 and "needs a GPU" in err, err
+    code, err = _cli("--decode", "--profile", "--paths", "fast+eager+gemv")
+    assert code == 2 and "needs a GPU" in err, err
+    with pytest.raises(NvkitError, match="runs a fast path"):
+        decode_profile.profile("demo", path="generate")
