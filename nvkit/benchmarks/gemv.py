@@ -5,7 +5,8 @@ process (``python -m nvkit.benchmarks.gemv``; on a GPU machine).
 Per model shape (random weights of its published layout) and per projection, one row each:
 
 - ``now``: the kernels the uncompiled step launches for it (q/k/v: the sum and norm, then the
-  product; o: the product; gate/up: the sum and norm, the product, the activation; down: the product);
+  product; o: the product; gate/up: the sum and norm, the product, the activation; down: the
+  product; and once a token the LM head: the sum and final norm, the product);
 - ``cuBLAS``: the product alone (``F.linear``), the bandwidth cuBLAS reaches on that shape;
 - ``fused``: ``gemv``'s one kernel for the same work with its automatic launch, and ``fused best``:
   the fastest of a few other launches (rows per program, inputs per step, warps).
@@ -34,12 +35,17 @@ MODELS = ("qwen3-0.6b", "llama-3.2-1b", "qwen3-4b")
 LAUNCHES = ((2, 1024, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8),
             (32, 256, 8))
 L2_OVERFLOW = 256 * 2**20  # bytes of weight copies a graph cycles through: several times any GPU's L2 cache
-FORMS = ("qkv", "o", "gate_up", "down")
+#: a layer's projections, then the LM head with the final norm before it (once a token: not in the layer sums)
+LAYER_FORMS = ("qkv", "o", "gate_up", "down")
+FORMS = LAYER_FORMS + ("head",)
+#: kernels the uncompiled step launches for each (the sums are the next norm's: add_rms_norm's)
+NOW_KERNELS = {"qkv": 2, "o": 1, "gate_up": 3, "down": 1, "head": 2}
 TOLERANCE = 2e-2  # from the ``now`` kernels' output, bf16 values of O(1): a few ulps
 
 
-def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0):
-    """A DataFrame, one row per (model, projection, variant): see the module docstring."""
+def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0, launches=LAUNCHES):
+    """A DataFrame, one row per (model, projection, variant): see the module docstring.
+    ``launches``: the (rows per program, inputs per step, warps) ``fused best`` picks from."""
     import pandas as pd
     import torch
 
@@ -49,6 +55,8 @@ def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0):
     for m in models:
         require(m.lower() in SHAPES, f"Unknown shape {m!r}: one of {sorted(SHAPES)}.")
     positive_int("repeats", repeats)
+    require(isinstance(launches, (list, tuple)) and all(isinstance(x, tuple) and len(x) == 3 for x in launches),
+            f"launches must be a list of (rows per program, inputs per step, warps) tuples, not {launches!r}.")
     dev = kernel_device(device, "GEMV")
     dt = torch.bfloat16 if device == "cuda" else torch.float32
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -56,7 +64,7 @@ def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0):
     for model in models:
         cfg = shaped_config(model.lower()).get_text_config()
         for form in FORMS:
-            rows += _form_rows(model, form, cfg, dev, dt, gen, repeats)
+            rows += _form_rows(model, form, cfg, dev, dt, gen, repeats, launches)
     df = pd.DataFrame(rows)
     df.attrs.update(gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton's interpreter)",
                     repeats=repeats)
@@ -69,10 +77,10 @@ def _dims(form: str, cfg) -> tuple[int, int]:
     nh, nkv, hd = attention_dims(cfg)
     hidden, inter = int(cfg.hidden_size), int(cfg.intermediate_size)
     return {"qkv": ((nh + 2 * nkv) * hd, hidden), "o": (hidden, nh * hd), "gate_up": (2 * inter, hidden),
-            "down": (hidden, inter)}[form]
+            "down": (hidden, inter), "head": (int(cfg.vocab_size), hidden)}[form]
 
 
-def _form_rows(model, form, cfg, dev, dt, gen, repeats) -> list[dict]:
+def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -87,7 +95,7 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats) -> list[dict]:
     x = torch.randn(k, generator=gen).to(dev, dt)
     res = torch.randn((1, n), generator=gen).to(dev, dt)
     nw = (torch.rand(k, generator=gen) + 0.5).to(dev, dt)
-    norm = form in ("qkv", "gate_up")
+    norm = form in ("qkv", "gate_up", "head")
     eps = float(getattr(cfg, "rms_norm_eps", 1e-6))
 
     zeros = torch.zeros((1, k), device=dev, dtype=dt)
@@ -108,13 +116,13 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats) -> list[dict]:
     if form in ("o", "down"):
         ref = ref + res.float()
     label = dict(model=model, form=form, n=n, k=k, weight_mib=nbytes / 2**20)
-    out = [dict(label, variant="now", kernels={"qkv": 2, "o": 1, "gate_up": 3, "down": 1}[form],
+    out = [dict(label, variant="now", kernels=NOW_KERNELS[form],
                 us_per_call=graph_us(now, ws, repeats, dev)),
            dict(label, variant="cuBLAS", kernels=1, us_per_call=graph_us(lambda w: F.linear(x.view(1, -1), w), ws,
                                                                           repeats, dev))]
     auto = gemv_launch(n, k, _sms(dev))
     best = None
-    for launch in (None,) + tuple(l for l in LAUNCHES if l[:2] != auto):
+    for launch in (None,) + tuple(l for l in launches if l[:2] != auto):
         if launch is not None and (launch[0] * launch[1] > 4 * 8192 or launch[1] > 2 * max(16, 1 << (k - 1).bit_length())):
             continue  # more than a program can hold, or far more inputs per step than there are
         try:
@@ -144,7 +152,8 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats) -> list[dict]:
 
 def _sms(dev) -> int:
     import torch
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 64
+    # the interpreter's figure as kernels.gemv takes it (one: the largest tiles)
+    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
 
 
 def layer_summary(df):
@@ -153,6 +162,7 @@ def layer_summary(df):
     import pandas as pd
     out = []
     for model, d in df.groupby("model", sort=False):
+        d = d[d.form.isin(LAYER_FORMS)]
         now = d[d.variant == "now"]
         fused = d[d.variant.str.startswith("fused") & d.us_per_call.notna()] if "us_per_call" in d else d[:0]
         best = fused.groupby("form").us_per_call.min()
