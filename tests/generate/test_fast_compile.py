@@ -105,6 +105,18 @@ def test_the_six_kernel_layers_say_where_they_run_and_why_not():
     gemma = FastDecoder(_tiny("Gemma2"), graphs=False, gemv=True, attention="matmul")
     assert "six-kernel layers: it runs on the triton-fused" in gemma.describe()
 
+    def layer_of(d, lora_on=False):  # the layer function the decoder's step runs
+        step = d._step(d._cache_for(64), lora_on)
+        return next(c.cell_contents for c, name in zip(step.__closure__, step.__code__.co_freevars)
+                    if name == "layer").__qualname__
+    asked.kernels = True  # what a GPU gives the uncompiled step; only the step's wiring is read here
+    assert layer_of(asked).startswith("gemv_decode_layer") and not layer_of(asked, True).startswith("gemv")
+    plain = FastDecoder(_tiny("Qwen3"), graphs=False, attention="triton-fused")
+    plain.kernels = True
+    assert layer_of(plain).startswith("decode_layer")
+    assert layer_of(FastDecoder(_tiny("Qwen3"), graphs=False, gemv=True, attention="triton-fused")).startswith(
+        "decode_layer")  # no Triton kernels in the step: the usual layer
+
 
 def test_the_folded_adapter_layer_compiles_and_computes_the_unfolded_step():
     """``FastOptions.lora_fold``: the layer with A folded below the weights traces whole, once for
