@@ -58,8 +58,9 @@
 #   decode-profile  nvkit bench shape:S --decode --profile for SHAPES (default qwen3-0.6b llama-3.2-1b qwen3-4b)
 #   gemv     issue 38's six-kernel layers: a layer's projections in nvkit's fused GEMV kernels against
 #            the step's kernels and cuBLAS (python -m nvkit.benchmarks.gemv), their identity test, then
-#            the uncompiled step with them against without on two shapes, and both steps' kernels
-#            per token (--profile)                                                   (carry .whl-core)
+#            the uncompiled step with them (with and without PDL) against without on Qwen3-0.6B;
+#            gemv-more: the same on Qwen3-4B, and both steps' kernels per token (--profile)
+#                                                                                     (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
 #            at 1 k, 8 k and 16 k positions (python -m nvkit.benchmarks.attention --batch1), then an
 #            8 k-token prompt's decode rate and its profile (PROMPT_LEN to change)     (carry .whl-core)
@@ -197,12 +198,12 @@ case "$phase" in
   gemv)
     echo "=== gemv forms ($(date +%T))"
     timeout 240 python3 -m nvkit.benchmarks.gemv --csv "$out/gemv.csv"; echo "=== exit $? ($(date +%T))"
-    T=200 t tests/gpu/test_fast_gpu.py -k six_kernel
-    for sh in qwen3-0.6b qwen3-4b; do
-      T=240 bench shape:$sh --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
-    done
+    T=150 t tests/gpu/test_fast_gpu.py -k six_kernel
+    T=180 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv,fast+eager+gemv+nopdl" ;;
+  gemv-more)
+    T=240 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
     for p in "fast+eager" "fast+eager+gemv"; do  # the per-kernel profile before and after
-      T=200 bench shape:qwen3-0.6b --decode --profile --paths "$p"
+      T=150 bench shape:qwen3-0.6b --decode --profile --paths "$p"
     done ;;
   long)
     echo "=== batch-1 attention launches ($(date +%T))"

@@ -8,8 +8,10 @@ Per model shape (random weights of its published layout) and per projection, one
   product; o: the product; gate/up: the sum and norm, the product, the activation; down: the
   product; and once a token the LM head: the sum and final norm, the product);
 - ``cuBLAS``: the product alone (``F.linear``), the bandwidth cuBLAS reaches on that shape;
-- ``fused``: ``gemv``'s one kernel for the same work with its automatic launch, and ``fused best``:
-  the fastest of a few other launches (rows per program, inputs per step, warps).
+- ``fused``: ``gemv``'s one kernel for the same work with its automatic launch, ``fused best``:
+  the fastest of a few other launches (rows per program, inputs per step, warps), and ``fused pdl``
+  (a Hopper GPU on): the automatic launch with Programmatic Dependent Launch, each call starting
+  while the one before ends.
 
 Why measured this way: a decode step replays its kernels from a CUDA graph, each reading weights
 that are not in the L2 cache (the whole model streams through it every token). So each row is
@@ -85,7 +87,7 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches) -> list[dict]:
     import torch.nn.functional as F
 
     from ..generate.kernels.add_rms_norm import add_rms_norm
-    from ..generate.kernels.gemv import gemv, gemv_launch
+    from ..generate.kernels.gemv import gemv, gemv_launch, pdl_why
     from ..generate.kernels.silu_mul import silu_mul
     rows_w, k = _dims(form, cfg)
     n = rows_w // 2 if form == "gate_up" else rows_w
@@ -107,10 +109,11 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches) -> list[dict]:
         y = F.linear(xin, w)
         return silu_mul(y, "silu") if form == "gate_up" else y
 
-    def fused(w, launch=None):
+    def fused(w, launch=None, pdl=False):
         bn, bk, warps = launch or (None, None, None)
         return gemv(x, w, norm=nw if norm else None, eps=eps, glu=form == "gate_up",
-                    residual=res if form in ("o", "down") else None, block_n=bn, block_k=bk, num_warps=warps)
+                    residual=res if form in ("o", "down") else None, block_n=bn, block_k=bk, num_warps=warps,
+                    pdl=pdl)
 
     ref = now(ws[0]).float()
     if form in ("o", "down"):
@@ -144,6 +147,11 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches) -> list[dict]:
     if best is not None:
         best["variant"] = best["variant"].replace("fused", "fused best", 1)
         out.append(best)
+    if pdl_why(dev) is None:  # each call launched while the one before ends, its first weights loaded early
+        err = (fused(ws[0], pdl=True).float() - ref).abs().max().item()
+        out.append(dict(label, variant=f"fused pdl ({auto[0]}x{auto[1]})", kernels=1, max_err=err,
+                        us_per_call=graph_us(lambda w: fused(w, pdl=True), ws, repeats, dev),
+                        **({} if err <= TOLERANCE * (1 + ref.abs().max().item()) else {"note": "wrong"})))
     for r in out:
         if r.get("us_per_call"):
             r["weight_gb_s"] = nbytes / (r["us_per_call"] * 1e-6) / 1e9

@@ -38,12 +38,16 @@ def gemv_why(fw: FusedWeights | None, attention: str) -> str | None:
     return None
 
 
-def gemv_decode_layer(fw: FusedWeights) -> Callable:
+def gemv_decode_layer(fw: FusedWeights, pdl: bool = False) -> Callable:
     """``llama_step.decode_layer``'s layer in six kernels, for the model whose weights ``fw`` holds
     (``gemv_why`` None): ``layer(h, delta, pos, where, cos, sin, mask, keys, values,
-    *llama_step.layer_args(w, None))`` -> (h, delta), ``h`` the whole residual stream."""
+    *llama_step.layer_args(w, None))`` -> (h, delta), ``h`` the whole residual stream. ``pdl``: the
+    products launched with Programmatic Dependent Launch (``kernels.gemv``)."""
+    from functools import partial
+
     from ..kernels.decode_attention import decode_attention_rope
-    from ..kernels.gemv import gemv
+    from ..kernels.gemv import gemv as plain_gemv
+    gemv = partial(plain_gemv, pdl=pdl)
     nh, nkv, hd, scale = fw.nh, fw.nkv, fw.hd, fw.residual_scale
     cap = fw.attn_softcap or 0.0
     wf = fw.weight_first
@@ -73,9 +77,21 @@ def gemv_head(fw: FusedWeights) -> Callable:
     return head
 
 
-def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool) -> dict:
+def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool, pdl: bool = False) -> dict:
     """``llama_step.decode_step``'s ``layer`` and ``head`` for the six-kernel layer where it is
-    ``asked`` for and runs (``gemv_why``); none (the usual step) elsewhere."""
+    ``asked`` for and runs (``gemv_why``); none (the usual step) elsewhere. ``pdl``: with
+    Programmatic Dependent Launch where the GPU and Triton give it (``kernels.gemv.pdl_why``)."""
     if not asked or gemv_why(fw, attention) is not None:
         return {}
-    return {"layer": gemv_decode_layer(fw), "head": gemv_head(fw)}
+    from ..kernels.gemv import pdl_why
+    pdl = pdl and pdl_why(fw.embed.device) is None
+    return {"layer": gemv_decode_layer(fw, pdl), "head": gemv_head(fw)}
+
+
+def gemv_words(fw: FusedWeights | None, attention: str, pdl: bool) -> str:
+    """The stats line's words for the six-kernel layers asked for: where they run, or why not."""
+    why = gemv_why(fw, attention)
+    if why:
+        return f"six-kernel layers: {why}"
+    from ..kernels.gemv import pdl_why
+    return "six-kernel layers: uncompiled, no adapter" + (", PDL" if pdl and pdl_why(fw.embed.device) is None else "")

@@ -27,7 +27,7 @@ from .static_cache import Cache, GraphKey, model_prefill, model_step, new_cache,
 from .llama_step import decode_head, decode_step, model_decode_layer, prefill_step
 from .fused_fit import fusable_why
 from .fused_weights import FusedWeights
-from .gemv_step import gemv_parts, gemv_why
+from .gemv_step import gemv_parts, gemv_words
 from .options import FOLD_RANK, FastOptions, default_options
 from .replay import replays, ticking
 from .compile_policy import compile_fullgraph
@@ -111,7 +111,7 @@ class FastDecoder(GraphRunner):
         if self._fw is not None:
             parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
             if self.variant.gemv:
-                parts.append(f"six-kernel layers: {gemv_why(self._fw, self.attention) or 'uncompiled, no adapter'}")
+                parts.append(gemv_words(self._fw, self.attention, self.pdl))
         if self._lora is not None and lora_mod.active(self.model):
             # the uncompiled step with nvkit's kernels folds where the GPU gives float32 products
             folded = self._lora.folded and (self.compiled or not self.kernels or lora_mod.kernel_folds(self.device))
@@ -190,7 +190,7 @@ class FastDecoder(GraphRunner):
                 c.steps[lora_on] = decode_step(self._fw, c, self.attention, self._lora if lora_on else None,
                                                kernels=self.kernels, **gemv_parts(
                                                    self._fw, self.attention, self.variant.gemv and self.kernels
-                                                   and not lora_on))
+                                                   and not lora_on, self.pdl))
             else:
                 c.steps[lora_on] = model_step(self.model, c, self.device)
         return c.steps[lora_on]

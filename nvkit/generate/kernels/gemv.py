@@ -21,7 +21,9 @@ epilogue; the launch (``gemv_launch``) picks rows per program for about one prog
 Rounding as the eager step rounds: the product (and its bias) in float32, rounded to the weight's
 dtype; the activation (SiLU) in float32 of the rounded gate, rounded, times the rounded up,
 rounded; a branch multiplier (Granite's) on the rounded product, rounded; the residual sum,
-rounded. The torch reference is in tests/generate/kernels/test_gemv.py;
+rounded. With ``pdl`` each kernel loads its first weights before it waits for the kernel before
+it (Programmatic Dependent Launch), so in a chain of them the weights of one stream while the one
+before it ends. The torch reference is in tests/generate/kernels/test_gemv.py;
 ``python -m nvkit.benchmarks.gemv`` times the forms against torch's operations and cuBLAS.
 """
 
@@ -32,6 +34,11 @@ import triton
 import triton.language as tl
 
 from .common import launch_why, next_pow2
+
+try:  # Grid Dependency Control (Hopper on): what Programmatic Dependent Launch waits and signals with
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # an older Triton: gemv(pdl=True) says so, nothing else needs them
+    gdc_launch_dependents = gdc_wait = None
 
 #: the most weight elements one program holds per step of its loop (BLOCK_N × BLOCK_K)
 TILE = 8192
@@ -57,13 +64,33 @@ def gemv_launch(n: int, k: int, sms: int) -> tuple[int, int]:
 
 
 @triton.jit
+def _tiles(W, rows, c, live, K, N, stride_w, GLU: tl.constexpr):
+    """The weight's tile of these rows at inputs ``c`` (and with ``GLU`` the up rows', N further
+    down the stacked weight); inputs at or past K load nothing."""
+    m = live[:, None] & (c < K)[None, :]
+    w = tl.load(W + rows[:, None] * stride_w + c[None, :], mask=m, other=0.0)
+    if GLU:
+        wu = tl.load(W + (rows + N)[:, None] * stride_w + c[None, :], mask=m, other=0.0)
+    else:
+        wu = w
+    return w, wu
+
+
+@triton.jit
 def _gemv_kernel(X, W, NW, B, R, OUT, N, K, eps, scale, stride_w,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, WEIGHT_FIRST: tl.constexpr,
-                 HAS_BIAS: tl.constexpr, GLU: tl.constexpr, HAS_SCALE: tl.constexpr, RESIDUAL: tl.constexpr):
+                 HAS_BIAS: tl.constexpr, GLU: tl.constexpr, HAS_SCALE: tl.constexpr, RESIDUAL: tl.constexpr,
+                 PDL: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     live = rows < N
     cols = tl.arange(0, BLOCK_K)
     dt = W.dtype.element_ty
+    # each step's weights are loaded one step ahead, the first before anything the kernel before
+    # wrote is read: with PDL that load overlaps that kernel's tail
+    w, wu = _tiles(W, rows, cols, live, K, N, stride_w, GLU)
+    if PDL:
+        gdc_wait()  # the input and the residual are the kernels before's outputs
+        gdc_launch_dependents()
     if NORM:  # the input row's mean square, before any product reads it normed
         ss = tl.zeros((BLOCK_K,), tl.float32)
         for k0 in range(0, K, BLOCK_K):
@@ -71,8 +98,7 @@ def _gemv_kernel(X, W, NW, B, R, OUT, N, K, eps, scale, stride_w,
             ss += h * h
         rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
     acc = tl.zeros((BLOCK_N,), tl.float32)
-    if GLU:
-        acc_up = tl.zeros((BLOCK_N,), tl.float32)
+    acc_up = tl.zeros((BLOCK_N,), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         c = k0 + cols
         ok = c < K
@@ -84,12 +110,10 @@ def _gemv_kernel(X, W, NW, B, R, OUT, N, K, eps, scale, stride_w,
                 x = (nw * y).to(dt).to(tl.float32)
             else:
                 x = (nw * y.to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        m = live[:, None] & ok[None, :]
-        w = tl.load(W + rows[:, None] * stride_w + c[None, :], mask=m, other=0.0)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
-        if GLU:  # the up row of each gate row: N rows further down the stacked weight
-            wu = tl.load(W + (rows + N)[:, None] * stride_w + c[None, :], mask=m, other=0.0)
+        if GLU:
             acc_up += tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
+        w, wu = _tiles(W, rows, c + BLOCK_K, live, K, N, stride_w, GLU)  # the next step's (none past K)
     if HAS_BIAS:
         acc += tl.load(B + rows, mask=live, other=0.0).to(tl.float32)
         if GLU:
@@ -109,7 +133,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
          norm: torch.Tensor | None = None, eps: float = 1e-6, weight_first: bool = False,
          glu: bool = False, scale: float | None = None, residual: torch.Tensor | None = None,
          block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
-         num_stages: int | None = None) -> torch.Tensor:
+         num_stages: int | None = None, pdl: bool = False) -> torch.Tensor:
     """``x @ weight.T + bias`` for one row ``x`` ((K,) or (1, K)), as (1, N), with what may come
     around it in a decoder layer (see the module docstring):
 
@@ -121,9 +145,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     - ``residual``: the result added to this (1, N) row (the residual sum after a branch).
 
     ``block_n``, ``block_k``, ``num_warps``, ``num_stages``: the launch (None: ``gemv_launch`` and
-    Triton's own), which ``nvkit.benchmarks.gemv`` varies. The weight's dtype is the result's."""
+    Triton's own), which ``nvkit.benchmarks.gemv`` varies. ``pdl``: launched with Programmatic
+    Dependent Launch (a CUDA GPU of compute capability 9 or more): the kernel starts while the one
+    before it ends, loads its first weights, then waits for that kernel's outputs, and lets the
+    kernel after it start in turn. The weight's dtype is the result's."""
     why = _why(x, weight, bias, norm, glu, residual)
     why = why or launch_why(num_stages, False, block_n=block_n, block_k=block_k, num_warps=num_warps)
+    if not why and pdl is not False:
+        why = _pdl_why(pdl, weight.device)
     if why:
         raise ValueError(f"nvkit gemv: {why}")
     k = weight.shape[1]
@@ -133,13 +162,30 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     x = x.reshape(-1).contiguous()
     out = torch.empty((1, n), dtype=weight.dtype, device=weight.device)
     launch = {name: v for name, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
+    if pdl:
+        launch["launch_pdl"] = True
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, norm if norm is not None else x, bias if bias is not None else x,
         residual.reshape(-1) if residual is not None else x, out, n, k, float(eps), float(scale or 1.0),
         weight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm is not None, WEIGHT_FIRST=bool(weight_first),
         HAS_BIAS=bias is not None, GLU=bool(glu), HAS_SCALE=scale is not None, RESIDUAL=residual is not None,
-        **launch)
+        PDL=bool(pdl), **launch)
     return out
+
+
+def _pdl_why(pdl, device) -> str | None:
+    if not isinstance(pdl, bool):
+        return f"pdl must be True or False, not {pdl!r}"
+    return pdl_why(device)
+
+
+def pdl_why(device) -> str | None:
+    """Why ``gemv(pdl=True)`` cannot run on ``device`` (None: it can)."""
+    if gdc_wait is None:
+        return f"pdl=True needs a Triton with grid dependency control (this one is {triton.__version__})"
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return "pdl=True needs a CUDA GPU of compute capability 9.0 or more (Hopper on)"
+    return None
 
 
 def _why(x, weight, bias, norm, glu, residual) -> str | None:

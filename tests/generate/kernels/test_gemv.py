@@ -79,12 +79,14 @@ def test_wrong_inputs_and_launches_are_refused():
                      lambda: gemv(x, w, torch.randn(7)), lambda: gemv(x, w, norm=torch.randn(8)),
                      lambda: gemv(x, w, residual=torch.randn(1, 4)), lambda: gemv(x.half(), w),
                      lambda: gemv(x, w, residual=torch.randn(1, 8).half()),
-                     lambda: gemv(x, w, block_n=3), lambda: gemv(x, w, block_k=0), lambda: gemv(x, w, num_stages=9)):
+                     lambda: gemv(x, w, block_n=3), lambda: gemv(x, w, block_k=0), lambda: gemv(x, w, num_stages=9),
+                     lambda: gemv(x, w, pdl="yes"), lambda: gemv(x, w, pdl=True)):
             refused(call)
         assert torch.allclose(gemv(x, w), (w @ x).view(1, -1), atol=1e-5)  # usable after every refusal
         print("ok")
     """)
-    assert out.count("refused:") == 12 and out.strip().endswith("ok"), out
+    assert out.count("refused:") == 14 and out.strip().endswith("ok"), out
+    assert "pdl must be True or False" in out and "compute capability 9.0" in out  # a CPU has no PDL
 
 
 def test_the_launch_gives_about_a_program_per_sm_within_the_tile():
