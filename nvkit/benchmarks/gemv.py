@@ -45,9 +45,10 @@ NOW_KERNELS = {"qkv": 2, "o": 1, "gate_up": 3, "down": 1, "head": 2}
 TOLERANCE = 2e-2  # from the ``now`` kernels' output, bf16 values of O(1): a few ulps
 
 
-def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0, launches=LAUNCHES):
+def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0, launches=LAUNCHES, forms=FORMS):
     """A DataFrame, one row per (model, projection, variant): see the module docstring.
-    ``launches``: the (rows per program, inputs per step, warps) ``fused best`` picks from."""
+    ``launches``: the (rows per program, inputs per step, warps) ``fused best`` picks from;
+    ``forms``: some of ``FORMS``."""
     import pandas as pd
     import torch
 
@@ -57,6 +58,8 @@ def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0, l
     for m in models:
         require(m.lower() in SHAPES, f"Unknown shape {m!r}: one of {sorted(SHAPES)}.")
     positive_int("repeats", repeats)
+    require(isinstance(forms, (list, tuple)) and forms and set(forms) <= set(FORMS),
+            f"forms must be some of {FORMS}, not {forms!r}.")
     require(isinstance(launches, (list, tuple)) and all(isinstance(x, tuple) and len(x) == 3 for x in launches),
             f"launches must be a list of (rows per program, inputs per step, warps) tuples, not {launches!r}.")
     dev = kernel_device(device, "GEMV")
@@ -65,7 +68,7 @@ def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0, l
     rows = []
     for model in models:
         cfg = shaped_config(model.lower()).get_text_config()
-        for form in FORMS:
+        for form in forms:
             rows += _form_rows(model, form, cfg, dev, dt, gen, repeats, launches)
     df = pd.DataFrame(rows)
     df.attrs.update(gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton's interpreter)",

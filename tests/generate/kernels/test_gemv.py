@@ -42,7 +42,11 @@ def test_every_form_matches_the_eager_operations():
         from tests.generate.kernels.test_gemv import gemv_reference
         torch.manual_seed(0)
         checked = 0
-        for dtype, (n, k) in itertools.product((torch.float32, torch.float16), ((64, 96), (40, 300), (7, 16))):
+        # every form in float32 at three widths, two launches each; float16's roundings at one width
+        cases = [(torch.float32, nk, launches) for nk in ((64, 96), (40, 300), (7, 16))
+                 for launches in ((dict(), dict(block_n=4, block_k=32)),)]
+        cases.append((torch.float16, (40, 300), (dict(block_n=64, block_k=16, num_warps=2),)))
+        for dtype, (n, k), launches in cases:
             for norm, glu, bias, scale, residual in itertools.product((False, True), repeat=5):
                 rows = 2 * n if glu else n
                 w = torch.randn(rows, k, dtype=dtype) / k ** 0.5
@@ -51,7 +55,7 @@ def test_every_form_matches_the_eager_operations():
                           norm=torch.rand(k, dtype=dtype) + 0.5 if norm else None, glu=glu,
                           scale=0.25 if scale else None, residual=torch.randn(1, n, dtype=dtype) if residual else None)
                 ref = gemv_reference(x, w, **kw)
-                for launch in (dict(), dict(block_n=4, block_k=32), dict(block_n=64, block_k=16, num_warps=2)):
+                for launch in launches:
                     got = gemv(x, w, **kw, **launch)
                     tol = 1e-4 if dtype == torch.float32 else 4e-3
                     assert got.shape == (1, n) and got.dtype == dtype, (got.shape, got.dtype)
@@ -65,7 +69,7 @@ def test_every_form_matches_the_eager_operations():
                               gemv_reference(x, w, norm=nw, weight_first=True), atol=1e-5)
         print("ok", checked)
     """)
-    assert out.strip() == "ok 576", out
+    assert out.strip() == "ok 224", out
 
 
 def test_wrong_inputs_and_launches_are_refused():
