@@ -12,9 +12,10 @@ def path() -> str:
 
 
 def shaped(name: str) -> str:
-    """A random-weight model of a real model's shape (e.g. "qwen3-0.6b"), built once and cached."""
-    import nvkit.demo
-    return nvkit.demo.shaped(name)
+    """A random-weight model of a real model's shape (e.g. "qwen3-0.6b"), built once and cached:
+    drawn on the GPU where there is one, as the benchmarks draw it (the same folder either way)."""
+    from nvkit.benchmarks.shapes import shape_folder
+    return shape_folder(name)
 
 
 def ready() -> bool:
