@@ -4,9 +4,9 @@ the residual sum after it, or the gated activation of a stacked gate/up weight.
 
 Why: at batch 1 a decoder layer reads its weights once and does little else, so its time is the
 weights' bytes over the bandwidth plus each kernel's launch and ramp, in which few bytes stream.
-The uncompiled step runs a layer as eight kernels or more (the sum and norm, the q/k/v product, the
-attention's two, the o-product, the sum and norm, the gate/up product, the activation, the down
-product); with these forms it is six: the q/k/v product with the norm in front (``norm``), the
+The uncompiled step runs a Llama-layout layer as nine kernels (the sum and norm, the q/k/v product,
+the attention's two, the o-product, the sum and norm, the gate/up product, the activation, the
+down product); with these forms it is six: the q/k/v product with the norm in front (``norm``), the
 attention, the o-product with the residual sum behind it (``residual``), the gate/up product with
 the norm in front and the activation behind (``norm`` and ``glu``), the down product with the sum
 (``residual``).
