@@ -90,7 +90,7 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches) -> list[dict]:
     import torch.nn.functional as F
 
     from ..generate.kernels.add_rms_norm import add_rms_norm
-    from ..generate.kernels.gemv import gemv, gemv_launch, pdl_why
+    from ..generate.kernels.gemv import gemv, gemv_launch, pdl_why, sm_count
     from ..generate.kernels.silu_mul import silu_mul
     rows_w, k = _dims(form, cfg)
     n = rows_w // 2 if form == "gate_up" else rows_w
@@ -126,7 +126,7 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches) -> list[dict]:
                 us_per_call=graph_us(now, ws, repeats, dev)),
            dict(label, variant="cuBLAS", kernels=1, us_per_call=graph_us(lambda w: F.linear(x.view(1, -1), w), ws,
                                                                           repeats, dev))]
-    auto = gemv_launch(n, k, _sms(dev))
+    auto = gemv_launch(n, k, sm_count(dev))
     best = None
     for launch in (None,) + tuple(l for l in launches if l[:2] != auto):
         if launch is not None and (launch[0] * launch[1] > 4 * 8192 or launch[1] > 2 * max(16, 1 << (k - 1).bit_length())):
@@ -159,12 +159,6 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches) -> list[dict]:
         if r.get("us_per_call"):
             r["weight_gb_s"] = nbytes / (r["us_per_call"] * 1e-6) / 1e9
     return out
-
-
-def _sms(dev) -> int:
-    import torch
-    # the interpreter's figure as kernels.gemv takes it (one: the largest tiles)
-    return torch.cuda.get_device_properties(dev).multi_processor_count if dev.type == "cuda" else 1
 
 
 def layer_summary(df):

@@ -45,7 +45,8 @@ TILE = 8192
 _SM_COUNT: dict = {}
 
 
-def _sm_count(device) -> int:
+def sm_count(device) -> int:
+    """The SM count ``gemv_launch`` sizes the automatic launch for on ``device``."""
     if device.type != "cuda":
         return 1  # Triton's interpreter runs programs one by one: the fewest, the largest tiles
     key = device.index if device.index is not None else torch.cuda.current_device()
@@ -157,7 +158,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"nvkit gemv: {why}")
     k = weight.shape[1]
     n = weight.shape[0] // 2 if glu else weight.shape[0]
-    auto_n, auto_k = gemv_launch(n, k, _sm_count(weight.device))
+    auto_n, auto_k = gemv_launch(n, k, sm_count(weight.device))
     block_n, block_k = block_n or auto_n, block_k or auto_k
     x = x.reshape(-1).contiguous()
     out = torch.empty((1, n), dtype=weight.dtype, device=weight.device)
