@@ -61,6 +61,8 @@
 #            the uncompiled step with them (with and without PDL) against without on Qwen3-0.6B;
 #            gemv-more: the same on Qwen3-4B, and both steps' kernels per token (--profile)
 #                                                                                     (carry .whl-core)
+#   fit      the tables issue 38's launch rules are fitted to: every GEMV launch per form (--every) and
+#            the batch-1 attention's launches (--batch1, and short lengths in a 16 k cache)  (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
 #            at 1 k, 8 k and 16 k positions (python -m nvkit.benchmarks.attention --batch1), then an
 #            8 k-token prompt's decode rate and its profile (PROMPT_LEN to change)     (carry .whl-core)
@@ -200,6 +202,16 @@ case "$phase" in
     timeout 240 python3 -m nvkit.benchmarks.gemv --csv "$out/gemv.csv"; echo "=== exit $? ($(date +%T))"
     T=200 t tests/gpu/test_fast_gpu.py -k six_kernel
     T=150 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv,fast+eager+gemv+nopdl" ;;
+  fit)
+    # the tables the launch rules are fitted to: every GEMV launch (with PDL) per form, the batch-1
+    # attention's launches at each length's size class and at short lengths in a long cache
+    echo "=== gemv every launch ($(date +%T))"
+    timeout 300 python3 -m nvkit.benchmarks.gemv --every --csv "$out/gemv-every.csv" > "$out/gemv-every.log" 2>&1
+    echo "=== exit $? ($(date +%T))"; tail -8 "$out/gemv-every.log"
+    echo "=== batch-1 attention launches ($(date +%T))"
+    timeout 130 python3 -m nvkit.benchmarks.attention --batch1 --csv "$out/attention-batch1.csv"; echo "=== exit $? ($(date +%T))"
+    timeout 70 python3 -m nvkit.benchmarks.attention --batch1 --lengths 128,1024 --cache 16384 \
+      --csv "$out/attention-batch1-short.csv"; echo "=== exit $? ($(date +%T))" ;;
   gemv-more)
     T=240 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
     for p in "fast+eager" "fast+eager+gemv"; do  # the per-kernel profile before and after

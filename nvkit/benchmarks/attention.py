@@ -26,7 +26,7 @@ import sys
 
 from ..checks import positive_int, whole_number
 from ..errors import NvkitError, require
-from .kernel_timing import events_us, kernel_device
+from .kernel_timing import events_us, graph_us, kernel_device
 from .tables import table_text
 
 # (splits, pages per loop step, warps, tl.dot, stages); None: the kernel's own choice. The first
@@ -37,12 +37,15 @@ SHAPES = ((None, None, None, None, None), (None, 1, None, False, None), (None, 1
           (2, 1, None, False, None), (4, 1, None, False, None), (2, 2, 8, False, None), (4, 2, 8, False, None),
           (None, 1, 4, True, None), (None, 2, 4, True, 3), (None, 2, 8, True, 3), (4, 2, 4, True, 3),
           (8, 1, 4, True, 3))
+L2_OVERFLOW = 256 * 2**20  # bytes of cache copies a batch-1 graph cycles through: several times any GPU's L2 cache
 TOLERANCE = 2e-2  # from the fp32 reference, for bf16 outputs of O(1): a few ulps (or 4 × the default's own)
 #: the batch-1 kernel's launches ``batch1`` times, as (splits, blocks of ``BLOCK_L`` positions per
 #: loop step, warps, tl.dot, stages); the first is the op's own launch
 BATCH1_SHAPES = ((None, 1, None, False, None), (32, 1, None, False, None), (64, 1, None, False, None),
-                 (128, 1, None, False, None), (None, 2, 4, True, 3), (32, 2, 4, True, 3), (64, 2, 4, True, 3),
-                 (128, 2, 4, True, 3), (64, 4, 8, True, 3), (64, 1, 4, True, 2))
+                 (128, 1, None, False, None), (64, 2, 4, False, None), (128, 2, 4, False, None),
+                 (None, 2, 4, True, 3), (32, 2, 4, True, 3), (64, 2, 4, True, 3), (128, 2, 4, True, 3),
+                 (64, 4, 4, True, 3), (64, 4, 8, True, 3), (128, 4, 4, True, 3), (256, 2, 4, True, 3),
+                 (64, 1, 4, True, 2), (128, 1, 4, True, 3))
 #: the positions ``batch1`` attends over by default: a chat turn's, a long prompt's, a longer one's
 BATCH1_LENGTHS = (1024, 8192, 16384)
 
@@ -126,14 +129,19 @@ def paged(model: str = "qwen3-0.6b", rows=(64, 256), lo: int = 16, hi: int = 512
     return df
 
 
-def batch1(model: str = "qwen3-0.6b", lengths=BATCH1_LENGTHS, shapes=BATCH1_SHAPES, repeats: int = 50,
-           seed: int = 0, device: str = "cuda"):
+def batch1(model: str = "qwen3-0.6b", lengths=BATCH1_LENGTHS, shapes=BATCH1_SHAPES, repeats: int = 20,
+           seed: int = 0, device: str = "cuda", cache: int | None = None):
     """A DataFrame, one row per (positions, launch shape) of the batch-1 kernel
     (``decode_attention.decode_launch``, the q/k norms and RoPE fused in, as the fused step runs
     it): one layer's attention of one token at position ``length - 1`` over a static cache of the
-    size class such a request gets, each shape checked against the fp32 reference first, as
-    ``paged`` does; the rows give µs per call, ms per token (× the model's layers), the KV bytes
-    read and the rate. ``shapes``: (splits, blocks per loop step, warps, dot, stages) tuples."""
+    size class such a request gets (``cache``: one size for every length, e.g. a short chat in a
+    long prompt's cache), each shape checked against the fp32 reference first, as ``paged`` does;
+    the rows give µs per call, ms per token (× the model's layers), the KV bytes read and the rate.
+    ``shapes``: (splits, blocks per loop step, warps, dot, stages) tuples.
+
+    Timed as the step runs it: calls captured in a CUDA graph (``kernel_timing.graph_us``; one call
+    is a few microseconds of GPU work, which launches from Python would hide), cycling through
+    copies of the cache that together overflow the L2 cache, so every call reads from memory."""
     import pandas as pd
     import torch
 
@@ -150,13 +158,22 @@ def batch1(model: str = "qwen3-0.6b", lengths=BATCH1_LENGTHS, shapes=BATCH1_SHAP
     positive_int("repeats", repeats)
     require(isinstance(shapes, (list, tuple)) and shapes and all(isinstance(s, tuple) and len(s) == 5 for s in shapes),
             "shapes must be a list of (splits, blocks per step, warps, dot, stages) tuples.")
+    if cache is not None:
+        whole_number("cache", cache, 1, 1 << 21)
+        require(cache & (cache - 1) == 0 and cache >= max(lengths),
+                f"cache must be a power of two of at least the longest length ({max(lengths)}), not {cache}.")
     nh, nkv, hd, layers, dev, dt = _setting(model, device)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     out = []
+    fixed = cache
     for n in lengths:
-        cache = next_pow2(n + 512)  # the size class of a request of n positions and a few hundred new tokens
-        k = torch.randn((nkv, cache, hd), generator=gen).to(dev, dt)
-        v = torch.randn((nkv, cache, hd), generator=gen).to(dev, dt)
+        # the size class of a request of n positions and a few hundred new tokens
+        cache = fixed or next_pow2(n + 512)
+        nbytes = 2 * nkv * cache * hd * torch.finfo(dt).bits // 8
+        copies = max(1, -(-L2_OVERFLOW // nbytes)) if dev.type == "cuda" else 1
+        caches = [(torch.randn((nkv, cache, hd), generator=gen).to(dev, dt),
+                   torch.randn((nkv, cache, hd), generator=gen).to(dev, dt)) for _ in range(copies)]
+        k, v = caches[0]
         qkv = torch.randn((nh + 2 * nkv, hd), generator=gen).to(dev, dt)
         qw = (torch.rand(hd, generator=gen) + 0.5).to(dev, dt)
         kw = (torch.rand(hd, generator=gen) + 0.5).to(dev, dt)
@@ -165,17 +182,18 @@ def batch1(model: str = "qwen3-0.6b", lengths=BATCH1_LENGTHS, shapes=BATCH1_SHAP
         pos = torch.tensor(n - 1, device=dev)
         read = n * nkv * hd * 2 * k.element_size()  # K and V of the positions up to pos
 
-        def call(shape):
+        def call(shape, kv=caches[0]):
             splits, per_step, warps, dot, stages = shape
-            return da.decode_launch(qkv, qw, kw, cos, sin, k, v, pos, hd ** -0.5, 1e-6, splits=splits,
+            return da.decode_launch(qkv, qw, kw, cos, sin, kv[0], kv[1], pos, hd ** -0.5, 1e-6, splits=splits,
                                     blocks_per_step=per_step, dot=bool(dot), num_warps=warps, num_stages=stages)
 
         ref = attend_rope_reference(qkv, qw, kw, cos, sin, k.clone(), v.clone(), pos, hd ** -0.5, 1e-6).float()
         out += _checked_and_timed(call, ref, BATCH1_SHAPES[0], shapes,
                                   lambda shape: _shape_name(shape, "block", BATCH1_SHAPES[0]), read, layers,
                                   "ms_per_token", repeats, dev,
-                                  {"positions": n, "cache": cache, "shape": None, "kv_mib": read / 2**20})
-        del k, v
+                                  {"positions": n, "cache": cache, "shape": None, "kv_mib": read / 2**20},
+                                  timer=lambda shape: graph_us(lambda kv: call(shape, kv), caches, repeats, dev))
+        del k, v, caches
     df = pd.DataFrame(out)
     cuda = dev.type == "cuda"
     df.attrs.update(model=model, layers=layers, heads=(nh, nkv, hd), repeats=repeats,
@@ -185,11 +203,12 @@ def batch1(model: str = "qwen3-0.6b", lengths=BATCH1_LENGTHS, shapes=BATCH1_SHAP
 
 
 def _checked_and_timed(call, ref, default, shapes, name, read: int, layers: int, per_step: str, repeats: int, dev,
-                       row: dict) -> list[dict]:
+                       row: dict, timer=None) -> list[dict]:
     """One row per launch shape (``row`` filled in): ``call(shape)``'s output checked against the
     fp32 reference ``ref`` first (a shape much further from it than the ``default`` launch is a
-    row marked "wrong", not timed), then timed: µs per call, ``per_step`` (ms for every layer's
-    call) and the rate it read its ``read`` bytes at. A shape that fails is a row that says so."""
+    row marked "wrong", not timed), then timed: µs per call (``timer(shape)``; by default the calls
+    back to back between CUDA events), ``per_step`` (ms for every layer's call) and the rate it
+    read its ``read`` bytes at. A shape that fails is a row that says so."""
     base_err = (call(default).float() - ref).abs().max().item()
     bound = max(TOLERANCE, 4 * base_err)
     rows = []
@@ -201,7 +220,7 @@ def _checked_and_timed(call, ref, default, shapes, name, read: int, layers: int,
             if not err <= bound:
                 r["note"] = f"wrong: {err:.3g} from the fp32 reference, where the default launch is {base_err:.3g} from it"
             else:
-                us = events_us(lambda: call(shape), repeats, dev)
+                us = timer(shape) if timer else events_us(lambda: call(shape), repeats, dev)
                 r.update(us_per_call=us, **{per_step: us * layers / 1000}, read_gb_s=read / (us * 1e-6) / 1e9)
         except Exception as e:  # noqa: BLE001 - a shape the GPU cannot run is a row that says so
             r["note"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
@@ -336,8 +355,10 @@ def main(argv=None) -> int:
     p.add_argument("--rows", default="64,256", help="comma-separated row counts (the paged kernel)")
     p.add_argument("--lengths", default=",".join(map(str, BATCH1_LENGTHS)),
                    help="comma-separated positions attended over (--batch1)")
+    p.add_argument("--cache", type=int, default=None, help="one cache size for every length (--batch1; default: "
+                                                            "each length's size class)")
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=50)
+    p.add_argument("--repeats", type=int, default=None, help="calls timed (default 50; --batch1: 20 graph cycles)")
     p.add_argument("--shapes", default=None, help="splits/pages/warps[/dot|sum[/stages]],... (default: the built-in "
                                                   "list; with --batch1 the second number is blocks of 32 positions)")
     p.add_argument("--csv", default=None)
@@ -345,11 +366,11 @@ def main(argv=None) -> int:
     try:
         if a.batch1:
             lengths = tuple(int(x) for x in a.lengths.split(",") if x.strip())
-            df = batch1(model=a.model, lengths=lengths, repeats=a.repeats,
+            df = batch1(model=a.model, lengths=lengths, repeats=a.repeats or 20, cache=a.cache,
                         shapes=parse_shapes(a.shapes) if a.shapes else BATCH1_SHAPES)
         else:
             rows = tuple(int(x) for x in a.rows.split(",") if x.strip())
-            df = paged(model=a.model, rows=rows, new_tokens=a.new_tokens, repeats=a.repeats,
+            df = paged(model=a.model, rows=rows, new_tokens=a.new_tokens, repeats=a.repeats or 50,
                        shapes=parse_shapes(a.shapes) if a.shapes else SHAPES)
     except (NvkitError, ValueError) as e:
         print(f"NvkitError: {e}")

@@ -36,6 +36,9 @@ MODELS = ("qwen3-0.6b", "llama-3.2-1b", "qwen3-4b")
 #: the other launches ``fused best`` picks from: (rows per program, inputs per step, warps)
 LAUNCHES = ((2, 1024, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8),
             (32, 256, 8))
+#: every launch ``--every`` times (rows per program, inputs per step, warps), to fit ``gemv_launch`` to
+GRID = tuple((r, bk, w) for r in (1, 2, 4, 8, 16, 32) for bk in (256, 512, 1024, 2048) for w in (4, 8)
+             if r * bk <= 16384)
 L2_OVERFLOW = 256 * 2**20  # bytes of weight copies a graph cycles through: several times any GPU's L2 cache
 #: a layer's projections, then the LM head with the final norm before it (once a token: not in the layer sums)
 LAYER_FORMS = ("qkv", "o", "gate_up", "down")
@@ -45,10 +48,13 @@ NOW_KERNELS = {"qkv": 2, "o": 1, "gate_up": 3, "down": 1, "head": 2}
 TOLERANCE = 2e-2  # from the ``now`` kernels' output, bf16 values of O(1): a few ulps
 
 
-def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0, launches=LAUNCHES, forms=FORMS):
+def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0, launches=LAUNCHES, forms=FORMS,
+        every: bool = False):
     """A DataFrame, one row per (model, projection, variant): see the module docstring.
     ``launches``: the (rows per program, inputs per step, warps) ``fused best`` picks from;
-    ``forms``: some of ``FORMS``."""
+    ``forms``: some of ``FORMS``; ``every``: a row for each of ``launches`` (``GRID`` is the list
+    ``--every`` times), each with PDL where the GPU has it, as the step launches them, instead of
+    the fastest alone."""
     import pandas as pd
     import torch
 
@@ -62,6 +68,7 @@ def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0, l
             f"forms must be some of {FORMS}, not {forms!r}.")
     require(isinstance(launches, (list, tuple)) and all(isinstance(x, tuple) and len(x) == 3 for x in launches),
             f"launches must be a list of (rows per program, inputs per step, warps) tuples, not {launches!r}.")
+    require(isinstance(every, bool), f"every must be True or False, not {every!r}.")
     dev = kernel_device(device, "GEMV")
     dt = torch.bfloat16 if device == "cuda" else torch.float32
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -69,7 +76,7 @@ def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0, l
     for model in models:
         cfg = shaped_config(model.lower()).get_text_config()
         for form in forms:
-            rows += _form_rows(model, form, cfg, dev, dt, gen, repeats, launches)
+            rows += _form_rows(model, form, cfg, dev, dt, gen, repeats, launches, every)
     df = pd.DataFrame(rows)
     df.attrs.update(gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton's interpreter)",
                     repeats=repeats)
@@ -85,7 +92,7 @@ def _dims(form: str, cfg) -> tuple[int, int]:
             "down": (hidden, inter), "head": (int(cfg.vocab_size), hidden)}[form]
 
 
-def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches) -> list[dict]:
+def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches, every=False) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
@@ -127,30 +134,33 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches) -> list[dict]:
            dict(label, variant="cuBLAS", kernels=1, us_per_call=graph_us(lambda w: F.linear(x.view(1, -1), w), ws,
                                                                           repeats, dev))]
     auto = gemv_launch(n, k, sm_count(dev))
+    pdl = every and pdl_why(dev) is None  # every launch as the step launches it
     best = None
-    for launch in (None,) + tuple(l for l in launches if l[:2] != auto):
+    for launch in (None,) + tuple(l for l in launches if every or l[:2] != auto):
         if launch is not None and (launch[0] * launch[1] > 4 * 8192 or launch[1] > 2 * max(16, 1 << (k - 1).bit_length())):
             continue  # more than a program can hold, or far more inputs per step than there are
         try:
-            err = (fused(ws[0], launch).float() - ref).abs().max().item()
+            err = (fused(ws[0], launch, pdl).float() - ref).abs().max().item()
         except Exception as e:  # noqa: BLE001 - a launch the GPU cannot run is a row that says so
             out.append(dict(label, variant=f"fused {launch}", note=f"failed: {type(e).__name__}"))
             continue
         if not err <= TOLERANCE * (1 + ref.abs().max().item()):
             out.append(dict(label, variant=f"fused {launch or auto}", max_err=err, note="wrong"))
             continue
-        us = graph_us(lambda w, launch=launch: fused(w, launch), ws, repeats, dev)
+        us = graph_us(lambda w, launch=launch: fused(w, launch, pdl), ws, repeats, dev)
         row = dict(label, variant="fused" if launch is None else f"fused {launch[0]}x{launch[1]} w{launch[2]}",
-                   kernels=1, us_per_call=us, max_err=err)
+                   kernels=1, us_per_call=us, max_err=err, pdl=pdl)
         if launch is None:
             row["variant"] = f"fused ({auto[0]}x{auto[1]})"
+            out.append(row)
+        elif every:
             out.append(row)
         elif best is None or us < best["us_per_call"]:
             best = row
     if best is not None:
         best["variant"] = best["variant"].replace("fused", "fused best", 1)
         out.append(best)
-    if pdl_why(dev) is None:  # each call launched while the one before ends, its first weights loaded early
+    if pdl_why(dev) is None and not every:  # each call launched while the one before ends, its first weights loaded early
         err = (fused(ws[0], pdl=True).float() - ref).abs().max().item()
         out.append(dict(label, variant=f"fused pdl ({auto[0]}x{auto[1]})", kernels=1, max_err=err,
                         us_per_call=graph_us(lambda w: fused(w, pdl=True), ws, repeats, dev),
@@ -182,10 +192,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m nvkit.benchmarks.gemv", description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--every", action="store_true", help="time every launch of GRID (with PDL where the GPU has it), "
+                                                        "a row each")
     p.add_argument("--csv", default=None)
     a = p.parse_args(argv)
     try:
-        df = run(models=tuple(m.strip() for m in a.models.split(",") if m.strip()), repeats=a.repeats)
+        df = run(models=tuple(m.strip() for m in a.models.split(",") if m.strip()), repeats=a.repeats,
+                 **(dict(every=True, launches=GRID) if a.every else {}))
     except (NvkitError, ValueError) as e:
         print(f"NvkitError: {e}")
         return 2

@@ -73,6 +73,9 @@ def test_a_whole_run_in_the_interpreter_checks_every_shape_against_the_reference
     (dict(lengths=(1024, 0)), "lengths must be"),
     (dict(repeats=0), "repeats must be"),
     (dict(shapes=((1, 1, 4),)), "tuples"),
+    (dict(cache=3000), "cache must be a power of two"),
+    (dict(cache=1024), "at least the longest length"),
+    (dict(cache="big"), "cache must be"),
     (dict(device="tpu"), "device must be"),
     (dict(device="cpu"), "TRITON_INTERPRET=1"),
 ])
@@ -96,6 +99,8 @@ def test_the_batch1_benchmark_in_the_interpreter_checks_every_launch_against_the
         assert list(df["positions"]) == [5] * 4 + [300] * 4 and list(df["cache"]) == [1024] * 4 + [1024] * 4
         kv = df.attrs["heads"][1] * df.attrs["heads"][2] * 2 * 4  # bytes per position: K and V, fp32
         assert abs(df["kv_mib"].iloc[-1] - 300 * kv / 2 ** 20) < 1e-9
+        one = A.batch1(model="qwen3-tiny", lengths=(5, 300), repeats=1, shapes=shapes[:2], device="cpu", cache=2048)
+        assert list(one["cache"]) == [2048] * 4 and (one["max_err"] < 1e-4).all(), one
         print("ok")
     """)
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root),

@@ -17,7 +17,7 @@ from nvkit.errors import NvkitError
     (dict(models=()), "models must be"), (dict(models="qwen3-0.6b"), "models must be"),
     (dict(models=("gpt-17",)), "Unknown shape"), (dict(repeats=0), "repeats must be"),
     (dict(launches=((4, 256),)), "launches must be"), (dict(forms=("qkv", "lm")), "forms must be"),
-    (dict(forms=()), "forms must be"),
+    (dict(forms=()), "forms must be"), (dict(every=1), "every must be True or False"),
     (dict(device="tpu"), "device must be"), (dict(device="cpu"), "TRITON_INTERPRET=1"),
 ])
 def test_bad_arguments_are_refused_before_any_work(kw, words):
@@ -48,6 +48,12 @@ def test_a_whole_run_in_the_interpreter_checks_the_fused_forms_against_the_steps
         assert now.loc["gate_up", "n"] == now.loc["down", "k"]  # the GLU's output feeds the down product
         s = G.layer_summary(df)
         assert s.now_kernels.tolist() == [7] and s.fused_kernels.tolist() == [4] and s.fused_us.notna().all()
+        # every launch a row of its own (what ``--every`` prints to fit the launch rule to)
+        e = G.run(models=("qwen3-tiny",), repeats=1, device="cpu", launches=((64, 64, 4), (32, 128, 4)),
+                  forms=("o",), every=True)
+        assert list(e.variant)[2:] == [e.variant.iloc[2], "fused 64x64 w4", "fused 32x128 w4"], e
+        assert (e.max_err.dropna() < 1e-4).all() and (e.pdl.dropna() == False).all()  # noqa: E712 - no GPU, no PDL
+        assert len(set(G.GRID)) == len(G.GRID) > 30 and all(r * bk <= 16384 for r, bk, _ in G.GRID)
         print("ok")
     """)
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root),
