@@ -29,6 +29,7 @@ def test_the_step_with_kernels_decodes_as_the_step_of_torch_operations():
         from nvkit.generate.fast.llama_step import decode_step
         from nvkit.generate.fast.fused_weights import FusedWeights
         import nvkit.generate.kernels.lora_add as lora_add
+        from tests.greedy_steps import greedy_logits
         torch.manual_seed(0)
         s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
         for adapter, fold in ((False, False), (True, False), (True, True)):
@@ -49,13 +50,7 @@ def test_the_step_with_kernels_decodes_as_the_step_of_torch_operations():
                 c = new_cache(base, fw, 64, 1, torch.device("cpu"))
                 step = decode_step(fw, c, "matmul", lo, kernels=kernels)
                 c.tok.fill_(5)
-                rows = []
-                with torch.inference_mode():
-                    for _ in range(6):
-                        out = step(c.tok)
-                        rows.append(out.clone())
-                        c.tok.copy_(out.argmax(-1).view(1, 1))
-                logits[kernels] = torch.cat(rows)
+                logits[kernels] = greedy_logits(step, c, 6)
             diff = (logits[True] - logits[False]).abs().max().item()
             assert diff < 1e-3, (adapter, diff)
             assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
@@ -133,6 +128,7 @@ def test_the_gemma_phi3_and_olmo2_steps_with_kernels_compute_as_the_steps_of_tor
         from nvkit.generate.fast.llama_step import decode_step
         from nvkit.generate.fast.static_cache import new_cache
         from tests.generate.test_families_step import _tiny
+        from tests.greedy_steps import greedy_logits
         for family in ("Gemma2", "Gemma3Text", "Phi3", "Olmo2"):
             model = _tiny(family)
             g = torch.Generator().manual_seed(3)
@@ -157,13 +153,7 @@ def test_the_gemma_phi3_and_olmo2_steps_with_kernels_compute_as_the_steps_of_tor
                 c.pos.fill_(3)
                 c.tok.fill_(5)
                 step = decode_step(fw, c, attention, kernels=kernels)
-                rows = []
-                with torch.inference_mode():
-                    for _ in range(14):
-                        out = step(c.tok)
-                        rows.append(out.clone())
-                        c.tok.copy_(out.argmax(-1).view(1, 1))
-                logits[attention, kernels] = torch.cat(rows)
+                logits[attention, kernels] = greedy_logits(step, c, 14)
             ref = logits["matmul", False]
             for key, got in logits.items():
                 diff = (got - ref).abs().max().item()
@@ -204,6 +194,7 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
         from nvkit.generate.fast.llama_step import decode_step
         from nvkit.generate.fast.static_cache import new_cache
         from tests.generate.test_families_step import _tiny
+        from tests.greedy_steps import greedy_logits
         for family in ("Qwen2", "Qwen3", "Granite", "Mistral"):
             model = _tiny(family)
             g = torch.Generator().manual_seed(3)
@@ -222,13 +213,7 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
                 step = decode_step(fw, c, "triton-fused", None, kernels=True, **kw)
                 c.tok.fill_(5)
                 c.pos.fill_(3)
-                rows = []
-                with torch.inference_mode():
-                    for _ in range(8):
-                        out = step(c.tok)
-                        rows.append(out.clone())
-                        c.tok.copy_(out.argmax(-1).view(1, 1))
-                logits[name] = torch.cat(rows)
+                logits[name] = greedy_logits(step, c, 8)
             diff = (logits["gemv"] - logits["kernels"]).abs().max().item()
             assert diff < 1e-4 and torch.equal(logits["gemv"].argmax(-1), logits["kernels"].argmax(-1)), (family, diff)
             print(family, diff)
