@@ -63,6 +63,9 @@
 #                                                                                     (carry .whl-core)
 #   fit      the tables issue 38's launch rules are fitted to: every GEMV launch per form (--every) and
 #            the batch-1 attention's launches (--batch1, and short lengths in a 16 k cache)  (carry .whl-core)
+#   verify38  the fitted launch rules: the batch-1 attention and six-kernel identity tests, then the
+#            uncompiled step with and without six-kernel layers (Qwen3-0.6B, Qwen3-4B) and an 8 k
+#            prompt's decode                                                    (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
 #            at 1 k, 8 k and 16 k positions (python -m nvkit.benchmarks.attention --batch1), then an
 #            8 k-token prompt's decode rate and its profile (PROMPT_LEN to change)     (carry .whl-core)
@@ -212,6 +215,13 @@ case "$phase" in
     timeout 130 python3 -m nvkit.benchmarks.attention --batch1 --csv "$out/attention-batch1.csv"; echo "=== exit $? ($(date +%T))"
     timeout 70 python3 -m nvkit.benchmarks.attention --batch1 --lengths 128,1024 --cache 16384 \
       --csv "$out/attention-batch1-short.csv"; echo "=== exit $? ($(date +%T))" ;;
+  verify38)
+    # the fitted launch rules: the kernels' identity, then the steps' rates (issue 38)
+    T=150 t tests/gpu/test_decode_attention_gpu.py
+    T=200 t tests/gpu/test_fast_gpu.py -k "six_kernel or triton_attention"
+    T=110 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
+    T=160 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
+    T=140 bench shape:qwen3-0.6b --decode --repeats 3 --prompt-len "${PROMPT_LEN:-8192}" --paths "fast+eager,fast" ;;
   gemv-more)
     T=240 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
     for p in "fast+eager" "fast+eager+gemv"; do  # the per-kernel profile before and after
