@@ -138,7 +138,9 @@ def combine_kernel(M, L, O, OUT, N_SPLITS: tl.constexpr, HD: tl.constexpr):
     d = tl.arange(0, HD)
     m = tl.load(M + h * N_SPLITS + sp)
     s_sum = tl.load(L + h * N_SPLITS + sp)
-    o = tl.load(O + (h * N_SPLITS + sp)[:, None] * HD + d[None, :])
+    # a slice with no position up to pos (m = -inf: a short sequence in a long cache) wrote a
+    # weighted sum of zeros; it is not read
+    o = tl.load(O + (h * N_SPLITS + sp)[:, None] * HD + d[None, :], mask=(m > float("-inf"))[:, None], other=0.0)
     top = tl.max(m, axis=0)  # finite: the slice that holds pos has at least pos itself
     w = tl.exp(m - top)      # 0 for the slices with no position in the window up to pos (m = -inf)
     out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * s_sum, axis=0)
@@ -156,7 +158,8 @@ def merge_kernel(M, L, O, OUT, n_splits, MAX_N: tl.constexpr, HD: tl.constexpr):
     d = tl.arange(0, HD)
     m = tl.load(M + h * n_splits + sp, mask=live, other=float("-inf"))
     s_sum = tl.load(L + h * n_splits + sp, mask=live, other=0.0)
-    o = tl.load(O + (h * n_splits + sp)[:, None] * HD + d[None, :], mask=live[:, None], other=0.0)
+    o = tl.load(O + (h * n_splits + sp)[:, None] * HD + d[None, :], mask=(live & (m > float("-inf")))[:, None],
+                other=0.0)
     top = tl.max(m, axis=0)  # finite: the slice that holds pos has at least pos itself
     # 0 for the slices with no position in the window up to pos (m = -inf; their sums are 0 too)
     # and for the lanes past n_splits
