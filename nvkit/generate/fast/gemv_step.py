@@ -9,8 +9,11 @@ order of the products' sums (the same roundings: ``kernels.gemv``), so the sessi
 the same wherever the products' last bits do not tip a greedy choice.
 
 It runs the layers laid out as Llama's (a norm before each branch, none after; SiLU; per-head
-q/k norms or none) without adapters, on the triton-fused attention; ``gemv_why`` says why not
-elsewhere, and the runner keeps its usual step there. The layer keeps ``llama_step.decode_layer``'s
+q/k norms or none) on the triton-fused attention; ``gemv_why`` says why not elsewhere, and the
+runner keeps its usual step there. An unmerged adapter's products (``lora.LoraSlots``) are two
+kernels more per projection group's one: x A.T in ``gemv`` with the same norm, then its B product
+added in the projection's own kernel before the rest (``gemv(lora=)``), rounded where
+``llama_step.linear`` rounds them (folded adapters run apart here: the fold is for cuBLAS). The layer keeps ``llama_step.decode_layer``'s
 signature, so ``llama_step.decode_step`` runs it: the residual stream it returns is whole (the
 sums are the products' epilogues), and the ``delta`` it is handed, zeros, passes through untouched.
 """
@@ -22,8 +25,10 @@ from typing import Callable
 from .fused_weights import FusedWeights
 
 
-def gemv_why(fw: FusedWeights | None, attention: str) -> str | None:
-    """Why the six-kernel layer does not run this model (None: it does)."""
+def gemv_why(fw: FusedWeights | None, attention: str, lora=None) -> str | None:
+    """Why the six-kernel layer does not run this model (None: it does), with the adapter buffers
+    ``lora`` (a ``lora.LoraSlots``) when an adapter is on."""
+    import torch
     if fw is None:
         return "it runs nvkit's fused step, which does not fit this model"
     if attention != "triton-fused":
@@ -35,6 +40,8 @@ def gemv_why(fw: FusedWeights | None, attention: str) -> str | None:
             return "its layers norm before each branch and not after (the Llama layout)"
         if w.q_norm is not None and w.q_norm.shape[0] != fw.hd:
             return "its q/k norms are per head or absent"
+    if lora is not None and lora.dtype not in (fw.embed.dtype, torch.float32):
+        return f"its adapter's dtype is the model's or float32, not {lora.dtype}"
     return None
 
 
@@ -52,15 +59,21 @@ def gemv_decode_layer(fw: FusedWeights, pdl: bool = False) -> Callable:
     cap = fw.attn_softcap or 0.0
     wf = fw.weight_first
 
+    def product(x, w, bias, lo, norm=None, eps=1e-6, **kw):
+        # lo: (A, B) or, folded, (A, B, stacked): the products apart either way
+        if lo is not None:
+            kw["lora"] = (gemv(x, lo[0], norm=norm, eps=eps, weight_first=wf), lo[1])
+        return gemv(x, w, bias, norm=norm, eps=eps, weight_first=wf, **kw)
+
     def layer(h, delta, pos, where, cos, sin, mask, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm,
               qk_eps, o_w, o_bias, post_norm, post_eps, ff_norm, ff_eps, mlp_norm, mlp_eps, gate_up_w, gate_up_bias,
               down_w, down_bias, scaling, window, lo_qkv, lo_o, lo_gate_up, lo_down):
-        qkv = gemv(h, qkv_w, qkv_bias, norm=in_norm, eps=in_eps, weight_first=wf)
+        qkv = product(h, qkv_w, qkv_bias, lo_qkv, norm=in_norm, eps=in_eps)
         o = decode_attention_rope(qkv.view(nh + 2 * nkv, hd), q_norm, k_norm, cos.view(-1), sin.view(-1), keys,
                                   values, pos, scaling, qk_eps, window, cap)
-        h = gemv(o.view(1, nh * hd), o_w, o_bias, scale=scale, residual=h)
-        m = gemv(h, gate_up_w, gate_up_bias, norm=post_norm, eps=post_eps, weight_first=wf, glu=True)
-        return gemv(m, down_w, down_bias, scale=scale, residual=h), delta
+        h = product(o.view(1, nh * hd), o_w, o_bias, lo_o, scale=scale, residual=h)
+        m = product(h, gate_up_w, gate_up_bias, lo_gate_up, norm=post_norm, eps=post_eps, glu=True)
+        return product(m, down_w, down_bias, lo_down, scale=scale, residual=h), delta
 
     return layer
 
@@ -77,21 +90,23 @@ def gemv_head(fw: FusedWeights) -> Callable:
     return head
 
 
-def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool, pdl: bool = False) -> dict:
+def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool, pdl: bool = False, lora=None) -> dict:
     """``llama_step.decode_step``'s ``layer`` and ``head`` for the six-kernel layer where it is
-    ``asked`` for and runs (``gemv_why``); none (the usual step) elsewhere. ``pdl``: with
-    Programmatic Dependent Launch where the GPU and Triton give it (``kernels.gemv.pdl_why``)."""
-    if not asked or gemv_why(fw, attention) is not None:
+    ``asked`` for and runs (``gemv_why``, with the adapter buffers ``lora`` the step reads, if
+    any); none (the usual step) elsewhere. ``pdl``: with Programmatic Dependent Launch where the
+    GPU and Triton give it (``kernels.gemv.pdl_why``)."""
+    if not asked or gemv_why(fw, attention, lora) is not None:
         return {}
     from ..kernels.gemv import pdl_why
     pdl = pdl and pdl_why(fw.embed.device) is None
     return {"layer": gemv_decode_layer(fw, pdl), "head": gemv_head(fw)}
 
 
-def gemv_words(fw: FusedWeights | None, attention: str, pdl: bool) -> str:
+def gemv_words(fw: FusedWeights | None, attention: str, pdl: bool, lora=None) -> str:
     """The stats line's words for the six-kernel layers asked for: where they run, or why not."""
-    why = gemv_why(fw, attention)
+    why = gemv_why(fw, attention, lora)
     if why:
         return f"six-kernel layers: {why}"
     from ..kernels.gemv import pdl_why
-    return "six-kernel layers: uncompiled, no adapter" + (", PDL" if pdl and pdl_why(fw.embed.device) is None else "")
+    return ("six-kernel layers: uncompiled" + (", the adapter's products apart" if lora is not None else "")
+            + (", PDL" if pdl and pdl_why(fw.embed.device) is None else ""))

@@ -27,7 +27,7 @@ from .static_cache import Cache, GraphKey, model_prefill, model_step, new_cache,
 from .llama_step import decode_head, decode_step, model_decode_layer, prefill_step
 from .fused_fit import fusable_why
 from .fused_weights import FusedWeights
-from .gemv_step import gemv_parts, gemv_words
+from .gemv_step import gemv_parts, gemv_why, gemv_words
 from .options import FOLD_RANK, FastOptions, default_options
 from .replay import replays, ticking
 from .compile_policy import compile_fullgraph
@@ -108,14 +108,17 @@ class FastDecoder(GraphRunner):
         its attention, adapters, the steps per graph replay."""
         step = "fused step" if self._fw is not None else "model forward"
         parts = [f"{step}, {self._how(self.regional)}"]
+        on = self._lora if self._lora is not None and lora_mod.active(self.model) else None
+        six = False  # the six-kernel layers run: their adapter products stay apart
         if self._fw is not None:
             parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
             if self.variant.gemv:
-                parts.append(gemv_words(self._fw, self.attention, self.pdl))
-        if self._lora is not None and lora_mod.active(self.model):
+                parts.append(gemv_words(self._fw, self.attention, self.pdl, on))
+                six = self.kernels and not self.compiled and gemv_why(self._fw, self.attention, on) is None
+        if on is not None:
             # the uncompiled step with nvkit's kernels folds where the GPU gives float32 products
-            folded = self._lora.folded and (self.compiled or not self.kernels or lora_mod.kernel_folds(self.device))
-            parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank}{', folded' if folded else ''})")
+            folded = on.folded and (self.compiled or not self.kernels or (lora_mod.kernel_folds(self.device) and not six))
+            parts.append(f"LoRA unmerged (rank ≤ {on.rank}{', folded' if folded else ''})")
         elif self._fw is None and lora_mod.forward_state(self.model):
             parts.append("LoRA in PEFT's own layers")
         parts.append(f"{self.k} steps per replay")
@@ -189,8 +192,8 @@ class FastDecoder(GraphRunner):
             if self._fw is not None:
                 c.steps[lora_on] = decode_step(self._fw, c, self.attention, self._lora if lora_on else None,
                                                kernels=self.kernels, **gemv_parts(
-                                                   self._fw, self.attention, self.variant.gemv and self.kernels
-                                                   and not lora_on, self.pdl))
+                                                   self._fw, self.attention, self.variant.gemv and self.kernels,
+                                                   self.pdl, self._lora if lora_on else None))
             else:
                 c.steps[lora_on] = model_step(self.model, c, self.device)
         return c.steps[lora_on]

@@ -78,14 +78,27 @@ def _tiles(W, rows, c, live, K, N, stride_w, GLU: tl.constexpr):
 
 
 @triton.jit
-def _gemv_kernel(X, W, NW, B, R, OUT, N, K, eps, scale, stride_w,
+def _lora_sum(y, T, LB, rows, live, rank, stride_lb, dt, RANK_P2: tl.constexpr):
+    """``y`` (the product's rows, rounded) plus the adapter's second product at those rows: ``T``
+    (x A.T, ``rank`` values) against ``LB``'s rows (B, scaling folded in), summed in float32 and
+    rounded to the adapter's dtype, the sum rounded to ``dt``, as ``llama_step.linear`` adds it."""
+    j = tl.arange(0, RANK_P2)
+    t = tl.load(T + j, mask=j < rank, other=0.0).to(tl.float32)
+    b = tl.load(LB + rows[:, None] * stride_lb + j[None, :], mask=live[:, None] & (j < rank)[None, :], other=0.0)
+    lo = tl.sum(b.to(tl.float32) * t[None, :], axis=1).to(LB.dtype.element_ty).to(tl.float32)
+    return (y + lo).to(dt).to(tl.float32)
+
+
+@triton.jit
+def _gemv_kernel(X, W, NW, B, R, OUT, T, LB, N, K, rank, eps, scale, stride_w, stride_lb,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, WEIGHT_FIRST: tl.constexpr,
                  HAS_BIAS: tl.constexpr, GLU: tl.constexpr, HAS_SCALE: tl.constexpr, RESIDUAL: tl.constexpr,
-                 PDL: tl.constexpr):
+                 LORA: tl.constexpr, RANK_P2: tl.constexpr, PDL: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     live = rows < N
     cols = tl.arange(0, BLOCK_K)
     dt = W.dtype.element_ty
+    xdt = X.dtype.element_ty  # the weight's, or a bf16/fp16 stream read by an adapter's float32 A
     # each step's weights are loaded one step ahead, the first before anything the kernel before
     # wrote is read: with PDL that load overlaps that kernel's tail
     w, wu = _tiles(W, rows, cols, live, K, N, stride_w, GLU)
@@ -104,13 +117,13 @@ def _gemv_kernel(X, W, NW, B, R, OUT, N, K, eps, scale, stride_w,
         c = k0 + cols
         ok = c < K
         x = tl.load(X + c, mask=ok, other=0.0).to(tl.float32)
-        if NORM:  # llama_step.rms_norm's roundings
+        if NORM:  # llama_step.rms_norm's roundings, in the stream's dtype
             y = x * rstd
             nw = tl.load(NW + c, mask=ok, other=0.0).to(tl.float32)
             if WEIGHT_FIRST:
-                x = (nw * y).to(dt).to(tl.float32)
+                x = (nw * y).to(xdt).to(tl.float32)
             else:
-                x = (nw * y.to(dt).to(tl.float32)).to(dt).to(tl.float32)
+                x = (nw * y.to(xdt).to(tl.float32)).to(xdt).to(tl.float32)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         if GLU:
             acc_up += tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
@@ -120,9 +133,14 @@ def _gemv_kernel(X, W, NW, B, R, OUT, N, K, eps, scale, stride_w,
         if GLU:
             acc_up += tl.load(B + N + rows, mask=live, other=0.0).to(tl.float32)
     out = acc.to(dt).to(tl.float32)
+    if LORA:
+        out = _lora_sum(out, T, LB, rows, live, rank, stride_lb, dt, RANK_P2)
     if GLU:  # F.silu(gate) * up, each rounded as the eager operations round
+        up = acc_up.to(dt).to(tl.float32)
+        if LORA:
+            up = _lora_sum(up, T, LB, rows + N, live, rank, stride_lb, dt, RANK_P2)
         silu = (out / (1.0 + tl.exp(-out))).to(dt).to(tl.float32)
-        out = (silu * acc_up.to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        out = (silu * up).to(dt).to(tl.float32)
     if HAS_SCALE:
         out = (out * scale).to(dt).to(tl.float32)
     if RESIDUAL:
@@ -133,8 +151,8 @@ def _gemv_kernel(X, W, NW, B, R, OUT, N, K, eps, scale, stride_w,
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          norm: torch.Tensor | None = None, eps: float = 1e-6, weight_first: bool = False,
          glu: bool = False, scale: float | None = None, residual: torch.Tensor | None = None,
-         block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
-         num_stages: int | None = None, pdl: bool = False) -> torch.Tensor:
+         lora: tuple | None = None, block_n: int | None = None, block_k: int | None = None,
+         num_warps: int | None = None, num_stages: int | None = None, pdl: bool = False) -> torch.Tensor:
     """``x @ weight.T + bias`` for one row ``x`` ((K,) or (1, K)), as (1, N), with what may come
     around it in a decoder layer (see the module docstring):
 
@@ -143,14 +161,19 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     - ``glu``: ``weight`` (and ``bias``) are a gate and an up projection stacked (2N, K); the
       result is SiLU(gate) × up, (1, N);
     - ``scale``: the product times this branch multiplier (Granite's ``residual_multiplier``);
-    - ``residual``: the result added to this (1, N) row (the residual sum after a branch).
+    - ``residual``: the result added to this (1, N) row (the residual sum after a branch);
+    - ``lora``: (t, B), an unmerged adapter's products added to the product before the rest, as
+      ``llama_step.linear`` adds them: ``t`` = x A.T ((rank,) or (1, rank), from ``gemv(x, A)``
+      with the same norm: ``x`` may be in the stream's bf16 or fp16 where A is float32), ``B``
+      (the weight's rows, rank) with the scaling folded in; with ``glu`` the gate's and the up's
+      rows of B stacked as the weight's are.
 
     ``block_n``, ``block_k``, ``num_warps``, ``num_stages``: the launch (None: ``gemv_launch`` and
     Triton's own), which ``nvkit.benchmarks.gemv`` varies. ``pdl``: launched with Programmatic
     Dependent Launch (a CUDA GPU of compute capability 9 or more): the kernel starts while the one
     before it ends, loads its first weights, then waits for that kernel's outputs, and lets the
     kernel after it start in turn. The weight's dtype is the result's."""
-    why = _why(x, weight, bias, norm, glu, residual)
+    why = _why(x, weight, bias, norm, glu, residual) or _lora_why(lora, weight)
     why = why or launch_why(num_stages, False, block_n=block_n, block_k=block_k, num_warps=num_warps)
     if not why and pdl is not False:
         why = _pdl_why(pdl, weight.device)
@@ -165,12 +188,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     launch = {name: v for name, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
     if pdl:
         launch["launch_pdl"] = True
+    t, lb = (lora[0].reshape(-1), lora[1]) if lora is not None else (x, weight)  # unread without an adapter
+    rank = lb.shape[1] if lora is not None else 1
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, norm if norm is not None else x, bias if bias is not None else x,
-        residual.reshape(-1) if residual is not None else x, out, n, k, float(eps), float(scale or 1.0),
-        weight.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, NORM=norm is not None, WEIGHT_FIRST=bool(weight_first),
-        HAS_BIAS=bias is not None, GLU=bool(glu), HAS_SCALE=scale is not None, RESIDUAL=residual is not None,
-        PDL=bool(pdl), **launch)
+        residual.reshape(-1) if residual is not None else x, out, t, lb, n, k, rank, float(eps),
+        float(scale or 1.0), weight.stride(0), lb.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
+        NORM=norm is not None, WEIGHT_FIRST=bool(weight_first), HAS_BIAS=bias is not None, GLU=bool(glu),
+        HAS_SCALE=scale is not None, RESIDUAL=residual is not None, LORA=lora is not None,
+        RANK_P2=max(16, next_pow2(rank)), PDL=bool(pdl), **launch)
     return out
 
 
@@ -208,6 +234,26 @@ def _why(x, weight, bias, norm, glu, residual) -> str | None:
     devices = {t.device for t in (x, weight, bias, norm, residual) if t is not None}
     if len(devices) > 1:
         return f"expects every tensor on one device, not {sorted(map(str, devices))}"
-    if x.dtype != weight.dtype or (residual is not None and residual.dtype != weight.dtype):
-        return f"expects x and the residual in the weight's dtype ({weight.dtype}), not {x.dtype}"
+    # an adapter's float32 A reads the bf16/fp16 stream (its norm rounded as the stream's)
+    stream = x.dtype == weight.dtype or (weight.dtype == torch.float32 and x.dtype in (torch.bfloat16, torch.float16))
+    if not stream or (residual is not None and residual.dtype != weight.dtype):
+        return (f"expects x in the weight's dtype ({weight.dtype}; bf16 or fp16 where the weight is float32) "
+                f"and the residual in the weight's, not {x.dtype}"
+                + (f" and {residual.dtype}" if residual is not None else ""))
+    return None
+
+
+def _lora_why(lora, weight) -> str | None:
+    """Why ``lora`` = (t, B) does not fit ``weight`` (None when it does, or is None)."""
+    if lora is None:
+        return None
+    if not isinstance(lora, (tuple, list)) or len(lora) != 2 or not all(isinstance(p, torch.Tensor) for p in lora):
+        return "lora must be (t, B): x A.T and the adapter's B"
+    t, b = lora
+    if b.dim() != 2 or b.shape[0] != weight.shape[0] or b.stride(1) != 1:
+        return f"expects the adapter's B as ({weight.shape[0]}, rank) with contiguous rows, not {tuple(b.shape)}"
+    if t.numel() != b.shape[1] or (t.dim() == 2 and t.shape[0] != 1) or t.dim() > 2:
+        return f"expects t = x A.T of {b.shape[1]} values (B's rank), not {tuple(t.shape)}"
+    if not t.is_contiguous() or {t.device, b.device} != {weight.device}:
+        return "expects t contiguous and t and B on the weight's device"
     return None

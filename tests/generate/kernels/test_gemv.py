@@ -81,16 +81,77 @@ def test_wrong_inputs_and_launches_are_refused():
         for call in (lambda: gemv(torch.randn(15), w), lambda: gemv(torch.randn(2, 16), w),
                      lambda: gemv(x, torch.randn(8, 16).t()), lambda: gemv(x, torch.randn(7, 16), glu=True),
                      lambda: gemv(x, w, torch.randn(7)), lambda: gemv(x, w, norm=torch.randn(8)),
-                     lambda: gemv(x, w, residual=torch.randn(1, 4)), lambda: gemv(x.half(), w),
-                     lambda: gemv(x, w, residual=torch.randn(1, 8).half()),
+                     lambda: gemv(x, w, residual=torch.randn(1, 4)), lambda: gemv(x, w.half()),
+                     lambda: gemv(x.double(), w), lambda: gemv(x, w, residual=torch.randn(1, 8).half()),
+                     lambda: gemv(x, w, lora=torch.randn(4)), lambda: gemv(x, w, lora=(torch.randn(4),)),
+                     lambda: gemv(x, w, lora=(torch.randn(4), torch.randn(7, 4))),
+                     lambda: gemv(x, w, lora=(torch.randn(3), torch.randn(8, 4))),
+                     lambda: gemv(x, w, lora=(torch.randn(2, 4), torch.randn(8, 4))),
                      lambda: gemv(x, w, block_n=3), lambda: gemv(x, w, block_k=0), lambda: gemv(x, w, num_stages=9),
                      lambda: gemv(x, w, pdl="yes"), lambda: gemv(x, w, pdl=True)):
             refused(call)
         assert torch.allclose(gemv(x, w), (w @ x).view(1, -1), atol=1e-5)  # usable after every refusal
         print("ok")
     """)
-    assert out.count("refused:") == 14 and out.strip().endswith("ok"), out
+    assert out.count("refused:") == 20 and out.strip().endswith("ok"), out
     assert "pdl must be True or False" in out and "compute capability 9.0" in out  # a CPU has no PDL
+
+
+def lora_reference(x, weight, a, b, bias=None, norm=None, eps: float = 1e-6, glu: bool = False, scale=None,
+                   residual=None):
+    """``gemv(..., lora=(x A.T, B))`` in the eager step's operations: ``llama_step.linear`` with the
+    adapter's products apart, then the activation, the multiplier and the sum as ``gemv_reference``."""
+    import torch.nn.functional as F
+
+    from nvkit.generate.fast.llama_step import linear, rms_norm
+    x = x.reshape(1, -1)
+    if norm is not None:
+        x = rms_norm(x, norm, eps)
+    y = linear(x, weight, bias, (a, b))
+    if glu:
+        g, up = y.chunk(2, dim=-1)
+        y = F.silu(g) * up
+    if scale is not None:
+        y = y * scale
+    return y if residual is None else residual.reshape(1, -1) + y
+
+
+def test_an_unmerged_adapter_is_added_as_the_eager_step_adds_it():
+    """``lora=(t, B)``: t = x A.T from ``gemv`` itself (A float32 over an fp16 stream, as PEFT keeps
+    adapters, its norm rounded as the stream's), then the base product with B's product added
+    before the activation, the multiplier and the residual sum; ranks that are and are not
+    powers of two, the gate's and up's rows of B stacked as the weight's."""
+    out = _interpret("""
+        import itertools
+        import torch
+        from nvkit.generate.kernels.gemv import gemv
+        from tests.generate.kernels.test_gemv import lora_reference
+        torch.manual_seed(1)
+        checked = 0
+        for dtype, adapter, (n, k), rank in ((torch.float32, torch.float32, (40, 96), 8),
+                                             (torch.float16, torch.float32, (24, 64), 5),
+                                             (torch.float16, torch.float16, (24, 64), 16)):
+            for norm, glu, bias, scale, residual in itertools.product((False, True), repeat=5):
+                rows = 2 * n if glu else n
+                w = torch.randn(rows, k, dtype=dtype) / k ** 0.5
+                x = torch.randn(k, dtype=dtype) * 2
+                a = (torch.randn(rank, k) / k ** 0.5).to(adapter)
+                b = (torch.randn(rows, rank) * 0.5).to(adapter)
+                kw = dict(bias=torch.randn(rows, dtype=dtype) if bias else None, glu=glu,
+                          scale=0.25 if scale else None, residual=torch.randn(1, n, dtype=dtype) if residual else None)
+                nw = torch.rand(k, dtype=dtype) + 0.5 if norm else None
+                t = gemv(x, a, norm=nw)
+                assert t.shape == (1, rank) and t.dtype == adapter
+                got = gemv(x, w, norm=nw, lora=(t, b), **kw)
+                ref = lora_reference(x, w, a, b, norm=nw, **kw)
+                assert got.shape == (1, n) and got.dtype == dtype
+                tol = 1e-4 if dtype == torch.float32 else 4e-3
+                err = (got.float() - ref.float()).abs().max().item()
+                assert err <= tol * (1 + ref.float().abs().max().item()), (dtype, adapter, rank, norm, glu, err)
+                checked += 1
+        print("ok", checked)
+    """)
+    assert out.strip() == "ok 96", out
 
 
 def test_the_launch_gives_about_a_program_per_sm_within_the_tile():

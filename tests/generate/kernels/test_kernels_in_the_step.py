@@ -227,3 +227,58 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
     """)
     print(out)
     assert out.strip().endswith("OK"), out
+
+
+def test_the_six_kernel_layer_adds_an_adapter_as_the_step_with_kernels():
+    """An unmerged adapter on the six-kernel layers (x A.T in ``gemv``, its B product in the
+    projection's kernel) against the uncompiled step with nvkit's kernels and the same adapter
+    buffers, apart and folded (the six-kernel layers run a folded adapter's products apart):
+    Qwen3 and Granite (branch multipliers), a random adapter on every projection, 8 steps in
+    float32; an adapter in another dtype than the model's or float32 keeps the usual step."""
+    out = _interpret("""
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from nvkit.generate.fast import lora as lora_mod
+        from nvkit.generate.fast.fused_weights import FusedWeights
+        from nvkit.generate.fast.gemv_step import gemv_parts, gemv_why, gemv_words
+        from nvkit.generate.fast.llama_step import decode_step
+        from nvkit.generate.fast.static_cache import new_cache
+        from tests.generate.test_families_step import _tiny
+        from tests.greedy_steps import greedy_logits
+        for family in ("Qwen3", "Granite"):
+            torch.manual_seed(4)
+            base = _tiny(family)
+            model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
+                                                    init_lora_weights=False))
+            for fold in (False, True):
+                fw = FusedWeights(base, spare=16 if fold else 0)
+                lo = lora_mod.LoraSlots(fw, 4, torch.float32, fold=fold)
+                assert lo.folded == fold and lo.load(model)
+                parts = gemv_parts(fw, "triton-fused", True, lora=lo)
+                assert set(parts) == {"layer", "head"}, family
+                assert "adapter's products apart" in gemv_words(fw, "triton-fused", False, lo)
+                logits = {}
+                for name, kw in (("kernels", {}), ("gemv", parts)):
+                    c = new_cache(base, fw, 32, 1, torch.device("cpu"))
+                    fw.rotary_for(c, 32)
+                    step = decode_step(fw, c, "triton-fused", lo, kernels=True, **kw)
+                    c.tok.fill_(5)
+                    c.pos.fill_(3)
+                    logits[name] = greedy_logits(step, c, 8)
+                with torch.inference_mode():  # the adapter moves the logits: it is not a no-op here
+                    c = new_cache(base, fw, 32, 1, torch.device("cpu"))
+                    fw.rotary_for(c, 32)
+                    c.tok.fill_(5)
+                    c.pos.fill_(3)
+                    plain = decode_step(fw, c, "triton-fused", None, kernels=True)(c.tok)
+                assert (plain - logits["kernels"][:1]).abs().max().item() > 1e-3
+                diff = (logits["gemv"] - logits["kernels"]).abs().max().item()
+                assert diff < 1e-4 and torch.equal(logits["gemv"].argmax(-1), logits["kernels"].argmax(-1)), \\
+                    (family, fold, diff)
+                print(family, fold, diff)
+            half = lora_mod.LoraSlots(FusedWeights(base), 4, torch.float16)
+            assert "adapter's dtype" in gemv_why(FusedWeights(base), "triton-fused", half)
+            assert gemv_parts(FusedWeights(base), "triton-fused", True, lora=half) == {}
+        print("OK")
+    """)
+    assert out.strip().endswith("OK"), out
