@@ -63,9 +63,9 @@
 #                                                                                     (carry .whl-core)
 #   fit      the tables issue 38's launch rules are fitted to: every GEMV launch per form (--every) and
 #            the batch-1 attention's launches (--batch1, and short lengths in a 16 k cache)  (carry .whl-core)
-#   verify38  the fitted launch rules: the batch-1 attention and six-kernel identity tests, then the
-#            uncompiled step with and without six-kernel layers (Qwen3-0.6B, Qwen3-4B) and an 8 k
-#            prompt's decode                                                    (carry .whl-core)
+#   verify38  the fitted launch rules: the batch-1 attention and six-kernel identity tests (with an
+#            adapter too), then Qwen3-0.6B's uncompiled step with and without six-kernel layers and
+#            an adapter; verify38b: the same on Qwen3-4B, and an 8 k prompt's decode  (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
 #            at 1 k, 8 k and 16 k positions (python -m nvkit.benchmarks.attention --batch1), then an
 #            8 k-token prompt's decode rate and its profile (PROMPT_LEN to change)     (carry .whl-core)
@@ -208,20 +208,27 @@ case "$phase" in
   fit)
     # the tables the launch rules are fitted to: every GEMV launch (with PDL) per form, the batch-1
     # attention's launches at each length's size class and at short lengths in a long cache
-    echo "=== gemv every launch ($(date +%T))"
-    timeout 300 python3 -m nvkit.benchmarks.gemv --every --csv "$out/gemv-every.csv" > "$out/gemv-every.log" 2>&1
-    echo "=== exit $? ($(date +%T))"; tail -8 "$out/gemv-every.log"
+    for m in qwen3-0.6b llama-3.2-1b qwen3-4b; do  # one process each: a timeout loses one model's table
+      echo "=== gemv every launch, $m ($(date +%T))"
+      timeout 100 python3 -m nvkit.benchmarks.gemv --every --models "$m" --csv "$out/gemv-every-$m.csv" \
+        > "$out/gemv-every-$m.log" 2>&1
+      echo "=== exit $? ($(date +%T))"; tail -3 "$out/gemv-every-$m.log"
+    done
     echo "=== batch-1 attention launches ($(date +%T))"
     timeout 130 python3 -m nvkit.benchmarks.attention --batch1 --csv "$out/attention-batch1.csv"; echo "=== exit $? ($(date +%T))"
     timeout 70 python3 -m nvkit.benchmarks.attention --batch1 --lengths 128,1024 --cache 16384 \
       --csv "$out/attention-batch1-short.csv"; echo "=== exit $? ($(date +%T))" ;;
   verify38)
-    # the fitted launch rules: the kernels' identity, then the steps' rates (issue 38)
-    T=150 t tests/gpu/test_decode_attention_gpu.py
-    T=200 t tests/gpu/test_fast_gpu.py -k "six_kernel or triton_attention"
-    T=110 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
-    T=160 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
-    T=140 bench shape:qwen3-0.6b --decode --repeats 3 --prompt-len "${PROMPT_LEN:-8192}" --paths "fast+eager,fast" ;;
+    # the fitted launch rules: the kernels' identity, then the uncompiled step's rates with and
+    # without six-kernel layers, with and without an adapter (issue 38)
+    T=120 t tests/gpu/test_decode_attention_gpu.py
+    T=150 t tests/gpu/test_fast_gpu.py -k "six_kernel"
+    T=120 t tests/gpu/test_fast_session_gpu.py -k "six-kernel"
+    T=170 bench shape:qwen3-0.6b --decode --repeats 3 \
+      --paths "fast+eager,fast+eager+gemv,fast lora+eager,fast lora+eager+gemv" ;;
+  verify38b)
+    T=200 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
+    T=150 bench shape:qwen3-0.6b --decode --repeats 3 --prompt-len "${PROMPT_LEN:-8192}" --paths "fast+eager,fast" ;;
   gemv-more)
     T=240 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
     for p in "fast+eager" "fast+eager+gemv"; do  # the per-kernel profile before and after

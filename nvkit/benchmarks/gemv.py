@@ -37,8 +37,8 @@ MODELS = ("qwen3-0.6b", "llama-3.2-1b", "qwen3-4b")
 LAUNCHES = ((2, 1024, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8),
             (32, 256, 8))
 #: every launch ``--every`` times (rows per program, inputs per step, warps), to fit ``gemv_launch`` to
-GRID = tuple((r, bk, w) for r in (1, 2, 4, 8, 16, 32) for bk in (256, 512, 1024, 2048) for w in (4, 8)
-             if r * bk <= 16384)
+GRID = tuple((r, bk, w) for r in (1, 2, 4, 8, 16) for bk in (512, 1024, 2048) for w in (4, 8)
+             if r * bk <= 16384) + ((16, 256, 4), (32, 256, 4), (32, 512, 8))
 L2_OVERFLOW = 256 * 2**20  # bytes of weight copies a graph cycles through: several times any GPU's L2 cache
 #: a layer's projections, then the LM head with the final norm before it (once a token: not in the layer sums)
 LAYER_FORMS = ("qkv", "o", "gate_up", "down")
