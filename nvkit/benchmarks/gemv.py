@@ -136,7 +136,7 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches, every=False) -
     auto = gemv_launch(n, k, sm_count(dev))
     pdl = every and pdl_why(dev) is None  # every launch as the step launches it
     best = None
-    for launch in (None,) + tuple(l for l in launches if every or l[:2] != auto):
+    for launch in (None,) + tuple(l for l in launches if every or l != auto):
         if launch is not None and (launch[0] * launch[1] > 4 * 8192 or launch[1] > 2 * max(16, 1 << (k - 1).bit_length())):
             continue  # more than a program can hold, or far more inputs per step than there are
         try:
@@ -151,7 +151,7 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches, every=False) -
         row = dict(label, variant="fused" if launch is None else f"fused {launch[0]}x{launch[1]} w{launch[2]}",
                    kernels=1, us_per_call=us, max_err=err, pdl=pdl)
         if launch is None:
-            row["variant"] = f"fused ({auto[0]}x{auto[1]})"
+            row["variant"] = f"fused ({auto[0]}x{auto[1]} w{auto[2]})"
             out.append(row)
         elif every:
             out.append(row)
@@ -162,7 +162,7 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches, every=False) -
         out.append(best)
     if pdl_why(dev) is None and not every:  # each call launched while the one before ends, its first weights loaded early
         err = (fused(ws[0], pdl=True).float() - ref).abs().max().item()
-        out.append(dict(label, variant=f"fused pdl ({auto[0]}x{auto[1]})", kernels=1, max_err=err,
+        out.append(dict(label, variant=f"fused pdl ({auto[0]}x{auto[1]} w{auto[2]})", kernels=1, max_err=err,
                         us_per_call=graph_us(lambda w: fused(w, pdl=True), ws, repeats, dev),
                         **({} if err <= TOLERANCE * (1 + ref.abs().max().item()) else {"note": "wrong"})))
     for r in out:

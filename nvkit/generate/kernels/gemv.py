@@ -55,13 +55,13 @@ def sm_count(device) -> int:
     return _SM_COUNT[key]
 
 
-def gemv_launch(n: int, k: int, sms: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K) for ``n`` outputs over ``k`` inputs: rows per program a power of two that
-    gives about one program per SM (at most 64), and as much of the input per step as ``TILE``
-    allows (at most the input, rounded up to a power of two)."""
+def gemv_launch(n: int, k: int, sms: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps) for ``n`` outputs over ``k`` inputs: rows per program a power of
+    two that gives about one program per SM (at most 64), as much of the input per step as
+    ``TILE`` allows (at most the input, rounded up to a power of two), and Triton's default warps."""
     block_n = max(1, min(64, next_pow2(max(1, n // max(1, sms)) + 1) // 2))
     block_k = max(16, min(next_pow2(k), TILE // block_n))
-    return block_n, block_k
+    return block_n, block_k, 4
 
 
 @triton.jit
@@ -168,8 +168,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
       (the weight's rows, rank) with the scaling folded in; with ``glu`` the gate's and the up's
       rows of B stacked as the weight's are.
 
-    ``block_n``, ``block_k``, ``num_warps``, ``num_stages``: the launch (None: ``gemv_launch`` and
-    Triton's own), which ``nvkit.benchmarks.gemv`` varies. ``pdl``: launched with Programmatic
+    ``block_n``, ``block_k``, ``num_warps``, ``num_stages``: the launch (None: ``gemv_launch``'s,
+    the stages Triton's own), which ``nvkit.benchmarks.gemv`` varies. ``pdl``: launched with Programmatic
     Dependent Launch (a CUDA GPU of compute capability 9 or more): the kernel starts while the one
     before it ends, loads its first weights, then waits for that kernel's outputs, and lets the
     kernel after it start in turn. The weight's dtype is the result's."""
@@ -181,8 +181,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         raise ValueError(f"nvkit gemv: {why}")
     k = weight.shape[1]
     n = weight.shape[0] // 2 if glu else weight.shape[0]
-    auto_n, auto_k = gemv_launch(n, k, sm_count(weight.device))
-    block_n, block_k = block_n or auto_n, block_k or auto_k
+    auto_n, auto_k, auto_warps = gemv_launch(n, k, sm_count(weight.device))
+    block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
     x = x.reshape(-1).contiguous()
     out = torch.empty((1, n), dtype=weight.dtype, device=weight.device)
     launch = {name: v for name, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}

@@ -157,8 +157,9 @@ def test_an_unmerged_adapter_is_added_as_the_eager_step_adds_it():
 def test_the_launch_gives_about_a_program_per_sm_within_the_tile():
     from nvkit.generate.kernels.gemv import TILE, gemv_launch
     for n, k, sms in ((1024, 2048, 132), (4096, 1024, 132), (2560, 9728, 132), (151936, 1024, 132), (7, 16, 132)):
-        bn, bk = gemv_launch(n, k, sms)
+        bn, bk, warps = gemv_launch(n, k, sms)
+        assert warps in (1, 2, 4, 8, 16)
         assert bn & (bn - 1) == 0 and bk & (bk - 1) == 0 and bn * bk <= max(TILE, 16 * bn)
         assert bn == 1 or -(-n // bn) >= sms  # never fewer programs than SMs where the rows allow
         assert bn <= 64 and (bk >= min(k, TILE // bn) or bk >= 16)
-    assert gemv_launch(1024, 2048, 132) == (4, 2048)
+    assert gemv_launch(1024, 2048, 132) == (4, 2048, 4)
