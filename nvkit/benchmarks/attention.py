@@ -40,8 +40,9 @@ SHAPES = ((None, None, None, None, None), (None, 1, None, False, None), (None, 1
 L2_OVERFLOW = 256 * 2**20  # bytes of cache copies a batch-1 graph cycles through: several times any GPU's L2 cache
 TOLERANCE = 2e-2  # from the fp32 reference, for bf16 outputs of O(1): a few ulps (or 4 × the default's own)
 #: the batch-1 kernel's launches ``batch1`` times, as (splits, blocks of ``BLOCK_L`` positions per
-#: loop step, warps, tl.dot, stages); the first is the op's own launch
-BATCH1_SHAPES = ((None, 1, None, False, None), (32, 1, None, False, None), (64, 1, None, False, None),
+#: loop step, warps, tl.dot, stages), None the op's own for the cache (``default_launch``); the
+#: first is the op's own launch
+BATCH1_SHAPES = ((None, None, None, None, None), (32, 1, None, False, None), (64, 1, None, False, None),
                  (128, 1, None, False, None), (64, 2, 4, False, None), (128, 2, 4, False, None),
                  (None, 2, 4, True, 3), (32, 2, 4, True, 3), (64, 2, 4, True, 3), (128, 2, 4, True, 3),
                  (64, 4, 4, True, 3), (64, 4, 8, True, 3), (128, 4, 4, True, 3), (256, 2, 4, True, 3),
@@ -54,7 +55,8 @@ def _shape_name(shape, unit: str = "page", default=None) -> str:
     splits, pages, warps, dot, stages = shape
     if shape == (default or SHAPES[0]):
         return "default"
-    return (f"splits {splits if splits is not None else 'auto'} · {pages} {unit}{'s' if pages > 1 else ''}/step"
+    per_step = "the op's" if pages is None else f"{pages} {unit}{'s' if pages > 1 else ''}"
+    return (f"splits {splits if splits is not None else 'auto'} · {per_step}/step"
             f" · warps {warps if warps is not None else 'default'}{' · tl.dot' if dot else ''}"
             f"{f' · {stages} stages' if stages is not None else ''}")
 
@@ -185,7 +187,7 @@ def batch1(model: str = "qwen3-0.6b", lengths=BATCH1_LENGTHS, shapes=BATCH1_SHAP
         def call(shape, kv=caches[0]):
             splits, per_step, warps, dot, stages = shape
             return da.decode_launch(qkv, qw, kw, cos, sin, kv[0], kv[1], pos, hd ** -0.5, 1e-6, splits=splits,
-                                    blocks_per_step=per_step, dot=bool(dot), num_warps=warps, num_stages=stages)
+                                    blocks_per_step=per_step, dot=dot, num_warps=warps, num_stages=stages)
 
         ref = attend_rope_reference(qkv, qw, kw, cos, sin, k.clone(), v.clone(), pos, hd ** -0.5, 1e-6).float()
         out += _checked_and_timed(call, ref, BATCH1_SHAPES[0], shapes,

@@ -134,9 +134,24 @@ def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, window,
 
 
 
+#: the op's launch by cache size: (the smallest cache it is for, slices per KV head, blocks of
+#: ``BLOCK_L`` positions per loop step, tl.dot, warps, stages), the last row that fits wins; a
+#: cache's size says how long its request may grow (its size class), so a long prompt's cache gets
+#: the launch that reads many positions, a chat's the one for a few hundred. Fitted to ``python -m
+#: nvkit.benchmarks.attention --batch1`` (docs/benchmarks.md).
+LAUNCHES = ((0, None, 1, False, None, None),)
+
+
+def default_launch(length: int) -> dict:
+    """``decode_launch``'s keywords for a cache of ``length`` positions (``LAUNCHES``)."""
+    row = [r for r in LAUNCHES if length >= r[0]][-1]
+    splits = row[1] if row[1] is not None else max(1, min(MAX_SPLITS, length // BLOCK_L))
+    return dict(splits=splits, blocks_per_step=row[2], dot=row[3], num_warps=row[4], num_stages=row[5])
+
+
 def splits_for(length: int) -> int:
     """Slices per KV head for a cache of ``length`` positions (a power of two, like the buckets)."""
-    return max(1, min(MAX_SPLITS, length // BLOCK_L))
+    return default_launch(length)["splits"]
 
 
 def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, out, *, splits: int | None = None,
@@ -198,7 +213,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     nh, hd = q.shape
     out = torch.empty_like(q)
     _launch(_split_kernel, (q, k, v, pos), (scale, min(window, MAX_WINDOW), float(softcap)), k, v, nh, hd, out,
-            SOFTCAP=softcap > 0)
+            SOFTCAP=softcap > 0, **default_launch(k.shape[1]))
     return out
 
 
@@ -231,13 +246,13 @@ def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k
 
 
 def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float, *, window: int = 0,
-                  softcap: float = 0.0, splits: int | None = None, blocks_per_step: int = 1, dot: bool = False,
-                  num_warps: int | None = None, num_stages: int | None = None):
-    """What ``decode_attention_rope`` runs, with the kernel's launch
-    shape as arguments (the op takes the defaults): ``splits`` slices per KV head (a power of two;
-    None: ``splits_for`` the cache's length), ``blocks_per_step`` blocks of ``BLOCK_L`` positions
-    per step of the kernel's loop, ``dot=True`` the scores and the weighted sum on tensor cores
-    (``common.attend_block``), ``num_warps`` and ``num_stages`` (None: Triton's). ``python -m
+                  softcap: float = 0.0, splits: int | None = None, blocks_per_step: int | None = None,
+                  dot: bool | None = None, num_warps: int | None = None, num_stages: int | None = None):
+    """What ``decode_attention_rope`` runs, with the kernel's launch shape as arguments, each None
+    the op's own for this cache (``default_launch``): ``splits`` slices per KV head (a power of
+    two), ``blocks_per_step`` blocks of ``BLOCK_L`` positions per step of the kernel's loop,
+    ``dot=True`` the scores and the weighted sum on tensor cores (``common.attend_block``),
+    ``num_warps`` and ``num_stages`` (where the op's are None too: Triton's). ``python -m
     nvkit.benchmarks.attention --batch1`` times the shapes against each other."""
     nkv = k.shape[0]
     nh, hd = qkv.shape[0] - 2 * nkv, qkv.shape[-1]
@@ -251,6 +266,8 @@ def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, ep
     why = why or window_softcap_why(window, softcap)
     if why:
         raise ValueError(f"nvkit::decode_attention_rope {why}")
+    asked = dict(splits=splits, blocks_per_step=blocks_per_step, dot=dot, num_warps=num_warps, num_stages=num_stages)
+    launch = {name: own if asked[name] is None else asked[name] for name, own in default_launch(k.shape[1]).items()}
     qkv = qkv.contiguous()
     out = torch.empty((nh, hd), dtype=qkv.dtype, device=qkv.device)
     has_norm = q_weight is not None
@@ -258,8 +275,7 @@ def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, ep
     lead = (qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos.contiguous(), sin.contiguous(),
             k, v, pos)
     _launch(_rope_split_kernel, lead, (scale, min(window, MAX_WINDOW), float(softcap), eps), k, v, nh, hd, out,
-            splits=splits, blocks_per_step=blocks_per_step, dot=dot, num_warps=num_warps, num_stages=num_stages,
-            NH=nh, NKV=nkv, HAS_NORM=has_norm, SOFTCAP=softcap > 0, ROT=cos.shape[0])
+            **launch, NH=nh, NKV=nkv, HAS_NORM=has_norm, SOFTCAP=softcap > 0, ROT=cos.shape[0])
     return out
 
 

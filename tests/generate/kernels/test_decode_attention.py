@@ -89,7 +89,16 @@ def test_shape_checks():
         assert ok is None, ok
         assert "powers of two" in da.check_shapes(torch.zeros(4, 96), torch.zeros(2, 256, 96), torch.zeros(2, 256, 96))
         assert "cannot attend" in da.check_shapes(torch.zeros(5, 64), torch.zeros(2, 256, 64), torch.zeros(2, 256, 64))
-        assert da.splits_for(256) == 8 and da.splits_for(512) == 16 and da.splits_for(8192) == 16
+        assert da.splits_for(256) == 8 and da.splits_for(512) == 16
+        # the op's launch by cache size: every row's a launch the kernel takes, the sizes rising
+        assert [r[0] for r in da.LAUNCHES] == sorted({r[0] for r in da.LAUNCHES}) and da.LAUNCHES[0][0] == 0
+        from nvkit.generate.kernels.common import launch_why
+        for n in (32, 256, 1024, 4096, 8192, 16384, 65536):
+            launch = da.default_launch(n)
+            assert set(launch) == {"splits", "blocks_per_step", "dot", "num_warps", "num_stages"}, launch
+            assert launch_why(launch["num_stages"], launch["dot"], splits=launch["splits"],
+                              blocks_per_step=launch["blocks_per_step"], num_warps=launch["num_warps"]) is None, launch
+            assert launch["splits"] == da.splits_for(n) and (not launch["dot"] or n >= 16)
         print("ok")
     """)
     assert out.strip().endswith("ok")
