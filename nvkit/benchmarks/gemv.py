@@ -69,6 +69,7 @@ def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0, l
     require(isinstance(launches, (list, tuple)) and all(isinstance(x, tuple) and len(x) == 3 for x in launches),
             f"launches must be a list of (rows per program, inputs per step, warps) tuples, not {launches!r}.")
     require(isinstance(every, bool), f"every must be True or False, not {every!r}.")
+    from ..generate.kernels.gemv import sm_count
     dev = kernel_device(device, "GEMV")
     dt = torch.bfloat16 if device == "cuda" else torch.float32
     gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -79,7 +80,7 @@ def run(models=MODELS, repeats: int = 20, device: str = "cuda", seed: int = 0, l
             rows += _form_rows(model, form, cfg, dev, dt, gen, repeats, launches, every)
     df = pd.DataFrame(rows)
     df.attrs.update(gpu=torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu (Triton's interpreter)",
-                    repeats=repeats)
+                    repeats=repeats, sms=sm_count(dev))
     return df
 
 
@@ -171,6 +172,11 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches, every=False) -
     return out
 
 
+def dev_sms(df) -> int:
+    """The SM count of the GPU a ``run`` table was measured on (1 in the interpreter)."""
+    return int(df.attrs.get("sms", 1))
+
+
 def layer_summary(df):
     """Per model: a layer's four projections as the step runs them now against the fused forms
     (each form's faster fused launch), µs per layer and kernels."""
@@ -184,6 +190,45 @@ def layer_summary(df):
         out.append(dict(model=model, now_us=now.us_per_call.sum(), now_kernels=int(now.kernels.sum()),
                         fused_us=best.sum() if len(best) == len(now) else None, fused_kernels=len(best)))
     return pd.DataFrame(out)
+
+
+#: the launch rules ``fit`` tries: inputs per step up to ``cap``, rows per program for about
+#: ``per_sm`` programs per SM, 8 warps for tiles of more than ``wide`` weights (4 below)
+RULES = tuple(dict(cap=cap, per_sm=c, wide=w) for cap in (512, 1024, 2048) for c in (1, 2, 4, 8, 16)
+              for w in (2048, 4096, 8192, 1 << 30))
+
+
+def rule_launch(n: int, k: int, sms: int, cap: int, per_sm: int, wide: int) -> tuple[int, int, int]:
+    """The (rows per program, inputs per step, warps) one of ``RULES`` gives ``n`` outputs over
+    ``k`` inputs on ``sms`` SMs (the tile at most 16,384 weights)."""
+    block_k = min(max(16, 1 << (k - 1).bit_length()), cap)
+    block_n = 1 << max(0, (max(1, n // (per_sm * sms))).bit_length() - 1)
+    block_n = min(block_n, 32)
+    while block_n > 1 and block_n * block_k > 16384:
+        block_n //= 2
+    return block_n, block_k, 4 if block_n * block_k <= wide else 8
+
+
+def fit(df, sms: int):
+    """The rule of ``RULES`` whose launches give the least µs over the table's forms, from a
+    ``run(every=True)`` table (one row per form and launch); a DataFrame of the rules that have
+    a timed launch for every form, best first: the rule, its total and its worst form's share
+    over that form's fastest launch."""
+    import pandas as pd
+    timed = df[df.variant.str.fullmatch(r"fused \d+x\d+ w\d+") & df.us_per_call.notna()]
+    us = {(r.model, r.form, r.variant): r.us_per_call for r in timed.itertuples()}
+    best = timed.groupby(["model", "form"]).us_per_call.min()
+    dims = {(r.model, r.form): (int(r.n), int(r.k)) for r in timed.itertuples()}
+    out = []
+    for rule in RULES:
+        got = []
+        for (model, form), (n, k) in dims.items():
+            bn, bk, w = rule_launch(n, k, sms, **rule)
+            got.append((us.get((model, form, f"fused {bn}x{bk} w{w}")), best[(model, form)]))
+        if all(t is not None for t, _ in got):
+            out.append(dict(rule, total_us=sum(t for t, _ in got), worst=max(t / b for t, b in got)))
+    return (pd.DataFrame(out).sort_values(["total_us", "worst"], kind="stable").reset_index(drop=True) if out
+            else pd.DataFrame())
 
 
 def main(argv=None) -> int:
@@ -206,6 +251,12 @@ def main(argv=None) -> int:
           "over weights that overflow the L2 cache")
     print(table_text(df.round(3)))
     print(table_text(layer_summary(df).round(2)))
+    if a.every and dev_sms(df):
+        fitted = fit(df, dev_sms(df))
+        if len(fitted):
+            print(f"launch rules by total µs over these forms (fastest launches' sum "
+                  f"{df[df.variant.str.startswith('fused ')].groupby(['model', 'form']).us_per_call.min().sum():.1f}):")
+            print(table_text(fitted.head(8).round(3)))
     if a.csv:
         df.to_csv(a.csv, index=False)
     return 1 if "note" in df.columns and (df["note"] == "wrong").any() else 0

@@ -59,3 +59,30 @@ def test_a_whole_run_in_the_interpreter_checks_the_fused_forms_against_the_steps
     r = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=root),
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+def test_the_fit_picks_the_rule_whose_launches_the_table_times_fastest():
+    """``fit``: on a table where each form's fastest launch is known (rows per program 4 for the
+    q/k/v form, 1 for the down form, 1024 inputs per step, 4 warps), the rule it ranks first gives
+    exactly those launches, and a rule whose launch is missing from the table is not ranked."""
+    import math
+
+    import pandas as pd
+    forms = {"qkv": (4096, 1024, 4), "down": (1024, 3072, 1)}
+    rows = []
+    for form, (n, k, target) in forms.items():
+        for bn, bk, w in G.GRID:
+            us = 1 + abs(math.log2(bn) - math.log2(target)) + abs(math.log2(bk) - 10) + 0.5 * (w != 4)
+            rows.append(dict(model="m", form=form, n=n, k=k, variant=f"fused {bn}x{bk} w{w}", us_per_call=us))
+        rows.append(dict(model="m", form=form, n=n, k=k, variant="now", us_per_call=50.0))
+    df = pd.DataFrame(rows)
+    fitted = G.fit(df, 132)
+    top = fitted.iloc[0]
+    assert (top.cap, top.per_sm) == (1024, 4) and top.total_us == 2.0 and top.worst == 1.0, fitted.head()
+    for form, (n, k, target) in forms.items():
+        assert G.rule_launch(n, k, 132, int(top.cap), int(top.per_sm), int(top.wide)) == (target, 1024, 4)
+    assert (fitted.total_us >= 2.0).all() and fitted.total_us.is_monotonic_increasing
+    # without the 4 x 1024 launch the winner above has no time for the q/k/v form: not ranked
+    fewer = G.fit(df[df.variant != "fused 4x1024 w4"], 132)
+    assert not ((fewer.cap == 1024) & (fewer.per_sm == 4) & (fewer.wide >= 4096)).any()
+    assert G.rule_launch(151936, 1024, 132, 512, 1, 8192) == (32, 512, 8)  # the LM head: the widest tile
