@@ -218,6 +218,19 @@ case "$phase" in
     timeout 130 python3 -m nvkit.benchmarks.attention --batch1 --csv "$out/attention-batch1.csv"; echo "=== exit $? ($(date +%T))"
     timeout 70 python3 -m nvkit.benchmarks.attention --batch1 --lengths 128,1024 --cache 16384 \
       --csv "$out/attention-batch1-short.csv"; echo "=== exit $? ($(date +%T))" ;;
+  fit-short)
+    # one call's worth of issue 38 when calls are scarce: the new kernels' identity (the adapter on
+    # the six-kernel layers, the batch-1 attention's launch), then the tables the rules are fitted to
+    T=120 t tests/gpu/test_fast_session_gpu.py -k "six-kernel"
+    T=80 t tests/gpu/test_decode_attention_gpu.py
+    echo "=== batch-1 attention launches ($(date +%T))"
+    timeout 120 python3 -m nvkit.benchmarks.attention --batch1 --csv "$out/attention-batch1.csv"; echo "=== exit $? ($(date +%T))"
+    for m in qwen3-4b qwen3-0.6b; do
+      echo "=== gemv every launch, $m ($(date +%T))"
+      timeout 80 python3 -m nvkit.benchmarks.gemv --every --models "$m" --csv "$out/gemv-every-$m.csv" \
+        > "$out/gemv-every-$m.log" 2>&1
+      echo "=== exit $? ($(date +%T))"; tail -12 "$out/gemv-every-$m.log"
+    done ;;
   verify38)
     # the fitted launch rules: the kernels' identity, then the uncompiled step's rates with and
     # without six-kernel layers, with and without an adapter (issue 38)
