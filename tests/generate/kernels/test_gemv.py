@@ -14,16 +14,17 @@ from tests.triton_interpreter import interpret as _interpret  # noqa: E402
 
 
 def gemv_reference(x, weight, bias=None, norm=None, eps: float = 1e-6, weight_first: bool = False,
-                   glu: bool = False, scale=None, residual=None):
-    """``gemv`` in the eager step's operations (``llama_step``'s norm, ``F.linear``, SiLU × up,
-    the branch multiplier, the residual sum), each rounding where it rounds."""
+                   glu: bool = False, scale=None, residual=None, lora=None):
+    """``gemv`` in the eager step's operations (``llama_step``'s norm, ``llama_step.linear`` with
+    an adapter's products ``lora`` = (A, B) where given, SiLU × up, the branch multiplier, the
+    residual sum), each rounding where it rounds."""
     import torch.nn.functional as F
 
-    from nvkit.generate.fast.llama_step import rms_norm
+    from nvkit.generate.fast.llama_step import linear, rms_norm
     x = x.reshape(1, -1)
     if norm is not None:
         x = rms_norm(x, norm, eps, weight_first)
-    y = F.linear(x, weight, bias)
+    y = linear(x, weight, bias, lora)
     if glu:
         g, up = y.chunk(2, dim=-1)
         y = F.silu(g) * up
@@ -97,25 +98,6 @@ def test_wrong_inputs_and_launches_are_refused():
     assert "pdl must be True or False" in out and "compute capability 9.0" in out  # a CPU has no PDL
 
 
-def lora_reference(x, weight, a, b, bias=None, norm=None, eps: float = 1e-6, glu: bool = False, scale=None,
-                   residual=None):
-    """``gemv(..., lora=(x A.T, B))`` in the eager step's operations: ``llama_step.linear`` with the
-    adapter's products apart, then the activation, the multiplier and the sum as ``gemv_reference``."""
-    import torch.nn.functional as F
-
-    from nvkit.generate.fast.llama_step import linear, rms_norm
-    x = x.reshape(1, -1)
-    if norm is not None:
-        x = rms_norm(x, norm, eps)
-    y = linear(x, weight, bias, (a, b))
-    if glu:
-        g, up = y.chunk(2, dim=-1)
-        y = F.silu(g) * up
-    if scale is not None:
-        y = y * scale
-    return y if residual is None else residual.reshape(1, -1) + y
-
-
 def test_an_unmerged_adapter_is_added_as_the_eager_step_adds_it():
     """``lora=(t, B)``: t = x A.T from ``gemv`` itself (A float32 over an fp16 stream, as PEFT keeps
     adapters, its norm rounded as the stream's), then the base product with B's product added
@@ -125,7 +107,7 @@ def test_an_unmerged_adapter_is_added_as_the_eager_step_adds_it():
         import itertools
         import torch
         from nvkit.generate.kernels.gemv import gemv
-        from tests.generate.kernels.test_gemv import lora_reference
+        from tests.generate.kernels.test_gemv import gemv_reference
         torch.manual_seed(1)
         checked = 0
         for dtype, adapter, (n, k), rank in ((torch.float32, torch.float32, (40, 96), 8),
@@ -143,7 +125,7 @@ def test_an_unmerged_adapter_is_added_as_the_eager_step_adds_it():
                 t = gemv(x, a, norm=nw)
                 assert t.shape == (1, rank) and t.dtype == adapter
                 got = gemv(x, w, norm=nw, lora=(t, b), **kw)
-                ref = lora_reference(x, w, a, b, norm=nw, **kw)
+                ref = gemv_reference(x, w, norm=nw, lora=(a, b), **kw)
                 assert got.shape == (1, n) and got.dtype == dtype
                 tol = 1e-4 if dtype == torch.float32 else 4e-3
                 err = (got.float() - ref.float()).abs().max().item()

@@ -192,9 +192,8 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
         from nvkit.generate.fast.fused_weights import FusedWeights
         from nvkit.generate.fast.gemv_step import gemv_parts, gemv_why
         from nvkit.generate.fast.llama_step import decode_step
-        from nvkit.generate.fast.static_cache import new_cache
         from tests.generate.test_families_step import _tiny
-        from tests.greedy_steps import greedy_logits
+        from tests.greedy_steps import cache_at, greedy_logits
         for family in ("Qwen2", "Qwen3", "Granite", "Mistral"):
             model = _tiny(family)
             g = torch.Generator().manual_seed(3)
@@ -208,12 +207,8 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
             assert set(parts) == {"layer", "head"} and gemv_parts(fw, "triton-fused", False) == {}
             logits = {}
             for name, kw in (("kernels", {}), ("gemv", parts)):
-                c = new_cache(model, fw, 32, 1, torch.device("cpu"))
-                fw.rotary_for(c, 32)
-                step = decode_step(fw, c, "triton-fused", None, kernels=True, **kw)
-                c.tok.fill_(5)
-                c.pos.fill_(3)
-                logits[name] = greedy_logits(step, c, 8)
+                c = cache_at(model, fw)
+                logits[name] = greedy_logits(decode_step(fw, c, "triton-fused", None, kernels=True, **kw), c, 8)
             diff = (logits["gemv"] - logits["kernels"]).abs().max().item()
             assert diff < 1e-4 and torch.equal(logits["gemv"].argmax(-1), logits["kernels"].argmax(-1)), (family, diff)
             print(family, diff)
@@ -242,9 +237,8 @@ def test_the_six_kernel_layer_adds_an_adapter_as_the_step_with_kernels():
         from nvkit.generate.fast.fused_weights import FusedWeights
         from nvkit.generate.fast.gemv_step import gemv_parts, gemv_why, gemv_words
         from nvkit.generate.fast.llama_step import decode_step
-        from nvkit.generate.fast.static_cache import new_cache
         from tests.generate.test_families_step import _tiny
-        from tests.greedy_steps import greedy_logits
+        from tests.greedy_steps import cache_at, greedy_logits
         for family in ("Qwen3", "Granite"):
             torch.manual_seed(4)
             base = _tiny(family)
@@ -259,18 +253,10 @@ def test_the_six_kernel_layer_adds_an_adapter_as_the_step_with_kernels():
                 assert "adapter's products apart" in gemv_words(fw, "triton-fused", False, lo)
                 logits = {}
                 for name, kw in (("kernels", {}), ("gemv", parts)):
-                    c = new_cache(base, fw, 32, 1, torch.device("cpu"))
-                    fw.rotary_for(c, 32)
-                    step = decode_step(fw, c, "triton-fused", lo, kernels=True, **kw)
-                    c.tok.fill_(5)
-                    c.pos.fill_(3)
-                    logits[name] = greedy_logits(step, c, 8)
-                with torch.inference_mode():  # the adapter moves the logits: it is not a no-op here
-                    c = new_cache(base, fw, 32, 1, torch.device("cpu"))
-                    fw.rotary_for(c, 32)
-                    c.tok.fill_(5)
-                    c.pos.fill_(3)
-                    plain = decode_step(fw, c, "triton-fused", None, kernels=True)(c.tok)
+                    c = cache_at(base, fw)
+                    logits[name] = greedy_logits(decode_step(fw, c, "triton-fused", lo, kernels=True, **kw), c, 8)
+                c = cache_at(base, fw)  # the adapter moves the logits: it is not a no-op here
+                plain = greedy_logits(decode_step(fw, c, "triton-fused", None, kernels=True), c, 1)
                 assert (plain - logits["kernels"][:1]).abs().max().item() > 1e-3
                 diff = (logits["gemv"] - logits["kernels"]).abs().max().item()
                 assert diff < 1e-4 and torch.equal(logits["gemv"].argmax(-1), logits["kernels"].argmax(-1)), \\
