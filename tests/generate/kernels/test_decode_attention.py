@@ -552,7 +552,9 @@ def test_every_launch_shape_of_the_rope_kernel_attends_the_same():
         from nvkit.generate.kernels import decode_attention as da
         torch.manual_seed(0)
         # a slice of several blocks each way (the running max and sum carried between its blocks)
-        launches = [dict(splits=1), dict(splits=2, blocks_per_step=2), dict(splits=32), dict(dot=True),
+        # (128 and 256 slices over 8 blocks: most slices empty, their sums never read by the merge)
+        launches = [dict(splits=1), dict(splits=2, blocks_per_step=2), dict(splits=32), dict(splits=128),
+                    dict(splits=256, dot=True), dict(dot=True),
                     dict(dot=True, splits=1), dict(dot=True, splits=2, blocks_per_step=2, num_warps=4, num_stages=3)]
         nh, nkv, hd, length = 6, 2, 32, 256
         for p, window, softcap in [(0, 0, 0.0), (37, 0, 0.0), (200, 70, 0.0), (255, 0, 3.0)]:
