@@ -225,7 +225,7 @@ case "$phase" in
     T=80 t tests/gpu/test_decode_attention_gpu.py
     echo "=== batch-1 attention launches ($(date +%T))"
     timeout 120 python3 -m nvkit.benchmarks.attention --batch1 --csv "$out/attention-batch1.csv"; echo "=== exit $? ($(date +%T))"
-    for m in qwen3-4b qwen3-0.6b; do
+    for m in ${FIT_MODELS:-qwen3-4b qwen3-0.6b}; do
       echo "=== gemv every launch, $m ($(date +%T))"
       timeout 80 python3 -m nvkit.benchmarks.gemv --every --models "$m" --csv "$out/gemv-every-$m.csv" \
         > "$out/gemv-every-$m.log" 2>&1
