@@ -200,13 +200,9 @@ RULES = tuple(dict(cap=cap, per_sm=c, wide=w) for cap in (512, 1024, 2048) for c
 
 def rule_launch(n: int, k: int, sms: int, cap: int, per_sm: int, wide: int) -> tuple[int, int, int]:
     """The (rows per program, inputs per step, warps) one of ``RULES`` gives ``n`` outputs over
-    ``k`` inputs on ``sms`` SMs (the tile at most 16,384 weights)."""
-    block_k = min(max(16, 1 << (k - 1).bit_length()), cap)
-    block_n = 1 << max(0, (max(1, n // (per_sm * sms))).bit_length() - 1)
-    block_n = min(block_n, 32)
-    while block_n > 1 and block_n * block_k > 16384:
-        block_n //= 2
-    return block_n, block_k, 4 if block_n * block_k <= wide else 8
+    ``k`` inputs on ``sms`` SMs: ``kernels.gemv.gemv_launch`` with that rule's values."""
+    from ..generate.kernels.gemv import gemv_launch
+    return gemv_launch(n, k, sms, cap=cap, per_sm=per_sm, wide=wide)
 
 
 def fit(df, sms: int):

@@ -1,5 +1,5 @@
 """The batch-1 attention op (``decode_attention_rope``) on a real GPU with the launch its rule picks
-for each cache size (``decode_attention.splits_for``), against the fp32 reference in plain torch:
+for each cache (``decode_attention.default_launch``), against the fp32 reference in plain torch:
 short positions in a short cache, a short chat in a long prompt's cache, and long prompts, with and
 without a sliding window and the q/k norms. The interpreter tests (tests/generate/kernels) check
 the arithmetic; these check that the launches the GPU compiles give the same."""
@@ -36,10 +36,18 @@ def test_the_default_launch_matches_the_reference(pos, cache, window, norms):
     torch.cuda.synchronize()
     assert out.shape == (nh, hd) and torch.isfinite(out).all()
     err = (out.float() - ref).abs().max().item()
-    assert err < 2e-2, (pos, cache, window, da.splits_for(cache), err)
+    assert err < 2e-2, (pos, cache, window, da.default_launch(k), err)
     # the new key and value were written where the reference wrote them (the key within a rounding
     # of the reference's fp32 norm and rotation), and nothing else changed
     assert torch.equal(v, ref_v)
     assert (k[:, pos].float() - ref_k[:, pos].float()).abs().max().item() < 2e-2
     k[:, pos] = ref_k[:, pos]
     assert torch.equal(k, ref_k)
+
+
+def test_a_16_bit_cache_on_the_gpu_attends_on_tensor_cores_and_an_fp32_one_does_not():
+    for dtype, dot in ((torch.bfloat16, True), (torch.float16, True), (torch.float32, False)):
+        for length, blocks in ((32, 1), (1024, 2), (32768, 2)):
+            launch = da.default_launch(torch.zeros((8, length, 128), dtype=dtype, device="cuda"))
+            assert launch["dot"] == (dot and length >= 64), (dtype, length, launch)
+            assert launch["blocks_per_step"] == (blocks if launch["dot"] else 1), (dtype, length, launch)

@@ -15,6 +15,10 @@ import triton
 import triton.language as tl
 
 MAX_SPLITS = 16  # slices of the cache per KV head: 8 KV heads x 16 programs fill a large GPU's SMs about once
+#: the caches whose attention runs on tensor cores (``tl.dot``) by default on a GPU; an fp32 cache
+#: keeps the fp32 products (``tl.dot`` on fp32 inputs would round them to TF32), and so does
+#: Triton's interpreter (its bf16 ``tl.dot`` is not the GPU's)
+DOT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 @triton.jit

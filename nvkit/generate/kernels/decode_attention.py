@@ -46,7 +46,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (MAX_SPLITS, MAX_WINDOW, attend_block, combine_kernel, launch_why, next_pow2, norm_rope,
+from .common import (DOT_DTYPES, MAX_SPLITS, MAX_WINDOW, attend_block, combine_kernel, launch_why, next_pow2, norm_rope,
                      rope_lanes, rotary_width_fits, window_softcap_why)
 
 BLOCK_L = 32  # cache positions per step inside a slice
@@ -134,24 +134,31 @@ def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, window,
 
 
 
-#: the op's launch by cache size: (the smallest cache it is for, slices per KV head, blocks of
-#: ``BLOCK_L`` positions per loop step, tl.dot, warps, stages), the last row that fits wins; a
-#: cache's size says how long its request may grow (its size class), so a long prompt's cache gets
-#: the launch that reads many positions, a chat's the one for a few hundred. Fitted to ``python -m
-#: nvkit.benchmarks.attention --batch1`` (docs/benchmarks.md).
-LAUNCHES = ((0, None, 1, False, None, None),)
+#: ``decode_attention_rope``'s launch by cache size: (the smallest cache it is for, slices per KV
+#: head (None: ``splits_for``), blocks of ``BLOCK_L`` positions per loop step, tl.dot, warps,
+#: stages), the last row that fits wins. The products on tensor cores (``tl.dot``: q and the weights rounded to the
+#: cache's dtype, as a bf16 matmul rounds them), two blocks per step and a three-stage pipeline
+#: read a 16-bit cache about three times faster than the fp32 products, at 1 k to 16 k positions
+#: alike (``python -m nvkit.benchmarks.attention --batch1``; docs/benchmarks.md); more slices than
+#: ``splits_for``'s gained nothing there. Caches under two blocks, fp32 caches and Triton's
+#: interpreter keep the fp32 products (``default_launch``), and so does ``decode_attention`` (the
+#: split kernel without the norms and RoPE, which that table does not time).
+LAUNCHES = ((0, None, 1, False, None, None), (2 * BLOCK_L, None, 2, True, 4, 3))
 
 
-def default_launch(length: int) -> dict:
-    """``decode_launch``'s keywords for a cache of ``length`` positions (``LAUNCHES``)."""
-    row = [r for r in LAUNCHES if length >= r[0]][-1]
-    splits = row[1] if row[1] is not None else max(1, min(MAX_SPLITS, length // BLOCK_L))
-    return dict(splits=splits, blocks_per_step=row[2], dot=row[3], num_warps=row[4], num_stages=row[5])
+def default_launch(k) -> dict:
+    """``decode_launch``'s keywords for the key cache ``k`` (KV heads, length, head_dim):
+    ``LAUNCHES``' row for its length, without ``tl.dot`` where ``common.DOT_DTYPES`` says not."""
+    length = k.shape[1]
+    rows = [r for r in LAUNCHES if length >= r[0] and (not r[3] or (k.is_cuda and k.dtype in DOT_DTYPES))]
+    row = rows[-1]
+    return dict(splits=row[1] or splits_for(length), blocks_per_step=row[2], dot=row[3], num_warps=row[4],
+                num_stages=row[5])
 
 
 def splits_for(length: int) -> int:
     """Slices per KV head for a cache of ``length`` positions (a power of two, like the buckets)."""
-    return default_launch(length)["splits"]
+    return max(1, min(MAX_SPLITS, length // BLOCK_L))
 
 
 def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, out, *, splits: int | None = None,
@@ -213,7 +220,7 @@ def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: tor
     nh, hd = q.shape
     out = torch.empty_like(q)
     _launch(_split_kernel, (q, k, v, pos), (scale, min(window, MAX_WINDOW), float(softcap)), k, v, nh, hd, out,
-            SOFTCAP=softcap > 0, **default_launch(k.shape[1]))
+            SOFTCAP=softcap > 0)
     return out
 
 
@@ -267,7 +274,7 @@ def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, ep
     if why:
         raise ValueError(f"nvkit::decode_attention_rope {why}")
     asked = dict(splits=splits, blocks_per_step=blocks_per_step, dot=dot, num_warps=num_warps, num_stages=num_stages)
-    launch = {name: own if asked[name] is None else asked[name] for name, own in default_launch(k.shape[1]).items()}
+    launch = {name: own if asked[name] is None else asked[name] for name, own in default_launch(k).items()}
     qkv = qkv.contiguous()
     out = torch.empty((nh, hd), dtype=qkv.dtype, device=qkv.device)
     has_norm = q_weight is not None

@@ -16,7 +16,7 @@ norm in front costs each program a first pass over the input row (a few kilobyte
 its mean square; every product then reads the row normed and rounded as ``llama_step.rms_norm``
 rounds it, so the result is the eager operations' up to the order of the sums. The rows a program
 computes are whole (no split of the input), so the sum and the activation are the program's own
-epilogue; the launch (``gemv_launch``) picks rows per program for about one program per SM.
+epilogue; the launch (``gemv_launch``) picks rows per program for several programs per SM.
 
 Rounding as the eager step rounds: the product (and its bias) in float32, rounded to the weight's
 dtype; the activation (SiLU) in float32 of the rounded gate, rounded, times the rounded up,
@@ -41,7 +41,13 @@ except ImportError:  # an older Triton: gemv(pdl=True) says so, nothing else nee
     gdc_launch_dependents = gdc_wait = None
 
 #: the most weight elements one program holds per step of its loop (BLOCK_N × BLOCK_K)
-TILE = 8192
+TILE = 16384
+#: the automatic launch (``gemv_launch``): at most this many inputs per step, rows per program for
+#: about ``PROGRAMS_PER_SM`` programs per SM, 8 warps only for tiles of more than ``WIDE_TILE``
+#: weights (4 below). Fitted to ``python -m nvkit.benchmarks.gemv --every`` (its ``fit``; the
+#: figures in docs/benchmarks.md): many small programs streaming a few kilobytes per step each
+#: kept more bytes in flight than one wide program per SM.
+K_STEP, PROGRAMS_PER_SM, WIDE_TILE = 1024, 8, 1 << 30
 _SM_COUNT: dict = {}
 
 
@@ -55,13 +61,18 @@ def sm_count(device) -> int:
     return _SM_COUNT[key]
 
 
-def gemv_launch(n: int, k: int, sms: int) -> tuple[int, int, int]:
-    """(BLOCK_N, BLOCK_K, warps) for ``n`` outputs over ``k`` inputs: rows per program a power of
-    two that gives about one program per SM (at most 64), as much of the input per step as
-    ``TILE`` allows (at most the input, rounded up to a power of two), and Triton's default warps."""
-    block_n = max(1, min(64, next_pow2(max(1, n // max(1, sms)) + 1) // 2))
-    block_k = max(16, min(next_pow2(k), TILE // block_n))
-    return block_n, block_k, 4
+def gemv_launch(n: int, k: int, sms: int, cap: int = K_STEP, per_sm: int = PROGRAMS_PER_SM,
+                wide: int = WIDE_TILE) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps) for ``n`` outputs over ``k`` inputs on ``sms`` SMs: the input in
+    steps of at most ``cap`` (a power of two, at least 16), rows per program a power of two (at
+    most 32) for about ``per_sm`` programs per SM, within ``TILE``; 8 warps for a tile of more than
+    ``wide`` weights, else 4. The defaults are the fitted rule; the others are what
+    ``nvkit.benchmarks.gemv.fit`` tries."""
+    block_k = min(max(16, next_pow2(k)), cap)
+    block_n = min(32, 1 << (max(1, n // max(1, per_sm * sms)).bit_length() - 1))
+    while block_n > 1 and block_n * block_k > TILE:
+        block_n //= 2
+    return block_n, block_k, 4 if block_n * block_k <= wide else 8
 
 
 @triton.jit

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (MAX_SPLITS, MAX_WINDOW, attend_block, launch_why, merge_kernel, next_pow2, norm_rope,
+from .common import (DOT_DTYPES, MAX_SPLITS, MAX_WINDOW, attend_block, launch_why, merge_kernel, next_pow2, norm_rope,
                      rope_lanes, rotary_width_fits, window_softcap_why)
 
 _SM_COUNT: dict = {}
@@ -53,7 +53,6 @@ def _sm_count(device) -> int:
 # the launch ``paged_launch`` takes on a 16-bit cache when nothing is asked (see its docstring;
 # ``python -m nvkit.benchmarks.attention`` compares it with the others)
 DOT_LAUNCH = {"pages_per_step": 2, "num_warps": 4, "num_stages": 3}
-DOT_DTYPES = (torch.bfloat16, torch.float16)
 
 
 def default_launch(cache: torch.Tensor) -> dict:
