@@ -26,7 +26,7 @@ import sys
 
 from ..checks import positive_int, whole_number
 from ..errors import NvkitError, require
-from .kernel_timing import events_us, graph_us, kernel_device
+from .kernel_timing import L2_OVERFLOW, events_us, graph_us, kernel_device
 from .tables import table_text
 
 # (splits, pages per loop step, warps, tl.dot, stages); None: the kernel's own choice. The first
@@ -37,7 +37,6 @@ SHAPES = ((None, None, None, None, None), (None, 1, None, False, None), (None, 1
           (2, 1, None, False, None), (4, 1, None, False, None), (2, 2, 8, False, None), (4, 2, 8, False, None),
           (None, 1, 4, True, None), (None, 2, 4, True, 3), (None, 2, 8, True, 3), (4, 2, 4, True, 3),
           (8, 1, 4, True, 3))
-L2_OVERFLOW = 256 * 2**20  # bytes of cache copies a batch-1 graph cycles through: several times any GPU's L2 cache
 TOLERANCE = 2e-2  # from the fp32 reference, for bf16 outputs of O(1): a few ulps (or 4 × the default's own)
 #: the batch-1 kernel's launches ``batch1`` times, as (splits, blocks of ``BLOCK_L`` positions per
 #: loop step, warps, tl.dot, stages), None the op's own for the cache (``default_launch``); the

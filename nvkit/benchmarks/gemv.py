@@ -28,7 +28,7 @@ import sys
 
 from ..checks import positive_int
 from ..errors import NvkitError, require
-from .kernel_timing import graph_us, kernel_device
+from .kernel_timing import L2_OVERFLOW, graph_us, kernel_device
 from .tables import table_text
 
 #: the shapes timed by default: the three issue 38 sets its targets on
@@ -39,7 +39,6 @@ LAUNCHES = ((2, 1024, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8),
 #: every launch ``--every`` times (rows per program, inputs per step, warps), to fit ``gemv_launch`` to
 GRID = tuple((r, bk, w) for r in (1, 2, 4, 8, 16) for bk in (512, 1024, 2048) for w in (4, 8)
              if r * bk <= 16384) + ((16, 256, 4), (32, 256, 4), (32, 512, 8))
-L2_OVERFLOW = 256 * 2**20  # bytes of weight copies a graph cycles through: several times any GPU's L2 cache
 #: a layer's projections, then the LM head with the final norm before it (once a token: not in the layer sums)
 LAYER_FORMS = ("qkv", "o", "gate_up", "down")
 FORMS = LAYER_FORMS + ("head",)

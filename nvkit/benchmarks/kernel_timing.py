@@ -15,6 +15,10 @@ import time
 
 from ..errors import NvkitError, require
 
+#: bytes of weight or cache copies a timing graph cycles through: several times any GPU's L2
+#: cache, so each call reads from memory as a decode step does
+L2_OVERFLOW = 256 * 2**20
+
 
 def kernel_device(device: str, what: str):
     """``torch.device(device)`` for a kernel benchmark, refused where it cannot run: "cuda" needs a

@@ -13,9 +13,10 @@ q/k norms or none) on the triton-fused attention; ``gemv_why`` says why not else
 runner keeps its usual step there. An unmerged adapter's products (``lora.LoraSlots``) are two
 kernels more per projection group's one: x A.T in ``gemv`` with the same norm, then its B product
 added in the projection's own kernel before the rest (``gemv(lora=)``), rounded where
-``llama_step.linear`` rounds them (folded adapters run apart here: the fold is for cuBLAS). The layer keeps ``llama_step.decode_layer``'s
-signature, so ``llama_step.decode_step`` runs it: the residual stream it returns is whole (the
-sums are the products' epilogues), and the ``delta`` it is handed, zeros, passes through untouched.
+``llama_step.linear`` rounds them (folded adapters run apart here: the fold is for cuBLAS).
+The layer keeps ``llama_step.decode_layer``'s signature, so ``llama_step.decode_step`` runs it:
+the residual stream it returns is whole (the sums are the products' epilogues), and the
+``delta`` it is handed, zeros, passes through untouched.
 """
 
 from __future__ import annotations

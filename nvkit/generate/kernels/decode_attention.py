@@ -136,10 +136,10 @@ def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, window,
 
 #: ``decode_attention_rope``'s launch by cache size: (the smallest cache it is for, slices per KV
 #: head (None: ``splits_for``), blocks of ``BLOCK_L`` positions per loop step, tl.dot, warps,
-#: stages), the last row that fits wins. The products on tensor cores (``tl.dot``: q and the weights rounded to the
-#: cache's dtype, as a bf16 matmul rounds them), two blocks per step and a three-stage pipeline
-#: read a 16-bit cache about three times faster than the fp32 products, at 1 k to 16 k positions
-#: alike (``python -m nvkit.benchmarks.attention --batch1``; docs/benchmarks.md); more slices than
+#: stages), the last row that fits wins. The products on tensor cores (``tl.dot``: q and the
+#: weights rounded to the cache's dtype, as a bf16 matmul rounds them), two blocks per step and a
+#: three-stage pipeline read a 16-bit cache about three times faster than the fp32 products, at
+#: 1 k to 16 k positions alike (``python -m nvkit.benchmarks.attention --batch1``; docs/benchmarks.md); more slices than
 #: ``splits_for``'s gained nothing there. Caches under two blocks, fp32 caches and Triton's
 #: interpreter keep the fp32 products (``default_launch``), and so does ``decode_attention`` (the
 #: split kernel without the norms and RoPE, which that table does not time).
