@@ -237,8 +237,8 @@ case "$phase" in
     T=120 t tests/gpu/test_decode_attention_gpu.py
     T=150 t tests/gpu/test_fast_gpu.py -k "six_kernel"
     T=120 t tests/gpu/test_fast_session_gpu.py -k "six-kernel"
-    T=170 bench shape:qwen3-0.6b --decode --repeats 3 \
-      --paths "fast+eager,fast+eager+gemv,fast lora+eager,fast lora+eager+gemv" ;;
+    T=200 bench shape:qwen3-0.6b --decode --repeats 3 \
+      --paths "fast+eager,fast+eager+gemv,fast+eager+gemv+nopdl,fast lora+eager,fast lora+eager+gemv" ;;
   verify38b)
     T=200 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
     T=150 bench shape:qwen3-0.6b --decode --repeats 3 --prompt-len "${PROMPT_LEN:-8192}" --paths "fast+eager,fast" ;;

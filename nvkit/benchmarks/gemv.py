@@ -97,7 +97,8 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches, every=False) -
     import torch.nn.functional as F
 
     from ..generate.kernels.add_rms_norm import add_rms_norm
-    from ..generate.kernels.gemv import gemv, gemv_launch, pdl_why, sm_count
+    from ..generate.kernels.common import pdl_why
+    from ..generate.kernels.gemv import gemv, gemv_launch, sm_count
     from ..generate.kernels.silu_mul import silu_mul
     rows_w, k = _dims(form, cfg)
     n = rows_w // 2 if form == "gate_up" else rows_w

@@ -14,6 +14,11 @@ import torch
 import triton
 import triton.language as tl
 
+try:  # Grid Dependency Control (Hopper on): what Programmatic Dependent Launch waits and signals with
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # an older Triton: pdl=True says so (``pdl_why``), nothing else needs them
+    gdc_launch_dependents = gdc_wait = None
+
 MAX_SPLITS = 16  # slices of the cache per KV head: 8 KV heads x 16 programs fill a large GPU's SMs about once
 #: the caches whose attention runs on tensor cores (``tl.dot``) by default on a GPU; an fp32 cache
 #: keeps the fp32 products (``tl.dot`` on fp32 inputs would round them to TF32), and so does
@@ -118,6 +123,16 @@ def launch_why(num_stages=None, dot: bool = False, **powers_of_two) -> str | Non
     return None
 
 
+def pdl_why(device) -> str | None:
+    """Why a kernel cannot be launched with Programmatic Dependent Launch (``pdl=True``) on
+    ``device`` (None: it can)."""
+    if gdc_wait is None:
+        return f"pdl=True needs a Triton with grid dependency control (this one is {triton.__version__})"
+    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
+        return "pdl=True needs a CUDA GPU of compute capability 9.0 or more (Hopper on)"
+    return None
+
+
 def window_softcap_why(window, softcap) -> str | None:
     """Why the attention kernels' ``window`` (keys pos - window < j <= pos; 0: every key up to pos)
     and ``softcap`` (scores softcap · tanh(score / softcap); 0: none) do not fit (None when they do)."""
@@ -135,8 +150,12 @@ MAX_WINDOW = 2 ** 31 - 1
 
 
 @triton.jit
-def combine_kernel(M, L, O, OUT, N_SPLITS: tl.constexpr, HD: tl.constexpr):
-    """Merges one query head's slices (running max ``M``, sum ``L``, weighted sum ``O``) into ``OUT``."""
+def combine_kernel(M, L, O, OUT, N_SPLITS: tl.constexpr, HD: tl.constexpr, PDL: tl.constexpr = False):
+    """Merges one query head's slices (running max ``M``, sum ``L``, weighted sum ``O``) into ``OUT``;
+    ``PDL``: launched with Programmatic Dependent Launch after the kernel that wrote the slices."""
+    if PDL:
+        gdc_wait()  # the slices are the kernel before's outputs
+        gdc_launch_dependents()
     h = tl.program_id(0)
     sp = tl.arange(0, N_SPLITS)
     d = tl.arange(0, HD)

@@ -46,8 +46,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (DOT_DTYPES, MAX_SPLITS, MAX_WINDOW, attend_block, combine_kernel, launch_why, next_pow2, norm_rope,
-                     rope_lanes, rotary_width_fits, window_softcap_why)
+from .common import (DOT_DTYPES, MAX_SPLITS, MAX_WINDOW, attend_block, combine_kernel, gdc_launch_dependents, gdc_wait,
+                     launch_why, next_pow2, norm_rope, pdl_why, rope_lanes, rotary_width_fits, window_softcap_why)
 
 BLOCK_L = 32  # cache positions per step inside a slice
 
@@ -90,7 +90,10 @@ def _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, liv
 def _split_kernel(Q, K, V, POS, M, L, O, scale, window, softcap,
                   stride_kh, stride_kl, stride_vh, stride_vl,
                   GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr,
-                  BLOCK: tl.constexpr, SOFTCAP: tl.constexpr, DOT: tl.constexpr):
+                  BLOCK: tl.constexpr, SOFTCAP: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):
+    if PDL:
+        gdc_wait()  # the query and the cache are the kernels before's outputs
+        gdc_launch_dependents()
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     pos = tl.load(POS)  # keys 0..pos (inclusive) are valid; the rest of the cache is not written yet
@@ -109,13 +112,19 @@ def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, window,
                        stride_kh, stride_kl, stride_vh, stride_vl,
                        NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                        HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr,
-                       SOFTCAP: tl.constexpr, ROT: tl.constexpr, DOT: tl.constexpr):
+                       SOFTCAP: tl.constexpr, ROT: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     pos = tl.load(POS)
     g = tl.arange(0, GROUPS_P2)
     d = tl.arange(0, HD)
     rd, sign, cos, sin = rope_lanes(COS, SIN, d, HD, ROT)  # ROT < HD: the dims past ROT pass unrotated
+    if PDL:
+        # the position and the rotary tables were written two kernels back or earlier, done once
+        # the kernel before (which signals only after its own wait) let this one start; the
+        # projection it wrote is read, and anything written, only after the wait
+        gdc_wait()
+        gdc_launch_dependents()
     heads = kvh * GROUPS + g
     live = g < GROUPS
     qp = QKV + heads[:, None] * HD
@@ -163,15 +172,18 @@ def splits_for(length: int) -> int:
 
 def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, out, *, splits: int | None = None,
             blocks_per_step: int = 1, dot: bool = False, num_warps: int | None = None, num_stages: int | None = None,
-            **constexprs) -> None:
+            pdl: bool = False, **constexprs) -> None:
     """Both ops' launches (on the GPU, or in Triton's interpreter under ``TRITON_INTERPRET=1``):
     ``split_kernel`` over (KV heads × slices of the cache), called with ``lead`` (its tensors up to
     the cache position), the per-slice results, ``scalars`` (the scale, window and soft cap first)
     and the cache strides; then the merge of the slices per query head into ``out``. The launch
     shape (``decode_launch``): ``splits`` slices (None: ``splits_for``), ``blocks_per_step`` blocks
-    of ``BLOCK_L`` positions per step of the kernel's loop, ``dot``, ``num_warps``, ``num_stages``."""
+    of ``BLOCK_L`` positions per step of the kernel's loop, ``dot``, ``num_warps``, ``num_stages``;
+    ``pdl``: both launched with Programmatic Dependent Launch (``common.pdl_why``)."""
     nkv, length, _ = k.shape
     why = launch_why(num_stages, dot, splits=splits, blocks_per_step=blocks_per_step, num_warps=num_warps)
+    if not why and pdl is not False:
+        why = f"pdl must be True or False, not {pdl!r}" if not isinstance(pdl, bool) else pdl_why(out.device)
     if why:
         raise ValueError(f"nvkit::decode_attention {why}")
     block = min(BLOCK_L * blocks_per_step, length)
@@ -184,12 +196,13 @@ def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, o
     o = torch.empty((nh, n_splits, hd), dtype=torch.float32, device=out.device)  # weighted sum
     groups = nh // nkv
     launch = {name: n for name, n in (("num_warps", num_warps), ("num_stages", num_stages)) if n is not None}
+    chained = {"launch_pdl": True} if pdl else {}
     split_kernel[(nkv, n_splits)](
         *lead, m, s_sum, o, *scalars,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         GROUPS=groups, GROUPS_P2=max(16, next_pow2(groups)) if dot else next_pow2(groups), HD=hd, N_SPLITS=n_splits,
-        BLOCK=block, DOT=dot, **constexprs, **launch)
-    combine_kernel[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd)
+        BLOCK=block, DOT=dot, PDL=pdl, **constexprs, **launch, **chained)
+    combine_kernel[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd, PDL=pdl, **chained)
 
 
 def check_shapes(q, k, v) -> str | None:
@@ -233,7 +246,8 @@ def _(q, k, v, pos, scale, window=0, softcap=0.0):
 @torch.library.custom_op("nvkit::decode_attention_rope", mutates_args=("k", "v"))
 def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
                           cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                          scale: float, eps: float, window: int = 0, softcap: float = 0.0) -> torch.Tensor:
+                          scale: float, eps: float, window: int = 0, softcap: float = 0.0,
+                          pdl: bool = False) -> torch.Tensor:
     """The whole attention of one decode step after the q/k/v projection, in two kernels: per-head
     RMS norm of q and k over the whole head (Qwen3's q_norm/k_norm; skipped when the weights are
     None), rotary embedding (``cos``/``sin`` of the current position, (r,)), the new key and value
@@ -248,19 +262,27 @@ def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k
 
     ``qkv`` is the projection's output as (query heads + 2 × KV heads, head_dim): queries, then
     keys, then values. Returns (query heads, head_dim). Why: the matmul path spends separate
-    kernels on the norms and RoPE, the two cache writes and the attention itself."""
-    return decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window=window, softcap=softcap)
+    kernels on the norms and RoPE, the two cache writes and the attention itself.
+
+    ``pdl=True`` launches both kernels with Programmatic Dependent Launch (a Hopper GPU on and a
+    Triton with grid dependency control: ``common.pdl_why``), for a step whose kernels are all so
+    launched (``fast.gemv_step``): each starts while the one before ends and waits for its outputs
+    before reading them."""
+    return decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window=window, softcap=softcap,
+                         pdl=pdl)
 
 
 def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float, *, window: int = 0,
                   softcap: float = 0.0, splits: int | None = None, blocks_per_step: int | None = None,
-                  dot: bool | None = None, num_warps: int | None = None, num_stages: int | None = None):
+                  dot: bool | None = None, num_warps: int | None = None, num_stages: int | None = None,
+                  pdl: bool = False):
     """What ``decode_attention_rope`` runs, with the kernel's launch shape as arguments, each None
     the op's own for this cache (``default_launch``): ``splits`` slices per KV head (a power of
     two), ``blocks_per_step`` blocks of ``BLOCK_L`` positions per step of the kernel's loop,
     ``dot=True`` the scores and the weighted sum on tensor cores (``common.attend_block``),
     ``num_warps`` and ``num_stages`` (where the op's are None too: Triton's). ``python -m
-    nvkit.benchmarks.attention --batch1`` times the shapes against each other."""
+    nvkit.benchmarks.attention --batch1`` times the shapes against each other; ``pdl`` as
+    ``decode_attention_rope`` takes it."""
     nkv = k.shape[0]
     nh, hd = qkv.shape[0] - 2 * nkv, qkv.shape[-1]
     why = (check_shapes(qkv[:nh], k, v) if qkv.dim() == 2 and nh > 0
@@ -282,10 +304,10 @@ def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, ep
     lead = (qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos.contiguous(), sin.contiguous(),
             k, v, pos)
     _launch(_rope_split_kernel, lead, (scale, min(window, MAX_WINDOW), float(softcap), eps), k, v, nh, hd, out,
-            **launch, NH=nh, NKV=nkv, HAS_NORM=has_norm, SOFTCAP=softcap > 0, ROT=cos.shape[0])
+            **launch, pdl=pdl, NH=nh, NKV=nkv, HAS_NORM=has_norm, SOFTCAP=softcap > 0, ROT=cos.shape[0])
     return out
 
 
 @decode_attention_rope.register_fake
-def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window=0, softcap=0.0):
+def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window=0, softcap=0.0, pdl=False):
     return qkv.new_empty((qkv.shape[0] - 2 * k.shape[0], qkv.shape[-1]))

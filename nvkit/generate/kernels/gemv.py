@@ -33,12 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import launch_why, next_pow2
-
-try:  # Grid Dependency Control (Hopper on): what Programmatic Dependent Launch waits and signals with
-    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
-except ImportError:  # an older Triton: gemv(pdl=True) says so, nothing else needs them
-    gdc_launch_dependents = gdc_wait = None
+from .common import gdc_launch_dependents, gdc_wait, launch_why, next_pow2, pdl_why
 
 #: the most weight elements one program holds per step of its loop (BLOCK_N × BLOCK_K)
 TILE = 16384
@@ -215,15 +210,6 @@ def _pdl_why(pdl, device) -> str | None:
     if not isinstance(pdl, bool):
         return f"pdl must be True or False, not {pdl!r}"
     return pdl_why(device)
-
-
-def pdl_why(device) -> str | None:
-    """Why ``gemv(pdl=True)`` cannot run on ``device`` (None: it can)."""
-    if gdc_wait is None:
-        return f"pdl=True needs a Triton with grid dependency control (this one is {triton.__version__})"
-    if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:
-        return "pdl=True needs a CUDA GPU of compute capability 9.0 or more (Hopper on)"
-    return None
 
 
 def _why(x, weight, bias, norm, glu, residual) -> str | None:

@@ -544,7 +544,8 @@ def test_rope_kernel_refuses_rotary_tables_that_do_not_fit():
 def test_every_launch_shape_of_the_rope_kernel_attends_the_same():
     """``decode_launch``: more or fewer slices than the cache has blocks, two blocks per loop step,
     the products on ``tl.dot`` (float32 here: the interpreter's bf16 dot is not the GPU's), with a
-    window and soft-capping too, all against plain torch; launch values that cannot run refused."""
+    window and soft-capping too, all against plain torch; launch values that cannot run refused
+    (``pdl=True`` too: a CPU has no Programmatic Dependent Launch)."""
     out = _interpret("""
         import torch
         from nvkit.benchmarks.attention import attend_rope_reference
@@ -574,11 +575,16 @@ def test_every_launch_shape_of_the_rope_kernel_attends_the_same():
         qkv, qw, kw, cos, sin, k, v = token_inputs(nh, nkv, hd, hd, length, torch.float32, True)
         call = lambda **kw_: lambda: da.decode_launch(qkv, qw, kw, cos, sin, k, v, torch.tensor(3), 0.1, 1e-6, **kw_)
         for bad in (dict(splits=3), dict(splits=0), dict(blocks_per_step=0), dict(blocks_per_step=3),
-                    dict(dot="yes"), dict(num_warps=5), dict(num_stages=0), dict(num_stages=True)):
+                    dict(dot="yes"), dict(num_warps=5), dict(num_stages=0), dict(num_stages=True),
+                    dict(pdl="yes"), dict(pdl=True)):
             refused(call(**bad), str(bad))
+        # the op takes pdl too, and refuses it where the device has no PDL (a CPU)
+        refused(lambda: da.decode_attention_rope(qkv, qw, kw, cos, sin, k, v, torch.tensor(3), 0.1, 1e-6, pdl=True),
+                "the op with pdl on a CPU")
         small = token_inputs(nh, nkv, hd, hd, 8, torch.float32, True)
         refused(lambda: da.decode_launch(*small, torch.tensor(3), 0.1, 1e-6, dot=True), "dot over 8 positions")
         print("ok")
     """)
-    assert out.strip().endswith("ok") and out.count("refused:") == 9, out
+    assert out.strip().endswith("ok") and out.count("refused:") == 12, out
     assert "at least 16 positions" in out and "power of two" in out and "num_stages" in out
+    assert "pdl must be True or False" in out and out.count("compute capability 9.0") == 2, out
