@@ -65,7 +65,8 @@
 #            the batch-1 attention's launches (--batch1, and short lengths in a 16 k cache)  (carry .whl-core)
 #   verify38  the fitted launch rules: the batch-1 attention and six-kernel identity tests (with an
 #            adapter too), then Qwen3-0.6B's uncompiled step with and without six-kernel layers and
-#            an adapter; verify38b: the same on Qwen3-4B, and an 8 k prompt's decode  (carry .whl-core)
+#            an adapter; verify38b: the same on Qwen3-4B, and an 8 k prompt's decode, then the GEMV
+#            tables of FIT_MODELS (none unless set)                                   (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
 #            at 1 k, 8 k and 16 k positions (python -m nvkit.benchmarks.attention --batch1), then an
 #            8 k-token prompt's decode rate and its profile (PROMPT_LEN to change)     (carry .whl-core)
@@ -241,7 +242,13 @@ case "$phase" in
       --paths "fast+eager,fast+eager+gemv,fast+eager+gemv+nopdl,fast lora+eager,fast lora+eager+gemv" ;;
   verify38b)
     T=200 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
-    T=150 bench shape:qwen3-0.6b --decode --repeats 3 --prompt-len "${PROMPT_LEN:-8192}" --paths "fast+eager,fast" ;;
+    T=150 bench shape:qwen3-0.6b --decode --repeats 3 --prompt-len "${PROMPT_LEN:-8192}" --paths "fast+eager,fast"
+    for m in ${FIT_MODELS:-}; do  # the GEMV tables the rule is refitted on, where the call has room
+      echo "=== gemv every launch, $m ($(date +%T))"
+      timeout 90 python3 -m nvkit.benchmarks.gemv --every --models "$m" --csv "$out/gemv-every-$m.csv" \
+        > "$out/gemv-every-$m.log" 2>&1
+      echo "=== exit $? ($(date +%T))"; tail -12 "$out/gemv-every-$m.log"
+    done ;;
   gemv-more)
     T=240 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
     for p in "fast+eager" "fast+eager+gemv"; do  # the per-kernel profile before and after
