@@ -192,17 +192,20 @@ def layer_summary(df):
     return pd.DataFrame(out)
 
 
-#: the launch rules ``fit`` tries: inputs per step up to ``cap``, rows per program for about
-#: ``per_sm`` programs per SM, 8 warps for tiles of more than ``wide`` weights (4 below)
-RULES = tuple(dict(cap=cap, per_sm=c, wide=w) for cap in (512, 1024, 2048) for c in (1, 2, 4, 8, 16)
-              for w in (2048, 4096, 8192, 1 << 30))
+#: the launch rules ``fit`` tries: inputs per step up to ``cap`` (``long_cap`` for inputs of
+#: ``kernels.gemv.LONG_K`` or more), rows per program for about ``per_sm`` programs per SM, 8 warps
+#: for tiles of more than ``wide`` weights (4 below)
+RULES = tuple(dict(cap=cap, per_sm=c, wide=w, long_cap=lc) for cap in (512, 1024, 2048) for c in (1, 2, 4, 8, 16)
+              for w in (2048, 4096, 8192, 1 << 30) for lc in (512, 1024, 2048) if lc >= cap)
 
 
-def rule_launch(n: int, k: int, sms: int, cap: int, per_sm: int, wide: int) -> tuple[int, int, int]:
+def rule_launch(n: int, k: int, sms: int, cap: int, per_sm: int, wide: int,
+                long_cap: int | None = None) -> tuple[int, int, int]:
     """The (rows per program, inputs per step, warps) one of ``RULES`` gives ``n`` outputs over
-    ``k`` inputs on ``sms`` SMs: ``kernels.gemv.gemv_launch`` with that rule's values."""
+    ``k`` inputs on ``sms`` SMs: ``kernels.gemv.gemv_launch`` with that rule's values (``long_cap``
+    None: ``cap``)."""
     from ..generate.kernels.gemv import gemv_launch
-    return gemv_launch(n, k, sms, cap=cap, per_sm=per_sm, wide=wide)
+    return gemv_launch(n, k, sms, cap=cap, per_sm=per_sm, wide=wide, long_cap=long_cap or cap)
 
 
 def fit(df, sms: int):
@@ -228,7 +231,9 @@ def fit(df, sms: int):
 
 
 def main(argv=None) -> int:
-    """``python -m nvkit.benchmarks.gemv [--models qwen3-0.6b,qwen3-4b] [--repeats N] [--csv F]``."""
+    """``python -m nvkit.benchmarks.gemv [--models qwen3-0.6b,qwen3-4b] [--repeats N] [--csv F]``;
+    ``--fit A.csv,B.csv --sms N`` ranks ``RULES`` over ``--every`` tables saved before (several
+    models' at once), on no GPU."""
     import argparse
     p = argparse.ArgumentParser(prog="python -m nvkit.benchmarks.gemv", description=__doc__.splitlines()[0])
     p.add_argument("--models", default=",".join(MODELS))
@@ -236,7 +241,12 @@ def main(argv=None) -> int:
     p.add_argument("--every", action="store_true", help="time every launch of GRID (with PDL where the GPU has it), "
                                                         "a row each")
     p.add_argument("--csv", default=None)
+    p.add_argument("--fit", default=None, metavar="CSV,...",
+                   help="rank the launch rules over these --every tables (no GPU needed); with --sms")
+    p.add_argument("--sms", type=int, default=None, help="the SM count of the GPU the --fit tables were timed on")
     a = p.parse_args(argv)
+    if a.fit is not None:
+        return _fit_saved(a.fit, a.sms)
     try:
         df = run(models=tuple(m.strip() for m in a.models.split(",") if m.strip()), repeats=a.repeats,
                  **(dict(every=True, launches=GRID) if a.every else {}))
@@ -256,6 +266,42 @@ def main(argv=None) -> int:
     if a.csv:
         df.to_csv(a.csv, index=False)
     return 1 if "note" in df.columns and (df["note"] == "wrong").any() else 0
+
+
+def _fit_saved(paths: str, sms: int | None) -> int:
+    """``--fit``: the rules ranked over saved ``--every`` tables, and the fitted rule's launch for
+    each of their forms beside that form's fastest."""
+    import pandas as pd
+    files = [f.strip() for f in paths.split(",") if f.strip()]
+    if not files or sms is None or sms < 1:
+        print("NvkitError: --fit takes one or more CSV files saved by --every --csv, and --sms the SM count of "
+              "the GPU they were timed on (132 on an H100 or H200 SXM)")
+        return 2
+    try:
+        df = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    except (OSError, ValueError) as e:
+        print(f"NvkitError: cannot read the tables ({e})")
+        return 2
+    need = {"model", "form", "n", "k", "variant", "us_per_call"}
+    fitted = fit(df, sms) if need <= set(df.columns) else pd.DataFrame()
+    if not len(fitted):
+        print(f"NvkitError: no rule has a timed launch for every form in {', '.join(files)} (tables from --every, "
+              f"with the columns {', '.join(sorted(need))})")
+        return 2
+    print(f"launch rules by total µs over {df.model.nunique()} model(s)' forms, {sms} SMs:")
+    print(table_text(fitted.head(8).round(3)))
+    top = fitted.iloc[0]
+    rule = {name: int(top[name]) for name in ("cap", "per_sm", "wide", "long_cap") if name in top}
+    timed = df[df.variant.str.fullmatch(r"fused \d+x\d+ w\d+") & df.us_per_call.notna()]
+    rows = []
+    for (model, form), d in timed.groupby(["model", "form"], sort=False):
+        bn, bk, w = rule_launch(int(d.n.iloc[0]), int(d.k.iloc[0]), sms, **rule)
+        fastest = d.loc[d.us_per_call.idxmin()]
+        rows.append(dict(model=model, form=form, rule=f"{bn}x{bk} w{w}",
+                         rule_us=d[d.variant == f"fused {bn}x{bk} w{w}"].us_per_call.iloc[0],
+                         fastest=fastest.variant.removeprefix("fused "), fastest_us=fastest.us_per_call))
+    print(table_text(pd.DataFrame(rows).round(2)))
+    return 0
 
 
 if __name__ == "__main__":

@@ -86,3 +86,33 @@ def test_the_fit_picks_the_rule_whose_launches_the_table_times_fastest():
     fewer = G.fit(df[df.variant != "fused 4x1024 w4"], 132)
     assert not ((fewer.cap == 1024) & (fewer.per_sm == 4) & (fewer.wide >= 4096)).any()
     assert G.rule_launch(151936, 1024, 132, 512, 1, 8192) == (32, 512, 8)  # the LM head: the widest tile
+
+
+def test_the_fit_ranks_saved_tables_on_no_gpu_and_refuses_what_it_cannot_read(tmp_path, capsys):
+    """``--fit A.csv,B.csv --sms N``: two models' saved tables ranked together, the winning rule's
+    launch per form beside that form's fastest; missing files, a missing SM count and a table of
+    another kind are refused with exit 2 and a message that says what to pass."""
+    import math
+
+    import pandas as pd
+    files = []
+    # model b's long inputs (kernels.gemv.LONG_K) are fastest in steps of 2,048: the long cap's own
+    for model, (n, k, target, step) in {"a": (4096, 1024, 4, 1024), "b": (1024, 8192, 1, 2048)}.items():
+        rows = [dict(model=model, form="qkv", n=n, k=k, variant=f"fused {bn}x{bk} w{w}",
+                     us_per_call=1 + abs(math.log2(bn) - math.log2(target)) + abs(math.log2(bk / step)) + (w != 4))
+                for bn, bk, w in G.GRID]
+        files.append(tmp_path / f"{model}.csv")
+        pd.DataFrame(rows).to_csv(files[-1], index=False)
+    assert G.main(["--fit", ",".join(map(str, files)), "--sms", "132"]) == 0
+    out = capsys.readouterr().out
+    assert "over 2 model(s)' forms, 132 SMs" in out and out.count("4x1024 w4") == 2 and out.count("1x2048 w4") == 2, out
+    top = out.splitlines()[2].split()
+    assert (top[1], top[2], top[4]) == ("1024", "4", "2048") and float(top[5]) == 2.0, out  # cap, per SM, long cap
+    (tmp_path / "other.csv").write_text("x,y\n1,2\n")
+    for argv, words in ((["--fit", str(tmp_path / "none.csv"), "--sms", "132"], "cannot read"),
+                        (["--fit", str(files[0])], "--sms the SM count"),
+                        (["--fit", str(files[0]), "--sms", "0"], "--sms the SM count"),
+                        (["--fit", ""], "one or more CSV files"),
+                        (["--fit", str(tmp_path / "other.csv"), "--sms", "132"], "no rule has a timed launch")):
+        assert G.main(argv) == 2, argv
+        assert words in capsys.readouterr().out, argv

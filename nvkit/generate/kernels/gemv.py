@@ -41,8 +41,10 @@ TILE = 16384
 #: about ``PROGRAMS_PER_SM`` programs per SM, 8 warps only for tiles of more than ``WIDE_TILE``
 #: weights (4 below). Fitted to ``python -m nvkit.benchmarks.gemv --every`` (its ``fit``; the
 #: figures in docs/benchmarks.md): many small programs streaming a few kilobytes per step each
-#: kept more bytes in flight than one wide program per SM.
-K_STEP, PROGRAMS_PER_SM, WIDE_TILE = 1024, 8, 1 << 30
+#: kept more bytes in flight than one wide program per SM. ``LONG_K_STEP``: the step's cap for
+#: inputs of ``LONG_K`` or more (an o or down projection of a wide model), fitted apart because
+#: there the loop has more steps than the pipeline has stages.
+K_STEP, PROGRAMS_PER_SM, WIDE_TILE, LONG_K, LONG_K_STEP = 1024, 8, 1 << 30, 4096, 1024
 _SM_COUNT: dict = {}
 
 
@@ -57,13 +59,13 @@ def sm_count(device) -> int:
 
 
 def gemv_launch(n: int, k: int, sms: int, cap: int = K_STEP, per_sm: int = PROGRAMS_PER_SM,
-                wide: int = WIDE_TILE) -> tuple[int, int, int]:
+                wide: int = WIDE_TILE, long_cap: int = LONG_K_STEP) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_K, warps) for ``n`` outputs over ``k`` inputs on ``sms`` SMs: the input in
-    steps of at most ``cap`` (a power of two, at least 16), rows per program a power of two (at
-    most 32) for about ``per_sm`` programs per SM, within ``TILE``; 8 warps for a tile of more than
-    ``wide`` weights, else 4. The defaults are the fitted rule; the others are what
-    ``nvkit.benchmarks.gemv.fit`` tries."""
-    block_k = min(max(16, next_pow2(k)), cap)
+    steps of at most ``cap`` (``long_cap`` where k is ``LONG_K`` or more; powers of two, at least
+    16), rows per program a power of two (at most 32) for about ``per_sm`` programs per SM, within
+    ``TILE``; 8 warps for a tile of more than ``wide`` weights, else 4. The defaults are the fitted
+    rule; the others are what ``nvkit.benchmarks.gemv.fit`` tries."""
+    block_k = min(max(16, next_pow2(k)), long_cap if k >= LONG_K else cap)
     block_n = min(32, 1 << (max(1, n // max(1, per_sm * sms)).bit_length() - 1))
     while block_n > 1 and block_n * block_k > TILE:
         block_n //= 2
