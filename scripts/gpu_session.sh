@@ -67,6 +67,10 @@
 #            adapter too), then Qwen3-0.6B's uncompiled step with and without six-kernel layers and
 #            an adapter; verify38b: the same on Qwen3-4B, and an 8 k prompt's decode, then the GEMV
 #            tables of FIT_MODELS (none unless set)                                   (carry .whl-core)
+#   rates38  the six-kernel layers (the uncompiled default) against nine on Llama-3.2-1B, against the
+#            compiled step on Qwen3-0.6B, at an 8 k prompt; then the Qwen3-4B GEMV table  (carry .whl-core)
+#   default38  the six-kernel default's GPU tests (plain greedy, streaming, sampling, adapters
+#            uncompiled, first request, compare) and its rate against nine and compiled (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
 #            at 1 k, 8 k and 16 k positions (python -m nvkit.benchmarks.attention --batch1), then an
 #            8 k-token prompt's decode rate and its profile (PROMPT_LEN to change)     (carry .whl-core)
@@ -205,7 +209,7 @@ case "$phase" in
     echo "=== gemv forms ($(date +%T))"
     timeout 240 python3 -m nvkit.benchmarks.gemv --csv "$out/gemv.csv"; echo "=== exit $? ($(date +%T))"
     T=200 t tests/gpu/test_fast_gpu.py -k six_kernel
-    T=150 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv,fast+eager+gemv+nopdl" ;;
+    T=150 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager+nogemv,fast+eager,fast+eager+nopdl" ;;
   fit)
     # the tables the launch rules are fitted to: every GEMV launch (with PDL) per form, the batch-1
     # attention's launches at each length's size class and at short lengths in a long cache
@@ -239,9 +243,9 @@ case "$phase" in
     T=150 t tests/gpu/test_fast_gpu.py -k "six_kernel"
     T=120 t tests/gpu/test_fast_session_gpu.py -k "six-kernel"
     T=200 bench shape:qwen3-0.6b --decode --repeats 3 \
-      --paths "fast+eager,fast+eager+gemv,fast+eager+gemv+nopdl,fast lora+eager,fast lora+eager+gemv" ;;
+      --paths "fast+eager+nogemv,fast+eager,fast+eager+nopdl,fast lora+eager+nogemv,fast lora+eager" ;;
   verify38b)
-    T=200 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
+    T=200 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager+nogemv,fast+eager"
     T=150 bench shape:qwen3-0.6b --decode --repeats 3 --prompt-len "${PROMPT_LEN:-8192}" --paths "fast+eager,fast"
     for m in ${FIT_MODELS:-}; do  # the GEMV tables the rule is refitted on, where the call has room
       echo "=== gemv every launch, $m ($(date +%T))"
@@ -249,9 +253,26 @@ case "$phase" in
         > "$out/gemv-every-$m.log" 2>&1
       echo "=== exit $? ($(date +%T))"; tail -12 "$out/gemv-every-$m.log"
     done ;;
+  rates38)
+    # the six-kernel layers against the compiled step and on the shapes verify38 leaves: Llama-3.2-1B,
+    # Qwen3-0.6B compiled, the 8 k prompt; then the Qwen3-4B GEMV table on this GPU
+    T=150 bench shape:llama-3.2-1b --decode --repeats 3 --paths "fast+eager+nogemv,fast+eager,fast"
+    T=120 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast,fast+eager"
+    T=100 bench shape:qwen3-0.6b --decode --repeats 3 --prompt-len "${PROMPT_LEN:-8192}" --paths "fast+eager"
+    echo "=== gemv every launch, qwen3-4b ($(date +%T))"
+    timeout 90 python3 -m nvkit.benchmarks.gemv --every --models qwen3-4b --csv "$out/gemv-every-qwen3-4b.csv" \
+      > "$out/gemv-every-qwen3-4b.log" 2>&1
+    echo "=== exit $? ($(date +%T))"; tail -12 "$out/gemv-every-qwen3-4b.log" ;;
+  default38)
+    # the six-kernel layers as the uncompiled default: the default session's identity tests (plain
+    # greedy, streaming, sampling, the adapter apart and uncompiled, the first request, compare),
+    # then the default against the nine-kernel layers and the compiled step
+    T=150 t tests/gpu/test_fast_gpu.py -k "token_identical_to_plain or streams or sampling_is_seeded or six_kernel"
+    T=120 t tests/gpu/test_fast_session_gpu.py -k "uncompiled or quicker or compare or every_length"
+    T=100 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager,fast+eager+nogemv,fast" ;;
   gemv-more)
-    T=240 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager,fast+eager+gemv"
-    for p in "fast+eager" "fast+eager+gemv"; do  # the per-kernel profile before and after
+    T=240 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager+nogemv,fast+eager"
+    for p in "fast+eager+nogemv" "fast+eager"; do  # the per-kernel profile before and after
       T=150 bench shape:qwen3-0.6b --decode --profile --paths "$p"
     done ;;
   long)

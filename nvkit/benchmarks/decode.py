@@ -53,8 +53,8 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # (inductor's combo_kernels: independent small kernels launched as one), regional (one decoder
 # layer compiled for every layer: regional=True, the default), whole (the whole unrolled step
 # compiled: regional=False), notune (no coordinate-descent tuning: tune=False), fold (an adapter's
-# first product folded into the base one: lora_fold=True), gemv (the uncompiled step's layers in
-# six kernels: gemv=True), kN (N decode steps per graph replay).
+# first product folded into the base one: lora_fold=True), gemv / nogemv (the uncompiled step's
+# layers in six kernels, the default, or nine: gemv=True / False), kN (N decode steps per graph replay).
 # pdl, combo, regional, whole, notune and gemv are ``StepVariant`` fields, not user options: the
 # benchmark builds those decoders, users get the defaults.
 # "model.generate": transformers' generate called directly, with the arguments nvkit's plain path
@@ -81,9 +81,9 @@ _FAST_OPTIONS = {"eager": ("compile", False), "matmul": ("attention", "matmul"),
                  "nopdl": ("pdl", False), "combo": ("inductor", {"combo_kernels": True}),
                  "regional": ("regional", True), "whole": ("regional", False), "fold": ("lora_fold", True),
                  "notune": ("tune", False),
-                 # the uncompiled batch-1 step's layers in six kernels (issue 38): "fast+eager+gemv"
-                 # against "fast+eager" measures them
-                 "gemv": ("gemv", True),
+                 # the uncompiled batch-1 step's layers in six kernels (issue 38, the default):
+                 # "fast+eager" against "fast+eager+nogemv" (the nine-kernel layers) measures them
+                 "gemv": ("gemv", True), "nogemv": ("gemv", False),
                  # the model's own forward as the step where the fused step fits too: issue 37's
                  # measure of what the fused step gains on a family, in one process
                  "forward": ("fused", False)}

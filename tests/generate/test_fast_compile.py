@@ -87,35 +87,41 @@ def test_how_the_step_compiles_is_a_benchmark_variant_not_a_user_option():
     assert opts.k_steps == 4 and variant == StepVariant(regional=False)
     with pytest.raises(NvkitError, match="Unknown fast-path option"):
         split_overrides(FastOptions(), StepVariant(), dict(warp=9))
-    assert StepVariant().gemv is False and not {"NVKIT_FAST_GEMV"} & set(ENVIRONMENT_VARIABLES)
+    assert StepVariant().gemv is True and not {"NVKIT_FAST_GEMV"} & set(ENVIRONMENT_VARIABLES)
     with pytest.raises(NvkitError, match="gemv must be True or False"):
         StepVariant(gemv=1)
 
 
 def test_the_six_kernel_layers_say_where_they_run_and_why_not():
-    """``StepVariant(gemv=True)`` (the decode benchmark's "+gemv"): the stats line says whether the
-    six-kernel layers run and why not; without CUDA the uncompiled step has no Triton kernels."""
+    """``StepVariant.gemv`` (on by default; the decode benchmark's "+nogemv" turns it off): where
+    the uncompiled step has nvkit's Triton kernels (a GPU gives them), the stats line says whether
+    the six-kernel layers run and why not; without those kernels, or compiled, it says nothing of
+    them (they are not that step's)."""
     from nvkit.generate.fast.single import FastDecoder
     from tests.generate.test_families_step import _tiny
-    asked = FastDecoder(_tiny("Qwen3"), graphs=False, gemv=True, attention="triton-fused")
+
+    def with_kernels(d):  # what a GPU gives the uncompiled step; only the step's wiring is read here
+        d.kernels = True
+        return d
+    asked = with_kernels(FastDecoder(_tiny("Qwen3"), graphs=False, attention="triton-fused"))
     assert "six-kernel layers: uncompiled" in asked.describe() and "apart" not in asked.describe(), asked.describe()
+    assert "six-kernel" not in with_kernels(FastDecoder(_tiny("Qwen3"), graphs=False, gemv=False,
+                                                        attention="triton-fused")).describe()
     assert "six-kernel" not in FastDecoder(_tiny("Qwen3"), graphs=False, attention="triton-fused").describe()
-    matmul = FastDecoder(_tiny("Qwen3"), graphs=False, gemv=True, attention="matmul")
+    matmul = with_kernels(FastDecoder(_tiny("Qwen3"), graphs=False, attention="matmul"))
     assert "six-kernel layers: it runs on the triton-fused attention" in matmul.describe()
-    gemma = FastDecoder(_tiny("Gemma2"), graphs=False, gemv=True, attention="matmul")
+    gemma = with_kernels(FastDecoder(_tiny("Gemma2"), graphs=False, attention="matmul"))
     assert "six-kernel layers: it runs on the triton-fused" in gemma.describe()
 
     def layer_of(d, lora_on=False):  # the layer function the decoder's step runs
         step = d._step(d._cache_for(64), lora_on)
         return next(c.cell_contents for c, name in zip(step.__closure__, step.__code__.co_freevars)
                     if name == "layer").__qualname__
-    asked.kernels = True  # what a GPU gives the uncompiled step; only the step's wiring is read here
     # the adapter's step too: its products apart in the layer's kernels
     assert layer_of(asked).startswith("gemv_decode_layer") and layer_of(asked, True).startswith("gemv_decode_layer")
-    plain = FastDecoder(_tiny("Qwen3"), graphs=False, attention="triton-fused")
-    plain.kernels = True
-    assert layer_of(plain).startswith("decode_layer")
-    assert layer_of(FastDecoder(_tiny("Qwen3"), graphs=False, gemv=True, attention="triton-fused")).startswith(
+    nine = with_kernels(FastDecoder(_tiny("Qwen3"), graphs=False, gemv=False, attention="triton-fused"))
+    assert layer_of(nine).startswith("decode_layer")
+    assert layer_of(FastDecoder(_tiny("Qwen3"), graphs=False, attention="triton-fused")).startswith(
         "decode_layer")  # no Triton kernels in the step: the usual layer
 
 

@@ -452,6 +452,7 @@ def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
                                                   lora_fold=None, tune=None, gemv=None)
     assert opts("fast+notune")["tune"] is False
     assert opts("fast+eager+gemv")["gemv"] is True and opts("fast+eager+gemv")["compile"] is False
+    assert opts("fast+eager+nogemv")["gemv"] is False and opts("fast+eager")["gemv"] is None  # None: the default
     assert opts("fast+regional")["regional"] is True
     assert opts("fast+whole")["regional"] is False
     # the adapter rows take the same options after "fast lora"

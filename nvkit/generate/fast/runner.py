@@ -49,12 +49,14 @@ class StepVariant:
     - ``pdl``: Programmatic Dependent Launch between inductor's kernels, so each kernel's launch
       overlaps the tail of the one before it (None: where this torch can emit it).
     - ``inductor``: further ``torch._inductor.config`` settings, as (name, value) pairs.
-    - ``gemv``: the uncompiled batch-1 step's layers in six kernels (``gemv_step``), where they run."""
+    - ``gemv``: the uncompiled batch-1 step's layers in six kernels (``gemv_step``), where they run
+      (on the GPU they decoded faster than the nine-kernel layers on every shape timed:
+      docs/benchmarks.md); False keeps the nine, for the decode benchmark's "+nogemv"."""
     regional: bool = True
     tune: bool = True
     pdl: bool | None = None
     inductor: tuple = ()
-    gemv: bool = False
+    gemv: bool = True
 
     def __post_init__(self):
         for name in ("regional", "tune", "gemv"):

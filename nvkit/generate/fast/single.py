@@ -112,9 +112,9 @@ class FastDecoder(GraphRunner):
         six = False  # the six-kernel layers run: their adapter products stay apart
         if self._fw is not None:
             parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
-            if self.variant.gemv:
+            if self.variant.gemv and self.kernels and not self.compiled:  # the step they would be
                 parts.append(gemv_words(self._fw, self.attention, self.pdl, on))
-                six = self.kernels and not self.compiled and gemv_why(self._fw, self.attention, on) is None
+                six = gemv_why(self._fw, self.attention, on) is None
         if on is not None:
             # the uncompiled step with nvkit's kernels folds where the GPU gives float32 products
             folded = on.folded and (self.compiled or not self.kernels or (lora_mod.kernel_folds(self.device) and not six))
