@@ -123,7 +123,7 @@ def test_the_route_of_a_request_is_decided_once_with_its_tokens(s):
     assert forced.path == "generate" and "quantized" in forced.why and len(forced.off) == 1  # fast=True: no CB
 
 
-def test_a_short_prompt_after_lists_runs_on_their_graphs_until_the_batch1_path_is_captured(s):
+def test_a_short_prompt_after_lists_runs_on_their_graphs_until_the_batch1_path_is_captured(s, monkeypatch):
     """A list has captured the rows and the batch-1 path is not captured: a short prompt runs on
     the rows (a batch of one, no capture to wait for) instead of plain generate; a streamed one,
     one the rows cannot run, or one the batch-1 path holds does not."""
@@ -140,6 +140,15 @@ def test_a_short_prompt_after_lists_runs_on_their_graphs_until_the_batch1_path_i
     nf4 = fast.route(_on_gpu(s, decoders=warm, quantization="nf4"), ["Hello"], short, None)
     assert nf4.path == "generate" and "quantized" in nf4.why
     assert fast.route(_on_gpu(s), ["Hello there"], short, None).path == "generate"  # no list has run
+    # where plain generate would not be the quicker answer (the capture on record is short), the
+    # rows still answer a short prompt sooner than a batch-1 capture; a long one pays that capture
+    from nvkit.generate.fast import support
+    monkeypatch.setattr(support, "worth_capturing", lambda *a, **k: None)  # the estimate says: capture
+    r = fast.route(_on_gpu(s, decoders=warm), ["Hello there"], short, None)
+    assert r.path == "fast batch" and "answers a request of under 128 new tokens" in r.why, r
+    assert fast.route(_on_gpu(s, decoders=warm), ["Hello"], dict(short, max_new_tokens=200), None).path == "fast"
+    assert fast.route(_on_gpu(s, decoders=fast.Decoders()), ["Hello"], short, None).path == "fast"  # no list yet
+    assert fast.route(_on_gpu(s, decoders=warm), ["Hello"], short, None, stream=True).path == "fast"
 
 
 def test_a_path_asked_for_directly_refuses_settings_it_cannot_run(s):

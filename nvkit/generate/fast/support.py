@@ -204,6 +204,15 @@ def worth_capturing(session, prompt_tokens: int, gen: dict, sampling: Sampling) 
             f"of ≥ {min_tokens} tokens captures it once")
 
 
+def _short_before_capture(session, prompt_tokens: int, gen: dict, sampling: Sampling) -> bool:
+    """A request under ``min_tokens`` new tokens that the batch-1 path has not captured for: where
+    a list has captured the rows, they answer it sooner than the batch-1 capture would (which a
+    longer request pays for, and every request after it uses)."""
+    d = session.decoders.single
+    return (int(gen["max_new_tokens"]) < default_options().min_tokens
+            and not (d is not None and d.ready(prompt_tokens, sampling)))
+
+
 def worth_batching(session, n_prompts: int, gen: dict) -> str | None:
     """For ``fast=None`` on a list: None when the rows fast path should run it now, else why
     plain generation is the quicker answer. Once the rows are captured every list runs there, and
@@ -245,14 +254,18 @@ def route(session, texts: list[str], gen: dict, fast: bool | None, stream: bool 
             sampling = resolve(base_model(session.model), gen)[0]
             ids = [session.tokenizer(texts[0])["input_ids"]]
             why = long_rope_why(base_model(session.model), ids, gen)
+            # the lists' graphs run a batch of one about as fast as the batch-1 path, with no
+            # capture of its own to wait for (or one rung's: tenths of a second)
+            on_rows = (why is None and not stream and session.decoders.batched_ready()
+                       and rows_why(session, gen) is None)
             if why is None and fast is None:
                 why = worth_capturing(session, len(ids[0]), gen, sampling)
+                if why is None and on_rows and _short_before_capture(session, len(ids[0]), gen, sampling):
+                    why = ("not captured yet, and the batched fast path, captured already, answers a request of "
+                           f"under {default_options().min_tokens} new tokens without a capture to wait for")
             if why is None:
                 return Route("fast", sampling=sampling, ids=ids)
-            if not stream and session.decoders.batched_ready() and rows_why(session, gen) is None \
-                    and long_rope_why(base_model(session.model), ids, gen) is None:
-                # the lists' graphs run a batch of one about as fast as the batch-1 path, with no
-                # capture of its own to wait for (or one rung's: tenths of a second)
+            if on_rows:
                 return Route("fast batch", ["the batch-1 fast path is not captured yet: the batched fast path, "
                                             "captured already, ran the prompt"], why, sampling=sampling, ids=ids)
         return fallback(session, texts, gen, fast, why)
