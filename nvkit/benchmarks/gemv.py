@@ -149,7 +149,7 @@ def _form_rows(model, form, cfg, dev, dt, gen, repeats, launches, every=False) -
             out.append(dict(label, variant=f"fused {launch or auto}", max_err=err, note="wrong"))
             continue
         us = graph_us(lambda w, launch=launch: fused(w, launch, pdl), ws, repeats, dev)
-        row = dict(label, variant="fused" if launch is None else f"fused {launch[0]}x{launch[1]} w{launch[2]}",
+        row = dict(label, variant="fused" if launch is None else launch_variant(*launch),
                    kernels=1, us_per_call=us, max_err=err, pdl=pdl)
         if launch is None:
             row["variant"] = f"fused ({auto[0]}x{auto[1]} w{auto[2]})"
@@ -208,13 +208,24 @@ def rule_launch(n: int, k: int, sms: int, cap: int, per_sm: int, wide: int,
     return gemv_launch(n, k, sms, cap=cap, per_sm=per_sm, wide=wide, long_cap=long_cap or cap)
 
 
+def launch_variant(bn: int, bk: int, warps: int) -> str:
+    """The ``variant`` of a ``run(every=True)`` row timed at this launch."""
+    return f"fused {bn}x{bk} w{warps}"
+
+
+def timed_launches(df):
+    """A ``run(every=True)`` table's rows of timed launches (``launch_variant``'s), each form's
+    automatic launch and the failed or wrong ones left out."""
+    return df[df.variant.str.fullmatch(r"fused \d+x\d+ w\d+") & df.us_per_call.notna()]
+
+
 def fit(df, sms: int):
     """The rule of ``RULES`` whose launches give the least µs over the table's forms, from a
     ``run(every=True)`` table (one row per form and launch); a DataFrame of the rules that have
     a timed launch for every form, best first: the rule, its total and its worst form's share
     over that form's fastest launch."""
     import pandas as pd
-    timed = df[df.variant.str.fullmatch(r"fused \d+x\d+ w\d+") & df.us_per_call.notna()]
+    timed = timed_launches(df)
     us = {(r.model, r.form, r.variant): r.us_per_call for r in timed.itertuples()}
     best = timed.groupby(["model", "form"]).us_per_call.min()
     dims = {(r.model, r.form): (int(r.n), int(r.k)) for r in timed.itertuples()}
@@ -222,8 +233,7 @@ def fit(df, sms: int):
     for rule in RULES:
         got = []
         for (model, form), (n, k) in dims.items():
-            bn, bk, w = rule_launch(n, k, sms, **rule)
-            got.append((us.get((model, form, f"fused {bn}x{bk} w{w}")), best[(model, form)]))
+            got.append((us.get((model, form, launch_variant(*rule_launch(n, k, sms, **rule)))), best[(model, form)]))
         if all(t is not None for t, _ in got):
             out.append(dict(rule, total_us=sum(t for t, _ in got), worst=max(t / b for t, b in got)))
     return (pd.DataFrame(out).sort_values(["total_us", "worst"], kind="stable").reset_index(drop=True) if out
@@ -292,13 +302,12 @@ def _fit_saved(paths: str, sms: int | None) -> int:
     print(table_text(fitted.head(8).round(3)))
     top = fitted.iloc[0]
     rule = {name: int(top[name]) for name in ("cap", "per_sm", "wide", "long_cap") if name in top}
-    timed = df[df.variant.str.fullmatch(r"fused \d+x\d+ w\d+") & df.us_per_call.notna()]
     rows = []
-    for (model, form), d in timed.groupby(["model", "form"], sort=False):
-        bn, bk, w = rule_launch(int(d.n.iloc[0]), int(d.k.iloc[0]), sms, **rule)
+    for (model, form), d in timed_launches(df).groupby(["model", "form"], sort=False):
+        name = launch_variant(*rule_launch(int(d.n.iloc[0]), int(d.k.iloc[0]), sms, **rule))
         fastest = d.loc[d.us_per_call.idxmin()]
-        rows.append(dict(model=model, form=form, rule=f"{bn}x{bk} w{w}",
-                         rule_us=d[d.variant == f"fused {bn}x{bk} w{w}"].us_per_call.iloc[0],
+        rows.append(dict(model=model, form=form, rule=name.removeprefix("fused "),
+                         rule_us=d[d.variant == name].us_per_call.iloc[0],
                          fastest=fastest.variant.removeprefix("fused "), fastest_us=fastest.us_per_call))
     print(table_text(pd.DataFrame(rows).round(2)))
     return 0

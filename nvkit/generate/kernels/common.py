@@ -123,9 +123,13 @@ def launch_why(num_stages=None, dot: bool = False, **powers_of_two) -> str | Non
     return None
 
 
-def pdl_why(device) -> str | None:
+def pdl_why(device, pdl: bool = True) -> str | None:
     """Why a kernel cannot be launched with Programmatic Dependent Launch (``pdl=True``) on
-    ``device`` (None: it can)."""
+    ``device`` (None: it can, or ``pdl`` is False); a ``pdl`` argument that is not a bool is refused."""
+    if not isinstance(pdl, bool):
+        return f"pdl must be True or False, not {pdl!r}"
+    if not pdl:
+        return None
     if gdc_wait is None:
         return f"pdl=True needs a Triton with grid dependency control (this one is {triton.__version__})"
     if device.type != "cuda" or torch.cuda.get_device_capability(device)[0] < 9:

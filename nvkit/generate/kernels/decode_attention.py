@@ -182,8 +182,7 @@ def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, o
     ``pdl``: both launched with Programmatic Dependent Launch (``common.pdl_why``)."""
     nkv, length, _ = k.shape
     why = launch_why(num_stages, dot, splits=splits, blocks_per_step=blocks_per_step, num_warps=num_warps)
-    if not why and pdl is not False:
-        why = f"pdl must be True or False, not {pdl!r}" if not isinstance(pdl, bool) else pdl_why(out.device)
+    why = why or pdl_why(out.device, pdl)
     if why:
         raise ValueError(f"nvkit::decode_attention {why}")
     block = min(BLOCK_L * blocks_per_step, length)

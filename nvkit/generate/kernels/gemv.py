@@ -183,8 +183,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     kernel after it start in turn. The weight's dtype is the result's."""
     why = _why(x, weight, bias, norm, glu, residual) or _lora_why(lora, weight)
     why = why or launch_why(num_stages, False, block_n=block_n, block_k=block_k, num_warps=num_warps)
-    if not why and pdl is not False:
-        why = _pdl_why(pdl, weight.device)
+    why = why or pdl_why(weight.device, pdl)
     if why:
         raise ValueError(f"nvkit gemv: {why}")
     k = weight.shape[1]
@@ -206,12 +205,6 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         HAS_SCALE=scale is not None, RESIDUAL=residual is not None, LORA=lora is not None,
         RANK_P2=max(16, next_pow2(rank)), PDL=bool(pdl), **launch)
     return out
-
-
-def _pdl_why(pdl, device) -> str | None:
-    if not isinstance(pdl, bool):
-        return f"pdl must be True or False, not {pdl!r}"
-    return pdl_why(device)
 
 
 def _why(x, weight, bias, norm, glu, residual) -> str | None:
