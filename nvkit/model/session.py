@@ -499,6 +499,10 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     mem_before = torch_allocated() if cuda_in_use() else rss_bytes()
     peaks.tracker()  # the load's peak is measured from its start event on
     events.record("load-start", str(model))
+    if device_type == "cuda":
+        # Triton's once-a-process costs beside the load, not in the first request's warm-up
+        from ..generate.kernels import warm
+        warm.start()
     from transformers.utils import logging as hf_logging
     # The demo model loads in well under a second: a weight-loading bar would only interleave with
     # the text that %nvkit generate prints right after it. Real checkpoints keep their bar.

@@ -130,6 +130,8 @@ def test_a_short_prompt_after_lists_runs_on_their_graphs_until_the_batch1_path_i
     short = dict(max_new_tokens=8, do_sample=False)
     warm = fast.Decoders()
     warm.batched_ready = lambda: True  # the state a first list leaves (tests/gpu: afternoon's "1 prompt" line)
+    greedy_mode = ("greedy", 0, False, False)
+    warm.rows = SimpleNamespace(captured=lambda mode: mode == greedy_mode)  # the lists ran greedy
     r = fast.route(_on_gpu(s, decoders=warm), ["Hello there"], short, None)
     assert r.path == "fast batch" and not r.invariant and r.ids == [s.tokenizer("Hello there")["input_ids"]]
     assert r.off == ["the batch-1 fast path is not captured yet: the batched fast path, captured already, ran the prompt"]
@@ -149,6 +151,39 @@ def test_a_short_prompt_after_lists_runs_on_their_graphs_until_the_batch1_path_i
     assert fast.route(_on_gpu(s, decoders=warm), ["Hello"], dict(short, max_new_tokens=200), None).path == "fast"
     assert fast.route(_on_gpu(s, decoders=fast.Decoders()), ["Hello"], short, None).path == "fast"  # no list yet
     assert fast.route(_on_gpu(s, decoders=warm), ["Hello"], short, None, stream=True).path == "fast"
+    # a sampling mode the rows hold no graph of pays the batch-1 capture, which later requests keep
+    sampled = dict(short, do_sample=True, top_k=5)
+    assert fast.route(_on_gpu(s, decoders=warm), ["Hello"], sampled, None).path == "fast"
+    # the batch-1 path holds greedy graphs, none with a minimum length: the rows, which do, run it
+    warm.single = SimpleNamespace(captured=lambda n, sampling: sampling.key == greedy_mode)
+    assert fast.route(_on_gpu(s, decoders=warm), ["Hello"], short, None).path == "fast"
+    warm.rows = SimpleNamespace(captured=lambda mode: True)
+    assert fast.route(_on_gpu(s, decoders=warm), ["Hello"], dict(short, min_new_tokens=8), None).path == "fast batch"
+
+
+def test_each_decoder_says_which_sampling_modes_it_holds_a_graph_of(s):
+    """``captured``: what the route asks before it sends a short prompt to the rows. The batch-1
+    decoder's ``ready`` also counts a mode not captured yet; ``captured`` does not (a minimum length
+    is a mode of its own). The rows hold a mode once a list has run in it."""
+    import torch
+    from nvkit.generate.fast.rows import BatchedDecoder
+    ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]
+    greedy = fast.resolve(s.model, dict(max_new_tokens=4, do_sample=False))[0]
+    at_least = fast.resolve(s.model, dict(max_new_tokens=4, do_sample=False, min_new_tokens=4))[0]
+    assert greedy.key != at_least.key
+    single = fast.FastDecoder(s.model, k_steps=2, graphs=False)
+    rows = BatchedDecoder(single, max_rows=4)
+    assert not single.captured(ids.shape[1], greedy) and not rows.captured(greedy.key)
+    with torch.inference_mode():
+        single.generate(ids, greedy)
+        assert single.captured(ids.shape[1], greedy) and single.ready(ids.shape[1], at_least)
+        assert not single.captured(ids.shape[1], at_least)
+        assert not rows.captured(at_least.key)
+        rows.generate([ids[0].tolist(), ids[0, :2].tolist()], at_least)
+    assert rows.captured(at_least.key) and not rows.captured(greedy.key)
+    rows.release()
+    single.release()
+    assert not rows.captured(at_least.key)
 
 
 def test_a_path_asked_for_directly_refuses_settings_it_cannot_run(s):

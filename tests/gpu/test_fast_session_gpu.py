@@ -293,12 +293,15 @@ def test_compare_runs_both_sides_on_the_fast_path(tmp_path):
         def generate(*a, **kw):
             out = real(*a, **kw)
             paths.append(s.last_stats.path)
+            lines.append(str(s.last_stats))
             return out
+        lines = []
         s.generate = generate
         c = s.compare(PROMPTS[:2], max_new_tokens=30)
         del s.generate
         rates = [(r.base_tokens_per_s, r.tuned_tokens_per_s) for r in c]
         print(f"\ncompare, 2 prompts × 30 tokens: tok/s (base, tuned) {rates}; prepared {c.prepared:.2f} s; paths {paths}")
+        print("\n".join(lines))  # where a slow side's time went (its stats line says what it prepared)
         assert paths == ["fast"] * 4, paths
         assert 0 < c.prepared <= 5 and all(min(pair) >= 400 for pair in rates), (rates, c.prepared)
     finally:

@@ -36,7 +36,7 @@ from typing import Callable
 from ... import events
 from ...errors import NvkitError
 from ...memory.estimate import kv_bytes_per_token
-from . import cuda_graphs as graphs_mod, prefill_rows, rows_replay
+from . import cuda_graphs as graphs_mod, lora as lora_mod, prefill_rows, rows_replay
 from .compile_policy import compile_fullgraph
 from .paged_cache import (CLASSES, FIRST_WIDTH, MAX_ROWS, PAGE, UPFRONT_ROWS, Arena, RowsKey, ladder, new_arena, plan,
                           pool_for, prefill_budget, prefill_bytes_per_token)
@@ -151,6 +151,13 @@ class BatchedDecoder(GraphRunner):
         a = self._arena
         if a is not None:
             a.drop_graphs(lambda g: lora_on is None or g.lora == lora_on)
+
+    def captured(self, mode: tuple) -> bool:
+        """The current pool holds a graph of sampling ``mode`` (``Sampling.key``) for the adapters'
+        state the batch-1 decoder has now: a list that fits the pool waits for no capture."""
+        a = self._arena
+        lora_on = lora_mod.active(self.model)
+        return a is not None and any(k.sampling == mode and k.lora == lora_on for k in a.graphs)
 
     def _forget_kernel_steps(self) -> None:
         self._steps.clear()

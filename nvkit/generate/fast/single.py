@@ -365,6 +365,14 @@ class FastDecoder(GraphRunner):
         fits = not lora_on or self._fw is None or (self._lora is not None and self._lora.fits(self.model))
         return fits and any(g.lora == lora_on for g in c.graphs)
 
+    def captured(self, prompt_len: int, sampling: Sampling) -> bool:
+        """``ready``, and the graph of this very sampling mode is captured (``ready`` counts a mode
+        not captured yet as ready: its capture is short, and a request that pays it keeps it)."""
+        if not self.ready(prompt_len, sampling):
+            return False
+        lora_on = lora_mod.forward_state(self.model) if self._fw is None else lora_mod.active(self.model)
+        return any(g.sampling == sampling.key and g.lora == lora_on for g in self._cache.graphs)
+
     def prepare(self, prompt_len: int, sampling: Sampling, on_progress: Callable[[float], None] | None = None,
                 prefill_up_to: int = 512, compile: bool = True) -> float:
         """Capture (``compile``: compile first) what a request of this size and sampling mode needs now,

@@ -205,12 +205,13 @@ def worth_capturing(session, prompt_tokens: int, gen: dict, sampling: Sampling) 
 
 
 def _short_before_capture(session, prompt_tokens: int, gen: dict, sampling: Sampling) -> bool:
-    """A request under ``min_tokens`` new tokens that the batch-1 path has not captured for: where
-    a list has captured the rows, they answer it sooner than the batch-1 capture would (which a
-    longer request pays for, and every request after it uses)."""
-    d = session.decoders.single
+    """A request under ``min_tokens`` new tokens whose sampling mode the batch-1 path has no graph
+    for, where the rows hold one: they answer it without a capture to wait for (the batch-1
+    capture is left to a longer request, which every request after it uses)."""
+    d, rows = session.decoders.single, session.decoders.rows
     return (int(gen["max_new_tokens"]) < default_options().min_tokens
-            and not (d is not None and d.ready(prompt_tokens, sampling)))
+            and not (d is not None and d.captured(prompt_tokens, sampling))
+            and rows is not None and rows.captured(sampling.key))
 
 
 def worth_batching(session, n_prompts: int, gen: dict) -> str | None:
