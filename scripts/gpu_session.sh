@@ -71,6 +71,8 @@
 #            compiled step on Qwen3-0.6B, at an 8 k prompt; then the Qwen3-4B GEMV table  (carry .whl-core)
 #   default38  the six-kernel default's GPU tests (plain greedy, streaming, sampling, adapters
 #            uncompiled, first request, compare) and its rate against nine and compiled (carry .whl-core)
+#   inline38  an adapter's x A.T inside its projection's launch (+inline) against apart: the
+#            identity tests, then Qwen3-0.6B and Qwen3-4B's rates (SHAPES to change) (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
 #            at 1 k, 8 k and 16 k positions (python -m nvkit.benchmarks.attention --batch1), then an
 #            8 k-token prompt's decode rate and its profile (PROMPT_LEN to change)     (carry .whl-core)
@@ -274,6 +276,13 @@ case "$phase" in
     T=240 bench shape:qwen3-4b --decode --repeats 3 --paths "fast+eager+nogemv,fast+eager"
     for p in "fast+eager+nogemv" "fast+eager"; do  # the per-kernel profile before and after
       T=150 bench shape:qwen3-0.6b --decode --profile --paths "$p"
+    done ;;
+  inline38)
+    # an adapter's x A.T made inside its projection's launch (StepVariant.lora_inline) against the
+    # launch of its own: identity against PEFT on both, then the rates beside the base step
+    T=150 t tests/gpu/test_fast_session_gpu.py -k "six-kernel"
+    for sh in ${SHAPES:-qwen3-0.6b qwen3-4b}; do
+      T=${TI:-200} bench shape:$sh --decode --repeats 3 --paths "fast+eager,fast lora+eager,fast lora+eager+inline"
     done ;;
   long)
     echo "=== batch-1 attention launches ($(date +%T))"

@@ -90,6 +90,9 @@ def test_how_the_step_compiles_is_a_benchmark_variant_not_a_user_option():
     assert StepVariant().gemv is True and not {"NVKIT_FAST_GEMV"} & set(ENVIRONMENT_VARIABLES)
     with pytest.raises(NvkitError, match="gemv must be True or False"):
         StepVariant(gemv=1)
+    assert StepVariant().lora_inline is False
+    with pytest.raises(NvkitError, match="lora_inline must be True or False"):
+        StepVariant(lora_inline="yes")
 
 
 def test_the_six_kernel_layers_say_where_they_run_and_why_not():

@@ -10,10 +10,11 @@ the same wherever the products' last bits do not tip a greedy choice.
 
 It runs the layers laid out as Llama's (a norm before each branch, none after; SiLU; per-head
 q/k norms or none) on the triton-fused attention; ``gemv_why`` says why not elsewhere, and the
-runner keeps its usual step there. An unmerged adapter's products (``lora.LoraSlots``) are two
-kernels more per projection group's one: x A.T in ``gemv`` with the same norm, then its B product
+runner keeps its usual step there. An unmerged adapter's products (``lora.LoraSlots``) cost
+each projection group a kernel more: x A.T in ``gemv`` with the same norm, then its B product
 added in the projection's own kernel before the rest (``gemv(lora=)``), rounded where
-``llama_step.linear`` rounds them (folded adapters run apart here: the fold is for cuBLAS).
+``llama_step.linear`` rounds them (folded adapters run apart here: the fold is for cuBLAS); with
+``StepVariant.lora_inline`` x A.T is made by the projection's own launch (``gemv(lora_scratch=)``).
 The layer keeps ``llama_step.decode_layer``'s signature, so ``llama_step.decode_step`` runs it:
 the residual stream it returns is whole (the sums are the products' epilogues), and the
 ``delta`` it is handed, zeros, passes through untouched.
@@ -46,12 +47,14 @@ def gemv_why(fw: FusedWeights | None, attention: str, lora=None) -> str | None:
     return None
 
 
-def gemv_decode_layer(fw: FusedWeights, pdl: bool = False) -> Callable:
+def gemv_decode_layer(fw: FusedWeights, pdl: bool = False, scratch=None) -> Callable:
     """``llama_step.decode_layer``'s layer in six kernels, for the model whose weights ``fw`` holds
     (``gemv_why`` None): ``layer(h, delta, pos, where, cos, sin, mask, keys, values,
     *llama_step.layer_args(w, None))`` -> (h, delta), ``h`` the whole residual stream. ``pdl``: the
     products and the attention launched with Programmatic Dependent Launch (``kernels.gemv``), so
-    no kernel of the layer waits for the one before to end before it starts."""
+    no kernel of the layer waits for the one before to end before it starts. ``scratch`` (a
+    ``kernels.gemv.LoraScratch``): an adapter's x A.T made inside its projection's launch, not in
+    a launch of its own before it (six kernels with an adapter too, not ten)."""
     from functools import partial
 
     from ..kernels.decode_attention import decode_attention_rope
@@ -63,7 +66,9 @@ def gemv_decode_layer(fw: FusedWeights, pdl: bool = False) -> Callable:
 
     def product(x, w, bias, lo, norm=None, eps=1e-6, **kw):
         # lo: (A, B) or, folded, (A, B, stacked): the products apart either way
-        if lo is not None:
+        if lo is not None and scratch is not None:
+            kw.update(lora=(lo[0], lo[1]), lora_scratch=scratch)
+        elif lo is not None:
             kw["lora"] = (gemv(x, lo[0], norm=norm, eps=eps, weight_first=wf), lo[1])
         return gemv(x, w, bias, norm=norm, eps=eps, weight_first=wf, **kw)
 
@@ -92,23 +97,31 @@ def gemv_head(fw: FusedWeights) -> Callable:
     return head
 
 
-def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool, pdl: bool = False, lora=None) -> dict:
+def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool, pdl: bool = False, lora=None,
+               inline: bool = False) -> dict:
     """``llama_step.decode_step``'s ``layer`` and ``head`` for the six-kernel layer where it is
     ``asked`` for and runs (``gemv_why``, with the adapter buffers ``lora`` the step reads, if
     any); none (the usual step) elsewhere. ``pdl``: with Programmatic Dependent Launch where the
-    GPU and Triton give it (``kernels.common.pdl_why``)."""
+    GPU and Triton give it (``kernels.common.pdl_why``). ``inline``: an adapter's x A.T made in its
+    projection's launch (``StepVariant.lora_inline``)."""
     if not asked or gemv_why(fw, attention, lora) is not None:
         return {}
     from ..kernels.common import pdl_why
     pdl = pdl and pdl_why(fw.embed.device) is None
-    return {"layer": gemv_decode_layer(fw, pdl), "head": gemv_head(fw)}
+    scratch = None
+    if inline and lora is not None:
+        from ..kernels.gemv import lora_scratch
+        rows = max(p[0].shape[0] for layer in lora.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        scratch = lora_scratch(fw.embed.device, rows)
+    return {"layer": gemv_decode_layer(fw, pdl, scratch), "head": gemv_head(fw)}
 
 
-def gemv_words(fw: FusedWeights | None, attention: str, pdl: bool, lora=None) -> str:
+def gemv_words(fw: FusedWeights | None, attention: str, pdl: bool, lora=None, inline: bool = False) -> str:
     """The stats line's words for the six-kernel layers asked for: where they run, or why not."""
     why = gemv_why(fw, attention, lora)
     if why:
         return f"six-kernel layers: {why}"
     from ..kernels.common import pdl_why
-    return ("six-kernel layers: uncompiled" + (", the adapter's products apart" if lora is not None else "")
+    where = ", the adapter's products inline" if inline else ", the adapter's products apart"
+    return ("six-kernel layers: uncompiled" + (where if lora is not None else "")
             + (", PDL" if pdl and pdl_why(fw.embed.device) is None else ""))

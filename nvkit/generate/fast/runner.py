@@ -51,15 +51,19 @@ class StepVariant:
     - ``inductor``: further ``torch._inductor.config`` settings, as (name, value) pairs.
     - ``gemv``: the uncompiled batch-1 step's layers in six kernels (``gemv_step``), where they run
       (on the GPU they decoded faster than the nine-kernel layers on every shape timed:
-      docs/benchmarks.md); False keeps the nine, for the decode benchmark's "+nogemv"."""
+      docs/benchmarks.md); False keeps the nine, for the decode benchmark's "+nogemv".
+    - ``lora_inline``: on those layers, an adapter's x A.T made inside its projection's launch
+      (``kernels.gemv``'s ``lora_scratch``) instead of a launch of its own before it; the decode
+      benchmark's "+inline", to measure against the launches apart."""
     regional: bool = True
     tune: bool = True
     pdl: bool | None = None
     inductor: tuple = ()
     gemv: bool = True
+    lora_inline: bool = False
 
     def __post_init__(self):
-        for name in ("regional", "tune", "gemv"):
+        for name in ("regional", "tune", "gemv", "lora_inline"):
             if not isinstance(getattr(self, name), bool):
                 raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
         if self.pdl not in (None, True, False):

@@ -113,7 +113,7 @@ class FastDecoder(GraphRunner):
         if self._fw is not None:
             parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
             if self.variant.gemv and self.kernels and not self.compiled:  # the step they would be
-                parts.append(gemv_words(self._fw, self.attention, self.pdl, on))
+                parts.append(gemv_words(self._fw, self.attention, self.pdl, on, self.variant.lora_inline))
                 six = gemv_why(self._fw, self.attention, on) is None
         if on is not None:
             # the uncompiled step with nvkit's kernels folds where the GPU gives float32 products
@@ -193,7 +193,7 @@ class FastDecoder(GraphRunner):
                 c.steps[lora_on] = decode_step(self._fw, c, self.attention, self._lora if lora_on else None,
                                                kernels=self.kernels, **gemv_parts(
                                                    self._fw, self.attention, self.variant.gemv and self.kernels,
-                                                   self.pdl, self._lora if lora_on else None))
+                                                   self.pdl, self._lora if lora_on else None, self.variant.lora_inline))
             else:
                 c.steps[lora_on] = model_step(self.model, c, self.device)
         return c.steps[lora_on]

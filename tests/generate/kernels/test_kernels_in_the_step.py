@@ -249,19 +249,22 @@ def test_the_six_kernel_layer_adds_an_adapter_as_the_step_with_kernels():
                 lo = lora_mod.LoraSlots(fw, 4, torch.float32, fold=fold)
                 assert lo.folded == fold and lo.load(model)
                 parts = gemv_parts(fw, "triton-fused", True, lora=lo)
-                assert set(parts) == {"layer", "head"}, family
+                inline = gemv_parts(fw, "triton-fused", True, lora=lo, inline=True)
+                assert set(parts) == set(inline) == {"layer", "head"}, family
                 assert "adapter's products apart" in gemv_words(fw, "triton-fused", False, lo)
+                assert "adapter's products inline" in gemv_words(fw, "triton-fused", False, lo, inline=True)
                 logits = {}
-                for name, kw in (("kernels", {}), ("gemv", parts)):
+                for name, kw in (("kernels", {}), ("gemv", parts), ("inline", inline)):
                     c = cache_at(base, fw)
                     logits[name] = greedy_logits(decode_step(fw, c, "triton-fused", lo, kernels=True, **kw), c, 8)
                 c = cache_at(base, fw)  # the adapter moves the logits: it is not a no-op here
                 plain = greedy_logits(decode_step(fw, c, "triton-fused", None, kernels=True), c, 1)
                 assert (plain - logits["kernels"][:1]).abs().max().item() > 1e-3
-                diff = (logits["gemv"] - logits["kernels"]).abs().max().item()
-                assert diff < 1e-4 and torch.equal(logits["gemv"].argmax(-1), logits["kernels"].argmax(-1)), \\
-                    (family, fold, diff)
-                print(family, fold, diff)
+                for name in ("gemv", "inline"):
+                    diff = (logits[name] - logits["kernels"]).abs().max().item()
+                    assert diff < 1e-4 and torch.equal(logits[name].argmax(-1), logits["kernels"].argmax(-1)), \\
+                        (family, fold, name, diff)
+                    print(family, fold, name, diff)
             half = lora_mod.LoraSlots(FusedWeights(base), 4, torch.float16)
             assert "adapter's dtype" in gemv_why(FusedWeights(base), "triton-fused", half)
             assert gemv_parts(FusedWeights(base), "triton-fused", True, lora=half) == {}
