@@ -71,6 +71,8 @@
 #            compiled step on Qwen3-0.6B, at an 8 k prompt; then the Qwen3-4B GEMV table  (carry .whl-core)
 #   default38  the six-kernel default's GPU tests (plain greedy, streaming, sampling, adapters
 #            uncompiled, first request, compare) and its rate against nine and compiled (carry .whl-core)
+#   targets38  issue 38's targets as assertions (tests/gpu/test_decode_targets_gpu.py; they fail
+#            until the step reaches them)                                          (carry .whl-core)
 #   inline38  an adapter's x A.T inside its projection's launch (+inline) against apart: the
 #            identity tests, then Qwen3-0.6B and Qwen3-4B's rates (SHAPES to change) (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
@@ -277,6 +279,8 @@ case "$phase" in
     for p in "fast+eager+nogemv" "fast+eager"; do  # the per-kernel profile before and after
       T=150 bench shape:qwen3-0.6b --decode --profile --paths "$p"
     done ;;
+  targets38)
+    T=${TT:-560} t tests/gpu/test_decode_targets_gpu.py ;;
   inline38)
     # an adapter's x A.T made inside its projection's launch (StepVariant.lora_inline) against the
     # launch of its own: identity against PEFT on both, then the rates beside the base step
