@@ -155,16 +155,16 @@ def test_a_short_prompt_after_lists_runs_on_their_graphs_until_the_batch1_path_i
     sampled = dict(short, do_sample=True, top_k=5)
     assert fast.route(_on_gpu(s, decoders=warm), ["Hello"], sampled, None).path == "fast"
     # the batch-1 path holds greedy graphs, none with a minimum length: the rows, which do, run it
-    warm.single = SimpleNamespace(captured=lambda n, sampling: sampling.key == greedy_mode)
+    warm.single = SimpleNamespace(ready=lambda n, sampling, exact=False: not exact or sampling.key == greedy_mode)
     assert fast.route(_on_gpu(s, decoders=warm), ["Hello"], short, None).path == "fast"
     warm.rows = SimpleNamespace(captured=lambda mode: True)
     assert fast.route(_on_gpu(s, decoders=warm), ["Hello"], dict(short, min_new_tokens=8), None).path == "fast batch"
 
 
 def test_each_decoder_says_which_sampling_modes_it_holds_a_graph_of(s):
-    """``captured``: what the route asks before it sends a short prompt to the rows. The batch-1
-    decoder's ``ready`` also counts a mode not captured yet; ``captured`` does not (a minimum length
-    is a mode of its own). The rows hold a mode once a list has run in it."""
+    """What the route asks before it sends a short prompt to the rows. The batch-1 decoder's
+    ``ready`` counts a mode not captured yet as ready, ``ready(exact=True)`` does not (a minimum
+    length is a mode of its own); the rows hold a mode (``captured``) once a list has run in it."""
     import torch
     from nvkit.generate.fast.rows import BatchedDecoder
     ids = s.tokenizer("Hello there", return_tensors="pt")["input_ids"]
@@ -173,11 +173,11 @@ def test_each_decoder_says_which_sampling_modes_it_holds_a_graph_of(s):
     assert greedy.key != at_least.key
     single = fast.FastDecoder(s.model, k_steps=2, graphs=False)
     rows = BatchedDecoder(single, max_rows=4)
-    assert not single.captured(ids.shape[1], greedy) and not rows.captured(greedy.key)
+    assert not single.ready(ids.shape[1], greedy, exact=True) and not rows.captured(greedy.key)
     with torch.inference_mode():
         single.generate(ids, greedy)
-        assert single.captured(ids.shape[1], greedy) and single.ready(ids.shape[1], at_least)
-        assert not single.captured(ids.shape[1], at_least)
+        assert single.ready(ids.shape[1], greedy, exact=True) and single.ready(ids.shape[1], at_least)
+        assert not single.ready(ids.shape[1], at_least, exact=True)
         assert not rows.captured(at_least.key)
         rows.generate([ids[0].tolist(), ids[0, :2].tolist()], at_least)
     assert rows.captured(at_least.key) and not rows.captured(greedy.key)

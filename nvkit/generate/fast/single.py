@@ -31,8 +31,7 @@ from .gemv_step import gemv_parts, gemv_why, gemv_words
 from .options import FOLD_RANK, FastOptions, default_options
 from .replay import replays, ticking
 from .compile_policy import compile_fullgraph
-from .runner import (GraphRunner, KeptReplay, StepVariant, has_inductor_option, split_overrides,
-                     triton_cannot_run_on)
+from .runner import GraphRunner, KeptReplay, StepVariant, has_inductor_option, split_overrides, triton_cannot_run_on
 from .sampling import Sampling, StopStrings, choose
 
 
@@ -355,23 +354,16 @@ class FastDecoder(GraphRunner):
         return c.first_logits
 
     # --- the public side -----------------------------------------------------------------------
-    def ready(self, prompt_len: int, sampling: Sampling) -> bool:
+    def ready(self, prompt_len: int, sampling: Sampling, exact: bool = False) -> bool:
         """True when a request of this size runs without compiling anything first (a graph for
-        another sampling mode on the compiled step is captured in about a second)."""
+        another sampling mode on the compiled step is captured in about a second); ``exact``: nor
+        capturing anything, the graph of this very sampling mode there already."""
         c = self._cache
         if c is None or c.length < self._positions(prompt_len, sampling):
             return False
         lora_on = lora_mod.forward_state(self.model) if self._fw is None else lora_mod.active(self.model)
         fits = not lora_on or self._fw is None or (self._lora is not None and self._lora.fits(self.model))
-        return fits and any(g.lora == lora_on for g in c.graphs)
-
-    def captured(self, prompt_len: int, sampling: Sampling) -> bool:
-        """``ready``, and the graph of this very sampling mode is captured (``ready`` counts a mode
-        not captured yet as ready: its capture is short, and a request that pays it keeps it)."""
-        if not self.ready(prompt_len, sampling):
-            return False
-        lora_on = lora_mod.forward_state(self.model) if self._fw is None else lora_mod.active(self.model)
-        return any(g.sampling == sampling.key and g.lora == lora_on for g in self._cache.graphs)
+        return fits and any(g.lora == lora_on and (not exact or g.sampling == sampling.key) for g in c.graphs)
 
     def prepare(self, prompt_len: int, sampling: Sampling, on_progress: Callable[[float], None] | None = None,
                 prefill_up_to: int = 512, compile: bool = True) -> float:

@@ -210,7 +210,7 @@ def _short_before_capture(session, prompt_tokens: int, gen: dict, sampling: Samp
     capture is left to a longer request, which every request after it uses)."""
     d, rows = session.decoders.single, session.decoders.rows
     return (int(gen["max_new_tokens"]) < default_options().min_tokens
-            and not (d is not None and d.captured(prompt_tokens, sampling))
+            and not (d is not None and d.ready(prompt_tokens, sampling, exact=True))
             and rows is not None and rows.captured(sampling.key))
 
 
