@@ -26,6 +26,8 @@ import queue
 import threading
 from typing import Any, Callable
 
+from .errors import NvkitError
+
 _SLICE = 0.05  # seconds between checks for Interrupt while blocking
 
 
@@ -112,21 +114,42 @@ class Job:
         except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the result
             self._error = e
         finally:
-            self._done.set()
+            self._settle()
+
+    def _settle(self) -> None:
+        """Done: the done callbacks, then every wait woken."""
+        self._done.set()
+        with self._lock:
+            callbacks = list(self._callbacks)
+        try:
+            for cb in callbacks:
+                try:
+                    cb(self)
+                except Exception:
+                    pass
+        finally:
             with self._lock:
-                callbacks = list(self._callbacks)
-            try:
-                for cb in callbacks:
-                    try:
-                        cb(self)
-                    except Exception:
-                        pass
-            finally:
-                with self._lock:
-                    self._settled.set()
-                    waiters = list(self._settled_waiters)
-                for wake in waiters:
-                    wake()
+                self._settled.set()
+                waiters = list(self._settled_waiters)
+            for wake in waiters:
+                wake()
+
+    def _abandoned(self) -> bool:
+        """True (once) when the thread that was to run this job has ended without running it: a
+        hook that a debugger or profiler sets on new threads raised before the job began. The job
+        is settled here with an NvkitError, so no wait hangs on it and its done callbacks put the
+        caller's state back; a worker starts a new thread for the next job."""
+        th = self._thread
+        if th is None or th.is_alive() or th.ident is None:
+            return False
+        with self._lock:
+            if self._done.is_set():
+                return False
+            self._error = NvkitError(f"The thread {th.name!r} ended before it ran this work (a hook on new threads, "
+                                     "from a debugger or a profiler, may have failed in it). Run it again.")
+            self._done.set()
+        self._settle()
+        return True
 
     def _waited(self) -> threading.Event:
         """What a wait waits for: the callbacks too, except from a callback itself (the worker
@@ -171,6 +194,8 @@ class Job:
             event = self._waited()
             while not event.wait(_SLICE):
                 waited += _SLICE
+                if self._abandoned():
+                    break
                 if timeout is not None and waited >= timeout:
                     raise TimeoutError(f"{self._thread.name} still running after {timeout} s")
         except KeyboardInterrupt:

@@ -155,3 +155,31 @@ def test_a_worker_runs_its_jobs_in_order_on_one_thread_until_closed():
     again = Job(lambda job: threading.current_thread(), worker=w).start().result(10)
     assert again is not first and again.is_alive()  # a job after close starts a new thread
     w.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_job_whose_thread_dies_before_it_runs_is_settled_with_an_error_and_the_worker_goes_on():
+    """A hook on new threads (a debugger's, a profiler's) that raises kills the worker's thread
+    before the job begins: the wait ends with an NvkitError instead of hanging, the job's done
+    callbacks run (a caller's state put back), and the worker's next job runs on a new thread."""
+    from nvkit.errors import NvkitError
+    from nvkit.threads import Job, Worker
+    w = Worker("nvkit-test-worker")
+    seen = []
+
+    def broken_hook(*_):
+        raise RuntimeError("a profiler's hook failed")
+    threading.setprofile(broken_hook)
+    try:
+        job = Job(lambda j: 1, worker=w)
+        job.add_done_callback(lambda j: seen.append(j.error))
+        job.start()
+    finally:
+        threading.setprofile(None)
+    with pytest.raises(NvkitError, match="ended before it ran this work"):
+        job.result(timeout=10)
+    assert job.done and job.settled and len(seen) == 1 and isinstance(seen[0], NvkitError)
+    with pytest.raises(NvkitError):
+        job.result(timeout=1)  # the same answer again, at once
+    assert Job(lambda j: 2, worker=w).start().result(timeout=10) == 2
+    w.close()

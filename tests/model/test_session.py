@@ -188,3 +188,24 @@ def test_mark_records_an_event():
     assert ev.kind == "mark" and ev.text == "before fine-tune"
     with pytest.raises(NvkitError):
         nvkit.mark("  ")
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_request_whose_worker_thread_dies_before_it_runs_ends_with_an_error_and_the_next_one_runs():
+    """A hook on new threads that raises (a profiler's, a debugger's) kills the session's worker
+    before the request begins: generate raises NvkitError instead of waiting for ever, and the
+    next request runs on a new worker thread."""
+    from tests import demo_model
+    s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
+    try:
+        def broken_hook(*_):
+            raise RuntimeError("a profiler's hook failed")
+        threading.setprofile(broken_hook)
+        try:
+            with pytest.raises(NvkitError, match="ended before it ran this work"):
+                s.generate("Hello", max_new_tokens=2)
+        finally:
+            threading.setprofile(None)
+        assert isinstance(s.generate("Hello", max_new_tokens=2), str)
+    finally:
+        s.unload()
