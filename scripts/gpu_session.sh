@@ -71,6 +71,8 @@
 #            compiled step on Qwen3-0.6B, at an 8 k prompt; then the Qwen3-4B GEMV table  (carry .whl-core)
 #   default38  the six-kernel default's GPU tests (plain greedy, streaming, sampling, adapters
 #            uncompiled, first request, compare) and its rate against nine and compiled (carry .whl-core)
+#   afternoon-check  issue 39's afternoon as assertions, in a second process on the machine
+#            (tests/gpu/test_afternoon_gpu.py)                                     (carry .whl-core)
 #   targets38  issue 38's targets as assertions (tests/gpu/test_decode_targets_gpu.py; they fail
 #            until the step reaches them)                                          (carry .whl-core)
 #   inline38  an adapter's x A.T inside its projection's launch (+inline) against apart: the
@@ -279,6 +281,8 @@ case "$phase" in
     for p in "fast+eager+nogemv" "fast+eager"; do  # the per-kernel profile before and after
       T=150 bench shape:qwen3-0.6b --decode --profile --paths "$p"
     done ;;
+  afternoon-check)
+    T=${TA:-560} t tests/gpu/test_afternoon_gpu.py ;;
   targets38)
     T=${TT:-560} t tests/gpu/test_decode_targets_gpu.py ;;
   inline38)
