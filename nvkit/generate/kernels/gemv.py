@@ -161,20 +161,16 @@ def _gemv_kernel(X, W, NW, B, R, OUT, T, LB, A, FLAGS, N, K, rank, eps, scale, s
                  HAS_BIAS: tl.constexpr, GLU: tl.constexpr, HAS_SCALE: tl.constexpr, RESIDUAL: tl.constexpr,
                  LORA: tl.constexpr, RANK_P2: tl.constexpr, PDL: tl.constexpr, INLINE: tl.constexpr,
                  A_ROWS: tl.constexpr, A_STEP: tl.constexpr):
-    xdt = X.dtype.element_ty  # the weight's, or a bf16/fp16 stream read by an adapter's float32 A
     pid = tl.program_id(0)
-    if INLINE:  # the launch's first programs make the adapter's t, the rest the product's rows
-        if pid < producers:
+    if pid < producers:  # an inline adapter's programs (``producers`` is 0 without one) make its t
+        if INLINE:
             if PDL:
                 gdc_wait()
                 gdc_launch_dependents()
-            _adapter_first(X, NW, A, T, FLAGS, K, rank, eps, stride_a, xdt, NORM, WEIGHT_FIRST, A_ROWS, A_STEP)
-        else:
-            _rows(X, W, NW, B, R, OUT, T, LB, FLAGS, N, K, rank, eps, scale, stride_w, stride_lb, pid - producers,
-                  producers, consumers, BLOCK_N, BLOCK_K, NORM, WEIGHT_FIRST, HAS_BIAS, GLU, HAS_SCALE, RESIDUAL,
-                  LORA, RANK_P2, PDL, INLINE)
-    else:
-        _rows(X, W, NW, B, R, OUT, T, LB, FLAGS, N, K, rank, eps, scale, stride_w, stride_lb, pid,
+            _adapter_first(X, NW, A, T, FLAGS, K, rank, eps, stride_a, X.dtype.element_ty, NORM, WEIGHT_FIRST,
+                           A_ROWS, A_STEP)
+    else:  # the rest the product's rows
+        _rows(X, W, NW, B, R, OUT, T, LB, FLAGS, N, K, rank, eps, scale, stride_w, stride_lb, pid - producers,
               producers, consumers, BLOCK_N, BLOCK_K, NORM, WEIGHT_FIRST, HAS_BIAS, GLU, HAS_SCALE, RESIDUAL,
               LORA, RANK_P2, PDL, INLINE)
 
@@ -190,7 +186,7 @@ def _rows(X, W, NW, B, R, OUT, T, LB, FLAGS, N, K, rank, eps, scale, stride_w, s
     live = rows < N
     cols = tl.arange(0, BLOCK_K)
     dt = W.dtype.element_ty
-    xdt = X.dtype.element_ty
+    xdt = X.dtype.element_ty  # the weight's, or a bf16/fp16 stream read by an adapter's float32 A
     # each step's weights are loaded one step ahead, the first before anything the kernel before
     # wrote is read: with PDL that load overlaps that kernel's tail
     w, wu = _tiles(W, rows, cols, live, K, N, stride_w, GLU)
@@ -299,15 +295,12 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if pdl:
         launch["launch_pdl"] = True
     consumers = triton.cdiv(n, block_n)
-    producers, a = 0, x  # unread without an inline adapter
-    flags = lora_scratch.flags if inline else x
+    t, lb, a, flags, producers = x, weight, x, x, 0  # unread without an adapter
     if inline:
-        a, lb, t = lora[0], lora[1], lora_scratch.t
+        (a, lb), (flags, t) = lora, lora_scratch
         producers = triton.cdiv(a.shape[0], A_ROWS)
     elif lora is not None:
         t, lb = lora[0].reshape(-1), lora[1]
-    else:
-        t, lb = x, weight  # unread without an adapter
     rank = lb.shape[1] if lora is not None else 1
     _gemv_kernel[(producers + consumers,)](
         x, weight, norm if norm is not None else x, bias if bias is not None else x,
