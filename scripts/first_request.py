@@ -1,19 +1,42 @@
 """A session's first short request, as a new notebook kernel meets it: one fresh process loads a
-shape and asks for 24 new tokens once per way named, printing each call's wall time and stats line
-(where its wait went). Run each row of docs/benchmarks.md's table in a process of its own:
+shape and asks for 24 new tokens once per way named, printing each call's wall time, stats line
+(where its wait went) and the full passes of Python's garbage collector inside it. Run each row of
+docs/benchmarks.md's table in a process of its own:
 
     python scripts/first_request.py fast            # the fast path, capture first
     python scripts/first_request.py plain,auto      # plain generate, then fast=None's choice
     python scripts/first_request.py auto --shape llama-3.2-1b --tokens 128
     python scripts/first_request.py fast --profile 40   # where the first call's time goes (cProfile)
+    python scripts/first_request.py fast --finetune 10 --tokens 256 --profile 40
+        # the first request after a 10-step nvkit.finetune (its adapter attached), after one base
+        # request of the same size: where the adapter's first request spends its time
 """
 
 import argparse
 import cProfile
+import gc
 import pstats
 import sys
+import tempfile
 import threading
 import time
+
+
+def _full_passes(phase: str, info: dict) -> None:
+    """A gc callback: the milliseconds of each full pass of Python's garbage collector (every
+    object the process holds walked, nothing else running meanwhile)."""
+    if phase == "start":
+        _full_passes.t = time.perf_counter()
+    elif info["generation"] == 2:
+        _full_passes.ms.append((time.perf_counter() - _full_passes.t) * 1e3)
+
+
+_full_passes.ms = []
+
+
+def _passes_words() -> str:
+    ms = _full_passes.ms
+    return f"full gc passes inside it: {len(ms)}" + (f" ({', '.join(f'{m:.0f}' for m in ms)} ms)" if ms else "")
 
 
 def main(argv=None) -> int:
@@ -24,16 +47,32 @@ def main(argv=None) -> int:
     p.add_argument("--device-map", default="cuda")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="profile the first call: its N costliest functions by own and by total time")
+    p.add_argument("--finetune", type=int, default=0, metavar="STEPS",
+                   help="first one base request (fast=True on a GPU, unprofiled), then nvkit.finetune STEPS steps on the "
+                        "demo corpus with its adapter left attached; the ways run after it")
     a = p.parse_args(argv)
     choice = {"fast": True, "plain": False, "auto": None}
     ways = a.ways.split(",")
     bad = [w for w in ways if w not in choice]
-    if bad or a.tokens < 1 or a.profile < 0:
-        p.error(f"ways are {', '.join(choice)} (not {bad}); --tokens ≥ 1; --profile ≥ 0")
+    if bad or a.tokens < 1 or a.profile < 0 or a.finetune < 0:
+        p.error(f"ways are {', '.join(choice)} (not {bad}); --tokens ≥ 1; --profile ≥ 0; --finetune ≥ 0")
     import nvkit
+    gc.callbacks.append(_full_passes)
     t = time.perf_counter()
     s = nvkit.load(nvkit.demo.shaped(a.shape), device_map=a.device_map, dtype="bfloat16")
-    print(f"load {time.perf_counter() - t:.1f} s", flush=True)
+    print(f"load {time.perf_counter() - t:.1f} s; {_passes_words()}", flush=True)
+    if a.finetune:
+        _full_passes.ms.clear()
+        t = time.perf_counter()
+        s.generate("Tell me about GPUs.", max_new_tokens=a.tokens, fast=True if s.device.type == "cuda" else None)
+        print(f"base request: {time.perf_counter() - t:.2f} s: {s.last_stats}; {_passes_words()}", flush=True)
+        _full_passes.ms.clear()
+        with open(nvkit.demo.CORPUS, encoding="utf-8") as f:
+            lines = [ln.strip() for ln in f if len(ln.strip()) > 40][:200]
+        t = time.perf_counter()
+        nvkit.finetune(s, lines, max_steps=a.finetune, batch_size=4, seq_len=256,
+                       output_dir=tempfile.mkdtemp(prefix="nvkit-first-request-")).result()
+        print(f"fine-tune, {a.finetune} steps: {time.perf_counter() - t:.1f} s; {_passes_words()}", flush=True)
     for i, way in enumerate(ways):
         prof = cProfile.Profile() if a.profile and i == 0 else None
         if prof and sys.version_info >= (3, 12):
@@ -41,12 +80,16 @@ def main(argv=None) -> int:
         elif prof:  # the request runs in the session's worker thread, which the first request starts
             threading.setprofile(lambda *_: prof.enable())
         t = time.perf_counter()
+        _full_passes.ms.clear()
         s.generate("Tell me about GPUs.", max_new_tokens=a.tokens, fast=choice[way])
         threading.setprofile(None)
         if prof:
             prof.disable()
-        print(f"{way} #{i}: {time.perf_counter() - t:.2f} s: {s.last_stats}", flush=True)
-        if prof:
+        print(f"{way} #{i}: {time.perf_counter() - t:.2f} s: {s.last_stats}; {_passes_words()}", flush=True)
+        if prof and not prof.getstats():
+            print("no profile: before Python 3.12 a profile sees only the threads started after it, and the "
+                  "session's worker thread had started (--finetune's base request)", flush=True)
+        elif prof:
             for key in ("tottime", "cumulative"):
                 pstats.Stats(prof, stream=sys.stdout).sort_stats(key).print_stats(a.profile)
     return 0

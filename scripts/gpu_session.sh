@@ -77,6 +77,8 @@
 #            until the step reaches them)                                          (carry .whl-core)
 #   inline38  an adapter's x A.T inside its projection's launch (+inline) against apart: the
 #            identity tests, then Qwen3-0.6B and Qwen3-4B's rates (SHAPES to change) (carry .whl-core)
+#   first-adapter  the first request after a 10-step fine-tune, profiled (scripts/first_request.py
+#            --finetune), then the compare test with the garbage collector's pauses  (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
 #            at 1 k, 8 k and 16 k positions (python -m nvkit.benchmarks.attention --batch1), then an
 #            8 k-token prompt's decode rate and its profile (PROMPT_LEN to change)     (carry .whl-core)
@@ -292,6 +294,14 @@ case "$phase" in
     for sh in ${SHAPES:-qwen3-0.6b qwen3-4b}; do
       T=${TI:-200} bench shape:$sh --decode --repeats 3 --paths "fast+eager,fast lora+eager,fast lora+eager+inline"
     done ;;
+  first-adapter)
+    # where the first request after a fine-tune spends its time (issue 39: at most 0.5 s more than
+    # the base's), profiled; then the compare test with the garbage collector's pauses it met
+    echo "=== first request after a fine-tune ($(date +%T))"
+    timeout "${TF:-300}" python3 scripts/first_request.py fast --finetune 10 --tokens 256 --profile 40 \
+      > "$out/first-adapter.log" 2>&1
+    echo "=== exit $? ($(date +%T))"; grep -E "^(load|base request|fine-tune|fast #)" "$out/first-adapter.log"
+    T=100 t tests/gpu/test_fast_session_gpu.py -k compare ;;
   long)
     echo "=== batch-1 attention launches ($(date +%T))"
     timeout 240 python3 -m nvkit.benchmarks.attention --batch1 --csv "$out/attention-batch1.csv"; echo "=== exit $? ($(date +%T))"
