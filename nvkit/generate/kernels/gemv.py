@@ -151,6 +151,9 @@ def _adapter_first(X, NW, A, T, FLAGS, K, rank, eps, stride_a, xdt, NORM: tl.con
         a = tl.load(A + j[:, None] * stride_a + c[None, :], mask=live[:, None] & ok[None, :], other=0.0)
         acc += tl.sum(a.to(tl.float32) * x[None, :], axis=1)
     tl.store(T + j, acc.to(A.dtype.element_ty).to(tl.float32), mask=live)
+    # a scalar atomic runs in one thread of the program: the barrier puts every thread's stores of
+    # t before it, and its release (cumulative) makes them visible before the count
+    tl.debug_barrier()
     tl.atomic_add(FLAGS, 1, sem="release")
 
 
