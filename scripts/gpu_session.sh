@@ -77,6 +77,9 @@
 #            until the step reaches them)                                          (carry .whl-core)
 #   inline38  an adapter's x A.T inside its projection's launch (+inline) against apart: the
 #            identity tests, then Qwen3-0.6B and Qwen3-4B's rates (SHAPES to change) (carry .whl-core)
+#   merge38  the batch-1 attention's slices merged in its launch (+merge, five kernels a layer)
+#            against the merge launch: the kernel and the step's identity, then the rates
+#            on Qwen3-0.6B and Qwen3-4B (SHAPES to change)                       (carry .whl-core)
 #   first-adapter  the first request after a 10-step fine-tune, profiled (scripts/first_request.py
 #            --finetune), then the compare test with the garbage collector's pauses  (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
@@ -293,6 +296,13 @@ case "$phase" in
     T=150 t tests/gpu/test_fast_session_gpu.py -k "six-kernel"
     for sh in ${SHAPES:-qwen3-0.6b qwen3-4b}; do
       T=${TI:-200} bench shape:$sh --decode --repeats 3 --paths "fast+eager,fast lora+eager,fast lora+eager+inline"
+    done ;;
+  merge38)
+    # the attention's slices merged in its launch (StepVariant.merge_inline, the bench's "+merge"):
+    # the kernel against the two-kernel launch, the step's identity, then the rates (SHAPES to change)
+    T=150 t tests/gpu/test_decode_attention_gpu.py tests/gpu/test_fast_gpu.py -k "merged or five_kernel"
+    for sh in ${SHAPES:-qwen3-0.6b qwen3-4b}; do
+      T=${TM:-200} bench shape:$sh --decode --repeats 3 --paths "fast+eager,fast+eager+merge"
     done ;;
   first-adapter)
     # where the first request after a fine-tune spends its time (issue 39: at most 0.5 s more than

@@ -153,6 +153,33 @@ def test_six_kernel_layers_are_token_identical_and_logits_close_on_the_qwen3_sha
         q.unload()
 
 
+def test_five_kernel_layers_decode_as_the_six_kernel_layers(demo_cuda):
+    """``StepVariant.merge_inline`` (the attention's slices merged by each KV head's last slice
+    program, in the attention's launch): the demo model's greedy tokens are plain generate's, and
+    on the Qwen3-0.6B shape in bf16 the tokens and every step's logits are the six-kernel layers'
+    to the bit (the same sums; only where they run moved), captured and replayed."""
+    s = demo_cuda
+    d = fast.FastDecoder(s.model, merge_inline=True, compile=False)
+    assert "five-kernel layers: uncompiled" in d.describe(), d.describe()
+    for p in PROMPTS:
+        _same_as_plain_greedy(s, d, p, 48)
+    d.release()
+    q = nvkit.load(demo_model.shaped("qwen3-0.6b"), device_map="cuda", dtype="bfloat16")
+    try:
+        ids = q.tokenizer(PROMPTS[0], return_tensors="pt").to("cuda")["input_ids"]
+        sampling, _ = fast.resolve(q.model, dict(max_new_tokens=64, do_sample=False))
+        runs = {}
+        for merge in (False, True):
+            dq = fast.FastDecoder(q.model, merge_inline=merge, compile=False)
+            with torch.inference_mode():
+                runs[merge] = dq.trace(ids, sampling)
+            dq.release()
+        assert runs[True][0] == runs[False][0]
+        assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
+    finally:
+        q.unload()
+
+
 def test_one_compiled_layer_decodes_as_plain_greedy_and_compiles_sooner(demo_cuda):
     """``regional=True`` (one decoder layer compiled for every layer): the same greedy tokens as
     plain generate on the demo model, compiled and captured; the preparation's seconds of both are

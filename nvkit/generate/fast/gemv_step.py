@@ -14,7 +14,9 @@ runner keeps its usual step there. An unmerged adapter's products (``lora.LoraSl
 each projection group a kernel more: x A.T in ``gemv`` with the same norm, then its B product
 added in the projection's own kernel before the rest (``gemv(lora=)``), rounded where
 ``llama_step.linear`` rounds them (folded adapters run apart here: the fold is for cuBLAS); with
-``StepVariant.lora_inline`` x A.T is made by the projection's own launch (``gemv(lora_scratch=)``).
+``StepVariant.lora_inline`` x A.T is made by the projection's own launch (``gemv(lora_scratch=)``),
+and with ``StepVariant.merge_inline`` the attention's slices are merged inside its launch (five
+kernels a layer).
 The layer keeps ``llama_step.decode_layer``'s signature, so ``llama_step.decode_step`` runs it:
 the residual stream it returns is whole (the sums are the products' epilogues), and the
 ``delta`` it is handed, zeros, passes through untouched.
@@ -47,14 +49,16 @@ def gemv_why(fw: FusedWeights | None, attention: str, lora=None) -> str | None:
     return None
 
 
-def gemv_decode_layer(fw: FusedWeights, pdl: bool = False, scratch=None) -> Callable:
+def gemv_decode_layer(fw: FusedWeights, pdl: bool = False, scratch=None, counts=None) -> Callable:
     """``llama_step.decode_layer``'s layer in six kernels, for the model whose weights ``fw`` holds
     (``gemv_why`` None): ``layer(h, delta, pos, where, cos, sin, mask, keys, values,
     *llama_step.layer_args(w, None))`` -> (h, delta), ``h`` the whole residual stream. ``pdl``: the
     products and the attention launched with Programmatic Dependent Launch (``kernels.gemv``), so
     no kernel of the layer waits for the one before to end before it starts. ``scratch`` (a
     ``kernels.gemv.LoraScratch``): an adapter's x A.T made inside its projection's launch, not in
-    a launch of its own before it (six kernels with an adapter too, not ten)."""
+    a launch of its own before it (six kernels with an adapter too, not ten). ``counts``
+    (``decode_attention.merge_counts``): the attention in one launch, its slices merged by each KV
+    head's last slice program, not in a merge launch after it."""
     from functools import partial
 
     from ..kernels.decode_attention import decode_attention_rope
@@ -77,7 +81,7 @@ def gemv_decode_layer(fw: FusedWeights, pdl: bool = False, scratch=None) -> Call
               down_w, down_bias, scaling, window, lo_qkv, lo_o, lo_gate_up, lo_down):
         qkv = product(h, qkv_w, qkv_bias, lo_qkv, norm=in_norm, eps=in_eps)
         o = decode_attention_rope(qkv.view(nh + 2 * nkv, hd), q_norm, k_norm, cos.view(-1), sin.view(-1), keys,
-                                  values, pos, scaling, qk_eps, window, cap, pdl)
+                                  values, pos, scaling, qk_eps, window, cap, pdl, counts)
         h = product(o.view(1, nh * hd), o_w, o_bias, lo_o, scale=scale, residual=h)
         m = product(h, gate_up_w, gate_up_bias, lo_gate_up, norm=post_norm, eps=post_eps, glu=True)
         return product(m, down_w, down_bias, lo_down, scale=scale, residual=h), delta
@@ -98,12 +102,13 @@ def gemv_head(fw: FusedWeights) -> Callable:
 
 
 def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool, pdl: bool = False, lora=None,
-               inline: bool = False) -> dict:
+               inline: bool = False, merge: bool = False) -> dict:
     """``llama_step.decode_step``'s ``layer`` and ``head`` for the six-kernel layer where it is
     ``asked`` for and runs (``gemv_why``, with the adapter buffers ``lora`` the step reads, if
     any); none (the usual step) elsewhere. ``pdl``: with Programmatic Dependent Launch where the
     GPU and Triton give it (``kernels.common.pdl_why``). ``inline``: an adapter's x A.T made in its
-    projection's launch (``StepVariant.lora_inline``)."""
+    projection's launch (``StepVariant.lora_inline``). ``merge``: the attention's slices merged in
+    its launch (``StepVariant.merge_inline``)."""
     if not asked or gemv_why(fw, attention, lora) is not None:
         return {}
     from ..kernels.common import pdl_why
@@ -113,15 +118,26 @@ def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool, pdl: bool =
         from ..kernels.gemv import lora_scratch
         rows = max(p[0].shape[0] for layer in lora.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
         scratch = lora_scratch(fw.embed.device, rows)
-    return {"layer": gemv_decode_layer(fw, pdl, scratch), "head": gemv_head(fw)}
+    counts = None
+    if merge:
+        from ..kernels.decode_attention import merge_counts
+        counts = merge_counts(fw.embed.device, fw.nkv)
+    return {"layer": gemv_decode_layer(fw, pdl, scratch, counts), "head": gemv_head(fw)}
 
 
-def gemv_words(fw: FusedWeights | None, attention: str, pdl: bool, lora=None, inline: bool = False) -> str:
+def gemv_flags(variant) -> dict:
+    """``gemv_parts``' and ``gemv_words``' keywords from a ``runner.StepVariant``."""
+    return {"inline": variant.lora_inline, "merge": variant.merge_inline}
+
+
+def gemv_words(fw: FusedWeights | None, attention: str, pdl: bool, lora=None, inline: bool = False,
+               merge: bool = False) -> str:
     """The stats line's words for the six-kernel layers asked for: where they run, or why not."""
     why = gemv_why(fw, attention, lora)
     if why:
         return f"six-kernel layers: {why}"
     from ..kernels.common import pdl_why
     where = ", the adapter's products inline" if inline else ", the adapter's products apart"
-    return ("six-kernel layers: uncompiled" + (where if lora is not None else "")
+    return (("five-kernel layers: uncompiled, the attention merged in its launch" if merge
+             else "six-kernel layers: uncompiled") + (where if lora is not None else "")
             + (", PDL" if pdl and pdl_why(fw.embed.device) is None else ""))

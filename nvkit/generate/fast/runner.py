@@ -54,16 +54,20 @@ class StepVariant:
       docs/benchmarks.md); False keeps the nine, for the decode benchmark's "+nogemv".
     - ``lora_inline``: on those layers, an adapter's x A.T made inside its projection's launch
       (``kernels.gemv``'s ``lora_scratch``) instead of a launch of its own before it; the decode
-      benchmark's "+inline", to measure against the launches apart."""
+      benchmark's "+inline", to measure against the launches apart.
+    - ``merge_inline``: on those layers, the attention's slices merged by each KV head's last
+      slice program inside the attention's launch (``decode_attention_rope``'s ``counts``: five
+      kernels a layer) instead of a merge launch after it; the decode benchmark's "+merge"."""
     regional: bool = True
     tune: bool = True
     pdl: bool | None = None
     inductor: tuple = ()
     gemv: bool = True
     lora_inline: bool = False
+    merge_inline: bool = False
 
     def __post_init__(self):
-        for name in ("regional", "tune", "gemv", "lora_inline"):
+        for name in ("regional", "tune", "gemv", "lora_inline", "merge_inline"):
             if not isinstance(getattr(self, name), bool):
                 raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
         if self.pdl not in (None, True, False):

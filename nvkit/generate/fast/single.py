@@ -27,7 +27,7 @@ from .static_cache import Cache, GraphKey, model_prefill, model_step, new_cache,
 from .llama_step import decode_head, decode_step, model_decode_layer, prefill_step
 from .fused_fit import fusable_why
 from .fused_weights import FusedWeights
-from .gemv_step import gemv_parts, gemv_why, gemv_words
+from .gemv_step import gemv_flags, gemv_parts, gemv_why, gemv_words
 from .options import FOLD_RANK, FastOptions, default_options
 from .replay import replays, ticking
 from .compile_policy import compile_fullgraph
@@ -112,7 +112,7 @@ class FastDecoder(GraphRunner):
         if self._fw is not None:
             parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
             if self.variant.gemv and self.kernels and not self.compiled:  # the step they would be
-                parts.append(gemv_words(self._fw, self.attention, self.pdl, on, self.variant.lora_inline))
+                parts.append(gemv_words(self._fw, self.attention, self.pdl, on, **gemv_flags(self.variant)))
                 six = gemv_why(self._fw, self.attention, on) is None
         if on is not None:
             # the uncompiled step with nvkit's kernels folds where the GPU gives float32 products
@@ -192,7 +192,7 @@ class FastDecoder(GraphRunner):
                 c.steps[lora_on] = decode_step(self._fw, c, self.attention, self._lora if lora_on else None,
                                                kernels=self.kernels, **gemv_parts(
                                                    self._fw, self.attention, self.variant.gemv and self.kernels,
-                                                   self.pdl, self._lora if lora_on else None, self.variant.lora_inline))
+                                                   self.pdl, self._lora if lora_on else None, **gemv_flags(self.variant)))
             else:
                 c.steps[lora_on] = model_step(self.model, c, self.device)
         return c.steps[lora_on]

@@ -588,3 +588,44 @@ def test_every_launch_shape_of_the_rope_kernel_attends_the_same():
     assert out.strip().endswith("ok") and out.count("refused:") == 12, out
     assert "at least 16 positions" in out and "power of two" in out and "num_stages" in out
     assert "pdl must be True or False" in out and out.count("compute capability 9.0") == 2, out
+
+
+def test_slices_merged_in_the_launch_match_the_merge_launch():
+    """``counts=``: each KV head's last slice program to finish merges the group's query heads in
+    the one launch (``common.merge_if_last``): the same output as the merge launch's to the bit
+    (the same sums), over group sizes, many empty slices, a window and soft-capping, the op and
+    ``decode_launch`` alike; the counts are zeros again after every launch, so one serves the next;
+    counts that do not fit are refused."""
+    out = _interpret("""
+        import torch
+        from tests.generate.kernels.test_decode_attention import token_inputs
+        from tests.triton_interpreter import refused
+        from nvkit.generate.kernels import decode_attention as da
+        torch.manual_seed(0)
+        counts = da.merge_counts("cpu", 8)
+        runs = 0
+        for nh, nkv, hd, length in [(6, 2, 32, 256), (8, 8, 16, 128), (12, 4, 32, 256)]:
+            for p, window, softcap, launch in [(0, 0, 0.0, {}), (37, 0, 0.0, dict(splits=32)),
+                                               (length - 30, 70, 0.0, dict(splits=2, blocks_per_step=2)),
+                                               (length - 1, 0, 3.0, dict(dot=True))]:
+                qkv, qw, kw, cos, sin, k, v = token_inputs(nh, nkv, hd, hd, length, torch.float32, True)
+                k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
+                args = (torch.tensor(p), hd ** -0.5, 1e-6)
+                two = da.decode_launch(qkv, qw, kw, cos, sin, k1, v1, *args, window=window, softcap=softcap, **launch)
+                one = da.decode_launch(qkv, qw, kw, cos, sin, k2, v2, *args, window=window, softcap=softcap,
+                                       counts=counts, **launch)
+                assert torch.equal(one, two) and torch.equal(k1, k2) and torch.equal(v1, v2), (nh, nkv, p, launch)
+                assert not counts.any(), counts
+                op = [da.decode_attention_rope(qkv, qw, kw, cos, sin, k.clone(), v.clone(), *args, window, softcap,
+                                               **c) for c in ({}, dict(counts=counts))]  # the op's own launch
+                assert torch.equal(op[1], op[0]) and not counts.any()
+                runs += 1
+        qkv, qw, kw, cos, sin, k, v = token_inputs(6, 2, 32, 32, 256, torch.float32, True)
+        call = lambda c: lambda: da.decode_launch(qkv, qw, kw, cos, sin, k, v, torch.tensor(3), 0.1, 1e-6, counts=c)
+        for bad in (torch.zeros(8), torch.zeros(1, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32),
+                    torch.zeros(8, dtype=torch.int32)[::2], "counts"):
+            refused(call(bad), repr(bad)[:40])
+        print("runs", runs, "ok")
+    """)
+    assert out.strip().endswith("runs 12 ok") and out.count("refused:") == 5, out
+    assert out.count("int32 zeros") == 5, out

@@ -186,11 +186,12 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
     its norm, residual sum or gated activation, the attention in the fused Triton kernel) against
     the uncompiled step with nvkit's kernels on the same attention: Qwen2 (biases, no q/k norms),
     Qwen3 (per-head q/k norms), Granite (branch multipliers) and Mistral (a window), 8 steps in float32;
-    the layouts it does not run say why, and the step they get is the usual one."""
+    with ``merge`` (the attention's slices merged in its launch) the same logits to the bit; the
+    layouts it does not run say why, and the step they get is the usual one."""
     out = _interpret("""
         import torch
         from nvkit.generate.fast.fused_weights import FusedWeights
-        from nvkit.generate.fast.gemv_step import gemv_parts, gemv_why
+        from nvkit.generate.fast.gemv_step import gemv_parts, gemv_why, gemv_words
         from nvkit.generate.fast.llama_step import decode_step
         from tests.generate.test_families_step import _tiny
         from tests.greedy_steps import cache_at, greedy_logits
@@ -204,13 +205,16 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
             fw = FusedWeights(model)
             assert gemv_why(fw, "triton-fused") is None, family
             parts = gemv_parts(fw, "triton-fused", True)
-            assert set(parts) == {"layer", "head"} and gemv_parts(fw, "triton-fused", False) == {}
+            merged = gemv_parts(fw, "triton-fused", True, merge=True)  # the attention in one launch
+            assert set(parts) == set(merged) == {"layer", "head"} and gemv_parts(fw, "triton-fused", False) == {}
+            assert "five-kernel layers" in gemv_words(fw, "triton-fused", False, merge=True)
             logits = {}
-            for name, kw in (("kernels", {}), ("gemv", parts)):
+            for name, kw in (("kernels", {}), ("gemv", parts), ("merged", merged)):
                 c = cache_at(model, fw)
                 logits[name] = greedy_logits(decode_step(fw, c, "triton-fused", None, kernels=True, **kw), c, 8)
             diff = (logits["gemv"] - logits["kernels"]).abs().max().item()
             assert diff < 1e-4 and torch.equal(logits["gemv"].argmax(-1), logits["kernels"].argmax(-1)), (family, diff)
+            assert torch.equal(logits["merged"], logits["gemv"]), family  # the same merge, in the one launch
             print(family, diff)
         for family, words in (("Gemma2", "SiLU"), ("Olmo2", "Llama layout"), ("Phi3", None)):
             fw = FusedWeights(_tiny(family))
