@@ -14,29 +14,11 @@ docs/benchmarks.md's table in a process of its own:
 
 import argparse
 import cProfile
-import gc
 import pstats
 import sys
 import tempfile
 import threading
 import time
-
-
-def _full_passes(phase: str, info: dict) -> None:
-    """A gc callback: the milliseconds of each full pass of Python's garbage collector (every
-    object the process holds walked, nothing else running meanwhile)."""
-    if phase == "start":
-        _full_passes.t = time.perf_counter()
-    elif info["generation"] == 2:
-        _full_passes.ms.append((time.perf_counter() - _full_passes.t) * 1e3)
-
-
-_full_passes.ms = []
-
-
-def _passes_words() -> str:
-    ms = _full_passes.ms
-    return f"full gc passes inside it: {len(ms)}" + (f" ({', '.join(f'{m:.0f}' for m in ms)} ms)" if ms else "")
 
 
 def main(argv=None) -> int:
@@ -57,22 +39,26 @@ def main(argv=None) -> int:
     if bad or a.tokens < 1 or a.profile < 0 or a.finetune < 0:
         p.error(f"ways are {', '.join(choice)} (not {bad}); --tokens ≥ 1; --profile ≥ 0; --finetune ≥ 0")
     import nvkit
-    gc.callbacks.append(_full_passes)
+    from nvkit.benchmarks.gc_passes import full_passes
+    with full_passes() as passes:
+        _requests(nvkit, a, choice, ways, passes)
+    return 0
+
+
+def _requests(nvkit, a, choice, ways, passes) -> None:
     t = time.perf_counter()
     s = nvkit.load(nvkit.demo.shaped(a.shape), device_map=a.device_map, dtype="bfloat16")
-    print(f"load {time.perf_counter() - t:.1f} s; {_passes_words()}", flush=True)
+    print(f"load {time.perf_counter() - t:.1f} s; {_gc(passes)}", flush=True)
     if a.finetune:
-        _full_passes.ms.clear()
         t = time.perf_counter()
         s.generate("Tell me about GPUs.", max_new_tokens=a.tokens, fast=True if s.device.type == "cuda" else None)
-        print(f"base request: {time.perf_counter() - t:.2f} s: {s.last_stats}; {_passes_words()}", flush=True)
-        _full_passes.ms.clear()
+        print(f"base request: {time.perf_counter() - t:.2f} s: {s.last_stats}; {_gc(passes)}", flush=True)
         with open(nvkit.demo.CORPUS, encoding="utf-8") as f:
             lines = [ln.strip() for ln in f if len(ln.strip()) > 40][:200]
         t = time.perf_counter()
         nvkit.finetune(s, lines, max_steps=a.finetune, batch_size=4, seq_len=256,
                        output_dir=tempfile.mkdtemp(prefix="nvkit-first-request-")).result()
-        print(f"fine-tune, {a.finetune} steps: {time.perf_counter() - t:.1f} s; {_passes_words()}", flush=True)
+        print(f"fine-tune, {a.finetune} steps: {time.perf_counter() - t:.1f} s; {_gc(passes)}", flush=True)
     for i, way in enumerate(ways):
         prof = cProfile.Profile() if a.profile and i == 0 else None
         if prof and sys.version_info >= (3, 12):
@@ -80,19 +66,24 @@ def main(argv=None) -> int:
         elif prof:  # the request runs in the session's worker thread, which the first request starts
             threading.setprofile(lambda *_: prof.enable())
         t = time.perf_counter()
-        _full_passes.ms.clear()
         s.generate("Tell me about GPUs.", max_new_tokens=a.tokens, fast=choice[way])
         threading.setprofile(None)
         if prof:
             prof.disable()
-        print(f"{way} #{i}: {time.perf_counter() - t:.2f} s: {s.last_stats}; {_passes_words()}", flush=True)
+        print(f"{way} #{i}: {time.perf_counter() - t:.2f} s: {s.last_stats}; {_gc(passes)}", flush=True)
         if prof and not prof.getstats():
             print("no profile: before Python 3.12 a profile sees only the threads started after it, and the "
                   "session's worker thread had started (--finetune's base request)", flush=True)
         elif prof:
             for key in ("tottime", "cumulative"):
                 pstats.Stats(prof, stream=sys.stdout).sort_stats(key).print_stats(a.profile)
-    return 0
+
+
+def _gc(passes) -> str:
+    """What the garbage collector's full passes cost the call just timed; then counts afresh."""
+    words = passes.words() or "no full gc pass inside"
+    passes.clear()
+    return words
 
 
 if __name__ == "__main__":
