@@ -36,19 +36,25 @@ def live_tensors(device_type: str = "cuda", limit: int = 10, namespace: dict | N
     if torch is None:
         return []
     storages: dict[int, tuple[int, object]] = {}
-    with warnings.catch_warnings():
-        # isinstance() on every gc object also touches deprecated lazy attributes (a FutureWarning
-        # from torch.distributed.reduce_op was seen on the H200): this scan is not the user's code
-        warnings.simplefilter("ignore")
-        for obj in gc.get_objects():
-            try:
-                if not isinstance(obj, torch.Tensor) or obj.device.type != device_type:
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()  # the objects usage.settle froze are not in gc.get_objects()
+    try:
+        with warnings.catch_warnings():
+            # isinstance() on every gc object also touches deprecated lazy attributes (a FutureWarning
+            # from torch.distributed.reduce_op was seen on the H200): this scan is not the user's code
+            warnings.simplefilter("ignore")
+            for obj in gc.get_objects():
+                try:
+                    if not isinstance(obj, torch.Tensor) or obj.device.type != device_type:
+                        continue
+                    key, n = _storage(obj)
+                except Exception:
                     continue
-                key, n = _storage(obj)
-            except Exception:
-                continue
-            if n and (key not in storages or obj.numel() > storages[key][1].numel()):
-                storages[key] = (n, obj)
+                if n and (key not in storages or obj.numel() > storages[key][1].numel()):
+                    storages[key] = (n, obj)
+    finally:
+        if frozen:
+            gc.freeze()
     top = sorted(storages.items(), key=lambda kv: -kv[1][0])[:limit]
     names = _owner_names({k for k, _ in top}, namespace)
     out = [HeldTensor(n, tuple(t.shape), str(t.dtype).replace("torch.", ""), str(t.device), tuple(names.get(k, ())))

@@ -24,7 +24,7 @@ from ..generate.stats import GenerationStats
 from ..memory import peaks
 from ..memory.oom import oom_error
 from ..memory.unload import usage_snapshot, verified_release
-from ..memory.usage import cuda_in_use, release, rss_bytes, torch_allocated
+from ..memory.usage import cuda_in_use, release, rss_bytes, settle, torch_allocated
 from ..state import STATE
 from ..quiet import routed
 from ..threads import Job, Worker
@@ -534,6 +534,7 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     with STATE.lock:
         STATE.session = s
     events.record("load", s.summary(), subject=s)
+    settle()  # the loaded session's objects out of the garbage collector's later passes
     return s
 
 

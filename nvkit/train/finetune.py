@@ -38,7 +38,7 @@ from ..checks import positive_int
 from ..errors import NvkitError, error_summary, require
 from ..memory import peaks
 from ..memory.oom import oom_error
-from ..memory.usage import memory_now
+from ..memory.usage import memory_now, settle
 from ..model import imports
 from ..model.precision import precision as choose_precision
 from ..model.saving import check_target, make_folder, save_atomic
@@ -397,6 +397,7 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
         sm = run.summary()
         events.record("train-end", f"{counted(run.step, 'step')} in {sm['seconds']:.1f} s · {sm['tokens_per_s']:.0f} tok/s · "
                                    f"peak {fmt_bytes(sm['peak_memory'])}{' · stopped' if run.stopped else ''}")
+        settle()  # the adapter's objects out of the garbage collector's later passes, as a load's are
         return run
 
     dev_index = device.index if device_type == "cuda" else None

@@ -234,6 +234,41 @@ def test_unload_reports_the_drop_and_keeps_the_int(tiny_dir, no_gpus):
     assert s.unload() == 0  # twice is harmless
 
 
+def test_a_loaded_session_is_kept_out_of_the_collectors_passes_and_still_freed(tiny_dir, no_gpus):
+    """``usage.settle`` at the end of a load: the loaded session's objects are frozen (a full pass
+    of the garbage collector walks only what came after them); the model is still freed by its
+    unload, a reference cycle among frozen objects by the next ``release``, and the live-tensor scan
+    still sees frozen tensors (and leaves them frozen)."""
+    import gc
+    import weakref
+
+    import torch
+
+    from nvkit.memory.usage import release, settle
+    s = nvkit.load(tiny_dir, device_map="cpu")
+    assert gc.get_freeze_count() > 50_000 and len(gc.get_objects()) < gc.get_freeze_count() // 10
+
+    class Holder:
+        pass
+    cycle = Holder()
+    cycle.me, cycle.t = cycle, torch.zeros(1021, 1039)
+    held = weakref.ref(cycle)
+    big = torch.zeros(1031, 1019)
+    settle()
+    frozen = gc.get_freeze_count()
+    mine = [h for h in memory.live_tensors("cpu", limit=100_000, namespace={"big": big}) if "big" in h.owners]
+    assert len(mine) == 1 and mine[0].nbytes == 1031 * 1019 * 4
+    assert gc.get_freeze_count() >= frozen
+    del cycle
+    gc.collect()
+    assert held() is not None  # a frozen cycle waits for the next release...
+    release()
+    assert held() is None      # ...which looks at every object again
+    model = weakref.ref(s.model)
+    s.unload()
+    assert model() is None and gc.get_freeze_count() > 0
+
+
 def test_live_tensors_names_their_owners():
     import torch
     # odd sizes and a generous limit: earlier tests in the same process leave tensors behind, and a
