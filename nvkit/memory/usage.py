@@ -81,8 +81,8 @@ def settle() -> None:
     of a 1-step fine-tune of the demo model on a 2-core CPU (docs/history.md). With the loaded
     session's objects frozen a pass walks only what came after. Frozen objects are still freed when
     their last reference goes (a model, a PEFT model and nvkit's sessions hold no reference cycle);
-    a cycle among them waits for the next ``release`` (a load, an unload, a fine-tune's start),
-    which looks at every object again."""
+    a cycle among them waits for the next ``release`` (a load or an unload), which looks at every
+    object again."""
     gc.collect()
     gc.freeze()
 
