@@ -119,38 +119,49 @@ def test_triton_attention_is_token_identical(demo_cuda, kind):
     d.release()
 
 
+def _demo_decodes_as_plain(s, words: str, **variant) -> None:
+    """An uncompiled ``FastDecoder`` with ``variant`` on the demo model: its description says
+    ``words`` and its greedy tokens are plain generate's, captured and replayed."""
+    d = fast.FastDecoder(s.model, compile=False, **variant)
+    assert words in d.describe(), d.describe()
+    for p in PROMPTS:
+        _same_as_plain_greedy(s, d, p, 48)
+    d.release()
+
+
+def _qwen3_traces(tokens: int, variants: dict) -> dict:
+    """name -> (greedy tokens, each step's logits) of PROMPTS[0] on the Qwen3-0.6B shape in bf16,
+    one uncompiled ``FastDecoder`` per variant (its keywords)."""
+    q = nvkit.load(demo_model.shaped("qwen3-0.6b"), device_map="cuda", dtype="bfloat16")
+    try:
+        ids = q.tokenizer(PROMPTS[0], return_tensors="pt").to("cuda")["input_ids"]
+        sampling, _ = fast.resolve(q.model, dict(max_new_tokens=tokens, do_sample=False))
+        runs = {}
+        for name, kw in variants.items():
+            dq = fast.FastDecoder(q.model, compile=False, **kw)
+            with torch.inference_mode():
+                runs[name] = dq.trace(ids, sampling)
+            dq.release()
+        return runs
+    finally:
+        q.unload()
+
+
 def test_six_kernel_layers_are_token_identical_and_logits_close_on_the_qwen3_shape(demo_cuda):
     """``StepVariant.gemv`` (issue 38: each projection in ``kernels.gemv`` with its norm, residual
     sum or gated activation fused in), uncompiled and captured: the demo model's greedy tokens are
     plain generate's; on the Qwen3-0.6B shape in bf16 the first steps' logits stay within the
     tolerance the usual step keeps against plain (``test_logits_close_on_qwen3_shape``)."""
-    s = demo_cuda
-    d = fast.FastDecoder(s.model, gemv=True, compile=False)
-    assert "six-kernel layers: uncompiled" in d.describe() and "six-kernel layers: it" not in d.describe(), \
-        d.describe()
-    for p in PROMPTS:
-        _same_as_plain_greedy(s, d, p, 48)
-    d.release()
-    q = nvkit.load(demo_model.shaped("qwen3-0.6b"), device_map="cuda", dtype="bfloat16")
-    try:
-        ids = q.tokenizer(PROMPTS[0], return_tensors="pt").to("cuda")["input_ids"]
-        sampling, _ = fast.resolve(q.model, dict(max_new_tokens=16, do_sample=False))
-        runs = {}
-        for gemv in (False, True):
-            dq = fast.FastDecoder(q.model, gemv=gemv, compile=False)
-            with torch.inference_mode():
-                runs[gemv] = dq.trace(ids, sampling)
-            dq.release()
-        (usual, usual_logits), (ours, our_logits) = runs[False], runs[True]
-        n = next((i for i, (a, b) in enumerate(zip(usual, ours)) if a != b), len(usual))
-        assert n >= 4, (usual, ours)  # random weights: near-ties may part the paths after a few steps
-        print(f"\nsix-kernel layers on the Qwen3 shape: {n} of 16 tokens alike")
-        for i, (a, b) in enumerate(zip(usual_logits[:n], our_logits[:n])):
-            diff, scale = (a.float() - b.float()).abs().max().item(), a.float().abs().max().item()
-            print(f"step {i}: max |Δlogit| {diff:.4f} of max |logit| {scale:.2f}")
-            assert diff <= 0.05 * max(scale, 1.0), (i, diff, scale)  # a few bf16 ulps of the largest logit
-    finally:
-        q.unload()
+    _demo_decodes_as_plain(demo_cuda, "six-kernel layers: uncompiled", gemv=True)
+    runs = _qwen3_traces(16, {"usual": dict(gemv=False), "six": dict(gemv=True)})
+    (usual, usual_logits), (ours, our_logits) = runs["usual"], runs["six"]
+    n = next((i for i, (a, b) in enumerate(zip(usual, ours)) if a != b), len(usual))
+    assert n >= 4, (usual, ours)  # random weights: near-ties may part the paths after a few steps
+    print(f"\nsix-kernel layers on the Qwen3 shape: {n} of 16 tokens alike")
+    for i, (a, b) in enumerate(zip(usual_logits[:n], our_logits[:n])):
+        diff, scale = (a.float() - b.float()).abs().max().item(), a.float().abs().max().item()
+        print(f"step {i}: max |Δlogit| {diff:.4f} of max |logit| {scale:.2f}")
+        assert diff <= 0.05 * max(scale, 1.0), (i, diff, scale)  # a few bf16 ulps of the largest logit
 
 
 def test_five_kernel_layers_decode_as_the_six_kernel_layers(demo_cuda):
@@ -158,26 +169,10 @@ def test_five_kernel_layers_decode_as_the_six_kernel_layers(demo_cuda):
     program, in the attention's launch): the demo model's greedy tokens are plain generate's, and
     on the Qwen3-0.6B shape in bf16 the tokens and every step's logits are the six-kernel layers'
     to the bit (the same sums; only where they run moved), captured and replayed."""
-    s = demo_cuda
-    d = fast.FastDecoder(s.model, merge_inline=True, compile=False)
-    assert "five-kernel layers: uncompiled" in d.describe(), d.describe()
-    for p in PROMPTS:
-        _same_as_plain_greedy(s, d, p, 48)
-    d.release()
-    q = nvkit.load(demo_model.shaped("qwen3-0.6b"), device_map="cuda", dtype="bfloat16")
-    try:
-        ids = q.tokenizer(PROMPTS[0], return_tensors="pt").to("cuda")["input_ids"]
-        sampling, _ = fast.resolve(q.model, dict(max_new_tokens=64, do_sample=False))
-        runs = {}
-        for merge in (False, True):
-            dq = fast.FastDecoder(q.model, merge_inline=merge, compile=False)
-            with torch.inference_mode():
-                runs[merge] = dq.trace(ids, sampling)
-            dq.release()
-        assert runs[True][0] == runs[False][0]
-        assert all(torch.equal(a, b) for a, b in zip(runs[True][1], runs[False][1]))
-    finally:
-        q.unload()
+    _demo_decodes_as_plain(demo_cuda, "five-kernel layers: uncompiled", merge_inline=True)
+    runs = _qwen3_traces(64, {"six": {}, "five": dict(merge_inline=True)})
+    assert runs["five"][0] == runs["six"][0]
+    assert all(torch.equal(a, b) for a, b in zip(runs["five"][1], runs["six"][1]))
 
 
 def test_one_compiled_layer_decodes_as_plain_greedy_and_compiles_sooner(demo_cuda):
