@@ -14,7 +14,6 @@
 Run with -s to see the figures.
 """
 
-import gc
 import os
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import torch
 
 import nvkit
 import nvkit.generate.fast as fast
+from nvkit.benchmarks.gc_passes import full_passes
 from tests import demo_model  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -292,37 +292,26 @@ def test_compare_runs_both_sides_on_the_fast_path(tmp_path):
     s = nvkit.load(demo_model.path(), device_map="cuda", dtype="auto" if demo_model.ready() else "float32")
     try:
         s.load_adapter(_trained_adapter(tmp_path, s))
-        paths = []
+        paths, lines = [], []
         real = s.generate
-        pauses = []  # the Python garbage collector's full passes inside each request: (ms, request)
-
-        def on_gc(phase, info):
-            if phase == "start":
-                on_gc.t = time.perf_counter()
-            elif info["generation"] == 2 and on_gc.request is not None:
-                pauses.append((round((time.perf_counter() - on_gc.t) * 1e3, 1), on_gc.request))
-        on_gc.request = None
 
         def generate(*a, **kw):
-            on_gc.request = len(paths)
+            passes.clear()
             t = time.perf_counter()
             out = real(*a, **kw)
             paths.append(s.last_stats.path)
-            lines.append(f"{time.perf_counter() - t:.3f} s: {s.last_stats}")
-            on_gc.request = None
+            # the wall, where its time went, and the garbage collector's full passes inside it
+            lines.append(f"{time.perf_counter() - t:.3f} s: {s.last_stats}; {passes.words() or 'no full gc pass'}")
             return out
-        lines = []
         s.generate = generate
-        gc.callbacks.append(on_gc)
         try:
-            c = s.compare(PROMPTS[:2], max_new_tokens=30)
+            with full_passes() as passes:
+                c = s.compare(PROMPTS[:2], max_new_tokens=30)
         finally:
-            gc.callbacks.remove(on_gc)
             del s.generate
         rates = [(r.base_tokens_per_s, r.tuned_tokens_per_s) for r in c]
         print(f"\ncompare, 2 prompts × 30 tokens: tok/s (base, tuned) {rates}; prepared {c.prepared:.2f} s; paths {paths}")
         print("\n".join(lines))  # where a slow side's time went (its stats line says what it prepared)
-        print(f"full garbage-collector passes inside the requests (ms, request): {pauses}")
         assert paths == ["fast"] * 4, paths
         assert 0 < c.prepared <= 5 and all(min(pair) >= 400 for pair in rates), (rates, c.prepared)
     finally:

@@ -155,23 +155,18 @@ MAX_WINDOW = 2 ** 31 - 1
 
 
 @triton.jit
-def merge_head(M, L, O, OUT, h, N_SPLITS: tl.constexpr, HD: tl.constexpr, FRESH: tl.constexpr):
+def merge_head(M, L, O, OUT, h, N_SPLITS: tl.constexpr, HD: tl.constexpr, CACHE: tl.constexpr):
     """Merges query head ``h``'s slices (running max ``M``, sum ``L``, weighted sum ``O``) into
-    ``OUT``. ``FRESH``: other programs of this launch wrote them (read from L2, not this SM's L1)."""
+    ``OUT``, loaded with cache modifier ``CACHE`` (".cg", from L2 and not this SM's L1, where other
+    programs of this launch wrote them; "" the default)."""
     sp = tl.arange(0, N_SPLITS)
     d = tl.arange(0, HD)
     # a slice with no position up to pos (m = -inf: a short sequence in a long cache) wrote a
     # weighted sum of zeros; it is not read
-    if FRESH:
-        m = tl.load(M + h * N_SPLITS + sp, cache_modifier=".cg")
-        s_sum = tl.load(L + h * N_SPLITS + sp, cache_modifier=".cg")
-        o = tl.load(O + (h * N_SPLITS + sp)[:, None] * HD + d[None, :], mask=(m > float("-inf"))[:, None],
-                    other=0.0, cache_modifier=".cg")
-    else:
-        m = tl.load(M + h * N_SPLITS + sp)
-        s_sum = tl.load(L + h * N_SPLITS + sp)
-        o = tl.load(O + (h * N_SPLITS + sp)[:, None] * HD + d[None, :], mask=(m > float("-inf"))[:, None],
-                    other=0.0)
+    m = tl.load(M + h * N_SPLITS + sp, cache_modifier=CACHE)
+    s_sum = tl.load(L + h * N_SPLITS + sp, cache_modifier=CACHE)
+    o = tl.load(O + (h * N_SPLITS + sp)[:, None] * HD + d[None, :], mask=(m > float("-inf"))[:, None], other=0.0,
+                cache_modifier=CACHE)
     top = tl.max(m, axis=0)  # finite: the slice that holds pos has at least pos itself
     w = tl.exp(m - top)      # 0 for the slices with no position in the window up to pos (m = -inf)
     out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * s_sum, axis=0)
@@ -185,7 +180,7 @@ def combine_kernel(M, L, O, OUT, N_SPLITS: tl.constexpr, HD: tl.constexpr, PDL: 
     if PDL:
         gdc_wait()  # the slices are the kernel before's outputs
         gdc_launch_dependents()
-    merge_head(M, L, O, OUT, tl.program_id(0), N_SPLITS, HD, False)
+    merge_head(M, L, O, OUT, tl.program_id(0), N_SPLITS, HD, "")
 
 
 @triton.jit
@@ -200,7 +195,7 @@ def merge_if_last(M, L, O, OUT, COUNT, kvh, GROUPS: tl.constexpr, N_SPLITS: tl.c
     tl.debug_barrier()
     if tl.atomic_add(COUNT + kvh, 1, sem="acq_rel") == N_SPLITS - 1:
         for g in tl.static_range(GROUPS):
-            merge_head(M, L, O, OUT, kvh * GROUPS + g, N_SPLITS, HD, True)
+            merge_head(M, L, O, OUT, kvh * GROUPS + g, N_SPLITS, HD, ".cg")
         tl.atomic_xchg(COUNT + kvh, 0)
 
 

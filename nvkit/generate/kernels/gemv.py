@@ -90,16 +90,14 @@ def _tiles(W, rows, c, live, K, N, stride_w, GLU: tl.constexpr):
 
 
 @triton.jit
-def _lora_sum(y, T, LB, rows, live, rank, stride_lb, dt, RANK_P2: tl.constexpr, FRESH: tl.constexpr):
+def _lora_sum(y, T, LB, rows, live, rank, stride_lb, dt, RANK_P2: tl.constexpr, T_CACHE: tl.constexpr):
     """``y`` (the product's rows, rounded) plus the adapter's second product at those rows: ``T``
     (x A.T, ``rank`` values) against ``LB``'s rows (B, scaling folded in), summed in float32 and
     rounded to the adapter's dtype, the sum rounded to ``dt``, as ``llama_step.linear`` adds it.
-    ``FRESH``: T was written by another program of this launch (read from L2)."""
+    ``T_CACHE``: T's load's cache modifier (".cg", from L2, where another program of this launch
+    wrote it)."""
     j = tl.arange(0, RANK_P2)
-    if FRESH:
-        t = tl.load(T + j, mask=j < rank, other=0.0, cache_modifier=".cg").to(tl.float32)
-    else:
-        t = tl.load(T + j, mask=j < rank, other=0.0).to(tl.float32)
+    t = tl.load(T + j, mask=j < rank, other=0.0, cache_modifier=T_CACHE).to(tl.float32)
     b = tl.load(LB + rows[:, None] * stride_lb + j[None, :], mask=live[:, None] & (j < rank)[None, :], other=0.0)
     lo = tl.sum(b.to(tl.float32) * t[None, :], axis=1).to(LB.dtype.element_ty).to(tl.float32)
     return (y + lo).to(dt).to(tl.float32)
@@ -219,11 +217,11 @@ def _rows(X, W, NW, B, R, OUT, T, LB, FLAGS, N, K, rank, eps, scale, stride_w, s
         while tl.atomic_add(FLAGS, 0, sem="acquire") < producers:
             pass
     if LORA:
-        out = _lora_sum(out, T, LB, rows, live, rank, stride_lb, dt, RANK_P2, INLINE)
+        out = _lora_sum(out, T, LB, rows, live, rank, stride_lb, dt, RANK_P2, ".cg" if INLINE else "")
     if GLU:  # F.silu(gate) * up, each rounded as the eager operations round
         up = acc_up.to(dt).to(tl.float32)
         if LORA:
-            up = _lora_sum(up, T, LB, rows + N, live, rank, stride_lb, dt, RANK_P2, INLINE)
+            up = _lora_sum(up, T, LB, rows + N, live, rank, stride_lb, dt, RANK_P2, ".cg" if INLINE else "")
         silu = (out / (1.0 + tl.exp(-out))).to(dt).to(tl.float32)
         out = (silu * up).to(dt).to(tl.float32)
     if INLINE:  # the last program to have read t puts the counts back for the next launch
