@@ -56,6 +56,8 @@
 #   policy   the measured compile policy on SHAPES (default qwen3-4b llama-3.2-1b qwen3-0.6b): the
 #            session against the uncompiled and the always-compiled step (scripts/compile_policy_check.py)
 #   decode-profile  nvkit bench shape:S --decode --profile for SHAPES (default qwen3-0.6b llama-3.2-1b qwen3-4b)
+#   list-profile  the same for the families bench's list (--n-prompts 32 --batch-new-tokens 128: its prefill
+#            and its steps apart) on SHAPES (default gemma-3-4b olmoe-1b-7b qwen3-0.6b)  (carry .whl-core)
 #   gemv     issue 38's six-kernel layers: a layer's projections in nvkit's fused GEMV kernels against
 #            the step's kernels and cuBLAS (python -m nvkit.benchmarks.gemv), their identity test, then
 #            the uncompiled step with them (with and without PDL) against without on Qwen3-0.6B;
@@ -85,7 +87,8 @@
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
 #            at 1 k, 8 k and 16 k positions (python -m nvkit.benchmarks.attention --batch1), then an
 #            8 k-token prompt's decode rate and its profile (PROMPT_LEN to change)     (carry .whl-core)
-#   families  nvkit bench --families, one process per shape (FAMILIES picks; each row as JSON in $OUT)
+#   families  nvkit bench --families, one process per shape (FAMILIES picks; each row as JSON in $OUT;
+#            SETTLE=1: each family settled too, its compiles brought forward: --settle)
 #   afternoon  issue 39's afternoon on SHAPE (default qwen3-0.6b): nvkit bench shape:SHAPE --afternoon,
 #            then the GPU tests of its pieces (first request, compare, sliding windows and adapters
 #            on the model's own forward, graphs' own cuBLAS workspace)         (carry .whl-core)
@@ -216,6 +219,13 @@ case "$phase" in
     for sh in ${SHAPES:-qwen3-0.6b llama-3.2-1b qwen3-4b}; do
       T=${TP:-300} bench shape:$sh --decode --profile
     done ;;
+  list-profile)
+    # where a list's time goes (issue 37's lists against padded plain): the families bench's list,
+    # its prefill and its steps apart, per kind of kernel
+    T=150 t tests/gpu/test_fast_gpu.py -k "profile"
+    for sh in ${SHAPES:-gemma-3-4b olmoe-1b-7b qwen3-0.6b}; do
+      T=${TP:-240} bench shape:$sh --decode --profile --n-prompts "${N_PROMPTS:-32}" --batch-new-tokens 128
+    done ;;
   gemv)
     echo "=== gemv forms ($(date +%T))"
     timeout 240 python3 -m nvkit.benchmarks.gemv --csv "$out/gemv.csv"; echo "=== exit $? ($(date +%T))"
@@ -326,7 +336,8 @@ case "$phase" in
     # FAMILIES="gemma-3-1b phi-4-mini" picks some (default nvkit.benchmarks.families.FAMILIES)
     for sh in ${FAMILIES:-llama-3.2-1b qwen3-0.6b gemma-3-1b gemma-3-4b phi-4-mini smollm3-3b olmo-2-1b olmoe-1b-7b}; do
       echo "=== families $sh ($(date +%T))"
-      timeout "${TF:-300}" python3 -m nvkit.cli bench --families --shapes "$sh" --json > "$out/family-$sh.json"
+      timeout "${TF:-300}" python3 -m nvkit.cli bench --families --shapes "$sh" ${SETTLE:+--settle} --json \
+        > "$out/family-$sh.json"
       echo "=== exit $? ($(date +%T))"; cat "$out/family-$sh.json"
     done ;;
   families-check)

@@ -317,14 +317,14 @@ def _model_path(model: str) -> str:
 
 
 _FAMILIES_OPTIONS = {"shapes": "shapes", "new_tokens": "new_tokens", "n_prompts": "n_prompts",
-                     "batch_new_tokens": "list_tokens"}
+                     "batch_new_tokens": "list_tokens", "settle": "settle"}
 
 
 def _families_cli(a, chosen: str, options: dict, flags: dict):
     """``nvkit bench --families``: its own options only; prints each family's row as it is done."""
     from . import families
     if chosen != "families":
-        raise NvkitError("--shapes belongs to --families.")
+        raise NvkitError(f"{'--shapes' if 'shapes' in options else '--settle'} belongs to --families.")
     other = [k for k in options if k not in _FAMILIES_OPTIONS]
     if other:
         raise NvkitError(f"{flags.get(other[0], other[0])} does not apply to --families; it takes "
@@ -347,6 +347,12 @@ def _families_cli(a, chosen: str, options: dict, flags: dict):
               f"{rate(row['list_tok_s'])} tok/s vs padded plain {rate(row['padded_plain_tok_s'])}"
               f"{'' if row['ok'] else ' · NOT HEALTHY: tokens short'}\n    batch 1: {row['batch1_detail']}\n"
               f"    list: {row['list_detail']}", flush=True)
+        if "list_settled_tok_s" in row:
+            print(f"    settled: batch 1 {rate(row['batch1_settled_tok_s'])} tok/s "
+                  f"({row['batch1_settled_detail']}); list {rate(row['list_settled_tok_s'])} tok/s, "
+                  f"{row['list_settled_vs_plain']:.1f}× padded plain ({row['list_settled_detail']})", flush=True)
+        elif "settled_note" in row:
+            print(f"    settled: {row['settled_note']}", flush=True)
 
     def progress(text):  # on stderr, so --json's stdout stays the table alone
         print(f"[families] {text}", file=sys.stderr, flush=True)
@@ -355,33 +361,46 @@ def _families_cli(a, chosen: str, options: dict, flags: dict):
 
 
 def _profile_cli(a, chosen: str, options: dict, flags: dict) -> int:
-    """``nvkit bench MODEL --decode --profile [--new-tokens N] [--prompt-len N] [--paths PATH]``."""
+    """``nvkit bench MODEL --decode --profile [--new-tokens N] [--prompt-len N] [--paths PATH]``, or
+    a list's: ``... --profile --n-prompts N [--batch-new-tokens N] [--paths PATH]``."""
     from . import decode, decode_profile
     if chosen != "decode":
         raise NvkitError("--profile belongs to --decode.")
     if a.json:
         raise NvkitError("--json does not apply to --decode --profile: it prints its summary as text.")
-    other = [k for k in options if k not in ("new_tokens", "prompt_len", "paths")]
+    listed = "n_prompts" in options
+    takes = ("n_prompts", "batch_new_tokens", "paths") if listed else ("new_tokens", "prompt_len", "paths")
+    other = [k for k in options if k not in takes]
     if other:
-        raise NvkitError(f"{flags.get(other[0], other[0])} does not apply to --decode --profile; "
-                         "it takes --new-tokens, --prompt-len and --paths.")
+        raise NvkitError(f"{flags.get(other[0], other[0])} does not apply to --decode --profile"
+                         f"{' --n-prompts' if listed else ''}; it takes {', '.join(flags[k] for k in takes[:-1])} and "
+                         f"{flags[takes[-1]]}.")
     paths = options.get("paths") or ["fast"]
     if len(paths) != 1 or decode.fast_options(paths[0]) is None:
         raise NvkitError(f"--paths takes one fast path for --decode --profile ('fast' or 'fast+OPT...'), not "
                          f"{','.join(paths)!r}.")
-    n = options.get("new_tokens", 256)
-    if not isinstance(n, int) or n < 2:
-        raise NvkitError(f"--new-tokens must be at least 2 for a profile, not {n}.")
-    prompt_len = options.get("prompt_len")
-    if prompt_len is not None and prompt_len < 1:
-        raise NvkitError(f"--prompt-len must be at least 1, not {prompt_len}.")
+    if listed:
+        n_prompts, n = options["n_prompts"], options.get("batch_new_tokens", 128)
+        if n_prompts < 2:
+            raise NvkitError(f"--n-prompts must be at least 2 for a list's profile, not {n_prompts}.")
+        if n < 2:
+            raise NvkitError(f"--batch-new-tokens must be at least 2 for a profile, not {n}.")
+    else:
+        n = options.get("new_tokens", 256)
+        if not isinstance(n, int) or n < 2:
+            raise NvkitError(f"--new-tokens must be at least 2 for a profile, not {n}.")
+        prompt_len = options.get("prompt_len")
+        if prompt_len is not None and prompt_len < 1:
+            raise NvkitError(f"--prompt-len must be at least 1, not {prompt_len}.")
     model = a.model
     model = _model_path(model)
     if model == "demo":
         from ..demo import path as demo_path
         model = demo_path()
-    summary = decode_profile.profile(model, new_tokens=n, prompt_len=prompt_len, path=paths[0])
-    print(summary.text())
+    if listed:
+        print(decode_profile.profile_list(model, prompts=n_prompts, new_tokens=n, path=paths[0]).text())
+    else:
+        print(decode_profile.profile(model, new_tokens=n, prompt_len=prompt_len, path=paths[0]).text())
     return 0
 
 
@@ -426,7 +445,8 @@ def cli_main(argv) -> int:
     o.add_argument("--profile", action="store_true", help="[--decode] one batch-1 request on the prepared fast path, "
                                                           "per token: kernels, GPU busy time, bytes/s, share of "
                                                           "the HBM roofline (nvkit.benchmarks.decode_profile); "
-                                                          "--paths names one variant, e.g. fast+eager+gemv")
+                                                          "--paths names one variant, e.g. fast+eager+gemv; with "
+                                                          "--n-prompts N a list's, per step, and its prefill")
     o.add_argument("--k-steps", dest="k_steps", type=int, help="[--decode] fast-path decode steps per graph replay")
     o.add_argument("--seq-len", dest="seq_len", type=int, help="[--lora] tokens per training row")
     o.add_argument("--steps", type=int, help="[--lora] timed training steps")
@@ -440,6 +460,9 @@ def cli_main(argv) -> int:
     fo = p.add_argument_group("--families options (besides --new-tokens, --n-prompts, --batch-new-tokens)")
     fo.add_argument("--shapes", type=_csv, help="[--families] comma-separated shapes (default: "
                                                 "nvkit.benchmarks.families.FAMILIES)")
+    fo.add_argument("--settle", action="store_true", help="[--families] each family's requests again once its session "
+                                                          "has settled: the compiles it makes after decoding a while "
+                                                          "brought forward, each kept only where it measures faster")
     so = p.add_argument_group("--session options")
     so.add_argument("--phases", type=_csv, help="[--session] some of cold, warm, restart (each in a process of its own; default cold,warm)")
     so.add_argument("--session-dir", dest="session_dir", help="[--session] the folder a cold and a later warm call share")
@@ -464,7 +487,7 @@ def cli_main(argv) -> int:
         try:
             if options.pop("profile", False):
                 return _profile_cli(a, chosen, options, flags)
-            if chosen == "families" or "shapes" in options:
+            if chosen == "families" or "shapes" in options or "settle" in options:
                 df = _families_cli(a, chosen, options, flags)
                 if a.json:
                     json_rows.append(df.to_json(orient="records", indent=2))

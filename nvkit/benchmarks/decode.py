@@ -500,7 +500,7 @@ def run(model="qwen3-0.6b", new_tokens: int = 256, prompt_len: int = 64, n_promp
             t = time.perf_counter()
             s.generate(many, max_new_tokens=batch_new_tokens, eos_token_id=never)  # the batched path compiles here
             warm_s = time.perf_counter() - t
-            settled = _settle_batched(s, lambda: s.generate(many, max_new_tokens=batch_new_tokens, eos_token_id=never))
+            settled = settle_batched(s, lambda: s.generate(many, max_new_tokens=batch_new_tokens, eos_token_id=never))
             _peak_reset()
             s.generate(many, max_new_tokens=batch_new_tokens, eos_token_id=never)
             st = s.last_stats
@@ -565,7 +565,7 @@ def mixed_prompts(tok, n: int, seed: int, lo: int = MIXED_TOKENS[0], hi: int = M
     return out
 
 
-def _settle_batched(s, again) -> str:
+def settle_batched(s, again) -> str:
     """After a list's first (warm-up) call: where the batched path's rows step runs uncompiled
     (``FastOptions.compile_after``) or its prompt prefill eagerly (``FastOptions.prefill_after``),
     their compile is brought forward and ``again()`` runs it, so the timed call runs what a
@@ -621,7 +621,7 @@ def _grid_rows(s, row, skip, n: int, n_new: int, which: list, never: int, seed: 
                 t = time.perf_counter()
                 s.generate(prompts, max_new_tokens=n_new, min_new_tokens=n_new, fast=True)
                 warm_s = time.perf_counter() - t
-                settled = _settle_batched(s, lambda: s.generate(prompts, max_new_tokens=n_new, min_new_tokens=n_new,
+                settled = settle_batched(s, lambda: s.generate(prompts, max_new_tokens=n_new, min_new_tokens=n_new,
                                                                 fast=True))
                 _peak_reset()
                 s.generate(prompts, max_new_tokens=n_new, min_new_tokens=n_new, fast=True)

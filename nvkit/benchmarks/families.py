@@ -60,13 +60,17 @@ def bandwidth(device) -> float | None:
         return None
 
 
-def bytes_per_token(model) -> int:
-    """The weight bytes one batch-1 decode step reads: all of them, but of a mixture of experts only
-    the experts a token runs, and of an input embedding that is not also the LM head only the
-    token's own row (a tied one is read whole by the head, and counted once)."""
+def bytes_per_token(model, rows: int = 1) -> int:
+    """The weight bytes one decode step of ``rows`` rows reads: all of them, but of a mixture of
+    experts only the experts its rows run, and of an input embedding that is not also the LM head
+    only the rows' own (a tied one is read whole by the head, and counted once). One row runs
+    ``top_k`` of ``experts``; ``rows`` rows routed independently and uniformly are expected to run
+    the share ``1 - (1 - top_k / experts) ** rows`` of them (and a step that runs every expert on
+    every row, ``dense_experts``, reads them all: at a list's row counts the two are close)."""
     cfg = model.config.get_text_config()
     experts = int(getattr(cfg, "num_experts", 0) or getattr(cfg, "num_local_experts", 0) or 0)
     active = int(getattr(cfg, "num_experts_per_tok", 0) or 0)
+    run = 1 - (1 - active / experts) ** rows if experts and active else 1.0
     embed = model.get_input_embeddings().weight
     head = model.get_output_embeddings()
     tied = head is not None and head.weight is embed
@@ -74,9 +78,9 @@ def bytes_per_token(model) -> int:
     for name, p in model.named_parameters():
         size = p.numel() * p.element_size()
         if experts and active and ".experts." in f".{name}.":
-            size = size * active // experts
+            size = size * active // experts if rows == 1 else round(size * run)
         elif p is embed and not tied:
-            size = p.shape[-1] * p.element_size()
+            size = min(rows, p.shape[0]) * p.shape[-1] * p.element_size()
         total += size
     return total
 
@@ -124,11 +128,12 @@ def _timed(s, prompt, *, n: int, fast):
 
 
 def run_family(model: str, *, new_tokens: int = 200, n_prompts: int = 32, list_tokens: int = 128,
-               plain_tokens: int | None = None, on_step=None) -> dict:
+               plain_tokens: int | None = None, on_step=None, settle: bool = False) -> dict:
     """One family's row (``model``: a shape name from ``nvkit.demo.SHAPES`` or a model folder).
     ``on_step(text)`` hears each step as it starts, with the seconds since the family's start: a 4B
     shape's first build and plain ``generate``'s lists take minutes, and a silent bench cannot be
-    told from a stuck one."""
+    told from a stuck one. ``settle``: the same requests again once the session has settled
+    (``_settled``), in the row's ``*_settled_*`` columns."""
     from ..model.session import load
     from ..demo import SHAPES
     from .decode import mixed_prompts
@@ -158,9 +163,11 @@ def run_family(model: str, *, new_tokens: int = 200, n_prompts: int = 32, list_t
         many, many_wall, ok_many = _timed(s, prompts, n=list_tokens, fast=None)
         step(f"{n_prompts} prompts × {list_tokens} tokens, padded plain generate")
         padded, padded_wall, ok_padded = _timed(s, prompts, n=list_tokens, fast=False)
-        step("done")
         rate, plain_rate = _decode_rate(one), _decode_rate(plain)
         read = bytes_per_token(s.model)
+        later = _settled(s, prompts, new_tokens, list_tokens, plain_rate, padded.new_tokens / padded_wall, step) \
+            if settle else {}
+        step("done")
         return {
             "family": model,
             "model_type": s.model.config.get_text_config().model_type,
@@ -173,13 +180,51 @@ def run_family(model: str, *, new_tokens: int = 200, n_prompts: int = 32, list_t
             "list_tok_s": many.new_tokens / many_wall,
             "padded_plain_tok_s": padded.new_tokens / padded_wall,
             "list_vs_plain": (many.new_tokens / many_wall) / (padded.new_tokens / padded_wall),
-            "ok": ok_one and ok_plain and ok_many and ok_padded,
+            "ok": ok_one and ok_plain and ok_many and ok_padded and later.pop("ok", True),
             "batch1_detail": one.detail,
             "list_detail": many.detail,
             "gib_read_per_token": read / 2 ** 30,
+            **later,
         }
     finally:
         s.unload()
+
+
+def _settled(s, prompts, new_tokens: int, list_tokens: int, plain_rate, padded_rate: float, step) -> dict:
+    """The row's requests once the session has settled: what it runs after it has decoded a while,
+    its compiles brought forward (the batch-1 step by ``fast.prepare``, the rows step and the
+    prompts' prefill by ``decode.settle_batched``), each compiled step kept only where it measures
+    faster, as the session's own policy keeps it. The young session's figures (the row's other
+    columns) are what a notebook meets first; these, what it runs for the rest of the afternoon."""
+    from ..errors import error_summary
+    from ..generate import fast
+    from .decode import settle_batched
+    if not _cuda():
+        return {"settled_note": "no GPU: nothing compiles"}
+    out: dict = {}
+    step("settling: the batch-1 step compiled and measured")
+    t = time.perf_counter()
+    try:
+        fast.prepare(s, max_new_tokens=new_tokens, prompt_tokens=len(s.tokenizer(PROMPT)["input_ids"]))
+    except NvkitError as e:  # a family the fast path does not run: nothing to settle at batch 1
+        out["settled_note"] = f"batch 1 not settled: {error_summary(e)}"
+    prepared = time.perf_counter() - t
+    one, _, ok_one = _timed(s, PROMPT, n=new_tokens, fast=None)
+    step("settling: the list's rows step and prefill compiled and measured")
+    note = settle_batched(s, lambda: s.generate(prompts, max_new_tokens=list_tokens, min_new_tokens=list_tokens,
+                                                fast=None))
+    many, many_wall, ok_many = _timed(s, prompts, n=list_tokens, fast=None)
+    rate, list_rate = _decode_rate(one), many.new_tokens / many_wall
+    out.update({
+        "batch1_settled_tok_s": rate,
+        "batch1_settled_vs_plain": rate / plain_rate if rate and plain_rate else None,
+        "list_settled_tok_s": list_rate,
+        "list_settled_vs_plain": list_rate / padded_rate,
+        "batch1_settled_detail": f"{one.detail}; fast.prepare took {prepared:.1f} s",
+        "list_settled_detail": many.detail + note,
+        "ok": ok_one and ok_many,
+    })
+    return out
 
 
 def _cuda() -> bool:
@@ -188,16 +233,19 @@ def _cuda() -> bool:
 
 
 def run(shapes=FAMILIES, *, new_tokens: int = 200, n_prompts: int = 32, list_tokens: int = 128,
-        plain_tokens: int | None = None, on_row=None, on_step=None):
+        plain_tokens: int | None = None, on_row=None, on_step=None, settle: bool = False):
     """The table, one row per shape (a DataFrame). ``on_row(row)`` hears each row as it is done,
     ``on_step(text)`` each step as it starts; a shape that fails to run gives a row with its error
-    instead of stopping the others."""
+    instead of stopping the others. ``settle``: each family's requests again once its session has
+    settled (``run_family``)."""
     import pandas as pd
     whole_number("new_tokens", new_tokens, 2)
     whole_number("n_prompts", n_prompts, 2)
     whole_number("list_tokens", list_tokens, 2)
     if plain_tokens is not None:
         whole_number("plain_tokens", plain_tokens, 2)
+    if not isinstance(settle, bool):
+        raise NvkitError(f"settle must be True or False, not {settle!r}.")
     shapes = list(shapes)
     if not shapes:
         raise NvkitError("--families needs at least one shape (see nvkit.demo.SHAPES).")
@@ -209,7 +257,7 @@ def run(shapes=FAMILIES, *, new_tokens: int = 200, n_prompts: int = 32, list_tok
     for name in shapes:
         try:
             row = run_family(name, new_tokens=new_tokens, n_prompts=n_prompts, list_tokens=list_tokens,
-                             plain_tokens=plain_tokens, on_step=on_step)
+                             plain_tokens=plain_tokens, on_step=on_step, settle=settle)
         except Exception as e:  # noqa: BLE001 - one family's failure is that family's row
             from ..errors import error_summary
             row = {"family": name, "ok": False, "error": error_summary(e)}

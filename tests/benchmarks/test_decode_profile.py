@@ -114,6 +114,13 @@ def _cli(*argv):
     (("--decode", "--profile", "--paths", "generate"), "takes one fast path"),
     (("--decode", "--profile", "--paths", "fast,fast+eager"), "takes one fast path"),
     (("--decode", "--profile", "--paths", "fast+bogus"), "Unknown fast-path option"),
+    (("--decode", "--profile", "--n-prompts", "1"), "--n-prompts must be at least 2"),
+    (("--decode", "--profile", "--n-prompts", "8", "--batch-new-tokens", "1"), "--batch-new-tokens must be at least 2"),
+    (("--decode", "--profile", "--n-prompts", "8", "--new-tokens", "64"),
+     "--new-tokens does not apply to --decode --profile --n-prompts; it takes --n-prompts, --batch-new-tokens and"),
+    (("--decode", "--profile", "--n-prompts", "8", "--prompt-len", "64"), "--prompt-len does not apply"),
+    (("--decode", "--profile", "--batch-new-tokens", "8"), "--batch-new-tokens does not apply to --decode --profile;"),
+    (("--decode", "--profile", "--n-prompts", "8", "--paths", "generate"), "takes one fast path"),
 ])
 def test_the_command_refuses_what_does_not_apply(argv, match):
     code, err = _cli(*argv)
@@ -126,5 +133,42 @@ def test_without_cuda_the_profile_says_why():
     assert code == 2 and "needs a GPU" in err, err
     code, err = _cli("--decode", "--profile", "--paths", "fast+eager+gemv")
     assert code == 2 and "needs a GPU" in err, err
+    code, err = _cli("--decode", "--profile", "--n-prompts", "4", "--batch-new-tokens", "8")
+    assert code == 2 and "needs a GPU" in err, err
     with pytest.raises(NvkitError, match="runs a fast path"):
         decode_profile.profile("demo", path="generate")
+    with pytest.raises(NvkitError, match="runs a fast path"):
+        decode_profile.profile_list("demo", path="generate")
+
+
+@pytest.mark.parametrize("prompts, tokens", [(1, 8), (4, 1), (2.0, 8), (4, "8")])
+def test_a_list_profile_refuses_a_list_too_small_to_split(prompts, tokens):
+    with pytest.raises(NvkitError, match="at least 2 prompts and 2 new tokens"):
+        decode_profile.profile_list("demo", prompts=prompts, new_tokens=tokens)
+
+
+def test_a_lists_decode_is_the_whole_list_less_its_prefill_per_step():
+    # the prefill alone: a GEMM and a norm; the whole list: the same, then two steps of a GEMM and attention
+    first = [("sm90_xmma_gemm_bf16", 0, 100), ("triton_red_fused_add_rms_norm_0", 100, 110)]
+    whole = first + [("sm90_xmma_gemm_bf16", 200, 230), ("paged_rope_split_kernel", 230, 240),
+                     ("sm90_xmma_gemm_bf16", 300, 330), ("paged_rope_split_kernel", 330, 340)]
+    p = decode_profile.list_summaries(whole, 500e-6, first, 150e-6, rows=4, steps=2, bytes_per_step=700_000,
+                                      kv_bytes_per_step=0, bandwidth=8e9)
+    assert p.prefill.tokens == 1 and p.prefill.wall_us == pytest.approx(150) and p.prefill.kernels == 2
+    assert p.prefill.busy_us == 110 and p.prefill.roofline is None  # no bytes counted for the prompts
+    d = p.decode
+    assert d.tokens == 2 and d.wall_us == pytest.approx(175) and d.kernels == 2 and d.busy_us == 40
+    assert d.by_kind == {"GEMM": (30, 1), "nvkit attention": (10, 1)}  # the prefill's norm is not a step's
+    assert d.achieved == pytest.approx(4e9) and d.roofline == pytest.approx(0.5)
+    assert list(d.by_name) == ["sm90_xmma_gemm_bf16", "paged_rope_split_kernel"]
+    text = p.text()
+    assert "a list of 4 prompts" in text and "per step of 4 rows (2 steps)" in text
+    assert "per prefill of every prompt: 150.0 µs wall" in text and "MiB of weights per step" in text
+    assert text.index("prefill of every prompt") < text.index("step of 4 rows")
+
+
+@pytest.mark.parametrize("first_s, whole_s, steps", [(0.0, 1.0, 4), (1.0, 1.0, 4), (2.0, 1.0, 4), (0.1, 1.0, 0)])
+def test_a_list_profile_needs_a_prefill_inside_the_list_and_a_step(first_s, whole_s, steps):
+    with pytest.raises(NvkitError, match="prefill takes part of its time"):
+        decode_profile.list_summaries([], whole_s, [], first_s, rows=2, steps=steps, bytes_per_step=1,
+                                      kv_bytes_per_step=0, bandwidth=None)

@@ -32,6 +32,24 @@ def test_a_mixture_of_experts_reads_the_experts_a_token_runs():
     assert experts > 0 and families.bytes_per_token(model) == every - experts + experts // 4 - unread
 
 
+def test_a_steps_rows_read_the_experts_they_run_and_their_own_embedding_rows():
+    from transformers import OlmoeConfig, OlmoeForCausalLM
+    torch.manual_seed(0)
+    m = OlmoeForCausalLM(OlmoeConfig(vocab_size=100, hidden_size=16, intermediate_size=8, num_hidden_layers=1,
+                                     num_attention_heads=2, num_key_value_heads=2, num_experts=8,
+                                     num_experts_per_tok=2, tie_word_embeddings=False))
+    size = lambda ps: sum(p.numel() * p.element_size() for p in ps)  # noqa: E731
+    experts = size(p for n, p in m.named_parameters() if ".experts." in f".{n}.")
+    embed = m.get_input_embeddings().weight
+    rest = size(m.parameters()) - experts - size([embed])
+    row = 16 * embed.element_size()
+    assert families.bytes_per_token(m) == rest + experts * 2 // 8 + row
+    assert families.bytes_per_token(m, rows=1) == families.bytes_per_token(m)
+    # 4 rows routed at random run 1 - (6/8)^4 of the experts, and read 4 embedding rows
+    assert families.bytes_per_token(m, rows=4) == rest + round(experts * (1 - 0.75 ** 4)) + 4 * row
+    assert families.bytes_per_token(m, rows=1000) == rest + experts + 100 * row  # every expert, every row once
+
+
 def test_one_familys_row_on_the_cpu(tmp_path, monkeypatch):
     monkeypatch.setenv("NVKIT_CACHE", str(tmp_path))
     df = families.run(["qwen3-tiny"], new_tokens=4, n_prompts=2, list_tokens=3)
@@ -43,6 +61,7 @@ def test_one_familys_row_on_the_cpu(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("kw, match", [(dict(new_tokens=1), "new_tokens"), (dict(n_prompts=0), "n_prompts"),
+                                       (dict(settle="yes"), "settle must be True or False"),
                                        (dict(shapes=[]), "at least one"), (dict(shapes=["gpt-9"]), "Unknown shape")])
 def test_bad_values_are_refused_before_anything_loads(kw, match):
     shapes = kw.pop("shapes", ["qwen3-tiny"])
@@ -59,6 +78,8 @@ def _cli(*argv):
 
 @pytest.mark.parametrize("argv, match", [
     (("--shapes", "qwen3-tiny"), "--shapes belongs to --families"),
+    (("--settle",), "--settle belongs to --families"),
+    (("--decode", "--settle"), "--settle belongs to --families"),
     (("--families", "--prompt-len", "5"), "--prompt-len does not apply to --families"),
     (("--families", "--shapes", "gpt-9"), "Unknown shape 'gpt-9'"),
     (("shape:qwen3-tiny", "--families"), "not a MODEL"),
@@ -81,3 +102,11 @@ def test_the_command_prints_rows_or_json(tmp_path, monkeypatch):
     assert len(steps) == len(words) and all(w in line for w, line in zip(words, steps)), steps
     code, out, err = _cli(*small, "--json")
     assert code == 0 and json.loads(out)[0]["family"] == "qwen3-tiny" and "[families] qwen3-tiny: done" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the row a CPU gives")
+def test_settling_on_the_cpu_says_nothing_compiles(tmp_path, monkeypatch):
+    monkeypatch.setenv("NVKIT_CACHE", str(tmp_path))
+    code, out, err = _cli("--families", "--shapes", "qwen3-tiny", "--new-tokens", "3", "--n-prompts", "2",
+                          "--batch-new-tokens", "2", "--settle")
+    assert code == 0 and "settled: no GPU: nothing compiles" in out, out + err

@@ -314,3 +314,16 @@ def test_the_decode_profile_sees_the_replayed_kernels():
     print("\n" + summary.text())
     assert summary.kernels > 10 and 0 < summary.busy_us <= summary.wall_us * 1.02, summary
     assert summary.by_kind and summary.roofline is not None and 0 < summary.roofline < 1
+
+
+def test_a_lists_profile_splits_its_prefill_from_its_steps():
+    """``nvkit bench --decode --profile --n-prompts N`` on the demo model: the list's replayed steps
+    are counted per step apart from its prompts' prefill, and neither part's GPU is busier than its
+    wall time."""
+    from nvkit.benchmarks import decode_profile
+    p = decode_profile.profile_list(demo_model.path(), prompts=8, new_tokens=32)
+    print("\n" + p.text())
+    assert p.rows == 8 and p.decode.tokens == 31 and "batch" in p.decode.detail, p
+    for part in (p.prefill, p.decode):
+        assert part.kernels > 1 and 0 < part.busy_us <= part.wall_us * 1.05, part
+    assert p.decode.roofline is not None and 0 < p.decode.roofline < 1, p.decode
