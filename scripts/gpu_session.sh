@@ -82,6 +82,10 @@
 #   merge38  the batch-1 attention's slices merged in its launch (+merge, five kernels a layer)
 #            against the merge launch: the kernel and the step's identity, then the rates
 #            on Qwen3-0.6B and Qwen3-4B (SHAPES to change)                       (carry .whl-core)
+#   experts37  a mixture's uncompiled steps on nvkit's grouped experts kernel (+experts) against
+#            transformers' batched_mm and the dense rows on olmoe-1b-7b: the identity tests, batch 1,
+#            and a 32-prompt list's profile each way, and with its rows' attention gathered (+matmul)
+#            instead of the paged kernel                                          (carry .whl-core)
 #   first-adapter  the first request after a 10-step fine-tune, profiled (scripts/first_request.py
 #            --finetune), then the compare test with the garbage collector's pauses  (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
@@ -313,6 +317,14 @@ case "$phase" in
     T=150 t tests/gpu/test_decode_attention_gpu.py tests/gpu/test_fast_gpu.py -k "merged or five_kernel"
     for sh in ${SHAPES:-qwen3-0.6b qwen3-4b}; do
       T=${TM:-200} bench shape:$sh --decode --repeats 3 --paths "fast+eager,fast+eager+merge"
+    done ;;
+  experts37)
+    # a mixture's uncompiled steps on nvkit's grouped experts kernel (StepVariant.experts, "+experts")
+    # against transformers' batched_mm and the dense rows: identity, then batch 1 and a list (profiled)
+    T=240 t tests/gpu/test_families_gpu.py -k "grouped_experts or (plain_generate and (Olmoe or Qwen3Moe))"
+    T=${TE:-240} bench shape:olmoe-1b-7b --decode --repeats 3 --paths "fast+eager,fast+eager+experts"
+    for p in fast+eager+matmul fast+eager fast+eager+experts; do  # gathered, paged, paged + grouped experts
+      T=${TE:-240} bench shape:olmoe-1b-7b --decode --profile --n-prompts 32 --batch-new-tokens 128 --paths "$p"
     done ;;
   first-adapter)
     # where the first request after a fine-tune spends its time (issue 39: at most 0.5 s more than

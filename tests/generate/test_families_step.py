@@ -283,6 +283,55 @@ def test_a_list_runs_on_the_models_own_forward_where_the_fused_step_does_not_fit
     assert bd.describe().startswith("model forward over rows") and max(bd.last_batches) == 2, bd.describe()
 
 
+def test_a_list_over_a_models_own_forward_attends_through_the_paged_kernel():
+    """The rows step over a model's own forward with its attention through nvkit's paged kernel
+    (``model_rows.paged_rows_attention``, run by Triton's interpreter: families the fused step does
+    not cover, with sliding and hybrid windows and a mixture of experts): each prompt
+    token for token as plain ``generate`` of it alone, the page tables as wide as the model's
+    context while the rows read only their own positions; the model's own attention is back after."""
+    from tests.triton_interpreter import interpret
+    out = interpret("""
+        import torch
+        import nvkit.generate.fast as fast
+        from nvkit.generate.fast.model_rows import ModelRowsDecoder, paged_rows_why
+        from tests.generate.test_families_step import NEVER, SIZES, _tiny
+        for family in ("Starcoder2", "Cohere2", "Olmoe"):  # every layer sliding; hybrid; a mixture of experts
+            model = _tiny(family)
+            own = model.config._attn_implementation
+            assert paged_rows_why(model) is None, family
+            bd = ModelRowsDecoder(fast.FastDecoder(model, k_steps=4, graphs=False), max_rows=2)
+            assert bd.attention == "matmul" and "CUDA" in bd.attention_why  # "auto" on a CPU
+            bd.attention = "paged"  # as "auto" takes it on a GPU
+            gen = dict(max_new_tokens=10, do_sample=False, eos_token_id=NEVER)
+            rng = torch.Generator().manual_seed(5)
+            prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (2, 13, 7, 9)]
+            sampling, _ = fast.resolve(model, gen)
+            with torch.inference_mode():
+                got = bd.generate(prompts, sampling)
+                ref = [model.generate(torch.tensor([p]), pad_token_id=0, **gen)[0, len(p):].tolist() for p in prompts]
+            assert got == ref, (family, got, ref)
+            assert "paged attention" in bd.describe() and model.config._attn_implementation == own, bd.describe()
+            assert bd._arena.table.shape[1] * 32 >= min(SIZES["max_position_embeddings"], 4096), bd._arena.table.shape
+            print(family, "ok")
+        print("OK")
+    """)
+    assert out.strip().endswith("OK") and out.count(" ok") == 3, out
+
+
+def test_the_paged_attention_over_a_models_forward_says_where_it_cannot_run():
+    from nvkit.errors import NvkitError
+    from nvkit.generate.fast.model_rows import ModelRowsDecoder, paged_rows_attention, paged_rows_why
+    gpt_oss = _tiny("GptOss")
+    assert paged_rows_why(gpt_oss) == "its attention has sinks"  # gpt-oss gathers its rows' positions
+    bd = ModelRowsDecoder(fast.FastDecoder(gpt_oss, k_steps=4, graphs=False), max_rows=2)
+    assert bd.attention == "matmul" and "CUDA" in bd.attention_why and "matmul attention" in bd.describe()
+    d = fast.FastDecoder(_tiny("Olmoe"), k_steps=4, graphs=False, attention="matmul")
+    assert ModelRowsDecoder(d, max_rows=2).attention == "matmul"  # asked for by name: no kernel looked for
+    q = torch.zeros(2, 4, 1, 16)
+    with pytest.raises(NvkitError, match="only inside nvkit's rows decode step"):
+        paged_rows_attention(d.model.model.layers[0].self_attn, q, q, q, None)
+
+
 def test_the_models_own_forward_refuses_a_fused_model_and_the_session_picks_the_right_rows():
     """``ModelRowsDecoder`` is for models the fused step does not fit; a session's rows decoder is
     the fused one where it fits and the model-forward one elsewhere."""

@@ -3,7 +3,7 @@ float32, transformers' configs): greedy tokens equal plain ``generate``'s for 64
 batch 1, with one compile per decoder; a list on the rows graphs, each prompt as it decodes alone
 (the fused families on the fused step over rows, the others over their own forward, compiled
 too); the fused families in bf16; adapters on a fused family's list (folded) and in PEFT's layers
-on a list over a model's own forward.
+on a list over a model's own forward; the mixtures' grouped experts kernel.
 The same logic without graphs on the CPU: tests/generate/test_families_step.py."""
 
 import pytest
@@ -65,6 +65,8 @@ def test_each_family_runs_a_list_on_the_rows_graphs(family):
                 assert tokens == ref, (family, len(p), bd.describe())
         assert bd.describe().startswith("fused step over rows" if fused else "model forward over rows, uncompiled"), \
             bd.describe()
+        # a model's own forward attends through the paged kernel, but gpt-oss (its sinks) gathers
+        assert ("matmul attention" if family == "GptOss" else "paged attention") in bd.describe(), bd.describe()
         if not fused:
             bd.compile_next()
             with torch.inference_mode():
@@ -72,6 +74,32 @@ def test_each_family_runs_a_list_on_the_rows_graphs(family):
             assert "measured" in bd.describe() and bd.counts["compiles"] >= 1, (bd.describe(), bd.counts)
     finally:
         bd.release()
+
+
+@pytest.mark.parametrize("family", ["Olmoe", "Qwen3Moe", "Mixtral", "GptOss"])
+def test_a_mixtures_grouped_experts_run_as_plain_generate_alone_and_in_lists(family):
+    """``StepVariant.experts``: the mixtures' uncompiled steps over their own forward with nvkit's
+    grouped experts kernel, at batch 1 and on the rows (4 rows: the rung the dense experts would
+    take), token for token as plain ``generate``."""
+    from nvkit.generate.fast.runner import StepVariant
+    model = _model(family)
+    d = fast.FastDecoder(model, k_steps=8, variant=StepVariant(experts=True))
+    bd = ModelRowsDecoder(d, max_rows=4)
+    gen = dict(max_new_tokens=48, do_sample=False, eos_token_id=NEVER)
+    rng = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (4, 30, 9, 17, 2)]
+    sampling, _ = fast.resolve(model, gen)
+    try:
+        with torch.inference_mode():
+            refs = [model.generate(torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
+                    for p in prompts]
+            assert d.generate(torch.tensor([prompts[1]], device="cuda"), sampling) == refs[1], d.describe()
+            assert bd.generate(prompts, sampling) == refs, bd.describe()
+        assert "uncompiled with nvkit kernels" in d.describe() and d.kernels, d.describe()
+        assert "with nvkit kernels" in bd.describe() and bd.kernels, bd.describe()
+    finally:
+        bd.release()
+        d.release()
 
 
 @pytest.mark.parametrize("family", sorted(FUSED_ALL))

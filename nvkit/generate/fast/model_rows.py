@@ -2,8 +2,8 @@
 (Gemma 1/2/3, Phi-3/4, Starcoder2, Cohere 2, models with a sliding window): the model's own
 forward as the rows step, over the same paged KV pool, ladder of graphs, scheduler, refill and
 sampling as ``rows.BatchedDecoder``. A mixture of experts' step runs every expert on every row
-from a few rows up (``dense_experts``), where transformers' gathered experts would copy weights
-per row.
+from a few rows up (``experts``), where transformers' gathered experts would copy weights per row,
+or its experts on nvkit's grouped kernel where the step runs nvkit's kernels (``StepVariant.experts``).
 
 Why: without it such a list runs padded ``generate``, a forward per token issued op by op, at
 about the speed of one prompt per step. The rows path's gain is in what surrounds the step (one
@@ -33,7 +33,9 @@ from . import lora as lora_mod, prefill_rows
 from .compile_policy import compile_fullgraph
 from .llama_rows_step import paged_positions
 from .paged_cache import PAGE
+from .fused_fit import layer_kinds
 from .rows import BatchedDecoder
+from .runner import triton_cannot_run_on
 from .schedule import SCRATCH
 from .single import FastDecoder
 from .static_cache import experts_for_graphs, kind_masks
@@ -89,6 +91,8 @@ def _paged_rows(layers: int):
             at, i = self.at, self.idx
             keys, values = at.keys[i], at.values[i]
             rows, nkv, length, hd = key_states.shape
+            if at.decode and at.paged:  # the paged kernel writes them and reads the pool itself
+                return key_states, value_states
             if at.decode:
                 keys.index_copy_(0, at.here, key_states[:, :, 0])
                 values.index_copy_(0, at.here, value_states[:, :, 0])
@@ -116,20 +120,105 @@ def _paged_rows(layers: int):
 
 
 class _Where:
-    """Where the layers of one forward write and read: the pool's tensors and each row's indices."""
+    """Where the layers of one forward write and read: the pool's tensors and each row's indices
+    (``where``/``here``), or, for the paged attention (``paged``), each row's position and page
+    table, identity rotary tables (the model's forward has rotated q and k) and each layer's window."""
     decode = True
-    keys = values = where = here = None
+    paged = False
+    keys = values = where = here = pos = table = cos = sin = None
+    windows: list = []
 
     @contextlib.contextmanager
-    def pool(self, keys, values, where, here=None, decode: bool = True):
+    def pool(self, keys, values, where, here=None, decode: bool = True, paged: tuple | None = None):
+        """``paged``: (pos, table, cos, sin) for the paged attention's decode step."""
         self.keys, self.values, self.where, self.here, self.decode = keys, values, where, here, decode
+        self.paged = paged is not None
+        if paged is not None:
+            self.pos, self.table, self.cos, self.sin = paged
         try:
             yield
         finally:
-            self.keys = self.values = self.where = self.here = None
+            self.keys = self.values = self.where = self.here = self.pos = self.table = self.cos = self.sin = None
+            self.paged = False
 
 
-def model_rows_step(model, compiler: Callable | None = None) -> Callable:
+ATTENTION = "nvkit_paged_rows"
+_registered: list[bool] = []
+
+
+def paged_rows_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                         nvkit_rows: _Where | None = None, **kwargs):
+    """transformers' attention-function signature (registered as ``ATTENTION``), for the rows
+    decode step's one new token per row: ``query`` (rows, heads, 1, head_dim) and the new ``key``
+    and ``value`` (rows, KV heads, 1, head_dim), already normed and rotated by the model's forward,
+    go to nvkit's paged kernel with identity rotary tables, which writes the new key and value
+    through each row's page table and attends over the row's own positions only (its window on a
+    sliding layer). Returns (rows, 1, heads, head_dim) as transformers' attention functions do."""
+    import torch
+    from ..kernels.paged_attention import paged_decode_attention
+    at = nvkit_rows
+    if at is None or not at.paged or query.shape[2] != 1:
+        raise NvkitError(f"{ATTENTION} runs only inside nvkit's rows decode step (one new token per row).")
+    if kwargs.get("s_aux") is not None or (dropout and module.training):
+        raise NvkitError(f"{ATTENTION} has no attention sinks and no dropout (paged_rows_why refuses such models).")
+    rows, nh, _, hd = query.shape
+    qkv = torch.cat((query[:, :, 0], key[:, :, 0], value[:, :, 0]), dim=1)
+    i = module.layer_idx
+    scale = float(scaling) if scaling is not None else hd ** -0.5
+    o = paged_decode_attention(qkv, None, None, at.cos, at.sin, at.keys[i], at.values[i], at.pos, at.table, PAGE,
+                               scale, 0.0, 0, at.windows[i], float(softcap or 0.0))
+    return o.view(rows, 1, nh, hd), None
+
+
+def paged_rows_why(model) -> str | None:
+    """Why the rows step over this model's forward cannot attend through nvkit's paged kernel
+    (None: it can): transformers must let the model's attention function be set (``ATTENTION``),
+    every attention module must know its layer, and the kernel takes power-of-two heads, no
+    attention sinks (gpt-oss) and no other score terms."""
+    from ..kernels.common import next_pow2
+    _, _, hd = attention_dims(model.config.get_text_config())
+    if next_pow2(hd) != hd:
+        return f"its head_dim ({hd}) is not a power of two"
+    can_set = getattr(model, "_can_set_attn_implementation", None)
+    if can_set is None or not can_set():
+        return "transformers cannot set its attention function"
+    attns = [m for name, m in model.named_modules() if name.endswith("self_attn")]
+    if not attns or any(getattr(m, "layer_idx", None) is None for m in attns):
+        return "its attention modules do not say their layer"
+    if any(getattr(m, "sinks", None) is not None for m in attns):
+        return "its attention has sinks"
+    return None if _register() else "this transformers has no attention registry"
+
+
+def _register() -> bool:
+    """Register ``ATTENTION`` with transformers' attention functions (once); False where this
+    transformers has no such registry."""
+    if not _registered:
+        try:
+            from transformers import AttentionInterface
+            AttentionInterface.register(ATTENTION, paged_rows_attention)
+            _registered.append(True)
+        except (ImportError, AttributeError):
+            _registered.append(False)
+    return _registered[0]
+
+
+@contextlib.contextmanager
+def attention_for_rows(model, paged: bool):
+    """The model's attention function set to ``ATTENTION`` for the call (``paged``), its own put
+    back after: only the rows decode step runs it, the prompts' prefill keeps the model's own."""
+    if not paged or not _register():
+        yield
+        return
+    own = model.config._attn_implementation
+    model.set_attn_implementation(ATTENTION)
+    try:
+        yield
+    finally:
+        model.set_attn_implementation(own)
+
+
+def model_rows_step(model, compiler: Callable | None = None, grouped: bool = False, paged: bool = False) -> Callable:
     """``step(tok, pos, table, cos, sin, keys, values)`` -> (rows, vocab) float logits, as
     ``llama_rows_step.decode_rows_step``, through the model's own forward (``cos``/``sin`` unused).
 
@@ -137,30 +226,50 @@ def model_rows_step(model, compiler: Callable | None = None) -> Callable:
     pool indices and masks and points the cache at the pool, outside what is compiled (torch's
     compiler cannot build the cache objects inside the function it traces, and the step is captured
     in a graph anyway). The sizes that change from one rung or pool to the next are marked dynamic,
-    so one compile serves them all (a row count of 1 is still specialised)."""
+    so one compile serves them all (a row count of 1 is still specialised). ``grouped``: a mixture
+    of experts' experts on nvkit's grouped kernel (``experts.implementation_for``). ``paged``: the
+    attention through nvkit's paged kernel (``paged_rows_attention``: each row reads its own
+    positions) instead of each row's positions gathered up to the table's width."""
     import torch
-    cache = _paged_rows(int(model.config.get_text_config().num_hidden_layers))
+    cfg = model.config.get_text_config()
+    cache = _paged_rows(int(cfg.num_hidden_layers))
+    window = int(getattr(cfg, "sliding_window", None) or 0)
+    cache.at.windows = [window if kind == "sliding_attention" else 0 for kind in layer_kinds(cfg)]
+    identity: dict = {}  # (positions, dtype) -> rotary tables that rotate nothing (made before capture)
 
     def forward(tok, pos, mask, cache):
+        extra = {"nvkit_rows": cache.at} if paged else {}
         out = model(input_ids=tok.unsqueeze(1), position_ids=pos.unsqueeze(1), attention_mask=mask,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+                    past_key_values=cache, use_cache=True, logits_to_keep=1, **extra)
         return out.logits[:, -1].float()
     run = forward if compiler is None else compiler(forward)
 
     def step(tok, pos, table, cos, sin, keys, values):
         length = table.shape[1] * PAGE
-        where = paged_positions(table, PAGE, length)                  # (rows, length) pool indices
-        here = where.gather(1, pos.unsqueeze(1)).squeeze(1)           # (rows,) each row's new position
         distance = (pos.unsqueeze(1) - torch.arange(length, device=pos.device)).view(-1, 1, 1, length)
         mask = kind_masks(model, distance >= 0, distance)
+        where = here = tables = None
+        if paged:
+            k = (length, keys[0].dtype)
+            if k not in identity:
+                identity.clear()
+                identity[k] = (torch.ones((length, 2), dtype=k[1], device=pos.device),
+                               torch.zeros((length, 2), dtype=k[1], device=pos.device))
+            tables = (pos, table, *identity[k])
+        else:
+            where = paged_positions(table, PAGE, length)              # (rows, length) pool indices
+            here = where.gather(1, pos.unsqueeze(1)).squeeze(1)       # (rows,) each row's new position
         if compiler is not None:
             mark = torch._dynamo.maybe_mark_dynamic
-            for t in (tok, pos, here, *keys, *values):
-                mark(t, 0)
-            for t in (where, *(mask.values() if isinstance(mask, dict) else [mask])):
-                mark(t, 0)
-                mark(t, t.dim() - 1)
-        with experts_for_graphs(model, rows=int(tok.shape[0])), cache.at.pool(keys, values, where, here):
+            for t in (tok, pos, here, *keys, *values, *(tables[2:] if paged else ())):
+                if t is not None:
+                    mark(t, 0)
+            for t in (where, table if paged else None, *(mask.values() if isinstance(mask, dict) else [mask])):
+                if t is not None:
+                    mark(t, 0)
+                    mark(t, t.dim() - 1)
+        with experts_for_graphs(model, rows=int(tok.shape[0]), grouped=grouped), attention_for_rows(model, paged), \
+                cache.at.pool(keys, values, where, here, paged=tables):
             return run(tok, pos, mask, cache)
     return step
 
@@ -199,13 +308,19 @@ class ModelRowsDecoder(BatchedDecoder):
             raise NvkitError("ModelRowsDecoder is for models without nvkit's fused step: use BatchedDecoder.")
 
     def _choose_attention(self, asked: str) -> tuple[str, str | None]:
-        return "model", None
+        """("paged" | "matmul", why "auto" did not take the kernel): the paged kernel where it
+        fits (``paged_rows_why``), else each row's positions gathered up to the table's width
+        (``asked``: "auto" or "matmul", as the batch-1 decoder over a model's forward takes them)."""
+        if asked == "matmul":
+            return "matmul", None
+        why = triton_cannot_run_on(self.device) or paged_rows_why(self.model)
+        return ("paged", None) if why is None else ("matmul", why)
 
     def describe(self) -> str:
         cls = (self._last, max(self.last_batches)) if self.last_batches and self._fw is not None else None
         how = (self._how(False, kind=cls, tokens_per_replay=self.k * cls[1]) if cls in self._kept
                else self._how(False))
-        parts = ["model forward over rows, " + how]
+        parts = ["model forward over rows, " + how, f"{self.attention} attention"]
         if self._fw is not None and self._adapters:
             parts.append("LoRA in PEFT's own layers")
         if self.last_batches:
@@ -232,7 +347,7 @@ class ModelRowsDecoder(BatchedDecoder):
         """The forward compiled whole (inductor fuses the model's small kernels), for every rung and
         pool at once; kept per rung only where it measures faster (``BatchedDecoder._graph``)."""
         if lora_on not in self._compiled:
-            self._compiled[lora_on] = model_rows_step(self.model, compile_fullgraph)
+            self._compiled[lora_on] = model_rows_step(self.model, compile_fullgraph, paged=self.attention == "paged")
         return self._compiled[lora_on], True
 
     def _disk_key(self, lora_on: int, part: str = "step") -> str | None:
@@ -240,7 +355,7 @@ class ModelRowsDecoder(BatchedDecoder):
 
     def _step(self, lora_on: bool) -> Callable:
         if lora_on not in self._steps:
-            self._steps[lora_on] = model_rows_step(self.model)
+            self._steps[lora_on] = model_rows_step(self.model, grouped=self.kernels, paged=self.attention == "paged")
         return self._steps[lora_on]
 
     def _prefill_fn(self, lora_on: bool) -> Callable:

@@ -57,7 +57,11 @@ class StepVariant:
       benchmark's "+inline", to measure against the launches apart.
     - ``merge_inline``: on those layers, the attention's slices merged by each KV head's last
       slice program inside the attention's launch (``decode_attention_rope``'s ``counts``: five
-      kernels a layer) instead of a merge launch after it; the decode benchmark's "+merge"."""
+      kernels a layer) instead of a merge launch after it; the decode benchmark's "+merge".
+    - ``experts``: a mixture of experts' uncompiled steps over its own forward (batch 1 and rows)
+      with its experts on nvkit's grouped kernel (``experts.GROUPED``: each picked expert read in
+      place, once a step) instead of transformers' "batched_mm" copies and the dense rows; the
+      decode benchmark's "+experts"."""
     regional: bool = True
     tune: bool = True
     pdl: bool | None = None
@@ -65,9 +69,10 @@ class StepVariant:
     gemv: bool = True
     lora_inline: bool = False
     merge_inline: bool = False
+    experts: bool = False
 
     def __post_init__(self):
-        for name in ("regional", "tune", "gemv", "lora_inline", "merge_inline"):
+        for name in ("regional", "tune", "gemv", "lora_inline", "merge_inline", "experts"):
             if not isinstance(getattr(self, name), bool):
                 raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
         if self.pdl not in (None, True, False):

@@ -22,7 +22,7 @@ from typing import Callable
 
 from ... import events
 from ...errors import NvkitError
-from . import cuda_graphs as graphs_mod, lora as lora_mod
+from . import cuda_graphs as graphs_mod, experts as experts_mod, lora as lora_mod
 from .static_cache import Cache, GraphKey, model_prefill, model_step, new_cache, prefill_class, set_request, size_class
 from .llama_step import decode_head, decode_step, model_decode_layer, prefill_step
 from .fused_fit import fusable_why
@@ -60,7 +60,9 @@ class FastDecoder(GraphRunner):
             raise NvkitError(f"The fused decode step does not fit this model: {self.fused_why}. Use fused=None or False.")
         self._fw = self._fused_weights() if opts.fused is not False and self.fused_why is None else None
         self.attention, self.attention_why = self._choose_attention(opts.attention)
-        self.kernels = self._fw is not None and self.graphs and triton_cannot_run_on(self.device) is None
+        # nvkit's kernels in the uncompiled step: the fused step's, or a mixture's grouped experts
+        moe = variant.experts and experts_mod.is_mixture(model.config.get_text_config())
+        self.kernels = (self._fw is not None or moe) and self.graphs and triton_cannot_run_on(self.device) is None
         import torch._inductor.config as inductor_config
         bad = [k for k, _ in variant.inductor if not has_inductor_option(inductor_config, k)]
         if bad:
@@ -194,15 +196,14 @@ class FastDecoder(GraphRunner):
                                                    self._fw, self.attention, self.variant.gemv and self.kernels,
                                                    self.pdl, self._lora if lora_on else None, **gemv_flags(self.variant)))
             else:
-                c.steps[lora_on] = model_step(self.model, c, self.device)
+                c.steps[lora_on] = model_step(self.model, c, self.device, grouped=self.kernels)
         return c.steps[lora_on]
 
     def _compiled(self, c: Cache, lora_on: bool):
         if lora_on not in c.compiled:
             # dynamic=False: one specialised kernel set per cache
             if self.regional:
-                # one layer compiled serves every layer (the step around it is captured, so calling
-                # it per layer costs the replays nothing)
+                # one layer compiled serves every layer (called per layer inside a capture: free to replay)
                 fw = self._fw
                 layer = model_decode_layer(fw, self.attention)
                 c.compiled[lora_on] = decode_step(fw, c, self.attention, self._lora if lora_on else None,
@@ -210,7 +211,7 @@ class FastDecoder(GraphRunner):
                                                   head=compile_fullgraph(decode_head(fw), dynamic=False))
             else:  # the whole step of torch operations (without nvkit's kernels), for inductor to fuse
                 step = (decode_step(self._fw, c, self.attention, self._lora if lora_on else None)
-                        if self._fw is not None else self._step(c, lora_on))
+                        if self._fw is not None else model_step(self.model, c, self.device))
                 c.compiled[lora_on] = compile_fullgraph(step, dynamic=False)
         return c.compiled[lora_on]
 
@@ -330,10 +331,9 @@ class FastDecoder(GraphRunner):
             def body():
                 c.first_logits.copy_(fn(c.prompt[0, :length]))
             if pkey not in c.prefills_seen and not capture:
-                # a class's first prompt runs the graph's code eagerly (the same padded shapes, so
-                # the same logits as its graph will give): a capture costs a warm-up run and the
-                # capture on top, which a session's first short request or a one-off prompt length
-                # would wait for and never get back
+                # a class's first prompt runs the graph's code eagerly (the same padded shapes, so the same
+                # logits as its graph will give): a capture costs a warm-up run and the capture on top, which
+                # a session's first short request or a one-off prompt length would wait for and never get back
                 c.prefills_seen.add(pkey)
                 body()
                 return c.first_logits

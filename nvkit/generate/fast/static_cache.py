@@ -13,7 +13,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
-from . import dense_experts
+from . import experts as experts_mod
 from .cuda_graphs import drop
 from .fused_fit import layer_kinds
 
@@ -194,15 +194,16 @@ def model_prefill(model, c: Cache, input_ids):
     return out.logits[:, -1, :].float()
 
 
-def model_step(model, c: Cache, device) -> Callable:
+def model_step(model, c: Cache, device, grouped: bool = False) -> Callable:
     """The model's own forward over the cache's ``StaticCache`` as the decode step (architectures
-    the fused step does not cover): ``step(tok)`` → the (1, vocab) float logits."""
+    the fused step does not cover): ``step(tok)`` → the (1, vocab) float logits. ``grouped``: a
+    mixture of experts' experts on nvkit's grouped kernel (``experts``)."""
     layer0 = c.kv.layers[0]
 
     def step(tok):
         # The position lives on the device (the cache's own counter), so the graph needs no host input.
         pos = layer0.cumulative_length
-        with experts_for_graphs(model):
+        with experts_for_graphs(model, grouped=grouped):
             out = model(input_ids=tok, attention_mask=model_masks(model, c.arange, pos.view(1)),
                         position_ids=pos.view(1, 1), past_key_values=c.kv, use_cache=True, logits_to_keep=1)
         c.pos.add_(1)
@@ -211,14 +212,13 @@ def model_step(model, c: Cache, device) -> Callable:
 
 
 @contextlib.contextmanager
-def experts_for_graphs(model, rows: int | None = None):
-    """A mixture-of-experts model's experts on transformers' "batched_mm" for the call, its own
-    setting put back after. Its default, "grouped_mm", copies the experts' offsets through the host
-    (a CUDA graph capture refuses that copy); "batched_mm" gathers each token's experts on the
-    device. Only for the one-token decode step: it gathers the experts' weights per token, which
-    a prompt of many tokens could not afford (the prefill keeps the model's own setting). The rows
-    step (``rows``: its row count) runs every expert on every row from a few rows up
-    (``dense_experts``), where those gathered copies would cost more than reading each expert once."""
+def experts_for_graphs(model, rows: int | None = None, grouped: bool = False):
+    """A mixture-of-experts model's experts on the implementation a captured decode step runs
+    (``experts.implementation_for``: ``rows`` its row count, None for the batch-1 step; ``grouped``
+    where it runs nvkit's kernels) for the call, its own setting put back after. Its default,
+    "grouped_mm", copies between host and device (a CUDA graph capture refuses that copy). Only
+    for the one-token decode steps: "batched_mm" gathers the experts' weights per token, which a
+    prompt of many tokens could not afford (the prefill keeps the model's own setting)."""
     cfg = model.config
     current = getattr(cfg, "_experts_implementation", None)
     can_set = getattr(type(model), "_can_set_experts_implementation", None)
@@ -226,7 +226,7 @@ def experts_for_graphs(model, rows: int | None = None):
         yield
         return
     try:
-        model.set_experts_implementation(dense_experts.implementation_for(cfg.get_text_config(), rows))
+        model.set_experts_implementation(experts_mod.implementation_for(cfg.get_text_config(), rows, grouped))
     except (ValueError, ImportError):  # a transformers without it: the capture says why it failed
         yield
         return

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ...errors import NvkitError
-from . import dense_experts, first_request
+from . import experts, first_request
 from .fused_fit import fusable_why, layer_kinds, long_rope_from
 from .lora import forward_lora_why, lora_why
 from .options import default_options
@@ -94,10 +94,10 @@ def _experts_why(base) -> str | None:
     """Why a mixture of experts runs no list over its own forward: the experts' default,
     ``grouped_mm``, reads its offsets through the host, which a capture refuses, and transformers'
     ``batched_mm`` copies each row's experts' weights (gigabytes per step at a list's row counts);
-    the rows step runs every expert on every row instead (``dense_experts``), which needs a
+    the rows step runs every expert on every row instead (``experts``), which needs a
     transformers that lets it register its experts implementation."""
     cfg = base.config.get_text_config()
-    if (getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None)) and not dense_experts.register():
+    if experts.is_mixture(cfg) and not experts.register():
         return ("it is a mixture of experts, whose experts a captured step would copy for every row "
                 "(transformers' batched_mm)")
     return None
