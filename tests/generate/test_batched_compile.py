@@ -131,3 +131,48 @@ def test_the_models_own_forward_compiles_once_for_every_rung_and_pool(family):
             assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a[5] + a[6], want_kv))
             assert len(graphs) == (1 if rows > 1 else 2), (rows, len(graphs))
     torch._dynamo.reset()
+
+
+def test_the_models_own_forward_compiles_with_the_paged_attention_once_for_every_rung_and_pool():
+    """The rows step over OLMoE's forward with its attention through the paged kernel (run by
+    Triton's interpreter) compiled whole: the same logits and the same keys and values written as
+    the eager step that gathers the rows' positions, one compile for every row count above one,
+    table width and pool."""
+    from tests.triton_interpreter import interpret
+    out = interpret("""
+        import torch
+        import transformers
+        from nvkit.generate.fast.model_rows import PoolShape, model_rows_step
+        from tests.generate.test_batched_compile import _counting_inductor
+        from tests.generate.test_families_step import ALL_FAMILIES, SIZES
+        cfg = transformers.OlmoeConfig(**SIZES, **ALL_FAMILIES["Olmoe"])
+        cfg._attn_implementation = "sdpa"
+        torch.manual_seed(0)
+        model = transformers.OlmoeForCausalLM(cfg).eval()
+        shape, page = PoolShape(model), 32
+
+        def args(rows, width, pages, seed):
+            g = torch.Generator().manual_seed(seed)
+            keys = [torch.randn(pages * page, shape.nkv, shape.hd, generator=g) * 0.3 for _ in shape.layers]
+            values = [torch.randn(pages * page, shape.nkv, shape.hd, generator=g) * 0.3 for _ in shape.layers]
+            table = (torch.randperm(pages - 1, generator=g)[:rows * width] + 1).view(rows, width).to(torch.int32)
+            pos = torch.randint(0, width * page, (rows,), generator=g)
+            return (torch.randint(0, SIZES["vocab_size"], (rows,), generator=g), pos, table, *shape.rotary(1),
+                    keys, values)
+        graphs, backend = _counting_inductor()
+        gathered = model_rows_step(model)
+        compiled = model_rows_step(model, lambda f: torch.compile(f, fullgraph=True, backend=backend), paged=True)
+        with torch.inference_mode():
+            for rows, width, pages, seed in ((4, 3, 20, 0), (2, 5, 48, 1), (8, 3, 40, 2)):
+                a = args(rows, width, pages, seed)
+                want_kv = [t.clone() for t in a[5] + a[6]]
+                got = compiled(*a)
+                want = gathered(*a[:5], want_kv[:len(a[5])], want_kv[len(a[5]):])
+                assert torch.allclose(got, want, atol=1e-4, rtol=1e-4), (rows, (got - want).abs().max())
+                assert all(torch.allclose(x, y, atol=1e-5) for x, y in zip(a[5] + a[6], want_kv))
+                print("rows", rows, "graphs", len(graphs))
+        assert len(graphs) == 1, len(graphs)
+        assert model.config._attn_implementation == "sdpa"
+        print("OK")
+    """)
+    assert out.strip().endswith("OK"), out
