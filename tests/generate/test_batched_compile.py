@@ -91,6 +91,18 @@ def test_one_compiled_layer_serves_every_layer_class_and_pool():
     torch._dynamo.reset()
 
 
+def model_rows_args(shape, vocab: int, rows: int, width: int, pages: int, seed: int, page: int = 32):
+    """Random arguments of ``model_rows.model_rows_step`` for a ``PoolShape``: ``rows`` tokens at
+    positions in their tables of ``width`` pages, a pool of ``pages`` pages (page 0 never handed
+    out), ``page`` the step's own page size (``paged_cache.PAGE``)."""
+    g = torch.Generator().manual_seed(seed)
+    keys = [torch.randn(pages * page, shape.nkv, shape.hd, generator=g) * 0.3 for _ in shape.layers]
+    values = [torch.randn(pages * page, shape.nkv, shape.hd, generator=g) * 0.3 for _ in shape.layers]
+    table = (torch.randperm(pages - 1, generator=g)[:rows * width] + 1).view(rows, width).to(torch.int32)
+    pos = torch.randint(0, width * page, (rows,), generator=g)
+    return torch.randint(0, vocab, (rows,), generator=g), pos, table, *shape.rotary(1), keys, values
+
+
 @pytest.mark.parametrize("family", ["Gemma3Text", "Olmoe"])
 def test_the_models_own_forward_compiles_once_for_every_rung_and_pool(family):
     """A family off the fused step (Gemma 3's hybrid masks, OLMoE's experts): its rows step
@@ -106,16 +118,9 @@ def test_the_models_own_forward_compiles_once_for_every_rung_and_pool(family):
     torch.manual_seed(0)
     model = getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval()
     shape = PoolShape(model)
-    page = 32  # the step's own page size (paged_cache.PAGE)
 
     def args(rows, width, pages, seed):
-        g = torch.Generator().manual_seed(seed)
-        keys = [torch.randn(pages * page, shape.nkv, shape.hd, generator=g) * 0.3 for _ in shape.layers]
-        values = [torch.randn(pages * page, shape.nkv, shape.hd, generator=g) * 0.3 for _ in shape.layers]
-        table = (torch.randperm(pages - 1, generator=g)[:rows * width] + 1).view(rows, width).to(torch.int32)
-        pos = torch.randint(0, width * page, (rows,), generator=g)
-        return (torch.randint(0, SIZES["vocab_size"], (rows,), generator=g), pos, table, *shape.rotary(1),
-                keys, values)
+        return model_rows_args(shape, SIZES["vocab_size"], rows, width, pages, seed)
     graphs, backend = _counting_inductor()
     torch._dynamo.reset()
     eager = model_rows_step(model)
@@ -143,22 +148,16 @@ def test_the_models_own_forward_compiles_with_the_paged_attention_once_for_every
         import torch
         import transformers
         from nvkit.generate.fast.model_rows import PoolShape, model_rows_step
-        from tests.generate.test_batched_compile import _counting_inductor
+        from tests.generate.test_batched_compile import _counting_inductor, model_rows_args
         from tests.generate.test_families_step import ALL_FAMILIES, SIZES
         cfg = transformers.OlmoeConfig(**SIZES, **ALL_FAMILIES["Olmoe"])
         cfg._attn_implementation = "sdpa"
         torch.manual_seed(0)
         model = transformers.OlmoeForCausalLM(cfg).eval()
-        shape, page = PoolShape(model), 32
+        shape = PoolShape(model)
 
         def args(rows, width, pages, seed):
-            g = torch.Generator().manual_seed(seed)
-            keys = [torch.randn(pages * page, shape.nkv, shape.hd, generator=g) * 0.3 for _ in shape.layers]
-            values = [torch.randn(pages * page, shape.nkv, shape.hd, generator=g) * 0.3 for _ in shape.layers]
-            table = (torch.randperm(pages - 1, generator=g)[:rows * width] + 1).view(rows, width).to(torch.int32)
-            pos = torch.randint(0, width * page, (rows,), generator=g)
-            return (torch.randint(0, SIZES["vocab_size"], (rows,), generator=g), pos, table, *shape.rotary(1),
-                    keys, values)
+            return model_rows_args(shape, SIZES["vocab_size"], rows, width, pages, seed)
         graphs, backend = _counting_inductor()
         gathered = model_rows_step(model)
         compiled = model_rows_step(model, lambda f: torch.compile(f, fullgraph=True, backend=backend), paged=True)

@@ -74,6 +74,19 @@ def test_each_family_decodes_as_plain_generate(family):
         assert d.generate(ids, sampling) == ref
 
 
+def list_case(model, new_tokens: int, lengths, seed: int, device: str = "cpu"):
+    """A greedy list's request for the rows tests: (its generation arguments, prompts of random ids
+    of ``lengths``, its sampling, each prompt's tokens from plain ``generate`` of it alone)."""
+    gen = dict(max_new_tokens=new_tokens, do_sample=False, eos_token_id=NEVER)
+    rng = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in lengths]
+    sampling, _ = fast.resolve(model, gen)
+    with torch.inference_mode():
+        ref = [model.generate(torch.tensor([p], device=device), pad_token_id=0, **gen)[0, len(p):].tolist()
+               for p in prompts]
+    return gen, prompts, sampling, ref
+
+
 def _tiny(family):
     cfg = getattr(transformers, family + "Config")(**SIZES, **ALL_FAMILIES[family])
     cfg._attn_implementation = "eager" if family in ("GptOss", "Gemma2") else "sdpa"  # sinks; Gemma 2's soft-caps
@@ -268,17 +281,13 @@ def test_a_list_runs_on_the_models_own_forward_where_the_fused_step_does_not_fit
     model = model_class(cfg).eval()
 
     s = _session(model)
-    gen = dict(max_new_tokens=10, do_sample=False, eos_token_id=NEVER)
-    assert support.rows_why(s, gen) is None  # the mixtures of experts too: their rows run every expert (dense_experts)
+    gen, prompts, sampling, ref = list_case(model, 10, (2, 13, 7, 9), seed=5)
+    assert support.rows_why(s, gen) is None  # the mixtures of experts too: their rows run every expert (experts)
     d = fast.FastDecoder(model, k_steps=4, graphs=False)
     assert not d.fused
     bd = ModelRowsDecoder(d, max_rows=2)
-    rng = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (2, 13, 7, 9)]
-    sampling, _ = fast.resolve(model, gen)
     with torch.inference_mode():
         got = bd.generate(prompts, sampling)
-        ref = [model.generate(torch.tensor([p]), pad_token_id=0, **gen)[0, len(p):].tolist() for p in prompts]
     assert got == ref, bd.describe()
     assert bd.describe().startswith("model forward over rows") and max(bd.last_batches) == 2, bd.describe()
 
@@ -294,7 +303,7 @@ def test_a_list_over_a_models_own_forward_attends_through_the_paged_kernel():
         import torch
         import nvkit.generate.fast as fast
         from nvkit.generate.fast.model_rows import ModelRowsDecoder, paged_rows_why
-        from tests.generate.test_families_step import NEVER, SIZES, _tiny
+        from tests.generate.test_families_step import SIZES, _tiny, list_case
         for family in ("Starcoder2", "Cohere2", "Olmoe"):  # every layer sliding; hybrid; a mixture of experts
             model = _tiny(family)
             own = model.config._attn_implementation
@@ -302,13 +311,9 @@ def test_a_list_over_a_models_own_forward_attends_through_the_paged_kernel():
             bd = ModelRowsDecoder(fast.FastDecoder(model, k_steps=4, graphs=False), max_rows=2)
             assert bd.attention == "matmul" and "CUDA" in bd.attention_why  # "auto" on a CPU
             bd.attention = "paged"  # as "auto" takes it on a GPU
-            gen = dict(max_new_tokens=10, do_sample=False, eos_token_id=NEVER)
-            rng = torch.Generator().manual_seed(5)
-            prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (2, 13, 7, 9)]
-            sampling, _ = fast.resolve(model, gen)
+            _, prompts, sampling, ref = list_case(model, 10, (2, 13, 7, 9), seed=5)
             with torch.inference_mode():
                 got = bd.generate(prompts, sampling)
-                ref = [model.generate(torch.tensor([p]), pad_token_id=0, **gen)[0, len(p):].tolist() for p in prompts]
             assert got == ref, (family, got, ref)
             assert "paged attention" in bd.describe() and model.config._attn_implementation == own, bd.describe()
             assert bd._arena.table.shape[1] * 32 >= min(SIZES["max_position_embeddings"], 4096), bd._arena.table.shape

@@ -14,7 +14,7 @@ import nvkit.generate.fast as fast
 from nvkit.generate.fast.model_rows import ModelRowsDecoder
 from nvkit.generate.fast.rows import BatchedDecoder
 from tests.generate.test_families_step import (ALL_FAMILIES, FUSED_ALL, NEVER, SIZES, gemma3_vision_language,
-                                              longrope_phi3)
+                                              list_case, longrope_phi3)
 
 
 def _model(family):
@@ -53,16 +53,12 @@ def test_each_family_runs_a_list_on_the_rows_graphs(family):
     model = _model(family)
     fused = family in FUSED_ALL
     bd = (BatchedDecoder if fused else ModelRowsDecoder)(fast.FastDecoder(model, k_steps=8), max_rows=4)
-    gen = dict(max_new_tokens=48, do_sample=False, eos_token_id=NEVER)
-    rng = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (4, 30, 9, 17, 2)]
-    sampling, _ = fast.resolve(model, gen)
+    _, prompts, sampling, refs = list_case(model, 48, (4, 30, 9, 17, 2), seed=3, device="cuda")
     try:
         with torch.inference_mode():
             got = bd.generate(prompts, sampling)
-            for p, tokens in zip(prompts, got):
-                ref = model.generate(torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
-                assert tokens == ref, (family, len(p), bd.describe())
+        for p, tokens, ref in zip(prompts, got, refs):
+            assert tokens == ref, (family, len(p), bd.describe())
         assert bd.describe().startswith("fused step over rows" if fused else "model forward over rows, uncompiled"), \
             bd.describe()
         # a model's own forward attends through the paged kernel, but gpt-oss (its sinks) gathers
@@ -85,14 +81,9 @@ def test_a_mixtures_grouped_experts_run_as_plain_generate_alone_and_in_lists(fam
     model = _model(family)
     d = fast.FastDecoder(model, k_steps=8, variant=StepVariant(experts=True))
     bd = ModelRowsDecoder(d, max_rows=4)
-    gen = dict(max_new_tokens=48, do_sample=False, eos_token_id=NEVER)
-    rng = torch.Generator().manual_seed(5)
-    prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (4, 30, 9, 17, 2)]
-    sampling, _ = fast.resolve(model, gen)
+    _, prompts, sampling, refs = list_case(model, 48, (4, 30, 9, 17, 2), seed=5, device="cuda")
     try:
         with torch.inference_mode():
-            refs = [model.generate(torch.tensor([p], device="cuda"), pad_token_id=0, **gen)[0, len(p):].tolist()
-                    for p in prompts]
             assert d.generate(torch.tensor([prompts[1]], device="cuda"), sampling) == refs[1], d.describe()
             assert bd.generate(prompts, sampling) == refs, bd.describe()
         assert "uncompiled with nvkit kernels" in d.describe() and d.kernels, d.describe()
