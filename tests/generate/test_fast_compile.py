@@ -96,6 +96,9 @@ def test_how_the_step_compiles_is_a_benchmark_variant_not_a_user_option():
     assert StepVariant().merge_inline is False
     with pytest.raises(NvkitError, match="merge_inline must be True or False"):
         StepVariant(merge_inline=1)
+    assert StepVariant().experts is False
+    with pytest.raises(NvkitError, match="experts must be True or False"):
+        StepVariant(experts="on")
 
 
 def test_the_six_kernel_layers_say_where_they_run_and_why_not():
