@@ -321,7 +321,8 @@ case "$phase" in
   experts37)
     # a mixture's uncompiled steps on nvkit's grouped experts kernel (StepVariant.experts, "+experts")
     # against transformers' batched_mm and the dense rows: identity, then batch 1 and a list (profiled)
-    T=240 t tests/gpu/test_families_gpu.py -k "grouped_experts or (plain_generate and (Olmoe or Qwen3Moe))"
+    # the lists over a model's own forward on the paged attention (their default since 358c721) too
+    T=300 t tests/gpu/test_families_gpu.py -k "grouped_experts or (rows_graphs and (Olmoe or Qwen3Moe or Mixtral or GptOss or Starcoder2 or Cohere2))"
     T=${TE:-240} bench shape:olmoe-1b-7b --decode --repeats 3 --paths "fast+eager,fast+eager+experts"
     for p in fast+eager+matmul fast+eager fast+eager+experts; do  # gathered, paged, paged + grouped experts
       T=${TE:-240} bench shape:olmoe-1b-7b --decode --profile --n-prompts 32 --batch-new-tokens 128 --paths "$p"
