@@ -1,5 +1,5 @@
 """``ModelRowsDecoder``: lists on the rows path for the families nvkit's fused step does not cover
-(Gemma 1/2/3, Phi-3/4, Starcoder2, Cohere 2, models with a sliding window): the model's own
+(Starcoder2, Cohere 2, GPT-2, the mixtures of experts, any model with ``fused=False``): the model's own
 forward as the rows step, over the same paged KV pool, ladder of graphs, scheduler, refill and
 sampling as ``rows.BatchedDecoder``. A mixture of experts' step runs every expert on every row
 from a few rows up (``experts``), where transformers' gathered experts would copy weights per row,
@@ -10,10 +10,15 @@ about the speed of one prompt per step. The rows path's gain is in what surround
 graph replay per K steps, every row at its own position, finished rows refilled at once), so the
 model's forward can be the step as it is, the way the batch-1 path runs these families.
 
-How the forward reads the pool: ``PagedRows`` is a transformers ``Cache`` whose layers write each
-new key and value at the row's pool index and hand the attention each row's positions gathered
-through its page table, masked per row at its position (and to the window on a sliding layer), as
-the fused step's "matmul" attention does. A prompt group is prefilled left-aligned to its last
+How the forward reads the pool: for the decode step the model's attention function is set to
+``paged_rows_attention`` (registered with transformers' attention functions), which hands the
+query and the new key and value the forward made to nvkit's paged kernel (identity rotary tables:
+the forward has rotated them): it writes the key and value through the row's page table and each
+row reads its own positions only, as the fused rows step's "paged" attention does. Where that
+kernel does not fit (``paged_rows_why``: attention sinks, a head size not a power of two, no GPU)
+or ``attention="matmul"``, ``PagedRows``, a transformers ``Cache``, writes each new key and value
+at the row's pool index and hands the attention each row's positions gathered through its page
+table, masked per row at its position (and to the window on a sliding layer). A prompt group is prefilled left-aligned to its last
 column, so that the logits the step keeps (the last position's) are every row's own last token's.
 LoRA adapters run in PEFT's own layers inside the forward, as on the batch-1 path: a graph bakes
 in the adapters' state (``lora.forward_state``), so each state has graphs of its own, and a new
@@ -76,7 +81,9 @@ def _paged_rows(layers: int):
         """One layer's keys and values in the pool: ``update`` writes the new ones at ``at.here``
         (decode: (rows,) pool indices) or ``at.where`` (prefill: (rows, length)), and returns what
         the attention reads: each row's positions gathered through its table (decode), or the
-        prompt's own keys and values (prefill: a prompt starts at position 0). transformers'
+        prompt's own keys and values (prefill: a prompt starts at position 0). With the paged
+        attention (``at.paged``) a decode step's new keys and values pass through unwritten: the
+        kernel writes them and reads the pool itself (``paged_rows_attention``). transformers'
         ``CacheLayerMixin`` in what the forward calls, not by inheritance: torch.compile cannot
         build an instance of that abstract class inside the step it compiles."""
 
