@@ -26,15 +26,27 @@ import triton.language as tl
 BLOCK_M = 16
 
 
+_ONE_TOKEN: dict = {}  # (top_k, block, device) -> ids of one token's pairs, a block each
+
+
 def align(top_k_index: torch.Tensor, experts: int, block: int = BLOCK_M) -> tuple[torch.Tensor, torch.Tensor]:
     """The (token, expert) pairs of ``top_k_index`` ((tokens, top_k) expert ids; pair p is token
     p // top_k's p % top_k-th) in blocks of ``block`` rows, each block one expert's: (``ids``: the
     pair in each row of the blocks, ``tokens × top_k`` in a padding row; ``block_expert``: each
     block's expert, -1 for a block past the last). Sizes depend only on the pairs' and the experts'
-    counts (every expert may need a padded block), so the same graph holds any routing."""
+    counts (every expert may need a padded block), so the same graph holds any routing. One
+    token's pairs (the batch-1 step) are all different experts: each is a block of its own, in its
+    order, with no sort to launch."""
     flat = top_k_index.reshape(-1).long()
     pairs = flat.numel()
     dev = flat.device
+    if top_k_index.dim() == 2 and top_k_index.shape[0] == 1:
+        key = (pairs, block, dev)
+        if key not in _ONE_TOKEN:  # made at a step's first (eager) run, before its graph is captured
+            ids = torch.full((pairs, block), pairs, dtype=torch.long, device=dev)
+            ids[:, 0] = torch.arange(pairs, device=dev)
+            _ONE_TOKEN[key] = ids.view(-1)
+        return _ONE_TOKEN[key], flat
     counts = torch.zeros(experts, dtype=torch.long, device=dev).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block - 1) // block * block
     ends = padded.cumsum(0)
