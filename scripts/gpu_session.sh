@@ -318,14 +318,17 @@ case "$phase" in
     for sh in ${SHAPES:-qwen3-0.6b qwen3-4b}; do
       T=${TM:-200} bench shape:$sh --decode --repeats 3 --paths "fast+eager,fast+eager+merge"
     done ;;
-  experts37)
+  experts37|experts37a)
     # a mixture's uncompiled steps on nvkit's grouped experts kernel (StepVariant.experts, "+experts")
-    # against transformers' batched_mm and the dense rows: identity, then batch 1 and a list (profiled)
-    # the lists over a model's own forward on the paged attention (their default since 358c721) too
-    T=300 t tests/gpu/test_families_gpu.py -k "grouped_experts or (rows_graphs and (Olmoe or Qwen3Moe or Mixtral or GptOss or Starcoder2 or Cohere2))"
-    T=${TE:-240} bench shape:olmoe-1b-7b --decode --repeats 3 --paths "fast+eager,fast+eager+experts"
-    for p in fast+eager+matmul fast+eager fast+eager+experts; do  # gathered, paged, paged + grouped experts
-      T=${TE:-240} bench shape:olmoe-1b-7b --decode --profile --n-prompts 32 --batch-new-tokens 128 --paths "$p"
+    # against transformers' batched_mm and the dense rows: identity, and the lists over a model's own
+    # forward on the paged attention (their default since 358c721)
+    T=${TT:-420} t tests/gpu/test_families_gpu.py -k "grouped_experts or (rows_graphs and (Olmoe or Qwen3Moe or Mixtral or GptOss or Starcoder2 or Cohere2))"
+    [ "$phase" = experts37a ] && exit 0 ;&
+  experts37b)
+    # batch 1 and a 32-prompt list's profile on olmoe-1b-7b: gathered, paged, paged + grouped experts
+    T=${TE:-200} bench shape:olmoe-1b-7b --decode --repeats 3 --paths "fast+eager,fast+eager+experts"
+    for p in fast+eager+matmul fast+eager fast+eager+experts; do
+      T=${TE:-120} bench shape:olmoe-1b-7b --decode --profile --n-prompts 32 --batch-new-tokens 128 --paths "$p"
     done ;;
   first-adapter)
     # where the first request after a fine-tune spends its time (issue 39: at most 0.5 s more than
