@@ -322,7 +322,8 @@ case "$phase" in
     # a mixture's uncompiled steps on nvkit's grouped experts kernel (StepVariant.experts, "+experts")
     # against transformers' batched_mm and the dense rows: identity, and the lists over a model's own
     # forward on the paged attention (their default since 358c721)
-    T=${TT:-420} t tests/gpu/test_families_gpu.py -k "grouped_experts or (rows_graphs and (Olmoe or Qwen3Moe or Mixtral or GptOss or Starcoder2 or Cohere2))"
+    T=${TT:-420} t tests/gpu/test_families_gpu.py \
+      -k "${K37:-grouped_experts or (rows_graphs and (Olmoe or Qwen3Moe or Mixtral or GptOss or Starcoder2 or Cohere2))}"
     [ "$phase" = experts37a ] && exit 0 ;&
   experts37b)
     # batch 1 and a 32-prompt list's profile on olmoe-1b-7b: gathered, paged, paged + grouped experts
