@@ -279,6 +279,7 @@ def profile_list(model: str, *, prompts: int = 32, new_tokens: int = 128, path: 
     each run once before (their captures are the session's first list's cost, not its rate).
     Returns the ``ListProfile``: where a list's time goes beside the bandwidth its steps could
     use, and what the prompts' prefill takes."""
+    from ..generate.fast import decoders
     from .decode import mixed_prompts
     from .families import bandwidth, bytes_per_token
     if type(prompts) is not int or prompts < 2 or type(new_tokens) is not int or new_tokens < 2:
@@ -287,7 +288,7 @@ def profile_list(model: str, *, prompts: int = 32, new_tokens: int = 128, path: 
     s = _load(model, path)
     try:
         texts = mixed_prompts(s.tokenizer, prompts, seed=0)
-        runs = {}
+        runs, replays = {}, {}
         for n in (new_tokens, 1):
             kw = dict(max_new_tokens=n, min_new_tokens=n, fast=True)
             s.generate(texts, **kw)
@@ -297,10 +298,15 @@ def profile_list(model: str, *, prompts: int = 32, new_tokens: int = 128, path: 
                 raise NvkitError(f"The profiled list did not run {prompts} × {n} tokens on the fast path: {st}")
             if n == new_tokens:
                 detail = st.detail
+            rows = decoders.batched_decoder(s)
+            replays[n] = sum(rows.last_batches.values()) * rows.k
+        # the steps the whole list ran beyond the one-token list (a replay runs its K steps whole,
+        # the one-token list's one replay too): what the difference of the two is made of
+        steps = max(1, replays[new_tokens] - replays[1])
         itemsize = s.model.get_input_embeddings().weight.element_size()
         lengths = [len(ids) for ids in s.tokenizer(texts)["input_ids"]]
         kv = sum(mean_kv_bytes(s.model.config, itemsize, n, new_tokens) for n in lengths)
-        out = list_summaries(*runs[new_tokens], *runs[1], prompts, new_tokens - 1,
+        out = list_summaries(*runs[new_tokens], *runs[1], prompts, steps,
                              bytes_per_token(s.model, rows=prompts), kv, bandwidth(s.device))
         out.decode.detail = detail
         return out

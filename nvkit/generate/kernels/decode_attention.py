@@ -272,11 +272,8 @@ def _(q, k, v, pos, scale, window=0, softcap=0.0):
     return torch.empty_like(q, memory_format=torch.contiguous_format)
 
 
-@torch.library.custom_op("nvkit::decode_attention_rope", mutates_args=("k", "v", "counts"))
-def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
-                          cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                          scale: float, eps: float, window: int = 0, softcap: float = 0.0,
-                          pdl: bool = False, counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+def decode_attention_rope(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float, window: int = 0,
+                          softcap: float = 0.0, pdl: bool = False, counts=None):
     """The whole attention of one decode step after the q/k/v projection, in two kernels: per-head
     RMS norm of q and k over the whole head (Qwen3's q_norm/k_norm; skipped when the weights are
     None), rotary embedding (``cos``/``sin`` of the current position, (r,)), the new key and value
@@ -300,7 +297,20 @@ def decode_attention_rope(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k
 
     ``counts`` (``merge_counts``; zeros, left zero): one kernel instead of two, the slices merged
     by each KV head's last slice program to finish (``common.merge_if_last``). One ``counts``
-    serves the launches of one stream, one after the other."""
+    serves the launches of one stream, one after the other.
+
+    Every argument reaches the op (``nvkit::decode_attention_rope``) by position: torch marks the
+    tensors an op mutates by their place among the arguments given, and a mutated ``counts`` left
+    to its default would be looked for past their end."""
+    return _decode_attention_rope_op(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window, softcap, pdl,
+                                     counts)
+
+
+@torch.library.custom_op("nvkit::decode_attention_rope", mutates_args=("k", "v", "counts"))
+def _decode_attention_rope_op(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
+                              cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                              scale: float, eps: float, window: int = 0, softcap: float = 0.0,
+                              pdl: bool = False, counts: Optional[torch.Tensor] = None) -> torch.Tensor:
     return decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window=window, softcap=softcap,
                          pdl=pdl, counts=counts)
 
@@ -341,6 +351,6 @@ def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, ep
     return out
 
 
-@decode_attention_rope.register_fake
+@_decode_attention_rope_op.register_fake
 def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window=0, softcap=0.0, pdl=False, counts=None):
     return qkv.new_empty((qkv.shape[0] - 2 * k.shape[0], qkv.shape[-1]))
