@@ -68,7 +68,8 @@ def bytes_per_token(model, rows: int = 1) -> int:
     the share ``1 - (1 - top_k / experts) ** rows`` of them (and a step that runs every expert on
     every row, ``dense_experts``, reads them all: at a list's row counts the two are close)."""
     cfg = model.config.get_text_config()
-    experts = int(getattr(cfg, "num_experts", 0) or getattr(cfg, "num_local_experts", 0) or 0)
+    from ..generate.fast.experts import expert_count
+    experts = expert_count(cfg)
     active = int(getattr(cfg, "num_experts_per_tok", 0) or 0)
     run = 1 - (1 - active / experts) ** rows if experts and active else 1.0
     embed = model.get_input_embeddings().weight

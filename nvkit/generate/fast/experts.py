@@ -105,9 +105,14 @@ def register() -> bool:
     return _registered[0]
 
 
+def expert_count(cfg) -> int:
+    """A text config's experts per layer (0: not a mixture of experts)."""
+    return int(getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or 0)
+
+
 def is_mixture(cfg) -> bool:
     """Whether a text config is a mixture of experts'."""
-    return bool(getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None))
+    return expert_count(cfg) > 0
 
 
 def implementation_for(cfg, rows: int | None, grouped: bool = False) -> str:
@@ -115,7 +120,7 @@ def implementation_for(cfg, rows: int | None, grouped: bool = False) -> str:
     config; ``rows`` None: the batch-1 step): ``GROUPED`` at any row count where ``grouped`` (the
     step runs nvkit's kernels); else dense from ``num_experts / (2 × top_k)`` rows up (see the
     module docstring), and "batched_mm" below that and at batch 1."""
-    experts = int(getattr(cfg, "num_experts", None) or getattr(cfg, "num_local_experts", None) or 0)
+    experts = expert_count(cfg)
     top_k = int(getattr(cfg, "num_experts_per_tok", None) or 1)
     if experts == 0 or not register():
         return "batched_mm"
