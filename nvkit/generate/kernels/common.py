@@ -158,19 +158,28 @@ MAX_WINDOW = 2 ** 31 - 1
 def merge_head(M, L, O, OUT, h, N_SPLITS: tl.constexpr, HD: tl.constexpr, CACHE: tl.constexpr):
     """Merges query head ``h``'s slices (running max ``M``, sum ``L``, weighted sum ``O``) into
     ``OUT``, loaded with cache modifier ``CACHE`` (".cg", from L2 and not this SM's L1, where other
-    programs of this launch wrote them; "" the default)."""
-    sp = tl.arange(0, N_SPLITS)
+    programs of this launch wrote them; "" the default).
+
+    The slices are added one after another in slice order, not by ``tl.sum``: a reduction's order
+    follows the program's layout (its warps), so the merge in a launch of its own and the merge
+    inside the attention's launch (other warps) would round differently and give different bits."""
     d = tl.arange(0, HD)
-    # a slice with no position up to pos (m = -inf: a short sequence in a long cache) wrote a
-    # weighted sum of zeros; it is not read
-    m = tl.load(M + h * N_SPLITS + sp, cache_modifier=CACHE)
-    s_sum = tl.load(L + h * N_SPLITS + sp, cache_modifier=CACHE)
-    o = tl.load(O + (h * N_SPLITS + sp)[:, None] * HD + d[None, :], mask=(m > float("-inf"))[:, None], other=0.0,
-                cache_modifier=CACHE)
-    top = tl.max(m, axis=0)  # finite: the slice that holds pos has at least pos itself
-    w = tl.exp(m - top)      # 0 for the slices with no position in the window up to pos (m = -inf)
-    out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * s_sum, axis=0)
-    tl.store(OUT + h * HD + d, out.to(OUT.dtype.element_ty))
+    top = tl.load(M + h * N_SPLITS, cache_modifier=CACHE)
+    for sp in tl.static_range(1, N_SPLITS):
+        top = tl.maximum(top, tl.load(M + h * N_SPLITS + sp, cache_modifier=CACHE))
+    # finite: the slice that holds pos has at least pos itself
+    acc = tl.zeros((HD,), tl.float32)
+    den = 0.0
+    for sp in tl.static_range(N_SPLITS):
+        m = tl.load(M + h * N_SPLITS + sp, cache_modifier=CACHE)
+        # a slice with no position up to pos (m = -inf: a short sequence in a long cache) wrote a
+        # weighted sum of zeros and weighs 0 (exp(-inf)); its sum is not read
+        seen = m > float("-inf")
+        w = tl.exp(m - top)
+        o = tl.load(O + (h * N_SPLITS + sp) * HD + d, mask=d < tl.where(seen, HD, 0), other=0.0, cache_modifier=CACHE)
+        acc += w * o
+        den += w * tl.load(L + h * N_SPLITS + sp, cache_modifier=CACHE)
+    tl.store(OUT + h * HD + d, (acc / den).to(OUT.dtype.element_ty))
 
 
 @triton.jit

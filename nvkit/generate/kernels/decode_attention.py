@@ -299,9 +299,11 @@ def decode_attention_rope(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: f
     by each KV head's last slice program to finish (``common.merge_if_last``). One ``counts``
     serves the launches of one stream, one after the other.
 
-    Every argument reaches the op (``nvkit::decode_attention_rope``) by position: torch marks the
-    tensors an op mutates by their place among the arguments given, and a mutated ``counts`` left
-    to its default would be looked for past their end."""
+    The op (``nvkit::decode_attention_rope``) has no defaults and gets every argument by position:
+    torch 2.11 finds the tensors an op mutates by their place among the arguments it is handed,
+    and the dispatcher drops trailing arguments equal to their defaults (a ``counts`` of None and
+    ``pdl=False``) before that, so a mutated argument with a default would be looked for past
+    their end."""
     return _decode_attention_rope_op(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window, softcap, pdl,
                                      counts)
 
@@ -309,8 +311,8 @@ def decode_attention_rope(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: f
 @torch.library.custom_op("nvkit::decode_attention_rope", mutates_args=("k", "v", "counts"))
 def _decode_attention_rope_op(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
                               cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                              scale: float, eps: float, window: int = 0, softcap: float = 0.0,
-                              pdl: bool = False, counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+                              scale: float, eps: float, window: int, softcap: float,
+                              pdl: bool, counts: Optional[torch.Tensor]) -> torch.Tensor:
     return decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window=window, softcap=softcap,
                          pdl=pdl, counts=counts)
 
@@ -352,5 +354,5 @@ def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, ep
 
 
 @_decode_attention_rope_op.register_fake
-def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window=0, softcap=0.0, pdl=False, counts=None):
+def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window, softcap, pdl, counts):
     return qkv.new_empty((qkv.shape[0] - 2 * k.shape[0], qkv.shape[-1]))
