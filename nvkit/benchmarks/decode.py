@@ -57,7 +57,8 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # layers in six kernels, the default, or nine: gemv=True / False), inline (on those layers an adapter's
 # x A.T made in its projection's launch: lora_inline=True), merge (on those layers the attention's
 # slices merged in its launch, five kernels a layer: merge_inline=True), experts (a mixture of experts'
-# uncompiled steps over its own forward with nvkit's grouped experts kernel: experts=True), kN (N
+# uncompiled steps over its own forward with nvkit's grouped experts kernel: experts=True), apart (an
+# adapter's products apart from the weights, not merged into a copy: lora_merged=False), kN (N
 # decode steps per graph replay). pdl, combo, regional, whole, notune, gemv, inline, merge and
 # experts are ``StepVariant`` fields, not user options: the benchmark builds those decoders, users
 # get the defaults.
@@ -89,6 +90,8 @@ _FAST_OPTIONS = {"eager": ("compile", False), "matmul": ("attention", "matmul"),
                  # "fast+eager" against "fast+eager+nogemv" (the nine-kernel layers) measures them
                  "gemv": ("gemv", True), "nogemv": ("gemv", False), "inline": ("lora_inline", True),
                  "merge": ("merge_inline", True),
+                 # an adapter's products apart from the weights instead of merged into a copy
+                 "apart": ("lora_merged", False),
                  # a mixture of experts' uncompiled steps with nvkit's grouped experts kernel
                  "experts": ("experts", True),
                  # the model's own forward as the step where the fused step fits too: issue 37's
@@ -105,7 +108,7 @@ def fast_options(path: str) -> dict | None:
         return None
     # None: the process's default (nvkit.generate.fast.default_options()), i.e. what users get
     opts = dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None, lora_fold=None,
-                tune=None, gemv=None, lora_inline=None, merge_inline=None, experts=None)
+                tune=None, gemv=None, lora_inline=None, merge_inline=None, experts=None, lora_merged=None)
     for part in path.split("+")[1:]:
         part = part.strip()
         if part in _FAST_OPTIONS:

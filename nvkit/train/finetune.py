@@ -340,8 +340,9 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
             # a list's KV pool (gigabytes on a large list) would sit beside the training's activations
             freed = s.decoders.release_lists()
             if freed:
-                events.record("memory", f"the lists' KV pool ({fmt_bytes(freed)}) freed for the fine-tune; the next "
-                                        "list builds it and captures its graphs again")
+                events.record("memory", f"the lists' KV pool and the merged adapter copy ({fmt_bytes(freed)}) freed "
+                                        "for the fine-tune; the next list and the next request with an adapter "
+                                        "make them again")
             torch.cuda.reset_peak_memory_stats(device)
         # Trainer writes its checkpoints here; the callback moves each one into place (checkpoint-N)
         staging = tempfile.mkdtemp(prefix=".nvkit-trainer-", dir=out)

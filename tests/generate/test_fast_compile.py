@@ -43,7 +43,7 @@ def test_one_compiled_layer_serves_every_layer_and_computes_the_whole_step():
     torch.manual_seed(0)
     m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
     get_peft_model(m, LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)).eval()
-    d = fast.FastDecoder(m, k_steps=2, graphs=False, regional=True)
+    d = fast.FastDecoder(m, k_steps=2, graphs=False, regional=True, lora_merged=False)
     assert d.variant.regional and d.regional
     fw = d._fw
     assert len(fw.layers) > 1
@@ -51,7 +51,7 @@ def test_one_compiled_layer_serves_every_layer_and_computes_the_whole_step():
         assert d._sync()
         c = d._cache_for(100)
         for lora_on in (False, True):
-            lora = d._lora if lora_on else None
+            lora = d._adapters.slots if lora_on else None
             compiles = CompileCounterWithBackend("inductor")
             layer = torch.compile(decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, d.attention), fullgraph=True,
                                   dynamic=False, backend=compiles)
@@ -146,17 +146,17 @@ def test_the_folded_adapter_layer_compiles_and_computes_the_unfolded_step():
     torch.manual_seed(0)
     m = AutoModelForCausalLM.from_pretrained(nvkit.demo.path(), dtype=torch.float32).eval()
     get_peft_model(m, LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)).eval()
-    plain = fast.FastDecoder(m, k_steps=2, graphs=False, lora_fold=False)
-    d = fast.FastDecoder(m, k_steps=2, graphs=False, lora_fold=True)  # the default: fused weights with spare rows
+    plain = fast.FastDecoder(m, k_steps=2, graphs=False, lora_fold=False, lora_merged=False)
+    d = fast.FastDecoder(m, k_steps=2, graphs=False, lora_fold=True, lora_merged=False)  # the default: fused weights with spare rows
     fw = d._fw
     with torch.inference_mode():
-        assert d._sync() and d._lora.folded and plain._sync() and not plain._lora.folded
+        assert d._sync() and d._adapters.slots.folded and plain._sync() and not plain._adapters.slots.folded
         c, pc = d._cache_for(100), plain._cache_for(100)
         compiles = CompileCounterWithBackend("inductor")
         layer = torch.compile(decode_layer(fw.nh, fw.nkv, fw.hd, fw.dtype, d.attention), fullgraph=True,
                               dynamic=False, backend=compiles)
         head = torch.compile(decode_head(fw), fullgraph=True, dynamic=False, backend=compiles)
-        step = decode_step(fw, c, d.attention, d._lora, layer=layer, head=head)
+        step = decode_step(fw, c, d.attention, d._adapters.slots, layer=layer, head=head)
         c.pos.fill_(5)
         c.tok.fill_(7)
         got = step(c.tok)

@@ -95,17 +95,22 @@ class Decoders:
             return old
 
     def release_lists(self) -> int:
-        """Release the list decoders (their KV pools and graphs; the batch-1 decoder stays) for work
-        that needs the memory more, a fine-tune; the next list builds its pool and captures again.
-        Returns the bytes the allocator got back (0 where nothing was held)."""
+        """Release the list decoders (their KV pools and graphs) and the batch-1 decoder's merged
+        adapter copy (the rest of it stays) for work that needs the memory more, a fine-tune; the
+        next list builds its pool and captures again, the next request with adapters makes its
+        copy again. Returns the bytes the allocator got back (0 where nothing was held)."""
         import torch
         with self._lock:
-            dev = next((bd.device for bd in (self.rows, self.same) if bd is not None), None)
+            dev = next((d.device for d in (self.rows, self.same, self.single) if d is not None), None)
             if dev is None or dev.type != "cuda":
                 self._drop_lists()
+                if self.single is not None:
+                    self.single.release_merged()
                 return 0
             before = torch.cuda.memory_allocated(dev)
             self._drop_lists()
+            if self.single is not None:
+                self.single.release_merged()
             return max(0, before - torch.cuda.memory_allocated(dev))
 
     def _drop_lists(self) -> list:

@@ -12,13 +12,25 @@ capture. Only a larger total rank than the buffers hold makes new ones.
 half in the weights' dtype, into the spare rows ``FusedWeights`` keeps below the group's weights,
 so the batch-1 step computes the base product and x A.T in one reduction (``llama_step.linear``). It
 takes effect where the spare rows hold the buffers' rank; else the products stay apart.
+
+``MergedWeights`` (the batch-1 step's default, ``StepVariant.lora_merged``): the adapters merged
+into a copy of the projections they change, W + B·A per group from the same buffers, one product
+with float32 sums rounded once. The batch-1 step with adapters is then the base step over other
+weights: the base step's rate, no adapter kernels to compile or launch, and a graph of its own
+that switching adapters on and off does not recapture. It costs the copy's memory, so it is made
+only where that fits beside what the GPU has free (``merge_why``); elsewhere the products stay
+apart. The text is that of PEFT's own merge (``merge_and_unload``): in bf16 a near-tie may pick
+another token than PEFT's unmerged forward, as any other order of the same sums may.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from ...units import fmt_bytes
 from .fused_fit import GROUPS, PROJECTIONS, base_layer, decoder_of, group_names
 from .fused_weights import FusedWeights
 
@@ -199,3 +211,142 @@ class LoraSlots:
                         stacked[n + a.shape[0]:].copy_((a.to(torch.float32) - high.to(torch.float32)).to(stacked.dtype))
         self._signature = sig
         return True
+
+
+def touched(model) -> frozenset:
+    """(layer index, group) of every projection group an active adapter changes now."""
+    return frozenset((i, group) for i, group, _, m in _lora_layers(model) if _active(m))
+
+
+#: at most this share of the memory the GPU has free (its own and the allocator's cached blocks)
+#: goes to a merged copy: the rest stays for the caches, the lists' pools and a fine-tune
+MERGE_SHARE = 0.5
+
+
+def merge_why(fw: FusedWeights, groups, free: int | None = None) -> str | None:
+    """Why the projection ``groups`` ((layer, group) pairs) are not merged into a copy (None: they
+    fit in ``MERGE_SHARE`` of ``free`` bytes; None: what the GPU has free, its own and the
+    allocator's cached blocks; a CPU has no such budget here)."""
+    need = sum(getattr(fw.layers[i], g).numel() * getattr(fw.layers[i], g).element_size() for i, g in groups)
+    if free is None:
+        dev = fw.embed.device
+        if dev.type != "cuda":
+            return None
+        import torch
+        free = torch.cuda.mem_get_info(dev)[0] + torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+    if need > MERGE_SHARE * free:
+        return (f"merging the adapter needs a {fmt_bytes(need)} copy of the weights it changes, over "
+                f"{MERGE_SHARE:.0%} of the {fmt_bytes(free)} free")
+    return None
+
+
+class MergedWeights:
+    """``fw`` with the projection ``groups`` ((layer, group) pairs) replaced by copies holding W +
+    B·A of ``slots``' buffers (see the module docstring); ``weights``: the ``FusedWeights`` the
+    base step reads instead (every other tensor shared with ``fw``). ``load`` recomputes the
+    copies in place, so graphs captured on them read the new values."""
+
+    def __init__(self, fw: FusedWeights, slots: LoraSlots, groups: frozenset):
+        import torch
+        self.groups = frozenset(groups)
+        layers = []
+        with torch.inference_mode(False), torch.no_grad():
+            for i, w in enumerate(fw.layers):
+                copies = {g: torch.empty_like(getattr(w, g), memory_format=torch.contiguous_format)
+                          for g in GROUPS if (i, g) in self.groups}
+                layers.append(dataclasses.replace(w, spare=None, **copies))
+        self.weights = copy.copy(fw)
+        self.weights.layers = layers
+        self.weights.spare = 0
+        self.load(fw, slots)
+
+    def load(self, fw: FusedWeights, slots: LoraSlots) -> None:
+        import torch
+        with torch.inference_mode(False), torch.no_grad():
+            for i, g in sorted(self.groups):
+                a, b = getattr(slots.layers[i], g)
+                merged = getattr(self.weights.layers[i], g)
+                merged.copy_(getattr(fw.layers[i], g))
+                # W + B·A in one product whose sums are float32 and rounded once into the copy (no
+                # float32 temporary the size of the weights): B and A in the weights' dtype
+                merged.addmm_(b.to(merged.dtype), a.to(merged.dtype))
+
+    def nbytes(self) -> int:
+        return sum(getattr(self.weights.layers[i], g).numel() * getattr(self.weights.layers[i], g).element_size()
+                   for i, g in self.groups)
+
+
+
+class Adapters:
+    """The batch-1 fused step's adapters: their buffers (``slots``) and, with ``merge``
+    (``StepVariant.lora_merged``), their merged copy (``merged``; ``merged_why`` says why there is
+    none). ``fold``: the buffers' A folded into the weights' spare rows (``FastOptions.lora_fold``)."""
+
+    def __init__(self, fold: bool, merge: bool):
+        self.fold, self.merge = fold, merge
+        self.slots: LoraSlots | None = None
+        self.merged: MergedWeights | None = None
+        self.merged_why: str | None = None
+        #: the base weights were replaced (``FusedWeights.sync``) since the copy was made
+        self.base_changed = False
+
+    def sync(self, fw: FusedWeights, model) -> bool:
+        """Buffers (and copy) as ``model``'s active adapters are now. Returns True where graphs
+        captured with adapters must go: new buffers, or a new copy."""
+        stale = False
+        if self.slots is None or not self.slots.fits(model):
+            rank = max(8, -(-needed_rank(model) // 8) * 8)
+            self.slots = LoraSlots(fw, rank, adapter_dtype(model), fold=self.fold)
+            stale = True
+        changed = self.slots.load(model) or self.base_changed or stale
+        self.base_changed = False
+        if self.merge:
+            self.merged, new, self.merged_why = keep_merged(fw, self.slots, self.merged, model, changed)
+            stale = stale or new
+        return stale
+
+    def fits(self, model) -> bool:
+        """Whether the buffers (and the copy) hold ``model``'s active adapters without new ones."""
+        return self.slots is not None and self.slots.fits(model) and (
+            self.merged is None or touched(model) <= self.merged.groups)
+
+    def weights(self, fw: FusedWeights, on: bool):
+        """(the fused weights a step reads, the adapter buffers it adds or None): with the
+        adapters merged, the copy and none."""
+        if on and self.merged is not None:
+            return self.merged.weights, None
+        return fw, (self.slots if on else None)
+
+    def words(self, on: bool, folds: bool) -> str | None:
+        """The stats line's words for the adapters (``on``: active now; ``folds``: the step runs
+        the folded products where the buffers are folded); None where none runs."""
+        if not on or self.slots is None:
+            return None
+        if self.merged is not None:
+            return f"LoRA merged into a copy of {len(self.merged.groups)} projection groups"
+        why = f"; {self.merged_why}" if self.merged_why else ""
+        return f"LoRA unmerged (rank ≤ {self.slots.rank}{', folded' if self.slots.folded and folds else ''}{why})"
+
+    def release_merged(self) -> int:
+        """Drop the merged copy (the caller drops the graphs on it); returns its bytes."""
+        held, self.merged = self.merged, None
+        return held.nbytes() if held is not None else 0
+
+
+def keep_merged(fw: FusedWeights, slots: LoraSlots, merged: MergedWeights | None, model,
+                changed: bool) -> tuple[MergedWeights | None, bool, str | None]:
+    """The batch-1 step's merged copy for the adapters active on ``model`` now, whose buffers
+    ``slots`` holds (``changed``: refilled, or the base weights re-synced since the copy was made).
+    Returns (the copy or None, whether it is a new one, so graphs captured on an older one must
+    go; why the products stay apart, or None). An existing copy is refilled in place where it
+    covers the groups the adapters change; else a new one is made where it fits (``merge_why``)."""
+    groups = touched(model)
+    if merged is not None and groups <= merged.groups:
+        if changed:
+            merged.load(fw, slots)
+        return merged, False, None
+    groups = groups | (merged.groups if merged is not None else frozenset())
+    why = merge_why(fw, groups)
+    if why is not None:
+        return None, merged is not None, why
+    return MergedWeights(fw, slots, groups), True, None

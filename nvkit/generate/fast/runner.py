@@ -61,7 +61,10 @@ class StepVariant:
     - ``experts``: a mixture of experts' uncompiled steps over its own forward (batch 1 and rows)
       with its experts on nvkit's grouped kernel (``experts.GROUPED``: each picked expert read in
       place, once a step) instead of transformers' "batched_mm" copies and the dense rows; the
-      decode benchmark's "+experts"."""
+      decode benchmark's "+experts".
+    - ``lora_merged``: the batch-1 fused step's adapters merged into a copy of the projections
+      they change (``lora.MergedWeights``), where the copy fits beside the GPU's free memory; False
+      keeps their products apart, the decode benchmark's "+apart"."""
     regional: bool = True
     tune: bool = True
     pdl: bool | None = None
@@ -70,9 +73,10 @@ class StepVariant:
     lora_inline: bool = False
     merge_inline: bool = False
     experts: bool = False
+    lora_merged: bool = True
 
     def __post_init__(self):
-        for name in ("regional", "tune", "gemv", "lora_inline", "merge_inline", "experts"):
+        for name in ("regional", "tune", "gemv", "lora_inline", "merge_inline", "experts", "lora_merged"):
             if not isinstance(getattr(self, name), bool):
                 raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
         if self.pdl not in (None, True, False):
@@ -105,6 +109,30 @@ def triton_cannot_run_on(device) -> str | None:
     if device.type != "cuda":
         return f"nvkit's Triton attention kernels run on CUDA GPUs; this model is on {device.type}"
     return None
+
+
+def batch1_attention(runner: "GraphRunner", fused: bool, fused_why: str | None, asked: str,
+                     device_why: str | None) -> tuple[str, str | None]:
+    """The batch-1 decoder's attention and why "auto" did not take triton-fused: "auto" is
+    triton-fused where it fits (``device_why`` None: a CUDA GPU, ``triton_cannot_run_on``; the
+    fused step, a power-of-two head size, per-head RMS q/k norms or none), matmul elsewhere; a
+    Triton kind asked for by name that cannot run raises."""
+    def triton_why(kind: str) -> str | None:
+        if not fused:
+            return (f"attention={kind!r} belongs to the fused decode step, which does not fit this model"
+                    f"{': ' + fused_why if fused_why else ' (fused=False)'}")
+        why = runner.kernel_why(kind, qk_norms=False)
+        if why is None and kind == "triton-fused":
+            why = runner.kernel_why(kind, qk_norms=True)
+            return f"{why}. attention='triton-split' does" if why else None
+        return why
+    if asked == "auto":
+        why = device_why or triton_why("triton-fused")
+        return ("matmul", why) if why else ("triton-fused", None)
+    why = triton_why(asked) if asked.startswith("triton") else None
+    if why:
+        raise NvkitError(f"{why}.")
+    return asked, None
 
 
 class GraphRunner:

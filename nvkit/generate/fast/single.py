@@ -31,7 +31,8 @@ from .gemv_step import gemv_flags, gemv_parts, gemv_why, gemv_words
 from .options import FOLD_RANK, FastOptions, default_options
 from .replay import replays, ticking
 from .compile_policy import compile_fullgraph
-from .runner import GraphRunner, KeptReplay, StepVariant, has_inductor_option, split_overrides, triton_cannot_run_on
+from .runner import (GraphRunner, KeptReplay, StepVariant, batch1_attention, has_inductor_option, split_overrides,
+                     triton_cannot_run_on)
 from .sampling import Sampling, StopStrings, choose
 
 
@@ -52,14 +53,15 @@ class FastDecoder(GraphRunner):
         device = model.get_input_embeddings().weight.device
         super().__init__(model, opts, variant, graphs, device, kernels=False)
         self._cache: Cache | None = None
-        self._lora: lora_mod.LoraSlots | None = None
+        self._adapters = lora_mod.Adapters(fold=opts.lora_fold, merge=variant.lora_merged)
         self.last_logits: list = []
         self._forward_state: tuple = ()  # the model's own forward: the last adapters' state captured
         self.fused_why = fusable_why(model)
         if opts.fused and self.fused_why:
             raise NvkitError(f"The fused decode step does not fit this model: {self.fused_why}. Use fused=None or False.")
         self._fw = self._fused_weights() if opts.fused is not False and self.fused_why is None else None
-        self.attention, self.attention_why = self._choose_attention(opts.attention)
+        self.attention, self.attention_why = batch1_attention(self, self._fw is not None, self.fused_why, opts.attention,
+                                                              triton_cannot_run_on(self.device))
         # nvkit's kernels in the uncompiled step: the fused step's, or a mixture's grouped experts
         moe = variant.experts and experts_mod.is_mixture(model.config.get_text_config())
         self.kernels = (self._fw is not None or moe) and self.graphs and triton_cannot_run_on(self.device) is None
@@ -83,43 +85,23 @@ class FastDecoder(GraphRunner):
         """The size class of the cache the graphs run on (None before the first request)."""
         return self._cache.length if self._cache is not None else None
 
-    def _choose_attention(self, asked: str) -> tuple[str, str | None]:
-        """(attention, why "auto" did not take triton-fused). "auto" is triton-fused where it fits
-        (CUDA, a power-of-two head size, per-head RMS q/k norms or none), matmul elsewhere."""
-        if asked == "auto":
-            why = triton_cannot_run_on(self.device) or self._triton_why("triton-fused")
-            return ("matmul", why) if why else ("triton-fused", None)
-        why = self._triton_why(asked) if asked.startswith("triton") else None
-        if why:
-            raise NvkitError(f"{why}.")
-        return asked, None
-
-    def _triton_why(self, kind: str) -> str | None:
-        if self._fw is None:
-            return (f"attention={kind!r} belongs to the fused decode step, which does not fit this model"
-                    f"{': ' + self.fused_why if self.fused_why else ' (fused=False)'}")
-        why = self.kernel_why(kind, qk_norms=False)
-        if why is None and kind == "triton-fused":
-            why = self.kernel_why(kind, qk_norms=True)
-            return f"{why}. attention='triton-split' does" if why else None
-        return why
-
     def describe(self) -> str:
         """How this decoder runs, in a few words for the stats line: the step, compiled or why not,
         its attention, adapters, the steps per graph replay."""
         step = "fused step" if self._fw is not None else "model forward"
         parts = [f"{step}, {self._how(self.regional)}"]
-        on = self._lora if self._lora is not None and lora_mod.active(self.model) else None
+        on = self._adapters.slots is not None and lora_mod.active(self.model)
+        apart = self._adapters.weights(self._fw, on)[1]  # the buffers the step adds (None: merged, or off)
         six = False  # the six-kernel layers run: their adapter products stay apart
         if self._fw is not None:
             parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
             if self.variant.gemv and self.kernels and not self.compiled:  # the step they would be
-                parts.append(gemv_words(self._fw, self.attention, self.pdl, on, **gemv_flags(self.variant)))
-                six = gemv_why(self._fw, self.attention, on) is None
-        if on is not None:
-            # the uncompiled step with nvkit's kernels folds where the GPU gives float32 products
-            folded = on.folded and (self.compiled or not self.kernels or (lora_mod.kernel_folds(self.device) and not six))
-            parts.append(f"LoRA unmerged (rank ≤ {on.rank}{', folded' if folded else ''})")
+                parts.append(gemv_words(self._fw, self.attention, self.pdl, apart, **gemv_flags(self.variant)))
+                six = gemv_why(self._fw, self.attention, apart) is None
+        # the uncompiled step with nvkit's kernels folds where the GPU gives float32 products
+        words = self._adapters.words(on, self.compiled or not self.kernels or (lora_mod.kernel_folds(self.device) and not six))
+        if words:
+            parts.append(words)
         elif self._fw is None and lora_mod.forward_state(self.model):
             parts.append("LoRA in PEFT's own layers")
         parts.append(f"{self.k} steps per replay")
@@ -139,22 +121,29 @@ class FastDecoder(GraphRunner):
             self._forward_state = state or self._forward_state
             return state
         try:
-            if self._fw.sync():
+            synced = self._fw.sync()
+            if synced:
                 events.record("compile", "fast decode: the model's weights changed; its graphs read the new ones")
         except ValueError as e:  # shapes changed: nothing captured fits any more
             self._drop_cache()
-            self._fw = self._fused_weights()
+            self._fw, synced = self._fused_weights(), 0
+            self._adapters = lora_mod.Adapters(fold=self.options.lora_fold, merge=self.variant.lora_merged)
             events.record("compile", f"fast decode: {e}; capturing again")
+        self._adapters.base_changed |= bool(synced)  # a merged copy is made from the base weights
         if not lora_mod.active(self.model):
             return False
-        if self._lora is None or not self._lora.fits(self.model):
-            rank = max(8, -(-lora_mod.needed_rank(self.model) // 8) * 8)
-            self._lora = lora_mod.LoraSlots(self._fw, rank, lora_mod.adapter_dtype(self.model),
-                                            fold=self.options.lora_fold)
-            if self._cache is not None:
-                self._cache.forget_lora()
-        self._lora.load(self.model)
+        if self._adapters.sync(self._fw, self.model) and self._cache is not None:
+            self._cache.forget_lora()  # graphs on older buffers or an older copy would never replay again
         return True
+
+    def release_merged(self) -> int:
+        """Drop the adapters' merged copy and the graphs on it (a fine-tune needs the memory more;
+        the next request with adapters makes it again); returns its bytes."""
+        with self._lock:
+            freed = self._adapters.release_merged()
+            if freed and self._cache is not None:
+                self._cache.forget_lora()
+            return freed
 
     # --- caches and their graphs -------------------------------------------------------------------
     def _positions(self, prompt_len: int, sampling: Sampling) -> int:
@@ -191,10 +180,9 @@ class FastDecoder(GraphRunner):
     def _step(self, c: Cache, lora_on: bool) -> Callable:
         if lora_on not in c.steps:
             if self._fw is not None:
-                c.steps[lora_on] = decode_step(self._fw, c, self.attention, self._lora if lora_on else None,
-                                               kernels=self.kernels, **gemv_parts(
-                                                   self._fw, self.attention, self.variant.gemv and self.kernels,
-                                                   self.pdl, self._lora if lora_on else None, **gemv_flags(self.variant)))
+                fw, lora = self._adapters.weights(self._fw, lora_on)
+                c.steps[lora_on] = decode_step(fw, c, self.attention, lora, kernels=self.kernels, **gemv_parts(
+                    fw, self.attention, self.variant.gemv and self.kernels, self.pdl, lora, **gemv_flags(self.variant)))
             else:
                 c.steps[lora_on] = model_step(self.model, c, self.device, grouped=self.kernels)
         return c.steps[lora_on]
@@ -204,14 +192,14 @@ class FastDecoder(GraphRunner):
             # dynamic=False: one specialised kernel set per cache
             if self.regional:
                 # one layer compiled serves every layer (called per layer inside a capture: free to replay)
-                fw = self._fw
+                fw, lora = self._adapters.weights(self._fw, lora_on)
                 layer = model_decode_layer(fw, self.attention)
-                c.compiled[lora_on] = decode_step(fw, c, self.attention, self._lora if lora_on else None,
+                c.compiled[lora_on] = decode_step(fw, c, self.attention, lora,
                                                   layer=compile_fullgraph(layer, dynamic=False),
                                                   head=compile_fullgraph(decode_head(fw), dynamic=False))
             else:  # the whole step of torch operations (without nvkit's kernels), for inductor to fuse
-                step = (decode_step(self._fw, c, self.attention, self._lora if lora_on else None)
-                        if self._fw is not None else model_step(self.model, c, self.device))
+                fw, lora = self._adapters.weights(self._fw, lora_on)
+                step = (decode_step(fw, c, self.attention, lora) if self._fw is not None else model_step(self.model, c, self.device))
                 c.compiled[lora_on] = compile_fullgraph(step, dynamic=False)
         return c.compiled[lora_on]
 
@@ -303,9 +291,11 @@ class FastDecoder(GraphRunner):
         extra = {"regional": True} if self.regional else {}  # keys of the whole-step compile stay as they were
         if lora_on and self._fw is None:
             return None  # the model's own forward with PEFT's layers: the key would not tell adapters apart
-        if lora_on and self._lora.folded:
+        if lora_on and self._adapters.merged is not None:
+            extra["lora_merged"] = True  # the base step's code over other tensors
+        elif lora_on and self._adapters.slots.folded:
             extra["lora_fold"] = True
-        return self.disk_key(self._lora if lora_on else None, fused=self._fw is not None, length=c.length, **extra)
+        return self.disk_key(self._adapters.weights(self._fw, lora_on)[1], fused=self._fw is not None, length=c.length, **extra)
 
     def _rewind(self, c: Cache) -> None:
         if c.kv is not None:
@@ -321,12 +311,14 @@ class FastDecoder(GraphRunner):
         length = prefill_class(n, c.length)
         c.last.fill_(n - 1)
         if length is None:  # longer than any class: eagerly, at its own length
-            return prefill_step(self._fw, c, self._lora if lora_on else None)(input_ids[0])
+            fw, lora = self._adapters.weights(self._fw, lora_on)
+            return prefill_step(fw, c, lora)(input_ids[0])
         c.prompt[0, :n].copy_(input_ids[0])
         c.prompt[0, n:length].zero_()
         pkey = (length, lora_on)
         if pkey not in c.prefills:
-            fn = prefill_step(self._fw, c, self._lora if lora_on else None)
+            fw, lora = self._adapters.weights(self._fw, lora_on)
+            fn = prefill_step(fw, c, lora)
 
             def body():
                 c.first_logits.copy_(fn(c.prompt[0, :length]))
@@ -362,7 +354,7 @@ class FastDecoder(GraphRunner):
         if c is None or c.length < self._positions(prompt_len, sampling):
             return False
         lora_on = lora_mod.forward_state(self.model) if self._fw is None else lora_mod.active(self.model)
-        fits = not lora_on or self._fw is None or (self._lora is not None and self._lora.fits(self.model))
+        fits = not lora_on or self._fw is None or self._adapters.fits(self.model)
         return fits and any(g.lora == lora_on and (not exact or g.sampling == sampling.key) for g in c.graphs)
 
     def prepare(self, prompt_len: int, sampling: Sampling, on_progress: Callable[[float], None] | None = None,
@@ -441,10 +433,10 @@ class FastDecoder(GraphRunner):
         the adapters loaded once. (None, None) where the fused step does not run."""
         with self._lock:
             lora_on = self._sync()
-            return self._fw, (self._lora if lora_on else None)
+            return self._fw, (self._adapters.slots if lora_on else None)
 
     def release(self) -> None:
         """Drop every captured graph and cache, and the compiled steps (memory back to the allocator)."""
         with self._lock:
             self._drop_cache()
-            self._lora = None
+            self._adapters = lora_mod.Adapters(fold=self.options.lora_fold, merge=self.variant.lora_merged)
