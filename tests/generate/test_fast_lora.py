@@ -233,7 +233,8 @@ def test_merged_copy_holds_pefts_merged_weights_and_grows_with_the_groups_adapte
 def test_an_adapter_that_cannot_be_merged_runs_apart_and_says_why(tok, monkeypatch):
     """Where the copy does not fit (``merge_why``: over ``MERGE_SHARE`` of the free memory) the
     products run apart, PEFT's tokens, and the stats line says why; ``release_merged`` (what a
-    fine-tune asks for) drops the copy, and the next request makes it again."""
+    fine-tune asks for, through ``Decoders.release_lists``) drops the copy, and the next request
+    makes it again."""
     from peft import LoraConfig, get_peft_model
     fw_groups = {}
     rule = lora.merge_why
@@ -257,6 +258,11 @@ def test_an_adapter_that_cannot_be_merged_runs_apart_and_says_why(tok, monkeypat
     held = d._adapters.merged.nbytes()
     assert d.release_merged() == held and d._adapters.merged is None and d.release_merged() == 0
     assert _fast(d, base, ids, n=8) == ref and d._adapters.merged is not None and "LoRA merged" in d.describe()
+    from nvkit.generate.fast.decoders import Decoders
+    held = Decoders()
+    held.single = d
+    held.release_lists()  # what a fine-tune calls first: the copy goes with the lists, the decoder stays
+    assert d._adapters.merged is None and held.single is d and _fast(d, base, ids, n=8) == ref
 
 
 def test_base_weights_replaced_under_a_merged_adapter_are_merged_again(tok):
