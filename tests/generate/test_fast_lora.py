@@ -94,6 +94,7 @@ def test_trained_adapter_decodes_as_peft_does_and_switches_without_compiling(tok
     assert merged is base and not lora.active(base)
     _, ref4 = _peft_greedy(merged, tok, PROMPTS[2])
     assert _fast(d, base, ids3) == ref4 and dict(d.counts) == compiles
+    assert d._adapters.merged is None  # the adapters gone (merged by PEFT): no copy held for them
 
 
 def test_a_larger_rank_gets_larger_buffers_once(tok):

@@ -108,6 +108,11 @@ def forward_state(model) -> tuple:
     return tuple(out)
 
 
+def attached(model) -> bool:
+    """True when ``model`` carries LoRA layers on the projections, active or not."""
+    return any(True for _ in _lora_layers(model))
+
+
 def active(model) -> bool:
     """True when some LoRA adapter changes the model's output now (attached, enabled, unmerged)."""
     return any(_active(m) for _, _, _, m in _lora_layers(model))

@@ -131,6 +131,8 @@ class FastDecoder(GraphRunner):
             events.record("compile", f"fast decode: {e}; capturing again")
         self._adapters.base_changed |= bool(synced)  # a merged copy is made from the base weights
         if not lora_mod.active(self.model):
+            if self._adapters.merged is not None and not lora_mod.attached(self.model):
+                self._drop_merged()  # the adapters are gone (unloaded, merged by PEFT): their copy too
             return False
         if self._adapters.sync(self._fw, self.model) and self._cache is not None:
             self._cache.forget_lora()  # graphs on older buffers or an older copy would never replay again
@@ -140,10 +142,13 @@ class FastDecoder(GraphRunner):
         """Drop the adapters' merged copy and the graphs on it (a fine-tune needs the memory more;
         the next request with adapters makes it again); returns its bytes."""
         with self._lock:
-            freed = self._adapters.release_merged()
-            if freed and self._cache is not None:
-                self._cache.forget_lora()
-            return freed
+            return self._drop_merged()
+
+    def _drop_merged(self) -> int:
+        freed = self._adapters.release_merged()
+        if freed and self._cache is not None:
+            self._cache.forget_lora()
+        return freed
 
     # --- caches and their graphs -------------------------------------------------------------------
     def _positions(self, prompt_len: int, sampling: Sampling) -> int:
