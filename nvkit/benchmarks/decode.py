@@ -66,9 +66,10 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # passes, beside "generate" (nvkit's fast=False) in alternating rounds: what nvkit's plain path
 # adds per token, measured where host-bound rates drift between calls.
 OPTIONAL_PATHS = ("fast eager", "fast without pdl", "model.generate")
-# The fast path with an unmerged LoRA adapter attached (PEFT, r=16 on every projection, random
-# weights): what a session decodes at after a fine-tune, beside the plain "fast" row; "fast
-# lora+OPT..." takes the options above (e.g. "fast lora+fold").
+# The fast path with a LoRA adapter attached (PEFT, r=16 on every projection, random weights):
+# what a session decodes at after a fine-tune, beside the plain "fast" row (at batch 1 merged into
+# a copy where it fits); "fast lora+OPT..." takes the options above (e.g. "fast lora+apart": its
+# products apart from the weights).
 ADAPTER_PATHS = ("fast lora",)
 _ALIASES = {"fast eager": "fast+eager", "fast without pdl": "fast+nopdl"}
 # Many prompts of mixed length (16–512 tokens) at several sizes: nvkit's batched fast path beside
