@@ -3,10 +3,10 @@
 - one capture serves every request length and sampling mode of a session, short ones included;
 - the step compiles once it has decoded ``compile_after`` seconds uncompiled, at a request long
   enough to pay for it, and decodes the same tokens after;
-- LoRA adapters run on the fast path unmerged, token-identical to PEFT's own greedy generate
-  (their products apart, or the first folded into the base one; where a bf16 near-tie parts the
-  texts, each token is still PEFT's choice or ties with it), and switching them off and on
-  compiles nothing;
+- LoRA adapters run on the fast path merged into a copy of the weights or unmerged,
+  token-identical to PEFT's own greedy generate (their products apart, or the first folded into
+  the base one; where a bf16 near-tie parts the texts, each token is still PEFT's choice or ties
+  with it), and switching them off and on compiles nothing;
 - compile artifacts on disk make a second process's compile quick;
 - the prefill of a 64-token prompt on the Qwen3-0.6B shape (its first token in 25 ms);
 - a session's first short request takes the quicker way, plain generate or the capture first
