@@ -86,6 +86,8 @@
 #            transformers' batched_mm and the dense rows on olmoe-1b-7b: the identity tests, batch 1,
 #            and a 32-prompt list's profile each way, and with its rows' attention gathered (+matmul)
 #            instead of the paged kernel                                          (carry .whl-core)
+#   adapters39  the adapter merged into a copy against its products apart (identity, rates), the
+#            default step's kernels, then issue 39's afternoon on Qwen3-0.6B        (carry .whl-core)
 #   first-adapter  the first request after a 10-step fine-tune, profiled (scripts/first_request.py
 #            --finetune), then the compare test with the garbage collector's pauses  (carry .whl-core)
 #   long     issue 38's long context on the Qwen3-0.6B shape: the batch-1 attention kernel's launch shapes
@@ -331,6 +333,13 @@ case "$phase" in
     for p in fast+eager+matmul fast+eager fast+eager+experts; do
       T=${TE:-120} bench shape:olmoe-1b-7b --decode --profile --n-prompts 32 --batch-new-tokens 128 --paths "$p"
     done ;;
+  adapters39)
+    # the adapter merged into a copy (the batch-1 default) against its products apart: the identity
+    # tests, the default step's own kernels, the rates on Qwen3-0.6B, then the afternoon's table
+    T=200 t tests/gpu/test_fast_session_gpu.py -k "token_identical_to_peft and (merged or six-kernel)"
+    T=100 t tests/gpu/test_fast_gpu.py -k "token_identical_to_plain"
+    T=150 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager,fast lora+eager,fast lora+eager+apart"
+    T=${TA:-300} bench shape:qwen3-0.6b --afternoon ;;
   first-adapter)
     # where the first request after a fine-tune spends its time (issue 39: at most 0.5 s more than
     # the base's), profiled; then the compare test with the garbage collector's pauses it met
