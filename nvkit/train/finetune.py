@@ -356,6 +356,9 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
                             output_dir=out, staging=staging, evaluator=evaluator, eval_every=eval_every,
                             stop_at_loss=stop_at_loss, patience=patience,
                             checkpoint_facts=lambda: {**run.facts(), "settings": settings_record})
+        # Trainer sets the model's config.use_cache to TrainingArguments.use_cache (False) and leaves
+        # it so; the session's model keeps its own setting (and its memory estimate's cached shape)
+        use_cache = getattr(model.config, "use_cache", None)
         with routed():  # building the Trainer is where DeepSpeed, when installed, first looks for a GPU
             trainer = NvkitTrainer(model=model, args=args, train_dataset=train_data.ListDataset(rows),
                                    data_collator=train_data.Collator(pad, pad_to=pad_to), callbacks=[callback],
@@ -388,6 +391,8 @@ def finetune(session=None, data=None, lora: dict | None = None, max_steps: int |
                     info["compile_cache"] = f"{info.get('compile_cache', '')}; {cache.save()}".lstrip("; ")
             if gradient_checkpointing and hasattr(model, "gradient_checkpointing_disable"):
                 model.gradient_checkpointing_disable()
+            if use_cache is not None:
+                model.config.use_cache = use_cache
             model.eval()
             run.ended = time.monotonic()
             run.tokens = counter["tokens"]

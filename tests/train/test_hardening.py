@@ -77,8 +77,10 @@ def test_finetune_replaces_its_own_adapter_and_leaves_the_rest(s, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "README.md").write_text("my run notes")
+    use_cache = s.model.config.use_cache
     first = nvkit.finetune(s, [FACT] * 4, max_steps=1, batch_size=2, seq_len=64, output_dir=str(out))
     first.result(timeout=300)
+    assert s.model.config.use_cache == use_cache  # Trainer's own setting for training is not left behind
     assert owned(first.adapter_dir, "adapter")
     marker = json.loads((out / "adapter" / MARKER).read_text())
     assert marker["kind"] == "adapter" and marker["steps"] == 1
