@@ -102,16 +102,11 @@ class Decoders:
         import torch
         with self._lock:
             dev = next((d.device for d in (self.rows, self.same, self.single) if d is not None), None)
-            if dev is None or dev.type != "cuda":
-                self._drop_lists()
-                if self.single is not None:
-                    self.single.release_merged()
-                return 0
-            before = torch.cuda.memory_allocated(dev)
+            before = torch.cuda.memory_allocated(dev) if dev is not None and dev.type == "cuda" else None
             self._drop_lists()
             if self.single is not None:
                 self.single.release_merged()
-            return max(0, before - torch.cuda.memory_allocated(dev))
+            return 0 if before is None else max(0, before - torch.cuda.memory_allocated(dev))
 
     def _drop_lists(self) -> list:
         """Release the list decoders; returns those there were."""

@@ -228,11 +228,16 @@ def touched(model) -> frozenset:
 MERGE_SHARE = 0.5
 
 
+def _group_bytes(fw: FusedWeights, groups) -> int:
+    """The bytes of ``fw``'s projection ``groups`` ((layer, group) pairs)."""
+    return sum(getattr(fw.layers[i], g).numel() * getattr(fw.layers[i], g).element_size() for i, g in groups)
+
+
 def merge_why(fw: FusedWeights, groups, free: int | None = None) -> str | None:
     """Why the projection ``groups`` ((layer, group) pairs) are not merged into a copy (None: they
     fit in ``MERGE_SHARE`` of ``free`` bytes; None: what the GPU has free, its own and the
     allocator's cached blocks; a CPU has no such budget here)."""
-    need = sum(getattr(fw.layers[i], g).numel() * getattr(fw.layers[i], g).element_size() for i, g in groups)
+    need = _group_bytes(fw, groups)
     if free is None:
         dev = fw.embed.device
         if dev.type != "cuda":
@@ -277,9 +282,7 @@ class MergedWeights:
                 merged.addmm_(b.to(merged.dtype), a.to(merged.dtype))
 
     def nbytes(self) -> int:
-        return sum(getattr(self.weights.layers[i], g).numel() * getattr(self.weights.layers[i], g).element_size()
-                   for i, g in self.groups)
-
+        return _group_bytes(self.weights, self.groups)
 
 
 class Adapters:
@@ -306,9 +309,25 @@ class Adapters:
         changed = self.slots.load(model) or self.base_changed or stale
         self.base_changed = False
         if self.merge:
-            self.merged, new, self.merged_why = keep_merged(fw, self.slots, self.merged, model, changed)
-            stale = stale or new
+            stale = self._keep_merged(fw, model, changed) or stale
         return stale
+
+    def _keep_merged(self, fw: FusedWeights, model, changed: bool) -> bool:
+        """The merged copy for the adapters active on ``model`` now (``changed``: the buffers
+        refilled, or the base weights re-synced since the copy was made): an existing copy is
+        refilled in place where it covers the groups the adapters change; else a new one is made
+        where it fits (``merge_why``, else ``merged_why`` says why not). Returns whether the copy
+        the graphs read went (a new one, or none)."""
+        groups = touched(model)
+        old = self.merged
+        if old is not None and groups <= old.groups:
+            if changed:
+                old.load(fw, self.slots)
+            return False
+        groups = groups | (old.groups if old is not None else frozenset())
+        self.merged_why = merge_why(fw, groups)
+        self.merged = MergedWeights(fw, self.slots, groups) if self.merged_why is None else None
+        return self.merged is not None or old is not None
 
     def fits(self, model) -> bool:
         """Whether the buffers (and the copy) hold ``model``'s active adapters without new ones."""
@@ -337,21 +356,3 @@ class Adapters:
         held, self.merged = self.merged, None
         return held.nbytes() if held is not None else 0
 
-
-def keep_merged(fw: FusedWeights, slots: LoraSlots, merged: MergedWeights | None, model,
-                changed: bool) -> tuple[MergedWeights | None, bool, str | None]:
-    """The batch-1 step's merged copy for the adapters active on ``model`` now, whose buffers
-    ``slots`` holds (``changed``: refilled, or the base weights re-synced since the copy was made).
-    Returns (the copy or None, whether it is a new one, so graphs captured on an older one must
-    go; why the products stay apart, or None). An existing copy is refilled in place where it
-    covers the groups the adapters change; else a new one is made where it fits (``merge_why``)."""
-    groups = touched(model)
-    if merged is not None and groups <= merged.groups:
-        if changed:
-            merged.load(fw, slots)
-        return merged, False, None
-    groups = groups | (merged.groups if merged is not None else frozenset())
-    why = merge_why(fw, groups)
-    if why is not None:
-        return None, merged is not None, why
-    return MergedWeights(fw, slots, groups), True, None

@@ -60,8 +60,8 @@ class FastDecoder(GraphRunner):
         if opts.fused and self.fused_why:
             raise NvkitError(f"The fused decode step does not fit this model: {self.fused_why}. Use fused=None or False.")
         self._fw = self._fused_weights() if opts.fused is not False and self.fused_why is None else None
-        self.attention, self.attention_why = batch1_attention(self, self._fw is not None, self.fused_why, opts.attention,
-                                                              triton_cannot_run_on(self.device))
+        self.attention, self.attention_why = batch1_attention(
+            self, self._fw is not None, self.fused_why, opts.attention, triton_cannot_run_on(self.device))
         # nvkit's kernels in the uncompiled step: the fused step's, or a mixture's grouped experts
         moe = variant.experts and experts_mod.is_mixture(model.config.get_text_config())
         self.kernels = (self._fw is not None or moe) and self.graphs and triton_cannot_run_on(self.device) is None
@@ -99,7 +99,8 @@ class FastDecoder(GraphRunner):
                 parts.append(gemv_words(self._fw, self.attention, self.pdl, apart, **gemv_flags(self.variant)))
                 six = gemv_why(self._fw, self.attention, apart) is None
         # the uncompiled step with nvkit's kernels folds where the GPU gives float32 products
-        words = self._adapters.words(on, self.compiled or not self.kernels or (lora_mod.kernel_folds(self.device) and not six))
+        folds = self.compiled or not self.kernels or (lora_mod.kernel_folds(self.device) and not six)
+        words = self._adapters.words(on, folds)
         if words:
             parts.append(words)
         elif self._fw is None and lora_mod.forward_state(self.model):
@@ -204,7 +205,8 @@ class FastDecoder(GraphRunner):
                                                   head=compile_fullgraph(decode_head(fw), dynamic=False))
             else:  # the whole step of torch operations (without nvkit's kernels), for inductor to fuse
                 fw, lora = self._adapters.weights(self._fw, lora_on)
-                step = (decode_step(fw, c, self.attention, lora) if self._fw is not None else model_step(self.model, c, self.device))
+                step = (decode_step(fw, c, self.attention, lora) if self._fw is not None
+                        else model_step(self.model, c, self.device))
                 c.compiled[lora_on] = compile_fullgraph(step, dynamic=False)
         return c.compiled[lora_on]
 
@@ -300,7 +302,8 @@ class FastDecoder(GraphRunner):
             extra["lora_merged"] = True  # the base step's code over other tensors
         elif lora_on and self._adapters.slots.folded:
             extra["lora_fold"] = True
-        return self.disk_key(self._adapters.weights(self._fw, lora_on)[1], fused=self._fw is not None, length=c.length, **extra)
+        lora = self._adapters.weights(self._fw, lora_on)[1]
+        return self.disk_key(lora, fused=self._fw is not None, length=c.length, **extra)
 
     def _rewind(self, c: Cache) -> None:
         if c.kv is not None:
