@@ -106,6 +106,8 @@
 #   deterministic  deterministic=True: each prompt alone against lists of 2-40 on the Qwen3 shape and
 #            the demo model (0 rows may differ), its list throughput against the default's; then the
 #            rows path's identity and batch-of-one tests                            (carry .whl-core)
+#   experts-compile  the batch-1 step over the models' own forwards compiled (the mixtures' experts
+#            switched outside the compiled forward), then OLMoE's settled families row (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 #   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
 #            $OUT/strategies-one-gpu.json, ZeRO-3's speed against DDP
@@ -340,6 +342,13 @@ case "$phase" in
     T=100 t tests/gpu/test_fast_gpu.py -k "token_identical_to_plain"
     T=150 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager,fast lora+eager,fast lora+eager+apart"
     T=${TA:-300} bench shape:qwen3-0.6b --afternoon ;;
+  experts-compile)
+    # the batch-1 step over a model's own forward compiled whole (the mixtures' experts switched
+    # outside what is compiled), token for token as plain generate; then the settled OLMoE row
+    T=300 t tests/gpu/test_families_gpu.py -k "runs_its_graphs_as_plain_generate and (Olmoe or Qwen3Moe or Mixtral or GptOss or Starcoder2 or Cohere2)"
+    echo "=== families olmoe-1b-7b, settled ($(date +%T))"
+    timeout "${TF:-280}" python3 -m nvkit.cli bench --families --shapes olmoe-1b-7b --settle --json > "$out/family-olmoe-settled.json"
+    echo "=== exit $? ($(date +%T))"; cat "$out/family-olmoe-settled.json" ;;
   first-adapter)
     # where the first request after a fine-tune spends its time (issue 39: at most 0.5 s more than
     # the base's), profiled; then the compare test with the garbage collector's pauses it met

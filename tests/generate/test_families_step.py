@@ -241,6 +241,42 @@ def test_the_decode_step_runs_experts_a_graph_can_capture(family):
     assert model.config._experts_implementation == "grouped_mm"
 
 
+def test_the_compiled_step_over_a_mixtures_forward_switches_its_experts_outside_what_it_compiles():
+    """transformers' switch of the experts implementation walks the model's modules and compares
+    config classes, which Dynamo failed to trace on a GPU (OLMoE's batch-1 compile): the compiled
+    step runs the switch around the compiled forward, never inside it, and decodes what the eager
+    step decodes."""
+    from nvkit.generate.fast import static_cache
+    model = _tiny("Olmoe")
+    switches = []
+    own_switch = model.set_experts_implementation
+
+    def switch(how):
+        switches.append((how, torch.compiler.is_compiling()))
+        return own_switch(how)
+    model.set_experts_implementation = switch
+    ids = torch.randint(1, SIZES["vocab_size"], (1, 9), generator=torch.Generator().manual_seed(5))
+    runs = []
+    torch._dynamo.reset()
+    for compiler in (None, lambda f: torch.compile(f, fullgraph=True, backend="eager")):
+        c = static_cache.new_cache(model, None, 64, 4, torch.device("cpu"))
+        step = static_cache.model_step(model, c, torch.device("cpu"), compiler=compiler)
+        with torch.inference_mode():
+            with static_cache.experts_for_graphs(model):
+                logits = static_cache.model_prefill(model, c, ids)
+            c.pos.fill_(9)
+            toks = []
+            for _ in range(4):
+                toks.append(int(logits.argmax(-1)))
+                logits = step(torch.tensor([[toks[-1]]]))
+        runs.append(toks)
+    torch._dynamo.reset()
+    assert runs[0] == runs[1]
+    assert switches and not any(inside for _, inside in switches), switches
+    assert {how for how, _ in switches} == {"batched_mm", "grouped_mm"}
+    assert model.config._experts_implementation == "grouped_mm"
+
+
 @pytest.mark.parametrize("family", sorted(FUSED_ALL))
 def test_each_fused_family_runs_in_bfloat16(family):
     """In the dtype a user loads (bf16), each fused family's batch-1 step and rows step run (every

@@ -205,9 +205,9 @@ class FastDecoder(GraphRunner):
                                                   head=compile_fullgraph(decode_head(fw), dynamic=False))
             else:  # the whole step of torch operations (without nvkit's kernels), for inductor to fuse
                 fw, lora = self._adapters.weights(self._fw, lora_on)
-                step = (decode_step(fw, c, self.attention, lora) if self._fw is not None
-                        else model_step(self.model, c, self.device))
-                c.compiled[lora_on] = compile_fullgraph(step, dynamic=False)
+                whole = lambda f: compile_fullgraph(f, dynamic=False)  # noqa: E731
+                c.compiled[lora_on] = (whole(decode_step(fw, c, self.attention, lora)) if self._fw is not None
+                                       else model_step(self.model, c, self.device, compiler=whole))
         return c.compiled[lora_on]
 
     def _body(self, c: Cache, key: GraphKey, fn):

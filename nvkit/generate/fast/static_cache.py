@@ -194,20 +194,27 @@ def model_prefill(model, c: Cache, input_ids):
     return out.logits[:, -1, :].float()
 
 
-def model_step(model, c: Cache, device, grouped: bool = False) -> Callable:
+def model_step(model, c: Cache, device, grouped: bool = False, compiler: Callable | None = None) -> Callable:
     """The model's own forward over the cache's ``StaticCache`` as the decode step (architectures
     the fused step does not cover): ``step(tok)`` → the (1, vocab) float logits. ``grouped``: a
-    mixture of experts' experts on nvkit's grouped kernel (``experts``)."""
+    mixture of experts' experts on nvkit's grouped kernel (``experts``). ``compiler``: applied to
+    the forward alone (``torch.compile``); the switch of a mixture's experts implementation stays
+    outside what is compiled, as in ``model_rows.model_rows_step`` (transformers' switch walks the
+    model's modules and compares config classes, which Dynamo failed to trace on a GPU)."""
     layer0 = c.kv.layers[0]
 
-    def step(tok):
+    def forward(tok):
         # The position lives on the device (the cache's own counter), so the graph needs no host input.
         pos = layer0.cumulative_length
-        with experts_for_graphs(model, grouped=grouped):
-            out = model(input_ids=tok, attention_mask=model_masks(model, c.arange, pos.view(1)),
-                        position_ids=pos.view(1, 1), past_key_values=c.kv, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=tok, attention_mask=model_masks(model, c.arange, pos.view(1)),
+                    position_ids=pos.view(1, 1), past_key_values=c.kv, use_cache=True, logits_to_keep=1)
         c.pos.add_(1)
         return out.logits[:, -1, :].float()
+    run = forward if compiler is None else compiler(forward)
+
+    def step(tok):
+        with experts_for_graphs(model, grouped=grouped):
+            return run(tok)
     return step
 
 
