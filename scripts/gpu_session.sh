@@ -313,7 +313,7 @@ case "$phase" in
     # launch of its own: identity against PEFT on both, then the rates beside the base step
     T=150 t tests/gpu/test_fast_session_gpu.py -k "six-kernel"
     for sh in ${SHAPES:-qwen3-0.6b qwen3-4b}; do
-      T=${TI:-200} bench shape:$sh --decode --repeats 3 --paths "fast+eager,fast lora+eager,fast lora+eager+inline"
+      T=${TI:-200} bench shape:$sh --decode --repeats 3 --paths "fast+eager,fast lora+eager+apart,fast lora+eager+apart+inline"
     done ;;
   merge38)
     # the attention's slices merged in its launch (StepVariant.merge_inline, the bench's "+merge"):
@@ -340,7 +340,7 @@ case "$phase" in
     # tests, the default step's own kernels, the rates on Qwen3-0.6B, then the afternoon's table
     T=200 t tests/gpu/test_fast_session_gpu.py -k "token_identical_to_peft and (merged or six-kernel)"
     T=100 t tests/gpu/test_fast_gpu.py -k "token_identical_to_plain"
-    T=150 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager,fast lora+eager,fast lora+eager+apart"
+    T=180 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager,fast lora+eager,fast lora+eager+apart,fast lora+eager+apart+inline"
     T=${TA:-300} bench shape:qwen3-0.6b --afternoon ;;
   experts-compile)
     # the batch-1 step over a model's own forward compiled whole (the mixtures' experts switched
