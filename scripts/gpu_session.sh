@@ -77,11 +77,6 @@
 #            (tests/gpu/test_afternoon_gpu.py)                                     (carry .whl-core)
 #   targets38  issue 38's targets as assertions (tests/gpu/test_decode_targets_gpu.py; they fail
 #            until the step reaches them)                                          (carry .whl-core)
-#   inline38  an adapter's x A.T inside its projection's launch (+inline) against apart: the
-#            identity tests, then Qwen3-0.6B and Qwen3-4B's rates (SHAPES to change) (carry .whl-core)
-#   merge38  the batch-1 attention's slices merged in its launch (+merge, five kernels a layer)
-#            against the merge launch: the kernel and the step's identity, then the rates
-#            on Qwen3-0.6B and Qwen3-4B (SHAPES to change)                       (carry .whl-core)
 #   experts37  a mixture's uncompiled steps on nvkit's grouped experts kernel (+experts) against
 #            transformers' batched_mm and the dense rows on olmoe-1b-7b: the identity tests, batch 1,
 #            and a 32-prompt list's profile each way, and with its rows' attention gathered (+matmul)
@@ -108,6 +103,8 @@
 #            rows path's identity and batch-of-one tests                            (carry .whl-core)
 #   experts-compile  the batch-1 step over the models' own forwards compiled (the mixtures' experts
 #            switched outside the compiled forward), then OLMoE's settled families row (carry .whl-core)
+#   morning  the attention and six-kernel step's GPU tests, the forwards compiled (experts-compile's
+#            tests), gemma-3-4b's list profile                                   (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 #   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
 #            $OUT/strategies-one-gpu.json, ZeRO-3's speed against DDP
@@ -308,20 +305,6 @@ case "$phase" in
     T=${TA:-560} t tests/gpu/test_afternoon_gpu.py ;;
   targets38)
     T=${TT:-560} t tests/gpu/test_decode_targets_gpu.py ;;
-  inline38)
-    # an adapter's x A.T made inside its projection's launch (StepVariant.lora_inline) against the
-    # launch of its own: identity against PEFT on both, then the rates beside the base step
-    T=150 t tests/gpu/test_fast_session_gpu.py -k "six-kernel"
-    for sh in ${SHAPES:-qwen3-0.6b qwen3-4b}; do
-      T=${TI:-200} bench shape:$sh --decode --repeats 3 --paths "fast+eager,fast lora+eager+apart,fast lora+eager+apart+inline"
-    done ;;
-  merge38)
-    # the attention's slices merged in its launch (StepVariant.merge_inline, the bench's "+merge"):
-    # the kernel against the two-kernel launch, the step's identity, then the rates (SHAPES to change)
-    T=150 t tests/gpu/test_decode_attention_gpu.py tests/gpu/test_fast_gpu.py -k "merged or five_kernel"
-    for sh in ${SHAPES:-qwen3-0.6b qwen3-4b}; do
-      T=${TM:-200} bench shape:$sh --decode --repeats 3 --paths "fast+eager,fast+eager+merge"
-    done ;;
   experts37|experts37a)
     # a mixture's uncompiled steps on nvkit's grouped experts kernel (StepVariant.experts, "+experts")
     # against transformers' batched_mm and the dense rows: identity, and the lists over a model's own
@@ -340,7 +323,7 @@ case "$phase" in
     # tests, the default step's own kernels, the rates on Qwen3-0.6B, then the afternoon's table
     T=200 t tests/gpu/test_fast_session_gpu.py -k "token_identical_to_peft and (merged or six-kernel)"
     T=100 t tests/gpu/test_fast_gpu.py -k "token_identical_to_plain"
-    T=180 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager,fast lora+eager,fast lora+eager+apart,fast lora+eager+apart+inline"
+    T=180 bench shape:qwen3-0.6b --decode --repeats 3 --paths "fast+eager,fast lora+eager,fast lora+eager+apart"
     T=${TA:-300} bench shape:qwen3-0.6b --afternoon ;;
   experts-compile)
     # the batch-1 step over a model's own forward compiled whole (the mixtures' experts switched
@@ -349,6 +332,13 @@ case "$phase" in
     echo "=== families olmoe-1b-7b, settled ($(date +%T))"
     timeout "${TF:-280}" python3 -m nvkit.cli bench --families --shapes olmoe-1b-7b --settle --json > "$out/family-olmoe-settled.json"
     echo "=== exit $? ($(date +%T))"; cat "$out/family-olmoe-settled.json" ;;
+  morning)
+    # the batch-1 attention and the six-kernel step's GPU tests, the models' own forwards compiled,
+    # then gemma-3-4b's list profile
+    T=100 t tests/gpu/test_decode_attention_gpu.py
+    T=${TM:-150} t tests/gpu/test_fast_gpu.py -k "identical or six_kernel or profile"
+    T=120 t tests/gpu/test_families_gpu.py -k "runs_its_graphs_as_plain_generate and (Olmoe or Qwen3Moe or Mixtral or GptOss or Starcoder2 or Cohere2)"
+    T=${TP:-130} bench shape:gemma-3-4b --decode --profile --n-prompts 32 --batch-new-tokens 128 ;;
   first-adapter)
     # where the first request after a fine-tune spends its time (issue 39: at most 0.5 s more than
     # the base's), profiled; then the compare test with the garbage collector's pauses it met

@@ -54,14 +54,12 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # layer compiled for every layer: regional=True, the default), whole (the whole unrolled step
 # compiled: regional=False), notune (no coordinate-descent tuning: tune=False), fold (an adapter's
 # first product folded into the base one: lora_fold=True), gemv / nogemv (the uncompiled step's
-# layers in six kernels, the default, or nine: gemv=True / False), inline (on those layers an adapter's
-# x A.T made in its projection's launch: lora_inline=True), merge (on those layers the attention's
-# slices merged in its launch, five kernels a layer: merge_inline=True), experts (a mixture of experts'
+# layers in six kernels, the default, or nine: gemv=True / False), experts (a mixture of experts'
 # uncompiled steps over its own forward with nvkit's grouped experts kernel: experts=True), apart (an
 # adapter's products apart from the weights, not merged into a copy: lora_merged=False), kN (N
-# decode steps per graph replay). pdl, combo, regional, whole, notune, gemv, inline, merge and
-# experts are ``StepVariant`` fields, not user options: the benchmark builds those decoders, users
-# get the defaults.
+# decode steps per graph replay). pdl, combo, regional, whole, notune, gemv and experts are
+# ``StepVariant`` fields, not user options: the benchmark builds those decoders, users get the
+# defaults.
 # "model.generate": transformers' generate called directly, with the arguments nvkit's plain path
 # passes, beside "generate" (nvkit's fast=False) in alternating rounds: what nvkit's plain path
 # adds per token, measured where host-bound rates drift between calls.
@@ -89,8 +87,7 @@ _FAST_OPTIONS = {"eager": ("compile", False), "matmul": ("attention", "matmul"),
                  "notune": ("tune", False),
                  # the uncompiled batch-1 step's layers in six kernels (issue 38, the default):
                  # "fast+eager" against "fast+eager+nogemv" (the nine-kernel layers) measures them
-                 "gemv": ("gemv", True), "nogemv": ("gemv", False), "inline": ("lora_inline", True),
-                 "merge": ("merge_inline", True),
+                 "gemv": ("gemv", True), "nogemv": ("gemv", False),
                  # an adapter's products apart from the weights instead of merged into a copy
                  "apart": ("lora_merged", False),
                  # a mixture of experts' uncompiled steps with nvkit's grouped experts kernel
@@ -109,7 +106,7 @@ def fast_options(path: str) -> dict | None:
         return None
     # None: the process's default (nvkit.generate.fast.default_options()), i.e. what users get
     opts = dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None, lora_fold=None,
-                tune=None, gemv=None, lora_inline=None, merge_inline=None, experts=None, lora_merged=None)
+                tune=None, gemv=None, experts=None, lora_merged=None)
     for part in path.split("+")[1:]:
         part = part.strip()
         if part in _FAST_OPTIONS:

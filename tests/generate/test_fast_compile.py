@@ -90,12 +90,6 @@ def test_how_the_step_compiles_is_a_benchmark_variant_not_a_user_option():
     assert StepVariant().gemv is True and not {"NVKIT_FAST_GEMV"} & set(ENVIRONMENT_VARIABLES)
     with pytest.raises(NvkitError, match="gemv must be True or False"):
         StepVariant(gemv=1)
-    assert StepVariant().lora_inline is False
-    with pytest.raises(NvkitError, match="lora_inline must be True or False"):
-        StepVariant(lora_inline="yes")
-    assert StepVariant().merge_inline is False
-    with pytest.raises(NvkitError, match="merge_inline must be True or False"):
-        StepVariant(merge_inline=1)
     assert StepVariant().experts is False
     with pytest.raises(NvkitError, match="experts must be True or False"):
         StepVariant(experts="on")

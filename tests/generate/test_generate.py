@@ -442,21 +442,18 @@ def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     opts = bench_decode.fast_options
     assert opts("generate") is None and opts("nvkit batch") is None
     assert opts("fast") == dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None,
-                                lora_fold=None, tune=None, gemv=None, lora_inline=None, merge_inline=None,
-                                experts=None, lora_merged=None)
+                                lora_fold=None, tune=None, gemv=None, experts=None, lora_merged=None)
     assert opts("fast+matmul")["attention"] == "matmul"
     assert opts("fast eager")["compile"] is False
     assert opts("fast without pdl")["pdl"] is False
     assert opts("fast+split")["attention"] == "triton-split"
     assert opts("fast+pdl+tfused+combo+k16") == dict(compile=True, attention="triton-fused", pdl=True,
                                                   inductor={"combo_kernels": True}, k_steps=16, regional=None,
-                                                  lora_fold=None, tune=None, gemv=None, lora_inline=None,
-                                                  merge_inline=None, experts=None, lora_merged=None)
+                                                  lora_fold=None, tune=None, gemv=None, experts=None,
+                                                  lora_merged=None)
     assert opts("fast+notune")["tune"] is False
     assert opts("fast+eager+gemv")["gemv"] is True and opts("fast+eager+gemv")["compile"] is False
     assert opts("fast+eager+nogemv")["gemv"] is False and opts("fast+eager")["gemv"] is None  # None: the default
-    assert bench_decode.adapter_options("fast lora+eager+inline")["lora_inline"] is True
-    assert opts("fast+eager+merge")["merge_inline"] is True and opts("fast+eager")["merge_inline"] is None
     assert opts("fast+eager+experts")["experts"] is True and opts("fast+eager")["experts"] is None
     assert opts("fast+eager+apart")["lora_merged"] is False and opts("fast+eager")["lora_merged"] is None
     assert opts("fast+regional")["regional"] is True

@@ -51,31 +51,3 @@ def test_a_16_bit_cache_on_the_gpu_attends_on_tensor_cores_and_an_fp32_one_does_
             launch = da.default_launch(torch.zeros((8, length, 128), dtype=dtype, device="cuda"))
             assert launch["dot"] == (dot and length >= 64), (dtype, length, launch)
             assert launch["blocks_per_step"] == (blocks if launch["dot"] else 1), (dtype, length, launch)
-
-
-@pytest.mark.parametrize("pdl", [False, True])
-def test_slices_merged_in_the_launch_match_the_merge_launch_on_the_gpu(pdl):
-    """``counts=``: the last slice program of each KV head merges in the one launch. On the GPU the
-    programs run at once, so this is where the count's ordering (every thread's slice stored before
-    the count, the last program reading the others' slices after it) is tried: the output equals
-    the two-kernel launch's to the bit over many launches in a row (a race would show as a wrong
-    or stale head now and then), on caches of several sizes, and the counts end at zero."""
-    from nvkit.generate.kernels.common import pdl_why
-    if pdl and pdl_why(torch.device("cuda"), True):
-        pytest.skip(pdl_why(torch.device("cuda"), True))
-    g = torch.Generator(device="cpu").manual_seed(38)
-    nh, nkv, hd, dev, dt = 16, 8, 128, "cuda", torch.bfloat16
-    counts = da.merge_counts(dev, nkv)
-    for cache, positions in ((1024, (0, 5, 300, 1023)), (16384, (100, 7967, 16383))):
-        k = torch.randn((nkv, cache, hd), generator=g).to(dev, dt)
-        v = torch.randn((nkv, cache, hd), generator=g).to(dev, dt)
-        for pos in positions:
-            qkv = torch.randn((nh + 2 * nkv, hd), generator=g).to(dev, dt)
-            p = torch.tensor(pos, device=dev)
-            two = da.decode_attention_rope(qkv, None, None, qkv[0, :hd], qkv[1, :hd], k.clone(), v.clone(), p,
-                                           hd ** -0.5, 1e-6, pdl=pdl)
-            outs = [da.decode_attention_rope(qkv, None, None, qkv[0, :hd], qkv[1, :hd], k.clone(), v.clone(), p,
-                                             hd ** -0.5, 1e-6, pdl=pdl, counts=counts) for _ in range(50)]
-            torch.cuda.synchronize()
-            bad = sum(not torch.equal(o, two) for o in outs)
-            assert bad == 0 and not counts.any(), (cache, pos, bad, counts)

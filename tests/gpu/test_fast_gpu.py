@@ -167,17 +167,6 @@ def test_six_kernel_layers_are_token_identical_and_logits_close_on_the_qwen3_sha
         assert diff <= 0.05 * max(scale, 1.0), (i, diff, scale)  # a few bf16 ulps of the largest logit
 
 
-def test_five_kernel_layers_decode_as_the_six_kernel_layers(demo_cuda):
-    """``StepVariant.merge_inline`` (the attention's slices merged by each KV head's last slice
-    program, in the attention's launch): the demo model's greedy tokens are plain generate's, and
-    on the Qwen3-0.6B shape in bf16 the tokens and every step's logits are the six-kernel layers'
-    to the bit (the same sums; only where they run moved), captured and replayed."""
-    _demo_decodes_as_plain(demo_cuda, "five-kernel layers: uncompiled", merge_inline=True)
-    runs = _qwen3_traces(64, {"six": {}, "five": dict(merge_inline=True)})
-    assert runs["five"][0] == runs["six"][0]
-    assert all(torch.equal(a, b) for a, b in zip(runs["five"][1], runs["six"][1]))
-
-
 def test_one_compiled_layer_decodes_as_plain_greedy_and_compiles_sooner(demo_cuda):
     """``regional=True`` (one decoder layer compiled for every layer): the same greedy tokens as
     plain generate on the demo model, compiled and captured; the preparation's seconds of both are

@@ -144,24 +144,20 @@ def _each_token_is_pefts_choice(s, prompt: str, text: str, n: int) -> None:
     assert len(parted) <= 2 and bool((gap <= tol).all()), (prompt, text, parted, gap[parted].tolist())
 
 
-@pytest.mark.parametrize("fold,compile_after,gemv,inline,merged", [
-    (False, 0.0, False, False, False), (True, 0.0, False, False, False), (True, 1e9, False, False, False),
-    (False, 1e9, False, False, False), (True, 1e9, True, False, False), (False, 1e9, True, True, False),
-    (True, 1e9, True, False, True), (True, 0.0, True, False, True)],
-    ids=["apart", "folded", "uncompiled", "uncompiled-apart", "six-kernel", "six-kernel-inline", "merged",
-         "merged-compiled"])
+@pytest.mark.parametrize("fold,compile_after,gemv,merged", [
+    (False, 0.0, False, False), (True, 0.0, False, False), (True, 1e9, False, False), (False, 1e9, False, False),
+    (True, 1e9, True, False), (True, 1e9, True, True), (True, 0.0, True, True)],
+    ids=["apart", "folded", "uncompiled", "uncompiled-apart", "six-kernel", "merged", "merged-compiled"])
 def test_adapter_runs_on_the_fast_path_token_identical_to_peft(demo_cuda, tmp_path, fold, compile_after, gemv,
-                                                                inline, merged):
+                                                                merged):
     """Compiled, with the products apart and with ``lora_fold`` (A below the weights, one
     reduction for both products); uncompiled, folded (one float32 product and nvkit's kernel,
     ``lora_add.folded_linear``) and apart (nvkit's two kernels); and on the six-kernel layers
     (``StepVariant.gemv``: x A.T in ``gemv``, B's product in the projection's kernel), which run
-    the products apart even where the slots are folded, or with x A.T made in the projection's
-    own launch (``StepVariant.lora_inline``); and merged into a copy of the weights (the default,
-    ``StepVariant.lora_merged``), uncompiled and compiled: the base step over the copy."""
+    the products apart even where the slots are folded; and merged into a copy of the weights (the
+    default, ``StepVariant.lora_merged``), uncompiled and compiled: the base step over the copy."""
     s = demo_cuda
-    d = fast.decoder(s, lora_fold=fold, compile_after=compile_after, gemv=gemv, lora_inline=inline,
-                     lora_merged=merged)
+    d = fast.decoder(s, lora_fold=fold, compile_after=compile_after, gemv=gemv, lora_merged=merged)
     fold = fold and not gemv and not merged
     d.policy.measure = False  # the compiled adapter step is what is checked
     s.generate(PROMPTS[0], max_new_tokens=8, fast=True)  # the base step captured (compiled at once with 0)
@@ -176,9 +172,7 @@ def test_adapter_runs_on_the_fast_path_token_identical_to_peft(demo_cuda, tmp_pa
             ours = tuned[p] = s.generate(p, max_new_tokens=48, fast=True)
             assert ("LoRA merged" if merged else "LoRA unmerged") in s.last_stats.detail, s.last_stats.detail
             assert ("folded" in s.last_stats.detail) == fold, s.last_stats.detail
-            assert ("adapter's products apart" in s.last_stats.detail) == (gemv and not inline and not merged), \
-                s.last_stats.detail
-            assert ("adapter's products inline" in s.last_stats.detail) == inline, s.last_stats.detail
+            assert ("adapter's products apart" in s.last_stats.detail) == (gemv and not merged), s.last_stats.detail
             if ours != peft_text:  # bf16: a near-tie may flip between two kernels; a real error is no tie
                 _each_token_is_pefts_choice(s, p, ours, 48)
         assert tuned[PROMPTS[0]] != base_text  # the adapter changes the text: the comparison above meant something

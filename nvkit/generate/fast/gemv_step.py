@@ -13,10 +13,7 @@ q/k norms or none) on the triton-fused attention; ``gemv_why`` says why not else
 runner keeps its usual step there. An unmerged adapter's products (``lora.LoraSlots``) cost
 each projection group a kernel more: x A.T in ``gemv`` with the same norm, then its B product
 added in the projection's own kernel before the rest (``gemv(lora=)``), rounded where
-``llama_step.linear`` rounds them (folded adapters run apart here: the fold is for cuBLAS); with
-``StepVariant.lora_inline`` x A.T is made by the projection's own launch (``gemv(lora_scratch=)``),
-and with ``StepVariant.merge_inline`` the attention's slices are merged inside its launch (five
-kernels a layer).
+``llama_step.linear`` rounds them (folded adapters run apart here: the fold is for cuBLAS).
 The layer keeps ``llama_step.decode_layer``'s signature, so ``llama_step.decode_step`` runs it:
 the residual stream it returns is whole (the sums are the products' epilogues), and the
 ``delta`` it is handed, zeros, passes through untouched.
@@ -49,16 +46,12 @@ def gemv_why(fw: FusedWeights | None, attention: str, lora=None) -> str | None:
     return None
 
 
-def gemv_decode_layer(fw: FusedWeights, pdl: bool = False, scratch=None, counts=None) -> Callable:
+def gemv_decode_layer(fw: FusedWeights, pdl: bool = False) -> Callable:
     """``llama_step.decode_layer``'s layer in six kernels, for the model whose weights ``fw`` holds
     (``gemv_why`` None): ``layer(h, delta, pos, where, cos, sin, mask, keys, values,
     *llama_step.layer_args(w, None))`` -> (h, delta), ``h`` the whole residual stream. ``pdl``: the
     products and the attention launched with Programmatic Dependent Launch (``kernels.gemv``), so
-    no kernel of the layer waits for the one before to end before it starts. ``scratch`` (a
-    ``kernels.gemv.LoraScratch``): an adapter's x A.T made inside its projection's launch, not in
-    a launch of its own before it (six kernels with an adapter too, not ten). ``counts``
-    (``decode_attention.merge_counts``): the attention in one launch, its slices merged by each KV
-    head's last slice program, not in a merge launch after it."""
+    no kernel of the layer waits for the one before to end before it starts."""
     from functools import partial
 
     from ..kernels.decode_attention import decode_attention_rope
@@ -70,9 +63,7 @@ def gemv_decode_layer(fw: FusedWeights, pdl: bool = False, scratch=None, counts=
 
     def product(x, w, bias, lo, norm=None, eps=1e-6, **kw):
         # lo: (A, B) or, folded, (A, B, stacked): the products apart either way
-        if lo is not None and scratch is not None:
-            kw.update(lora=(lo[0], lo[1]), lora_scratch=scratch)
-        elif lo is not None:
+        if lo is not None:
             kw["lora"] = (gemv(x, lo[0], norm=norm, eps=eps, weight_first=wf), lo[1])
         return gemv(x, w, bias, norm=norm, eps=eps, weight_first=wf, **kw)
 
@@ -81,7 +72,7 @@ def gemv_decode_layer(fw: FusedWeights, pdl: bool = False, scratch=None, counts=
               down_w, down_bias, scaling, window, lo_qkv, lo_o, lo_gate_up, lo_down):
         qkv = product(h, qkv_w, qkv_bias, lo_qkv, norm=in_norm, eps=in_eps)
         o = decode_attention_rope(qkv.view(nh + 2 * nkv, hd), q_norm, k_norm, cos.view(-1), sin.view(-1), keys,
-                                  values, pos, scaling, qk_eps, window, cap, pdl, counts)
+                                  values, pos, scaling, qk_eps, window, cap, pdl)
         h = product(o.view(1, nh * hd), o_w, o_bias, lo_o, scale=scale, residual=h)
         m = product(h, gate_up_w, gate_up_bias, lo_gate_up, norm=post_norm, eps=post_eps, glu=True)
         return product(m, down_w, down_bias, lo_down, scale=scale, residual=h), delta
@@ -101,43 +92,23 @@ def gemv_head(fw: FusedWeights) -> Callable:
     return head
 
 
-def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool, pdl: bool = False, lora=None,
-               inline: bool = False, merge: bool = False) -> dict:
+def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool, pdl: bool = False, lora=None) -> dict:
     """``llama_step.decode_step``'s ``layer`` and ``head`` for the six-kernel layer where it is
     ``asked`` for and runs (``gemv_why``, with the adapter buffers ``lora`` the step reads, if
     any); none (the usual step) elsewhere. ``pdl``: with Programmatic Dependent Launch where the
-    GPU and Triton give it (``kernels.common.pdl_why``). ``inline``: an adapter's x A.T made in its
-    projection's launch (``StepVariant.lora_inline``). ``merge``: the attention's slices merged in
-    its launch (``StepVariant.merge_inline``)."""
+    GPU and Triton give it (``kernels.common.pdl_why``)."""
     if not asked or gemv_why(fw, attention, lora) is not None:
         return {}
     from ..kernels.common import pdl_why
     pdl = pdl and pdl_why(fw.embed.device) is None
-    scratch = None
-    if inline and lora is not None:
-        from ..kernels.gemv import lora_scratch
-        rows = max(p[0].shape[0] for layer in lora.layers for p in (layer.qkv, layer.o, layer.gate_up, layer.down))
-        scratch = lora_scratch(fw.embed.device, rows)
-    counts = None
-    if merge:
-        from ..kernels.decode_attention import merge_counts
-        counts = merge_counts(fw.embed.device, fw.nkv)
-    return {"layer": gemv_decode_layer(fw, pdl, scratch, counts), "head": gemv_head(fw)}
+    return {"layer": gemv_decode_layer(fw, pdl), "head": gemv_head(fw)}
 
 
-def gemv_flags(variant) -> dict:
-    """``gemv_parts``' and ``gemv_words``' keywords from a ``runner.StepVariant``."""
-    return {"inline": variant.lora_inline, "merge": variant.merge_inline}
-
-
-def gemv_words(fw: FusedWeights | None, attention: str, pdl: bool, lora=None, inline: bool = False,
-               merge: bool = False) -> str:
+def gemv_words(fw: FusedWeights | None, attention: str, pdl: bool, lora=None) -> str:
     """The stats line's words for the six-kernel layers asked for: where they run, or why not."""
     why = gemv_why(fw, attention, lora)
     if why:
         return f"six-kernel layers: {why}"
     from ..kernels.common import pdl_why
-    where = ", the adapter's products inline" if inline else ", the adapter's products apart"
-    return (("five-kernel layers: uncompiled, the attention merged in its launch" if merge
-             else "six-kernel layers: uncompiled") + (where if lora is not None else "")
+    return ("six-kernel layers: uncompiled" + (", the adapter's products apart" if lora is not None else "")
             + (", PDL" if pdl and pdl_why(fw.embed.device) is None else ""))

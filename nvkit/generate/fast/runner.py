@@ -52,12 +52,6 @@ class StepVariant:
     - ``gemv``: the uncompiled batch-1 step's layers in six kernels (``gemv_step``), where they run
       (on the GPU they decoded faster than the nine-kernel layers on every shape timed:
       docs/benchmarks.md); False keeps the nine, for the decode benchmark's "+nogemv".
-    - ``lora_inline``: on those layers, an adapter's x A.T made inside its projection's launch
-      (``kernels.gemv``'s ``lora_scratch``) instead of a launch of its own before it; the decode
-      benchmark's "+inline", to measure against the launches apart.
-    - ``merge_inline``: on those layers, the attention's slices merged by each KV head's last
-      slice program inside the attention's launch (``decode_attention_rope``'s ``counts``: five
-      kernels a layer) instead of a merge launch after it; the decode benchmark's "+merge".
     - ``experts``: a mixture of experts' uncompiled steps over its own forward (batch 1 and rows)
       with its experts on nvkit's grouped kernel (``experts.GROUPED``: each picked expert read in
       place, once a step) instead of transformers' "batched_mm" copies and the dense rows; the
@@ -70,13 +64,11 @@ class StepVariant:
     pdl: bool | None = None
     inductor: tuple = ()
     gemv: bool = True
-    lora_inline: bool = False
-    merge_inline: bool = False
     experts: bool = False
     lora_merged: bool = True
 
     def __post_init__(self):
-        for name in ("regional", "tune", "gemv", "lora_inline", "merge_inline", "experts", "lora_merged"):
+        for name in ("regional", "tune", "gemv", "experts", "lora_merged"):
             if not isinstance(getattr(self, name), bool):
                 raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
         if self.pdl not in (None, True, False):

@@ -27,7 +27,7 @@ from .static_cache import Cache, GraphKey, model_prefill, model_step, new_cache,
 from .llama_step import decode_head, decode_step, model_decode_layer, prefill_step
 from .fused_fit import fusable_why
 from .fused_weights import FusedWeights
-from .gemv_step import gemv_flags, gemv_parts, gemv_why, gemv_words
+from .gemv_step import gemv_parts, gemv_why, gemv_words
 from .options import FOLD_RANK, FastOptions, default_options
 from .replay import replays, ticking
 from .compile_policy import compile_fullgraph
@@ -96,7 +96,7 @@ class FastDecoder(GraphRunner):
         if self._fw is not None:
             parts.append(f"{self.attention} attention" + (" (auto)" if self.options.attention == "auto" else ""))
             if self.variant.gemv and self.kernels and not self.compiled:  # the step they would be
-                parts.append(gemv_words(self._fw, self.attention, self.pdl, apart, **gemv_flags(self.variant)))
+                parts.append(gemv_words(self._fw, self.attention, self.pdl, apart))
                 six = gemv_why(self._fw, self.attention, apart) is None
         # the uncompiled step with nvkit's kernels folds where the GPU gives float32 products
         folds = self.compiled or not self.kernels or (lora_mod.kernel_folds(self.device) and not six)
@@ -188,7 +188,7 @@ class FastDecoder(GraphRunner):
             if self._fw is not None:
                 fw, lora = self._adapters.weights(self._fw, lora_on)
                 c.steps[lora_on] = decode_step(fw, c, self.attention, lora, kernels=self.kernels, **gemv_parts(
-                    fw, self.attention, self.variant.gemv and self.kernels, self.pdl, lora, **gemv_flags(self.variant)))
+                    fw, self.attention, self.variant.gemv and self.kernels, self.pdl, lora))
             else:
                 c.steps[lora_on] = model_step(self.model, c, self.device, grouped=self.kernels)
         return c.steps[lora_on]

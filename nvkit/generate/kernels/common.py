@@ -3,8 +3,7 @@
 for the tables' width in ``rotary_width_fits``), one block's step of their online softmax
 (``attend_block``), their score soft-capping (``tanh``) and the check
 of its and the sliding window's arguments (``window_softcap_why``), their merge of the slices per
-query head (``merge_head``: in a launch of its own, ``combine_kernel``, or by the last slice program
-to finish, ``merge_if_last``; ``merge_kernel`` with the slice count at run time), the most slices
+query head (``combine_kernel``; ``merge_kernel`` with the slice count at run time), the most slices
 per KV head, and the row view the elementwise kernels take their inputs in."""
 
 from __future__ import annotations
@@ -155,57 +154,24 @@ MAX_WINDOW = 2 ** 31 - 1
 
 
 @triton.jit
-def merge_head(M, L, O, OUT, h, N_SPLITS: tl.constexpr, HD: tl.constexpr, CACHE: tl.constexpr):
-    """Merges query head ``h``'s slices (running max ``M``, sum ``L``, weighted sum ``O``) into
-    ``OUT``, loaded with cache modifier ``CACHE`` (".cg", from L2 and not this SM's L1, where other
-    programs of this launch wrote them; "" the default).
-
-    The slices are added one after another in slice order, not by ``tl.sum``: a reduction's order
-    follows the program's layout (its warps), so the merge in a launch of its own and the merge
-    inside the attention's launch (other warps) would round differently and give different bits."""
-    d = tl.arange(0, HD)
-    top = tl.load(M + h * N_SPLITS, cache_modifier=CACHE)
-    for sp in tl.static_range(1, N_SPLITS):
-        top = tl.maximum(top, tl.load(M + h * N_SPLITS + sp, cache_modifier=CACHE))
-    # finite: the slice that holds pos has at least pos itself
-    acc = tl.zeros((HD,), tl.float32)
-    den = 0.0
-    for sp in tl.static_range(N_SPLITS):
-        m = tl.load(M + h * N_SPLITS + sp, cache_modifier=CACHE)
-        # a slice with no position up to pos (m = -inf: a short sequence in a long cache) wrote a
-        # weighted sum of zeros and weighs 0 (exp(-inf)); its sum is not read
-        seen = m > float("-inf")
-        w = tl.exp(m - top)
-        o = tl.load(O + (h * N_SPLITS + sp) * HD + d, mask=d < tl.where(seen, HD, 0), other=0.0, cache_modifier=CACHE)
-        acc += w * o
-        den += w * tl.load(L + h * N_SPLITS + sp, cache_modifier=CACHE)
-    tl.store(OUT + h * HD + d, (acc / den).to(OUT.dtype.element_ty))
-
-
-@triton.jit
 def combine_kernel(M, L, O, OUT, N_SPLITS: tl.constexpr, HD: tl.constexpr, PDL: tl.constexpr = False):
-    """Merges one query head's slices (``merge_head``) into ``OUT``; ``PDL``: launched with
-    Programmatic Dependent Launch after the kernel that wrote the slices."""
+    """Merges one query head's slices (running max ``M``, sum ``L``, weighted sum ``O``) into ``OUT``;
+    ``PDL``: launched with Programmatic Dependent Launch after the kernel that wrote the slices."""
     if PDL:
         gdc_wait()  # the slices are the kernel before's outputs
         gdc_launch_dependents()
-    merge_head(M, L, O, OUT, tl.program_id(0), N_SPLITS, HD, "")
-
-
-@triton.jit
-def merge_if_last(M, L, O, OUT, COUNT, kvh, GROUPS: tl.constexpr, N_SPLITS: tl.constexpr, HD: tl.constexpr):
-    """After a slice's program stored its part: counts it in ``COUNT[kvh]`` (int32, zero between
-    launches), and the KV head's last slice program to finish merges the group's ``GROUPS`` query
-    heads (``merge_head``) and puts the count back to zero. So a launch needs no merge launch after
-    it, and no program waits for another."""
-    # a scalar atomic runs in one thread of the program: the barrier puts every thread's stores of
-    # the slice before it, its release (cumulative) makes them visible before the count, and the
-    # last program's acquire makes the other programs' slices visible to its reads
-    tl.debug_barrier()
-    if tl.atomic_add(COUNT + kvh, 1, sem="acq_rel") == N_SPLITS - 1:
-        for g in tl.static_range(GROUPS):
-            merge_head(M, L, O, OUT, kvh * GROUPS + g, N_SPLITS, HD, ".cg")
-        tl.atomic_xchg(COUNT + kvh, 0)
+    h = tl.program_id(0)
+    sp = tl.arange(0, N_SPLITS)
+    d = tl.arange(0, HD)
+    m = tl.load(M + h * N_SPLITS + sp)
+    s_sum = tl.load(L + h * N_SPLITS + sp)
+    # a slice with no position up to pos (m = -inf: a short sequence in a long cache) wrote a
+    # weighted sum of zeros; it is not read
+    o = tl.load(O + (h * N_SPLITS + sp)[:, None] * HD + d[None, :], mask=(m > float("-inf"))[:, None], other=0.0)
+    top = tl.max(m, axis=0)  # finite: the slice that holds pos has at least pos itself
+    w = tl.exp(m - top)      # 0 for the slices with no position in the window up to pos (m = -inf)
+    out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * s_sum, axis=0)
+    tl.store(OUT + h * HD + d, out.to(OUT.dtype.element_ty))
 
 
 # the slice count is not specialised on (Triton compiles a variant for a count of 1): one compiled

@@ -33,9 +33,10 @@ directly. Used by ``nvkit.fast`` with ``attention="triton-split"`` (``decode_att
 ``attention="triton-fused"`` (``decode_attention_rope``); ``decode_launch`` is the latter with the
 kernel's launch shape as arguments (slices, positions per loop step, ``tl.dot`` on tensor cores,
 warps, stages), which ``python -m nvkit.benchmarks.attention --batch1`` times against each other
-at long and short caches. The batched path's kernel over a paged cache is ``paged_attention``. The references in plain torch: ``attend_reference`` (in
-``nvkit.benchmarks.attention``, which checks the paged kernel against it too) and, built on it,
-``attend_rope_reference`` in tests/generate/kernels/test_decode_attention.py.
+at long and short caches. The batched path's kernel over a paged cache is ``paged_attention``.
+The references in plain torch: ``attend_reference`` (in ``nvkit.benchmarks.attention``, which
+checks the paged kernel against it too) and, built on it, ``attend_rope_reference`` in
+tests/generate/kernels/test_decode_attention.py.
 """
 
 from __future__ import annotations
@@ -47,7 +48,6 @@ import triton
 import triton.language as tl
 
 from .common import (DOT_DTYPES, MAX_SPLITS, MAX_WINDOW, attend_block, combine_kernel, gdc_launch_dependents, gdc_wait,
-                     merge_if_last,
                      launch_why, next_pow2, norm_rope, pdl_why, rope_lanes, rotary_width_fits, window_softcap_why)
 
 BLOCK_L = 32  # cache positions per step inside a slice
@@ -88,11 +88,10 @@ def _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, liv
 # the window is not specialised on (Triton would compile a variant of its own for a window of 1
 # or a multiple of 16): one compiled kernel serves every window, and no window
 @triton.jit(do_not_specialize=["window"])
-def _split_kernel(Q, K, V, POS, M, L, O, OUT, COUNT, scale, window, softcap,
+def _split_kernel(Q, K, V, POS, M, L, O, scale, window, softcap,
                   stride_kh, stride_kl, stride_vh, stride_vl,
                   GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr,
-                  BLOCK: tl.constexpr, SOFTCAP: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
-                  MERGE: tl.constexpr):
+                  BLOCK: tl.constexpr, SOFTCAP: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         gdc_wait()  # the query and the cache are the kernels before's outputs
         gdc_launch_dependents()
@@ -106,18 +105,15 @@ def _split_kernel(Q, K, V, POS, M, L, O, OUT, COUNT, scale, window, softcap,
     q = tl.load(Q + heads[:, None] * HD + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
     _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, live, d, scale,
                   stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK, SOFTCAP, DOT)
-    if MERGE:
-        merge_if_last(M, L, O, OUT, COUNT, kvh, GROUPS, N_SPLITS, HD)
 
 
 
 @triton.jit(do_not_specialize=["window"])
-def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, OUT, COUNT, scale, window, softcap, eps,
+def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, window, softcap, eps,
                        stride_kh, stride_kl, stride_vh, stride_vl,
                        NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                        HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr,
-                       SOFTCAP: tl.constexpr, ROT: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
-                       MERGE: tl.constexpr):
+                       SOFTCAP: tl.constexpr, ROT: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     pos = tl.load(POS)
@@ -145,8 +141,6 @@ def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, OUT, COUNT, sc
     tl.debug_barrier()  # the new key and value are read back below by other threads of this program
     _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, live, d, scale,
                   stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK, SOFTCAP, DOT)
-    if MERGE:
-        merge_if_last(M, L, O, OUT, COUNT, kvh, GROUPS, N_SPLITS, HD)
 
 
 
@@ -179,19 +173,17 @@ def splits_for(length: int) -> int:
 
 def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, out, *, splits: int | None = None,
             blocks_per_step: int = 1, dot: bool = False, num_warps: int | None = None, num_stages: int | None = None,
-            pdl: bool = False, counts: torch.Tensor | None = None, **constexprs) -> None:
+            pdl: bool = False, **constexprs) -> None:
     """Both ops' launches (on the GPU, or in Triton's interpreter under ``TRITON_INTERPRET=1``):
     ``split_kernel`` over (KV heads × slices of the cache), called with ``lead`` (its tensors up to
     the cache position), the per-slice results, ``scalars`` (the scale, window and soft cap first)
     and the cache strides; then the merge of the slices per query head into ``out``. The launch
     shape (``decode_launch``): ``splits`` slices (None: ``splits_for``), ``blocks_per_step`` blocks
     of ``BLOCK_L`` positions per step of the kernel's loop, ``dot``, ``num_warps``, ``num_stages``;
-    ``pdl``: both launched with Programmatic Dependent Launch (``common.pdl_why``). ``counts``
-    (``merge_counts``): the slices merged by each KV head's last slice program to finish, in the
-    one launch (``common.merge_if_last``), instead of a merge launch after it."""
+    ``pdl``: both launched with Programmatic Dependent Launch (``common.pdl_why``)."""
     nkv, length, _ = k.shape
     why = launch_why(num_stages, dot, splits=splits, blocks_per_step=blocks_per_step, num_warps=num_warps)
-    why = why or pdl_why(out.device, pdl) or counts_why(counts, nkv, out.device)
+    why = why or pdl_why(out.device, pdl)
     if why:
         raise ValueError(f"nvkit::decode_attention {why}")
     block = min(BLOCK_L * blocks_per_step, length)
@@ -206,32 +198,11 @@ def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, o
     launch = {name: n for name, n in (("num_warps", num_warps), ("num_stages", num_stages)) if n is not None}
     chained = {"launch_pdl": True} if pdl else {}
     split_kernel[(nkv, n_splits)](
-        *lead, m, s_sum, o, out, counts if counts is not None else m, *scalars,  # counts unread without a merge
+        *lead, m, s_sum, o, *scalars,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         GROUPS=groups, GROUPS_P2=max(16, next_pow2(groups)) if dot else next_pow2(groups), HD=hd, N_SPLITS=n_splits,
-        BLOCK=block, DOT=dot, PDL=pdl, MERGE=counts is not None, **constexprs, **launch, **chained)
-    if counts is None:
-        combine_kernel[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd, PDL=pdl, **chained)
-
-
-def merge_counts(device, kv_heads: int) -> torch.Tensor:
-    """The int32 counts (zeros) that ``decode_attention_rope(counts=)`` merges the slices with, for
-    models of up to ``kv_heads`` KV heads. Each launch leaves them at zero again, so one serves
-    every launch of a stream; launches that may run at once need one each."""
-    return torch.zeros(max(1, kv_heads), dtype=torch.int32, device=device)
-
-
-def counts_why(counts, kv_heads: int, device) -> str | None:
-    """Why ``counts`` does not fit a launch over ``kv_heads`` KV heads on ``device`` (None: it
-    does, or is None)."""
-    if counts is None:
-        return None
-    if (not isinstance(counts, torch.Tensor) or counts.dtype != torch.int32 or counts.dim() != 1
-            or counts.numel() < kv_heads or counts.stride(0) != 1 or counts.device != device):
-        got = ((counts.dtype, tuple(counts.shape), counts.stride(), str(counts.device))
-               if isinstance(counts, torch.Tensor) else repr(counts)[:40])
-        return f"counts must be {kv_heads} or more int32 zeros on {device} (merge_counts(device, kv_heads)), not {got}"
-    return None
+        BLOCK=block, DOT=dot, PDL=pdl, **constexprs, **launch, **chained)
+    combine_kernel[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd, PDL=pdl, **chained)
 
 
 def check_shapes(q, k, v) -> str | None:
@@ -273,7 +244,7 @@ def _(q, k, v, pos, scale, window=0, softcap=0.0):
 
 
 def decode_attention_rope(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float, window: int = 0,
-                          softcap: float = 0.0, pdl: bool = False, counts=None):
+                          softcap: float = 0.0, pdl: bool = False):
     """The whole attention of one decode step after the q/k/v projection, in two kernels: per-head
     RMS norm of q and k over the whole head (Qwen3's q_norm/k_norm; skipped when the weights are
     None), rotary embedding (``cos``/``sin`` of the current position, (r,)), the new key and value
@@ -295,39 +266,32 @@ def decode_attention_rope(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: f
     launched (``fast.gemv_step``): each starts while the one before ends and waits for its outputs
     before reading them.
 
-    ``counts`` (``merge_counts``; zeros, left zero): one kernel instead of two, the slices merged
-    by each KV head's last slice program to finish (``common.merge_if_last``). One ``counts``
-    serves the launches of one stream, one after the other.
-
     The op (``nvkit::decode_attention_rope``) has no defaults and gets every argument by position:
     torch 2.11 finds the tensors an op mutates by their place among the arguments it is handed,
-    and the dispatcher drops trailing arguments equal to their defaults (a ``counts`` of None and
-    ``pdl=False``) before that, so a mutated argument with a default would be looked for past
-    their end."""
-    return _decode_attention_rope_op(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window, softcap, pdl,
-                                     counts)
+    and the dispatcher drops trailing arguments equal to their defaults before that, so a mutated
+    argument with a default would be looked for past their end. The defaults are this wrapper's."""
+    return _decode_attention_rope_op(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window, softcap, pdl)
 
 
-@torch.library.custom_op("nvkit::decode_attention_rope", mutates_args=("k", "v", "counts"))
+@torch.library.custom_op("nvkit::decode_attention_rope", mutates_args=("k", "v"))
 def _decode_attention_rope_op(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
                               cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                              scale: float, eps: float, window: int, softcap: float,
-                              pdl: bool, counts: Optional[torch.Tensor]) -> torch.Tensor:
+                              scale: float, eps: float, window: int, softcap: float, pdl: bool) -> torch.Tensor:
     return decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window=window, softcap=softcap,
-                         pdl=pdl, counts=counts)
+                         pdl=pdl)
 
 
 def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float, *, window: int = 0,
                   softcap: float = 0.0, splits: int | None = None, blocks_per_step: int | None = None,
                   dot: bool | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                  pdl: bool = False, counts: torch.Tensor | None = None):
+                  pdl: bool = False):
     """What ``decode_attention_rope`` runs, with the kernel's launch shape as arguments, each None
     the op's own for this cache (``default_launch``): ``splits`` slices per KV head (a power of
     two), ``blocks_per_step`` blocks of ``BLOCK_L`` positions per step of the kernel's loop,
     ``dot=True`` the scores and the weighted sum on tensor cores (``common.attend_block``),
     ``num_warps`` and ``num_stages`` (where the op's are None too: Triton's). ``python -m
-    nvkit.benchmarks.attention --batch1`` times the shapes against each other; ``pdl`` and
-    ``counts`` as ``decode_attention_rope`` takes them."""
+    nvkit.benchmarks.attention --batch1`` times the shapes against each other; ``pdl`` as
+    ``decode_attention_rope`` takes it."""
     nkv = k.shape[0]
     nh, hd = qkv.shape[0] - 2 * nkv, qkv.shape[-1]
     why = (check_shapes(qkv[:nh], k, v) if qkv.dim() == 2 and nh > 0
@@ -349,10 +313,10 @@ def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, ep
     lead = (qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos.contiguous(), sin.contiguous(),
             k, v, pos)
     _launch(_rope_split_kernel, lead, (scale, min(window, MAX_WINDOW), float(softcap), eps), k, v, nh, hd, out,
-            **launch, pdl=pdl, counts=counts, NH=nh, NKV=nkv, HAS_NORM=has_norm, SOFTCAP=softcap > 0, ROT=cos.shape[0])
+            **launch, pdl=pdl, NH=nh, NKV=nkv, HAS_NORM=has_norm, SOFTCAP=softcap > 0, ROT=cos.shape[0])
     return out
 
 
 @_decode_attention_rope_op.register_fake
-def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window, softcap, pdl, counts):
+def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window, softcap, pdl):
     return qkv.new_empty((qkv.shape[0] - 2 * k.shape[0], qkv.shape[-1]))

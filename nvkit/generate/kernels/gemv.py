@@ -29,8 +29,6 @@ before it ends. The torch reference is in tests/generate/kernels/test_gemv.py;
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -47,8 +45,6 @@ TILE = 16384
 #: inputs of ``LONG_K`` or more (an o or down projection of a wide model), fitted apart because
 #: there the loop has more steps than the pipeline has stages.
 K_STEP, PROGRAMS_PER_SM, WIDE_TILE, LONG_K, LONG_K_STEP = 1024, 8, 1 << 30, 4096, 1024
-#: an inline adapter's producing programs make this many of t's values each
-A_ROWS = 16
 _SM_COUNT: dict = {}
 
 
@@ -90,100 +86,23 @@ def _tiles(W, rows, c, live, K, N, stride_w, GLU: tl.constexpr):
 
 
 @triton.jit
-def _lora_sum(y, T, LB, rows, live, rank, stride_lb, dt, RANK_P2: tl.constexpr, T_CACHE: tl.constexpr):
+def _lora_sum(y, T, LB, rows, live, rank, stride_lb, dt, RANK_P2: tl.constexpr):
     """``y`` (the product's rows, rounded) plus the adapter's second product at those rows: ``T``
     (x A.T, ``rank`` values) against ``LB``'s rows (B, scaling folded in), summed in float32 and
-    rounded to the adapter's dtype, the sum rounded to ``dt``, as ``llama_step.linear`` adds it.
-    ``T_CACHE``: T's load's cache modifier (".cg", from L2, where another program of this launch
-    wrote it)."""
+    rounded to the adapter's dtype, the sum rounded to ``dt``, as ``llama_step.linear`` adds it."""
     j = tl.arange(0, RANK_P2)
-    t = tl.load(T + j, mask=j < rank, other=0.0, cache_modifier=T_CACHE).to(tl.float32)
+    t = tl.load(T + j, mask=j < rank, other=0.0).to(tl.float32)
     b = tl.load(LB + rows[:, None] * stride_lb + j[None, :], mask=live[:, None] & (j < rank)[None, :], other=0.0)
     lo = tl.sum(b.to(tl.float32) * t[None, :], axis=1).to(LB.dtype.element_ty).to(tl.float32)
     return (y + lo).to(dt).to(tl.float32)
 
 
 @triton.jit
-def _rstd(X, K, eps, cols, BLOCK_K: tl.constexpr):
-    """1 / sqrt(mean square + eps) of the input row (RMSNorm's factor)."""
-    ss = tl.zeros((BLOCK_K,), tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        h = tl.load(X + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
-        ss += h * h
-    return tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
-
-
-@triton.jit
-def _inputs(X, NW, c, ok, rstd, xdt, NORM: tl.constexpr, WEIGHT_FIRST: tl.constexpr):
-    """The input row at ``c`` in float32, normed (``NORM``) with ``llama_step.rms_norm``'s roundings
-    in the stream's dtype ``xdt``."""
-    x = tl.load(X + c, mask=ok, other=0.0).to(tl.float32)
-    if NORM:
-        y = x * rstd
-        nw = tl.load(NW + c, mask=ok, other=0.0).to(tl.float32)
-        if WEIGHT_FIRST:
-            x = (nw * y).to(xdt).to(tl.float32)
-        else:
-            x = (nw * y.to(xdt).to(tl.float32)).to(xdt).to(tl.float32)
-    return x
-
-
-@triton.jit
-def _adapter_first(X, NW, A, T, FLAGS, K, rank, eps, stride_a, xdt, NORM: tl.constexpr,
-                   WEIGHT_FIRST: tl.constexpr, A_ROWS: tl.constexpr, A_STEP: tl.constexpr):
-    """A producing program of an inline adapter (``gemv``'s ``lora_scratch``): its ``A_ROWS`` rows
-    of t = x A.T (x normed as the product reads it), rounded to A's dtype as ``gemv(x, A)`` rounds
-    them, into ``T``; then one more producer counted done in ``FLAGS[0]`` (release: T first)."""
-    j = tl.program_id(0) * A_ROWS + tl.arange(0, A_ROWS)
-    live = j < rank
-    cols = tl.arange(0, A_STEP)
-    if NORM:
-        rstd = _rstd(X, K, eps, cols, A_STEP)
-    else:
-        rstd = 1.0
-    acc = tl.zeros((A_ROWS,), tl.float32)
-    for k0 in range(0, K, A_STEP):
-        c = k0 + cols
-        ok = c < K
-        x = _inputs(X, NW, c, ok, rstd, xdt, NORM, WEIGHT_FIRST)
-        a = tl.load(A + j[:, None] * stride_a + c[None, :], mask=live[:, None] & ok[None, :], other=0.0)
-        acc += tl.sum(a.to(tl.float32) * x[None, :], axis=1)
-    tl.store(T + j, acc.to(A.dtype.element_ty).to(tl.float32), mask=live)
-    # a scalar atomic runs in one thread of the program: the barrier puts every thread's stores of
-    # t before it, and its release (cumulative) makes them visible before the count
-    tl.debug_barrier()
-    tl.atomic_add(FLAGS, 1, sem="release")
-
-
-@triton.jit
-def _gemv_kernel(X, W, NW, B, R, OUT, T, LB, A, FLAGS, N, K, rank, eps, scale, stride_w, stride_lb, stride_a,
-                 producers, consumers,
+def _gemv_kernel(X, W, NW, B, R, OUT, T, LB, N, K, rank, eps, scale, stride_w, stride_lb,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, WEIGHT_FIRST: tl.constexpr,
                  HAS_BIAS: tl.constexpr, GLU: tl.constexpr, HAS_SCALE: tl.constexpr, RESIDUAL: tl.constexpr,
-                 LORA: tl.constexpr, RANK_P2: tl.constexpr, PDL: tl.constexpr, INLINE: tl.constexpr,
-                 A_ROWS: tl.constexpr, A_STEP: tl.constexpr):
-    pid = tl.program_id(0)
-    if pid < producers:  # an inline adapter's programs (``producers`` is 0 without one) make its t
-        if INLINE:
-            if PDL:
-                gdc_wait()
-                gdc_launch_dependents()
-            _adapter_first(X, NW, A, T, FLAGS, K, rank, eps, stride_a, X.dtype.element_ty, NORM, WEIGHT_FIRST,
-                           A_ROWS, A_STEP)
-    else:  # the rest the product's rows
-        _rows(X, W, NW, B, R, OUT, T, LB, FLAGS, N, K, rank, eps, scale, stride_w, stride_lb, pid - producers,
-              producers, consumers, BLOCK_N, BLOCK_K, NORM, WEIGHT_FIRST, HAS_BIAS, GLU, HAS_SCALE, RESIDUAL,
-              LORA, RANK_P2, PDL, INLINE)
-
-
-@triton.jit
-def _rows(X, W, NW, B, R, OUT, T, LB, FLAGS, N, K, rank, eps, scale, stride_w, stride_lb, block, producers,
-          consumers, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, NORM: tl.constexpr, WEIGHT_FIRST: tl.constexpr,
-          HAS_BIAS: tl.constexpr, GLU: tl.constexpr, HAS_SCALE: tl.constexpr, RESIDUAL: tl.constexpr,
-          LORA: tl.constexpr, RANK_P2: tl.constexpr, PDL: tl.constexpr, INLINE: tl.constexpr):
-    """One program's ``BLOCK_N`` rows of the product (``block``: which rows), with what comes
-    around them; ``INLINE``: t from this launch's producers, waited for before it is read."""
-    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+                 LORA: tl.constexpr, RANK_P2: tl.constexpr, PDL: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     live = rows < N
     cols = tl.arange(0, BLOCK_K)
     dt = W.dtype.element_ty
@@ -195,15 +114,24 @@ def _rows(X, W, NW, B, R, OUT, T, LB, FLAGS, N, K, rank, eps, scale, stride_w, s
         gdc_wait()  # the input and the residual are the kernels before's outputs
         gdc_launch_dependents()
     if NORM:  # the input row's mean square, before any product reads it normed
-        rstd = _rstd(X, K, eps, cols, BLOCK_K)
-    else:
-        rstd = 1.0
+        ss = tl.zeros((BLOCK_K,), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            h = tl.load(X + k0 + cols, mask=k0 + cols < K, other=0.0).to(tl.float32)
+            ss += h * h
+        rstd = tl.rsqrt(tl.sum(ss, axis=0) / K + eps)
     acc = tl.zeros((BLOCK_N,), tl.float32)
     acc_up = tl.zeros((BLOCK_N,), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         c = k0 + cols
         ok = c < K
-        x = _inputs(X, NW, c, ok, rstd, xdt, NORM, WEIGHT_FIRST)
+        x = tl.load(X + c, mask=ok, other=0.0).to(tl.float32)
+        if NORM:  # llama_step.rms_norm's roundings, in the stream's dtype
+            y = x * rstd
+            nw = tl.load(NW + c, mask=ok, other=0.0).to(tl.float32)
+            if WEIGHT_FIRST:
+                x = (nw * y).to(xdt).to(tl.float32)
+            else:
+                x = (nw * y.to(xdt).to(tl.float32)).to(xdt).to(tl.float32)
         acc += tl.sum(w.to(tl.float32) * x[None, :], axis=1)
         if GLU:
             acc_up += tl.sum(wu.to(tl.float32) * x[None, :], axis=1)
@@ -213,21 +141,14 @@ def _rows(X, W, NW, B, R, OUT, T, LB, FLAGS, N, K, rank, eps, scale, stride_w, s
         if GLU:
             acc_up += tl.load(B + N + rows, mask=live, other=0.0).to(tl.float32)
     out = acc.to(dt).to(tl.float32)
-    if INLINE:  # the producers have made t by now, all but always: the product took longer
-        while tl.atomic_add(FLAGS, 0, sem="acquire") < producers:
-            pass
     if LORA:
-        out = _lora_sum(out, T, LB, rows, live, rank, stride_lb, dt, RANK_P2, ".cg" if INLINE else "")
+        out = _lora_sum(out, T, LB, rows, live, rank, stride_lb, dt, RANK_P2)
     if GLU:  # F.silu(gate) * up, each rounded as the eager operations round
         up = acc_up.to(dt).to(tl.float32)
         if LORA:
-            up = _lora_sum(up, T, LB, rows + N, live, rank, stride_lb, dt, RANK_P2, ".cg" if INLINE else "")
+            up = _lora_sum(up, T, LB, rows + N, live, rank, stride_lb, dt, RANK_P2)
         silu = (out / (1.0 + tl.exp(-out))).to(dt).to(tl.float32)
         out = (silu * up).to(dt).to(tl.float32)
-    if INLINE:  # the last program to have read t puts the counts back for the next launch
-        if tl.atomic_add(FLAGS + 1, 1, sem="acq_rel") == consumers - 1:
-            tl.atomic_xchg(FLAGS, 0)
-            tl.atomic_xchg(FLAGS + 1, 0)
     if HAS_SCALE:
         out = (out * scale).to(dt).to(tl.float32)
     if RESIDUAL:
@@ -235,27 +156,11 @@ def _rows(X, W, NW, B, R, OUT, T, LB, FLAGS, N, K, rank, eps, scale, stride_w, s
     tl.store(OUT + rows, out.to(OUT.dtype.element_ty), mask=live)
 
 
-class LoraScratch(NamedTuple):
-    """What an inline adapter's launch (``gemv``'s ``lora_scratch``) keeps between its programs:
-    ``flags`` (int32, 2: producers done, consumers done; zeros between launches) and ``t`` (float32,
-    at least A's rows). One serves every launch of a stream: each one's programs wait for the
-    launch before it to end (PDL's wait, or the stream's order) before they touch it."""
-    flags: torch.Tensor
-    t: torch.Tensor
-
-
-def lora_scratch(device, rows: int) -> LoraScratch:
-    """A ``LoraScratch`` for adapters of up to ``rows`` rows of A (a projection group's ranks)."""
-    return LoraScratch(torch.zeros(2, dtype=torch.int32, device=device),
-                       torch.zeros(max(1, rows), dtype=torch.float32, device=device))
-
-
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
          norm: torch.Tensor | None = None, eps: float = 1e-6, weight_first: bool = False,
          glu: bool = False, scale: float | None = None, residual: torch.Tensor | None = None,
-         lora: tuple | None = None, lora_scratch: LoraScratch | None = None, block_n: int | None = None,
-         block_k: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
-         pdl: bool = False) -> torch.Tensor:
+         lora: tuple | None = None, block_n: int | None = None, block_k: int | None = None,
+         num_warps: int | None = None, num_stages: int | None = None, pdl: bool = False) -> torch.Tensor:
     """``x @ weight.T + bias`` for one row ``x`` ((K,) or (1, K)), as (1, N), with what may come
     around it in a decoder layer (see the module docstring):
 
@@ -269,19 +174,14 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
       ``llama_step.linear`` adds them: ``t`` = x A.T ((rank,) or (1, rank), from ``gemv(x, A)``
       with the same norm: ``x`` may be in the stream's bf16 or fp16 where A is float32), ``B``
       (the weight's rows, rank) with the scaling folded in; with ``glu`` the gate's and the up's
-      rows of B stacked as the weight's are;
-    - ``lora_scratch`` (a ``LoraScratch``) with ``lora`` = (A, B): the same, with t made in this
-      launch instead of a launch of its own before it: its first programs each make ``A_ROWS`` of
-      t's values while the others stream the weight, which wait for them only before they add the
-      adapter's products (the same sums as ``gemv(x, A)``'s but for their order).
+      rows of B stacked as the weight's are.
 
     ``block_n``, ``block_k``, ``num_warps``, ``num_stages``: the launch (None: ``gemv_launch``'s,
     the stages Triton's own), which ``nvkit.benchmarks.gemv`` varies. ``pdl``: launched with Programmatic
     Dependent Launch (a CUDA GPU of compute capability 9 or more): the kernel starts while the one
     before it ends, loads its first weights, then waits for that kernel's outputs, and lets the
     kernel after it start in turn. The weight's dtype is the result's."""
-    inline = lora_scratch is not None
-    why = _why(x, weight, bias, norm, glu, residual) or _lora_why(lora, weight, lora_scratch)
+    why = _why(x, weight, bias, norm, glu, residual) or _lora_why(lora, weight)
     why = why or launch_why(num_stages, False, block_n=block_n, block_k=block_k, num_warps=num_warps)
     why = why or pdl_why(weight.device, pdl)
     if why:
@@ -295,23 +195,15 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     launch = {name: v for name, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
     if pdl:
         launch["launch_pdl"] = True
-    consumers = triton.cdiv(n, block_n)
-    t, lb, a, flags, producers = x, weight, x, x, 0  # unread without an adapter
-    if inline:
-        (a, lb), (flags, t) = lora, lora_scratch
-        producers = triton.cdiv(a.shape[0], A_ROWS)
-    elif lora is not None:
-        t, lb = lora[0].reshape(-1), lora[1]
+    t, lb = (lora[0].reshape(-1), lora[1]) if lora is not None else (x, weight)  # unread without an adapter
     rank = lb.shape[1] if lora is not None else 1
-    _gemv_kernel[(producers + consumers,)](
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, norm if norm is not None else x, bias if bias is not None else x,
-        residual.reshape(-1) if residual is not None else x, out, t, lb, a, flags, n, k, rank, float(eps),
-        float(scale or 1.0), weight.stride(0), lb.stride(0), a.stride(0) if inline else 1, producers, consumers,
-        BLOCK_N=block_n, BLOCK_K=block_k,
+        residual.reshape(-1) if residual is not None else x, out, t, lb, n, k, rank, float(eps),
+        float(scale or 1.0), weight.stride(0), lb.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
         NORM=norm is not None, WEIGHT_FIRST=bool(weight_first), HAS_BIAS=bias is not None, GLU=bool(glu),
         HAS_SCALE=scale is not None, RESIDUAL=residual is not None, LORA=lora is not None,
-        RANK_P2=max(16, next_pow2(rank)), PDL=bool(pdl), INLINE=inline, A_ROWS=A_ROWS,
-        A_STEP=min(block_k, TILE // A_ROWS), **launch)
+        RANK_P2=max(16, next_pow2(rank)), PDL=bool(pdl), **launch)
     return out
 
 
@@ -343,37 +235,17 @@ def _why(x, weight, bias, norm, glu, residual) -> str | None:
     return None
 
 
-def _lora_why(lora, weight, scratch=None) -> str | None:
-    """Why ``lora`` = (t, B), or (A, B) with ``scratch``, does not fit ``weight`` (None when it
-    does, or is None)."""
+def _lora_why(lora, weight) -> str | None:
+    """Why ``lora`` = (t, B) does not fit ``weight`` (None when it does, or is None)."""
     if lora is None:
-        return "lora_scratch is for an adapter made inline: give lora=(A, B) with it" if scratch is not None else None
+        return None
     if not isinstance(lora, (tuple, list)) or len(lora) != 2 or not all(isinstance(p, torch.Tensor) for p in lora):
-        return "lora must be (A, B) with lora_scratch" if scratch is not None else "lora must be (t, B): x A.T and the adapter's B"
+        return "lora must be (t, B): x A.T and the adapter's B"
     t, b = lora
     if b.dim() != 2 or b.shape[0] != weight.shape[0] or b.stride(1) != 1:
         return f"expects the adapter's B as ({weight.shape[0]}, rank) with contiguous rows, not {tuple(b.shape)}"
-    if scratch is not None:
-        return _inline_why(t, b, weight, scratch)
     if t.numel() != b.shape[1] or (t.dim() == 2 and t.shape[0] != 1) or t.dim() > 2:
         return f"expects t = x A.T of {b.shape[1]} values (B's rank), not {tuple(t.shape)}"
     if not t.is_contiguous() or {t.device, b.device} != {weight.device}:
         return "expects t contiguous and t and B on the weight's device"
-    return None
-
-
-def _inline_why(a, b, weight, scratch) -> str | None:
-    """Why A, B and ``scratch`` do not fit an inline adapter on ``weight`` (None when they do)."""
-    if a.dim() != 2 or a.shape != (b.shape[1], weight.shape[1]) or a.stride(1) != 1:
-        return (f"expects the adapter's A as ({b.shape[1]}, {weight.shape[1]}) (B's rank, the input) with "
-                f"contiguous rows, not {tuple(a.shape)}")
-    if a.dtype not in (weight.dtype, torch.float32):
-        return f"expects the adapter's A in the weight's dtype or float32, not {a.dtype}"
-    if not isinstance(scratch, LoraScratch):
-        return f"lora_scratch must be a LoraScratch (kernels.gemv.lora_scratch), not {type(scratch).__name__}"
-    flags, t = scratch
-    if flags.dtype != torch.int32 or flags.shape != (2,) or t.dtype != torch.float32 or t.numel() < a.shape[0]:
-        return f"lora_scratch holds 2 int32 flags and at least {a.shape[0]} float32 values (lora_scratch(device, rows))"
-    if {a.device, b.device, flags.device, t.device} != {weight.device}:
-        return "expects A, B and the scratch on the weight's device"
     return None

@@ -136,58 +136,6 @@ def test_an_unmerged_adapter_is_added_as_the_eager_step_adds_it():
     assert out.strip() == "ok 96", out
 
 
-def test_an_adapter_made_inline_gives_the_products_of_the_adapter_made_apart():
-    """``lora=(A, B), lora_scratch=S``: the launch's first programs make t = x A.T, the others
-    wait for them before they add B's product. Against the eager step and against t made by a
-    launch of its own; several producers (A's rows over ``A_ROWS``) and several consumers (small
-    ``block_n``); the counts are back at zero after each launch, so one scratch serves them all;
-    wrong scratches and shapes are refused and the kernel stays usable."""
-    out = _interpret("""
-        import itertools
-        import torch
-        from nvkit.generate.kernels.gemv import gemv, lora_scratch
-        from tests.generate.kernels.test_gemv import gemv_reference
-        from tests.triton_interpreter import refused
-        torch.manual_seed(2)
-        checked = 0
-        scratch = lora_scratch("cpu", 48)
-        # ranks 40 and 33: three producing programs of A_ROWS (16) values each; 5: one
-        for dtype, adapter, (n, k), rank in ((torch.float32, torch.float32, (40, 96), 40),
-                                             (torch.float16, torch.float32, (24, 64), 5),
-                                             (torch.float16, torch.float16, (24, 64), 33)):
-            for norm, glu, residual in itertools.product((False, True), repeat=3):
-                rows = 2 * n if glu else n
-                w = torch.randn(rows, k, dtype=dtype) / k ** 0.5
-                x = torch.randn(k, dtype=dtype) * 2
-                a = (torch.randn(rank, k) / k ** 0.5).to(adapter)
-                b = (torch.randn(rows, rank) * 0.5).to(adapter)
-                kw = dict(glu=glu, residual=torch.randn(1, n, dtype=dtype) if residual else None)
-                nw = torch.rand(k, dtype=dtype) + 0.5 if norm else None
-                got = gemv(x, w, norm=nw, lora=(a, b), lora_scratch=scratch, block_n=4, **kw)
-                assert scratch.flags.tolist() == [0, 0]
-                apart = gemv(x, w, norm=nw, lora=(gemv(x, a, norm=nw), b), block_n=4, **kw)
-                ref = gemv_reference(x, w, norm=nw, lora=(a, b), **kw)
-                assert got.shape == (1, n) and got.dtype == dtype
-                tol = 1e-4 if dtype == torch.float32 else 4e-3
-                scale = 1 + ref.float().abs().max().item()
-                assert (got.float() - ref.float()).abs().max().item() <= tol * scale, (dtype, rank, norm, glu)
-                assert (got.float() - apart.float()).abs().max().item() <= tol * scale, (dtype, rank, norm, glu)
-                checked += 1
-        w, x = torch.randn(8, 16), torch.randn(16)
-        a, b = torch.randn(4, 16), torch.randn(8, 4)
-        for call in (lambda: gemv(x, w, lora_scratch=scratch),
-                     lambda: gemv(x, w, lora=(a, b), lora_scratch=(scratch.flags, scratch.t)),
-                     lambda: gemv(x, w, lora=(torch.randn(4, 15), b), lora_scratch=scratch),
-                     lambda: gemv(x, w, lora=(a.double(), b), lora_scratch=scratch),
-                     lambda: gemv(x, w, lora=(a, b), lora_scratch=lora_scratch("cpu", 3)),
-                     lambda: gemv(x, w, lora=(a.t().contiguous().t(), b), lora_scratch=scratch)):
-            refused(call)
-        assert torch.allclose(gemv(x, w, lora=(a, b), lora_scratch=scratch), w @ x + b @ (a @ x), atol=1e-4)
-        print("ok", checked)
-    """)
-    assert out.count("refused:") == 6 and out.strip().endswith("ok 24"), out
-
-
 def test_the_launch_gives_several_programs_per_sm_within_the_tile():
     from nvkit.generate.kernels.gemv import K_STEP, PROGRAMS_PER_SM, TILE, gemv_launch
     for n, k, sms in ((1024, 2048, 132), (4096, 1024, 132), (2560, 9728, 132), (151936, 1024, 132), (7, 16, 132),

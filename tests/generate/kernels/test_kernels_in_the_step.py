@@ -186,12 +186,11 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
     its norm, residual sum or gated activation, the attention in the fused Triton kernel) against
     the uncompiled step with nvkit's kernels on the same attention: Qwen2 (biases, no q/k norms),
     Qwen3 (per-head q/k norms), Granite (branch multipliers) and Mistral (a window), 8 steps in float32;
-    with ``merge`` (the attention's slices merged in its launch) the same logits to the bit; the
-    layouts it does not run say why, and the step they get is the usual one."""
+    the layouts it does not run say why, and the step they get is the usual one."""
     out = _interpret("""
         import torch
         from nvkit.generate.fast.fused_weights import FusedWeights
-        from nvkit.generate.fast.gemv_step import gemv_parts, gemv_why, gemv_words
+        from nvkit.generate.fast.gemv_step import gemv_parts, gemv_why
         from nvkit.generate.fast.llama_step import decode_step
         from tests.generate.test_families_step import _tiny
         from tests.greedy_steps import cache_at, greedy_logits
@@ -205,16 +204,13 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
             fw = FusedWeights(model)
             assert gemv_why(fw, "triton-fused") is None, family
             parts = gemv_parts(fw, "triton-fused", True)
-            merged = gemv_parts(fw, "triton-fused", True, merge=True)  # the attention in one launch
-            assert set(parts) == set(merged) == {"layer", "head"} and gemv_parts(fw, "triton-fused", False) == {}
-            assert "five-kernel layers" in gemv_words(fw, "triton-fused", False, merge=True)
+            assert set(parts) == {"layer", "head"} and gemv_parts(fw, "triton-fused", False) == {}
             logits = {}
-            for name, kw in (("kernels", {}), ("gemv", parts), ("merged", merged)):
+            for name, kw in (("kernels", {}), ("gemv", parts)):
                 c = cache_at(model, fw)
                 logits[name] = greedy_logits(decode_step(fw, c, "triton-fused", None, kernels=True, **kw), c, 8)
             diff = (logits["gemv"] - logits["kernels"]).abs().max().item()
             assert diff < 1e-4 and torch.equal(logits["gemv"].argmax(-1), logits["kernels"].argmax(-1)), (family, diff)
-            assert torch.equal(logits["merged"], logits["gemv"]), family  # the same merge, in the one launch
             print(family, diff)
         for family, words in (("Gemma2", "SiLU"), ("Olmo2", "Llama layout"), ("Phi3", None)):
             fw = FusedWeights(_tiny(family))
@@ -253,22 +249,19 @@ def test_the_six_kernel_layer_adds_an_adapter_as_the_step_with_kernels():
                 lo = lora_mod.LoraSlots(fw, 4, torch.float32, fold=fold)
                 assert lo.folded == fold and lo.load(model)
                 parts = gemv_parts(fw, "triton-fused", True, lora=lo)
-                inline = gemv_parts(fw, "triton-fused", True, lora=lo, inline=True)
-                assert set(parts) == set(inline) == {"layer", "head"}, family
+                assert set(parts) == {"layer", "head"}, family
                 assert "adapter's products apart" in gemv_words(fw, "triton-fused", False, lo)
-                assert "adapter's products inline" in gemv_words(fw, "triton-fused", False, lo, inline=True)
                 logits = {}
-                for name, kw in (("kernels", {}), ("gemv", parts), ("inline", inline)):
+                for name, kw in (("kernels", {}), ("gemv", parts)):
                     c = cache_at(base, fw)
                     logits[name] = greedy_logits(decode_step(fw, c, "triton-fused", lo, kernels=True, **kw), c, 8)
                 c = cache_at(base, fw)  # the adapter moves the logits: it is not a no-op here
                 plain = greedy_logits(decode_step(fw, c, "triton-fused", None, kernels=True), c, 1)
                 assert (plain - logits["kernels"][:1]).abs().max().item() > 1e-3
-                for name in ("gemv", "inline"):
-                    diff = (logits[name] - logits["kernels"]).abs().max().item()
-                    assert diff < 1e-4 and torch.equal(logits[name].argmax(-1), logits["kernels"].argmax(-1)), \\
-                        (family, fold, name, diff)
-                    print(family, fold, name, diff)
+                diff = (logits["gemv"] - logits["kernels"]).abs().max().item()
+                assert diff < 1e-4 and torch.equal(logits["gemv"].argmax(-1), logits["kernels"].argmax(-1)), \\
+                    (family, fold, diff)
+                print(family, fold, diff)
             half = lora_mod.LoraSlots(FusedWeights(base), 4, torch.float16)
             assert "adapter's dtype" in gemv_why(FusedWeights(base), "triton-fused", half)
             assert gemv_parts(FusedWeights(base), "triton-fused", True, lora=half) == {}
