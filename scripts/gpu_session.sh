@@ -105,6 +105,8 @@
 #            switched outside the compiled forward), then OLMoE's settled families row (carry .whl-core)
 #   morning  the attention and six-kernel step's GPU tests, the forwards compiled (experts-compile's
 #            tests), gemma-3-4b's list profile                                   (carry .whl-core)
+#   lists37  the eager rows prefill on nvkit's kernels: the families' list tests, then gemma-3-4b's and
+#            phi-4-mini's list profiles and families rows                       (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 #   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
 #            $OUT/strategies-one-gpu.json, ZeRO-3's speed against DDP
@@ -339,6 +341,16 @@ case "$phase" in
     T=${TM:-150} t tests/gpu/test_fast_gpu.py -k "identical or six_kernel or profile"
     T=120 t tests/gpu/test_families_gpu.py -k "runs_its_graphs_as_plain_generate and (Olmoe or Qwen3Moe or Mixtral or GptOss or Starcoder2 or Cohere2)"
     T=${TP:-130} bench shape:gemma-3-4b --decode --profile --n-prompts 32 --batch-new-tokens 128 ;;
+  lists37)
+    # the eager rows prefill on nvkit's norm and activation kernels: the families' list tests (its
+    # identity), then the list profiles and the families rows of gemma-3-4b and phi-4-mini
+    T=200 t tests/gpu/test_families_gpu.py -k "runs_a_list_on_the_rows_graphs"
+    for sh in gemma-3-4b phi-4-mini; do
+      T=${TP:-120} bench shape:$sh --decode --profile --n-prompts 32 --batch-new-tokens 128
+      echo "=== families $sh ($(date +%T))"
+      timeout "${TF:-200}" python3 -m nvkit.cli bench --families --shapes "$sh" --json > "$out/family-$sh.json"
+      echo "=== exit $? ($(date +%T))"; cat "$out/family-$sh.json"
+    done ;;
   first-adapter)
     # where the first request after a fine-tune spends its time (issue 39: at most 0.5 s more than
     # the base's), profiled; then the compare test with the garbage collector's pauses it met

@@ -168,7 +168,8 @@ def mark_dynamic(tok, pos, table, cos, sin, keys, values) -> None:
 
 
 def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None,
-                       weight_first: bool = False, act: str = "silu", softcap: float | None = None) -> Callable:
+                       weight_first: bool = False, act: str = "silu", softcap: float | None = None,
+                       kernels: bool = False) -> Callable:
     """One decoder layer of the rows prefill, on tensors only: ``layer(h, cos, sin, flat, keys,
     values, *layer_args(w, lo))`` -> the layer's output h. ``h``: (rows, length, hidden);
     ``cos``/``sin``: (1, length, 1, rotary width); ``flat``: (rows * length,) pool indices where the
@@ -180,10 +181,20 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
     model has layers. The layer boundary costs nothing here: the host issues a layer's few fused
     kernels far faster than the GPU runs a group's matrix products. ``residual``, ``weight_first``,
     ``act``, ``softcap``, the layer's window and a layer without ``in_norm`` (OLMo 2's): as
-    ``llama_step.decode_layer``."""
+    ``llama_step.decode_layer``.
+
+    ``kernels`` (CUDA, uncompiled): the norms, the residual sums before them and the activation
+    in nvkit's Triton kernels (``layer_ends``), the projections still torch's. Why: the eager
+    prefill launches each elementwise operation as a kernel of its own (a norm is eight, and a
+    Gemma layer has six norms), which can cost more than the layer's matrix products; the compiled
+    prefill fuses them itself and traces this layer with ``kernels`` False."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     groups = nh // nkv
-    _, leave = layer_ends(False, residual, weight_first, act=act)
+    _, leave = layer_ends(kernels, residual, weight_first, act=act, products=False)
+    if kernels:
+        from ..kernels.add_rms_norm import rms_norm as norm
+    else:
+        norm = rms_norm
     # Not cuDNN's attention: it builds a plan for every new shape (tens of milliseconds each), and
     # PyTorch keeps those plans per thread. Group shapes follow the prompts' lengths, so nearly
     # every request meets new ones, and a thread that has not run them (a new worker, the main
@@ -195,11 +206,12 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
               o_bias, post_norm, post_eps, ff_norm, ff_eps, mlp_norm, mlp_eps, gate_up_w, gate_up_bias, down_w,
               down_bias, scaling, window, lo_qkv, lo_o, lo_gate_up, lo_down):
         rows, length = h.shape[0], h.shape[1]
-        x = h if in_norm is None else rms_norm(h, in_norm, in_eps, weight_first)
-        qkv, q_norm, k_norm = full_qk_norm(linear(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first)
+        x = h if in_norm is None else norm(h, in_norm, in_eps, weight_first)
+        qkv, q_norm, k_norm = full_qk_norm(linear(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first,
+                                           kernels)
         q, k, v = qkv.view(rows, length, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
         if q_norm is not None:
-            q, k = rms_norm(q, q_norm, qk_eps, weight_first), rms_norm(k, k_norm, qk_eps, weight_first)
+            q, k = norm(q, q_norm, qk_eps, weight_first), norm(k, k_norm, qk_eps, weight_first)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         keys.index_copy_(0, flat, k.reshape(rows * length, nkv, hd))
         values.index_copy_(0, flat, v.reshape(rows * length, nkv, hd))
@@ -238,14 +250,20 @@ class RowsPrefillStep:
     token). Padding at the end leaves the prompt's own results as they are (causal attention), as
     ``llama_step.prefill_step`` relies on too.
 
-    The layers run through ``eager_layer`` (default: ``prefill_rows_layer``'s function);
-    ``with_layer(fn)`` is the same prefill through ``fn`` instead (that function compiled), with
-    the sizes that vary marked dynamic before each layer."""
+    The layers run through ``eager_layer`` (default: ``prefill_rows_layer``'s function, with
+    nvkit's kernels where ``kernels``); ``with_layer(fn)`` is the same prefill through ``fn`` instead
+    (``traced_layer``, the layer of torch's operations, compiled), with the sizes that vary marked
+    dynamic before each layer."""
 
-    def __init__(self, fw: FusedWeights, lora=None, eager_layer: Callable | None = None):
+    def __init__(self, fw: FusedWeights, lora=None, eager_layer: Callable | None = None, kernels: bool = False):
         self.fw, self.lora = fw, lora
-        self.eager_layer = eager_layer or prefill_rows_layer(fw.nh, fw.nkv, fw.hd, fw.residual_scale, fw.weight_first,
-                                                             fw.activation, fw.attn_softcap)
+
+        def layer(with_kernels: bool) -> Callable:
+            return prefill_rows_layer(fw.nh, fw.nkv, fw.hd, fw.residual_scale, fw.weight_first, fw.activation,
+                                      fw.attn_softcap, with_kernels)
+        self.eager_layer = eager_layer or layer(kernels)
+        #: what torch.compile traces: torch's operations, which inductor fuses (not nvkit's kernels)
+        self.traced_layer = layer(False) if kernels and eager_layer is None else self.eager_layer
         self.layer = self.eager_layer
         self.dynamic = False
 
@@ -272,6 +290,7 @@ class RowsPrefillStep:
         return lm_logits(fw, rms_norm(lasts, fw.norm, fw.norm_eps, fw.weight_first))
 
 
-def prefill_rows_step(fw: FusedWeights, lora=None) -> RowsPrefillStep:
-    """The eager rows prefill (``RowsPrefillStep``) of ``fw`` with the adapter buffers ``lora``."""
-    return RowsPrefillStep(fw, lora)
+def prefill_rows_step(fw: FusedWeights, lora=None, kernels: bool = False) -> RowsPrefillStep:
+    """The eager rows prefill (``RowsPrefillStep``) of ``fw`` with the adapter buffers ``lora``;
+    ``kernels``: its norms and activation in nvkit's kernels (``prefill_rows_layer``)."""
+    return RowsPrefillStep(fw, lora, kernels=kernels)

@@ -203,7 +203,7 @@ def branch_scale(residual: float | None) -> Callable:
 
 
 def layer_ends(kernels: bool = False, residual: float | None = None, weight_first: bool = False,
-               invariant: bool = False, act: str = "silu"):
+               invariant: bool = False, act: str = "silu", products: bool | None = None):
     """(enter, leave): what every step's layer does around its attention, in the family's layout.
     ``enter(h, delta, in_norm, in_eps)`` -> (h, x): the layer's input ``h + delta`` and what its
     q/k/v product reads (normed, or as it is where the layer has no ``in_norm``: OLMo 2).
@@ -215,9 +215,11 @@ def layer_ends(kernels: bool = False, residual: float | None = None, weight_firs
     rounding (``rms_norm``); ``act``: the MLP's gate activation (``fused_weights.ACTIVATIONS``);
     ``kernels``: the sums with the norms that follow them, the activation and the adapters' products
     in nvkit's Triton kernels (CUDA only, uncompiled steps); ``invariant`` (with ``kernels``): the
-    projections too (``kernels.invariant_linear``), so each row is computed as it is alone."""
+    projections too (``kernels.invariant_linear``), so each row is computed as it is alone.
+    ``products`` False: the projections (and the adapters' products) in torch's ``linear`` even with
+    ``kernels`` (a prompt's many tokens, where cuBLAS's matrix products beat row-by-row kernels)."""
     import torch.nn.functional as F
-    proj = projection(kernels, invariant)
+    proj = projection(kernels if products is None else products, invariant)
     scaled = branch_scale(residual)
     if kernels:
         from ..kernels.add_rms_norm import add_rms_norm, rms_norm as norm_kernel

@@ -83,7 +83,7 @@ class RowsPrefill:
             self._fn = self._compile_and_call
 
     def _compile_and_call(self, ids, last, where, cos, sin, keys, values):
-        self._fn = self.eager.with_layer(compile_fullgraph(self.eager.eager_layer))
+        self._fn = self.eager.with_layer(compile_fullgraph(self.eager.traced_layer))
         return self._fn(ids, last, where, cos, sin, keys, values)
 
     @property

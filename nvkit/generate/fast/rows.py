@@ -161,6 +161,7 @@ class BatchedDecoder(GraphRunner):
 
     def _forget_kernel_steps(self) -> None:
         self._steps.clear()
+        self._prefills.clear()  # built with the kernels too
 
     def _forget_attention_steps(self) -> None:
         self._forget_steps(None)
@@ -223,7 +224,7 @@ class BatchedDecoder(GraphRunner):
     def _prefill_fn(self, lora_on: bool) -> Callable:
         if lora_on not in self._prefills:
             self._prefills[lora_on] = prefill_rows.RowsPrefill(
-                prefill_rows_step(self._fw, self._lora if lora_on else None),
+                prefill_rows_step(self._fw, self._lora if lora_on else None, kernels=self.kernels),
                 compile=bool(self.options.compile and self.graphs), page=PAGE, scratch=SCRATCH,
                 # no coordinate-descent tuning: it pays on the batch-1 step's matrix-vector products,
                 # while the prefill's matrix products go to cuBLAS and its fused elementwise kernels

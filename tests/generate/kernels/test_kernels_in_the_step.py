@@ -268,3 +268,58 @@ def test_the_six_kernel_layer_adds_an_adapter_as_the_step_with_kernels():
         print("OK")
     """)
     assert out.strip().endswith("OK"), out
+
+
+def test_the_rows_prefill_with_kernels_computes_what_the_prefill_of_torch_operations_does():
+    """The eager rows prefill with ``kernels=True`` (its norms, residual sums and activation in
+    nvkit's kernels, the projections torch's) against ``kernels=False``, in float32 over a group of
+    3 padded prompts, for the layouts the kernels take apart: Llama's (the demo model), Gemma 3's
+    (norms after each branch, GELU, sliding layers with a rotary table of their own), OLMo 2's
+    (norms rounded weight first, q and k normed over all heads) and Granite's (residual
+    multiplier): the same last-token logits and the same keys and values written. The compiled
+    prefill traces the layer of torch's operations (``traced_layer``)."""
+    out = _interpret("""
+        import torch
+        import transformers
+        import nvkit
+        from tests import demo_model
+        from nvkit.generate.fast.fused_weights import FusedWeights
+        from nvkit.generate.fast.llama_rows_step import paged_positions, prefill_rows_step
+        from tests.generate.test_families_step import ALL_FAMILIES, SIZES
+        page, pages = 16, 16
+
+        def tiny(family):
+            cfg = getattr(transformers, family + "Config")(**SIZES, **ALL_FAMILIES[family])
+            cfg._attn_implementation = "sdpa"
+            torch.manual_seed(0)
+            return getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval()
+
+        s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
+        for name, model in (("demo", s.model), *((f, tiny(f)) for f in ("Gemma3Text", "Olmo2", "Granite"))):
+            fw = FusedWeights(model)
+            g = torch.Generator().manual_seed(1)
+            rows, length = 3, 24
+            with torch.inference_mode():
+                table = (torch.randperm(pages - 1, generator=g)[:rows * 2] + 1).view(rows, 2).to(torch.int32)
+                where = paged_positions(table, page, length)
+                ids = torch.randint(1, 100, (rows, length), generator=g)
+                last = torch.tensor([23, 9, 15])
+                cos, sin = fw.rotary(length)
+            results = {}
+            for kernels in (False, True):
+                step = prefill_rows_step(fw, kernels=kernels)
+                assert (step.traced_layer is step.eager_layer) == (not kernels)
+                keys = [torch.zeros(pages * page, fw.nkv, fw.hd) for _ in fw.layers]
+                values = [torch.zeros(pages * page, fw.nkv, fw.hd) for _ in fw.layers]
+                with torch.inference_mode():
+                    results[kernels] = (step(ids, last, where, cos, sin, keys, values), keys, values)
+            (ref, k_ref, v_ref), (got, k_got, v_got) = results[False], results[True]
+            diff = (got - ref).abs().max().item()
+            assert diff < 1e-3 and float(ref.abs().max()) > 0.1, (name, diff)
+            assert torch.equal(got.argmax(-1), ref.argmax(-1)), name
+            assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(k_got + v_got, k_ref + v_ref)), name
+            print(name, fw.weight_first, fw.activation, diff)
+        print("OK")
+    """)
+    print(out)
+    assert out.strip().endswith("OK") and out.count(" ") > 8, out
