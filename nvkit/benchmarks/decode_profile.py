@@ -190,8 +190,9 @@ def _split(records, first_token_s: float):
     return [r for r in records if r[1] < cut], [r for r in records if r[1] >= cut]
 
 
-def _load(model: str, path: str):
-    """The session a profile runs on, the fast path's variant built (``path``; "fast": the default)."""
+def _load(model: str, path: str, **overrides):
+    """The session a profile runs on, the fast path's variant built (``path``; "fast": the default),
+    with the ``FastOptions`` fields ``overrides`` sets."""
     import torch
     from ..model.session import load
     from .decode import fast_options, path_decoder
@@ -202,7 +203,10 @@ def _load(model: str, path: str):
         raise NvkitError("--profile times CUDA kernels: it needs a GPU (this machine has no CUDA).")
     s = load(model, device_map="cuda", dtype="bfloat16")
     if path != "fast":
-        path_decoder(s, opts)
+        path_decoder(s, dict(opts, **overrides))
+    elif overrides:
+        from ..generate.fast import decoders
+        decoders.decoder(s, **overrides)
     return s
 
 
@@ -288,14 +292,12 @@ def profile_list(model: str, *, prompts: int = 32, new_tokens: int = 128, path: 
     if type(prompts) is not int or prompts < 2 or type(new_tokens) is not int or new_tokens < 2:
         raise NvkitError(f"A list profile takes at least 2 prompts and 2 new tokens each (got {prompts!r} and "
                          f"{new_tokens!r}).")
-    s = _load(model, path)
+    # the session as the families bench's list meets it, its steps and prefill uncompiled (a
+    # compiling variant still compiles at its first, unprofiled call): a compile that came due inside
+    # a profiled run (the profiler slows the host, so the eager prefill's seconds count up faster)
+    # would be timed as the list's prefill or its steps
+    s = _load(model, path, compile_after=NEVER, prefill_after=NEVER)
     try:
-        # the session as the families bench's list meets it, its steps and prefill uncompiled: a
-        # compile that came due inside a profiled run (the profiler slows the host, so the eager
-        # prefill's seconds count up faster) would be timed as the list's prefill or its steps
-        held = decoders.decoder(s, compile_after=NEVER, prefill_after=NEVER)
-        if path != "fast":
-            held.compile_next()  # a compiling variant still compiles at its first (unprofiled) call
         texts = mixed_prompts(s.tokenizer, prompts, seed=0)
         runs, replays = {}, {}
         for n in (new_tokens, 1):

@@ -196,15 +196,14 @@ class FastDecoder(GraphRunner):
     def _compiled(self, c: Cache, lora_on: bool):
         if lora_on not in c.compiled:
             # dynamic=False: one specialised kernel set per cache
+            fw, lora = self._adapters.weights(self._fw, lora_on)
             if self.regional:
                 # one layer compiled serves every layer (called per layer inside a capture: free to replay)
-                fw, lora = self._adapters.weights(self._fw, lora_on)
                 layer = model_decode_layer(fw, self.attention)
                 c.compiled[lora_on] = decode_step(fw, c, self.attention, lora,
                                                   layer=compile_fullgraph(layer, dynamic=False),
                                                   head=compile_fullgraph(decode_head(fw), dynamic=False))
             else:  # the whole step of torch operations (without nvkit's kernels), for inductor to fuse
-                fw, lora = self._adapters.weights(self._fw, lora_on)
                 whole = lambda f: compile_fullgraph(f, dynamic=False)  # noqa: E731
                 c.compiled[lora_on] = (whole(decode_step(fw, c, self.attention, lora)) if self._fw is not None
                                        else model_step(self.model, c, self.device, compiler=whole))
