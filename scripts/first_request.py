@@ -49,6 +49,8 @@ def _requests(nvkit, a, choice, ways, passes) -> None:
     t = time.perf_counter()
     s = nvkit.load(nvkit.demo.shaped(a.shape), device_map=a.device_map, dtype="bfloat16")
     print(f"load {time.perf_counter() - t:.1f} s; {_gc(passes)}", flush=True)
+    from nvkit.generate.kernels import warm
+    print(f"after the load, {warm.words()}", flush=True)
     if a.finetune:
         t = time.perf_counter()
         s.generate("Tell me about GPUs.", max_new_tokens=a.tokens, fast=True if s.device.type == "cuda" else None)
@@ -71,6 +73,8 @@ def _requests(nvkit, a, choice, ways, passes) -> None:
         if prof:
             prof.disable()
         print(f"{way} #{i}: {time.perf_counter() - t:.2f} s: {s.last_stats}; {_gc(passes)}", flush=True)
+        if i == 0:
+            print(f"after it, {warm.words()}", flush=True)
         if prof and not prof.getstats():
             print("no profile: before Python 3.12 a profile sees only the threads started after it, and the "
                   "session's worker thread had started (--finetune's base request)", flush=True)

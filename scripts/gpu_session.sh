@@ -105,8 +105,11 @@
 #            switched outside the compiled forward), then OLMoE's settled families row (carry .whl-core)
 #   morning  the attention and six-kernel step's GPU tests, the forwards compiled (experts-compile's
 #            tests), gemma-3-4b's list profile                                   (carry .whl-core)
-#   lists37  the eager rows prefill on nvkit's kernels: the families' list tests, then gemma-3-4b's and
-#            phi-4-mini's list profiles and families rows                       (carry .whl-core)
+#   lists37  the eager rows prefill on nvkit's kernels: the families' list tests (TL seconds, default
+#            200; TESTS_ONLY=1 stops after them), then gemma-3-4b's and phi-4-mini's list profiles and
+#            families rows                                                      (carry .whl-core)
+#   first39  a session's first 24-token request in three fresh processes, the machine's first one
+#            and two after it, with where the Triton warm-up stood           (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 #   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
 #            $OUT/strategies-one-gpu.json, ZeRO-3's speed against DDP
@@ -344,12 +347,22 @@ case "$phase" in
   lists37)
     # the eager rows prefill on nvkit's norm and activation kernels: the families' list tests (its
     # identity), then the list profiles and the families rows of gemma-3-4b and phi-4-mini
-    T=200 t tests/gpu/test_families_gpu.py -k "runs_a_list_on_the_rows_graphs"
+    T=${TL:-200} t tests/gpu/test_families_gpu.py -k "runs_a_list_on_the_rows_graphs"
+    [ -n "${TESTS_ONLY:-}" ] && exit 0
     for sh in gemma-3-4b phi-4-mini; do
       T=${TP:-120} bench shape:$sh --decode --profile --n-prompts 32 --batch-new-tokens 128
       echo "=== families $sh ($(date +%T))"
       timeout "${TF:-200}" python3 -m nvkit.cli bench --families --shapes "$sh" --json > "$out/family-$sh.json"
       echo "=== exit $? ($(date +%T))"; cat "$out/family-$sh.json"
+    done ;;
+  first39)
+    # a session's first 24-token request (fast=None's choice) in three fresh processes one after
+    # the other: the machine's first (Triton compiling), then two on a machine that has run nvkit,
+    # each with where the Triton warm-up stood after the load and after the request
+    for i in 1 2 3; do
+      echo "=== first request, process $i ($(date +%T))"
+      timeout 200 python3 scripts/first_request.py auto > "$out/first39-$i.log" 2>&1
+      echo "=== exit $? ($(date +%T))"; grep -E "^(load|after|auto)" "$out/first39-$i.log"
     done ;;
   first-adapter)
     # where the first request after a fine-tune spends its time (issue 39: at most 0.5 s more than

@@ -187,11 +187,32 @@ def test_tritons_cache_entries_are_counted_where_triton_keeps_them(tmp_path, mon
     import triton.knobs
     folder = tmp_path / "triton"
     monkeypatch.setattr(triton.knobs.cache, "dir", str(folder))
-    assert first_request.triton_cache_entries() is None  # no folder yet
+    assert first_request.triton_cache_entries() == 0  # no folder yet: a fresh machine's, which compiles
     folder.mkdir()
     (folder / "ABC").mkdir()
     (folder / "DEF").mkdir()
     assert first_request.triton_cache_entries() == 2
+    (tmp_path / "file").write_text("")
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(tmp_path / "file"))
+    assert first_request.triton_cache_entries() is None  # not a folder: unknown
+
+
+def test_a_fresh_machines_first_capture_counts_as_compiling(s, cache, monkeypatch):
+    """On a machine that never ran Triton its cache folder does not exist until the first capture
+    compiles into it: that capture's seconds are the compiling
+    figure, not this machine's usual capture, or every later session's first request goes plain."""
+    import triton.knobs
+    folder = cache / "no-triton-yet"
+    monkeypatch.setattr(triton.knobs.cache, "dir", str(folder))
+    before = first_request.triton_cache_entries()
+    folder.mkdir(parents=True)
+    for i in range(30):
+        (folder / f"K{i}").mkdir()
+    first_request.remember_capture(s.model, s.device, 4.8, entries_before=before,
+                                   entries_after=first_request.triton_cache_entries())
+    assert first_request.stored_capture(s.model, s.device) is None
+    e = first_request.estimate(s.model, s.device, 0.17, 24)
+    assert e.capture == pytest.approx(first_request.CAPTURE_SECONDS) and e.capture_pays
 
 
 def test_only_a_capture_of_the_uncompiled_step_is_kept(s, cache):

@@ -87,6 +87,21 @@ def test_fast_streams_and_stops(demo_cuda):
     assert st.new_tokens <= 1 + 2 * fast.decoder(s).k, st
 
 
+def test_top_k_1_sampling_is_greedy_alone_and_in_a_list(demo_cuda):
+    """Issue 39: ``top_k=1`` keeps one token, so sampling with it is greedy token for token whatever
+    the seed or temperature, on the batch-1 fast path and on the rows of a list."""
+    s = demo_cuda
+    greedy = s.generate(PROMPTS[0], max_new_tokens=48, fast=True)
+    for seed, temperature in ((7, 1.0), (11, 0.6)):
+        sampled = s.generate(PROMPTS[0], max_new_tokens=48, do_sample=True, top_k=1, temperature=temperature,
+                             seed=seed, fast=True)
+        assert s.last_stats.path == "fast" and sampled == greedy, (seed, temperature)
+    greedy_list = s.generate(PROMPTS, max_new_tokens=48, fast=True)
+    assert s.last_stats.path == "fast batch", s.last_stats.detail
+    sampled = s.generate(PROMPTS, max_new_tokens=48, do_sample=True, top_k=1, seed=3, fast=True)
+    assert s.last_stats.path == "fast batch" and sampled == greedy_list
+
+
 def test_fast_sampling_is_seeded_and_options_fall_back(demo_cuda):
     s = demo_cuda
     kw = dict(max_new_tokens=32, do_sample=True, temperature=0.9, top_p=0.9, top_k=20, seed=7)

@@ -149,8 +149,10 @@ def _lookup(data: dict, model, device, what: str, most: float = 3600) -> float |
 
 
 def triton_cache_entries() -> int | None:
-    """How many entries Triton's on-disk kernel cache holds now (None: no such folder): it only
-    grows while it lasts, so more entries after a capture mean Triton compiled during it."""
+    """How many entries Triton's on-disk kernel cache holds now (None: it cannot be read): it only
+    grows while it lasts, so more entries after a capture mean Triton compiled during it. A folder
+    not there yet holds none: Triton makes it at its first compile, the fresh machine's first capture,
+    which must count as compiling."""
     try:
         import triton.knobs
         folder = str(triton.knobs.cache.dir)
@@ -159,6 +161,8 @@ def triton_cache_entries() -> int | None:
     try:
         with os.scandir(folder) as entries:
             return sum(1 for _ in entries)
+    except FileNotFoundError:
+        return 0
     except OSError:
         return None
 

@@ -7,16 +7,23 @@ libtriton, hundreds of megabytes read and hashed, once per process), and the fir
 kernel modules imports them (their custom ops registered with torch). A session's first request
 would wait for both inside its warm-up. ``start`` runs them in a daemon thread while the weights
 load: the reading and hashing release the GIL, so the load goes on beside it. A request that comes
-sooner waits for the same work it would have done itself; nothing here changes what runs.
+sooner waits for the same work it would have done itself; nothing here changes what runs. Each
+part is tried on its own: a Triton release that lacks one (a key function moved, no Gluon) still
+gets the others ahead of the request. ``seconds`` says what each part took in this process.
 """
 
 from __future__ import annotations
 
 import importlib
 import threading
+import time
 
 #: nvkit's kernel modules the batch-1 and the rows steps launch
 MODULES = ("common", "gemv", "decode_attention", "add_rms_norm", "silu_mul", "lora_add", "paged_attention")
+#: Triton's own modules that its first launch in a process imports (where the release has them)
+TRITON_MODULES = ("triton.experimental.gluon",)
+#: seconds each part of the warm-up took in this process ("triton key", "import NAME"), for a profile
+seconds: dict[str, float] = {}
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
@@ -40,14 +47,17 @@ def start() -> threading.Thread | None:
 
 
 def _warm() -> None:
-    try:
-        key = _triton_key()
-        if key is not None:
-            key()  # lru_cached: every compile after this one reads it
-        for name in MODULES:
-            importlib.import_module(f"{__package__}.{name}")
-    except Exception:  # noqa: BLE001 - a head start only: the first request does whatever is left
-        pass
+    key = _triton_key()
+    parts = [("triton key", key)] if key is not None else []  # lru_cached: every compile after reads it
+    parts += [(f"import {name}", lambda n=f"{__package__}.{name}": importlib.import_module(n)) for name in MODULES]
+    parts += [(f"import {name}", lambda n=name: importlib.import_module(n)) for name in TRITON_MODULES]
+    for what, part in parts:
+        t = time.perf_counter()
+        try:
+            part()
+        except Exception:  # noqa: BLE001 - a head start only: the first request does whatever is left
+            continue
+        seconds[what] = time.perf_counter() - t
 
 
 def _triton_key():
@@ -60,3 +70,13 @@ def _triton_key():
         if key is not None:
             return key
     return None
+
+
+def words() -> str:
+    """Where this process's warm-up stands, for a profile's log: not started, still running, or
+    done, with what its parts took."""
+    if _thread is None:
+        return "the Triton warm-up has not started in this process"
+    parts = ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()) or "nothing done"
+    return f"the Triton warm-up is {'still running' if _thread.is_alive() else 'done'}: {parts}"
+

@@ -29,7 +29,28 @@ def test_the_warm_up_computes_tritons_key_and_imports_the_kernels_once_per_proce
         assert not th.is_alive() and th.daemon
         assert key.cache_info().currsize == 1  # the next compile reads it from the cache
         assert all(f"nvkit.generate.kernels.{m}" in sys.modules for m in warm.MODULES)
+        assert set(warm.seconds) >= {"triton key", *(f"import {m}" for m in warm.MODULES)}
+        assert all(v >= 0 for v in warm.seconds.values())
         assert warm.start() is None  # once a process
+        assert warm.words().startswith("the Triton warm-up is done: triton key ")
+        print("ok")
+    """)
+    assert out.strip().endswith("ok")
+
+
+def test_a_part_that_fails_leaves_the_others():
+    """A Triton release whose key function raises (or that lacks Gluon) still gets the kernels
+    imported ahead of the first request."""
+    out = _run("""
+        import sys
+        from nvkit.generate.kernels import warm
+        def broken():
+            raise RuntimeError("moved")
+        warm._triton_key = lambda: broken
+        warm.TRITON_MODULES = ("triton.no_such_module",)
+        warm.start().join(240)
+        assert all(f"nvkit.generate.kernels.{m}" in sys.modules for m in warm.MODULES)
+        assert "triton key" not in warm.seconds and "import triton.no_such_module" not in warm.seconds
         print("ok")
     """)
     assert out.strip().endswith("ok")
@@ -43,6 +64,7 @@ def test_a_cpu_load_starts_nothing_and_a_missing_triton_is_no_error():
         from tests import demo_model
         s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
         assert warm._thread is None and not any(t.name == "nvkit-triton-warm" for t in __import__("threading").enumerate())
+        assert warm.words() == "the Triton warm-up has not started in this process"
         assert s.generate("Hello", max_new_tokens=2) is not None
         sys.modules["triton"] = None  # as where Triton is not installed: import triton raises ImportError
         assert warm.start() is None and warm._thread is None
