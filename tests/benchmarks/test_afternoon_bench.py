@@ -2,7 +2,7 @@
 every step's row, the checks that hold on any device (each list made the tokens it claims, top-k 1
 is greedy, ``deterministic=True`` gives each prompt its text alone, ``tokenizer=`` beside
 ``stop_strings`` is accepted), the time targets marked as the GPU's,
-and the command's refusals. The H200 run is in docs/benchmarks.md."""
+and the command's refusals. The GPU runs are in docs/benchmarks.md."""
 
 import contextlib
 import io

@@ -35,7 +35,7 @@ def gemv_why(fw: FusedWeights | None, attention: str, lora=None) -> str | None:
     if attention != "triton-fused":
         return f"it runs on the triton-fused attention, not {attention!r}"
     if fw.activation != "silu":
-        return f"its gated activation is SiLU, not {fw.activation!r}"
+        return f"it computes a SiLU gate, and this model's gated activation is {fw.activation!r}"
     for w in fw.layers:
         if w.in_norm is None or w.ff_norm is not None or w.mlp_norm is not None:
             return "its layers norm before each branch and not after (the Llama layout)"
