@@ -105,9 +105,10 @@
 #            switched outside the compiled forward), then OLMoE's settled families row (carry .whl-core)
 #   morning  the attention and six-kernel step's GPU tests, the forwards compiled (experts-compile's
 #            tests), gemma-3-4b's list profile                                   (carry .whl-core)
-#   lists37  the eager rows prefill on nvkit's kernels: the families' list tests (TL seconds, default
-#            200; TESTS_ONLY=1 stops after them), then gemma-3-4b's and phi-4-mini's list profiles and
-#            families rows                                                      (carry .whl-core)
+#   lists37  the eager rows prefill on nvkit's kernels (its q/k norms, RoPE and pool writes in one
+#            launch: prefill_rope): the families' list tests (float32, TL seconds, default 400), then
+#            the demo model's bf16 list against each prompt alone; lists37-rows: the list profiles and
+#            families rows of SHAPES (default gemma-3-4b phi-4-mini)            (carry .whl-core)
 #   first39  a session's first 24-token request in three fresh processes, the machine's first one
 #            and two after it, with where the Triton warm-up stood           (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
@@ -345,11 +346,12 @@ case "$phase" in
     T=120 t tests/gpu/test_families_gpu.py -k "runs_its_graphs_as_plain_generate and (Olmoe or Qwen3Moe or Mixtral or GptOss or Starcoder2 or Cohere2)"
     T=${TP:-130} bench shape:gemma-3-4b --decode --profile --n-prompts 32 --batch-new-tokens 128 ;;
   lists37)
-    # the eager rows prefill on nvkit's norm and activation kernels: the families' list tests (its
-    # identity), then the list profiles and the families rows of gemma-3-4b and phi-4-mini
-    T=${TL:-200} t tests/gpu/test_families_gpu.py -k "runs_a_list_on_the_rows_graphs"
-    [ -n "${TESTS_ONLY:-}" ] && exit 0
-    for sh in gemma-3-4b phi-4-mini; do
+    # the eager rows prefill on nvkit's kernels: the families' list tests (its identity), then a
+    # bf16 list of the demo model against each prompt alone; lists37-rows: profiles and rows
+    T=${TL:-400} t tests/gpu/test_families_gpu.py -k "runs_a_list_on_the_rows_graphs"
+    T=120 t tests/gpu/test_batched_gpu.py -k "each_prompt_decodes_as_it_does_alone" ;;
+  lists37-rows)
+    for sh in ${SHAPES:-gemma-3-4b phi-4-mini}; do
       T=${TP:-120} bench shape:$sh --decode --profile --n-prompts 32 --batch-new-tokens 128
       echo "=== families $sh ($(date +%T))"
       timeout "${TF:-200}" python3 -m nvkit.cli bench --families --shapes "$sh" --json > "$out/family-$sh.json"

@@ -184,15 +184,18 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
     ``llama_step.decode_layer``.
 
     ``kernels`` (CUDA, uncompiled): the norms, the residual sums before them and the activation
-    in nvkit's Triton kernels (``layer_ends``), the projections still torch's. Why: the eager
-    prefill launches each elementwise operation as a kernel of its own (a norm is eight, and a
-    Gemma layer has six norms), which can cost more than the layer's matrix products; the compiled
-    prefill fuses them itself and traces this layer with ``kernels`` False."""
+    in nvkit's Triton kernels (``layer_ends``), and the per-head q/k norms, RoPE and the pool's
+    writes in one (``prefill_rope``, for power-of-two heads), the projections still torch's. Why:
+    the eager prefill launches each elementwise operation as a kernel of its own (a norm is eight,
+    a Gemma layer has six norms, RoPE is five per tensor), which the host issues more slowly than
+    the GPU runs the layer's matrix products; the compiled prefill fuses them itself and traces
+    this layer with ``kernels`` False."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     groups = nh // nkv
     _, leave = layer_ends(kernels, residual, weight_first, act=act, products=False)
     if kernels:
         from ..kernels.add_rms_norm import rms_norm as norm
+        from ..kernels.prefill_rope import fits, prefill_rope
     else:
         norm = rms_norm
     # Not cuDNN's attention: it builds a plan for every new shape (tens of milliseconds each), and
@@ -209,12 +212,15 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
         x = h if in_norm is None else norm(h, in_norm, in_eps, weight_first)
         qkv, q_norm, k_norm = full_qk_norm(linear(x, qkv_w, qkv_bias, lo_qkv), q_norm, k_norm, qk_eps, hd, weight_first,
                                            kernels)
-        q, k, v = qkv.view(rows, length, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
-        if q_norm is not None:
-            q, k = norm(q, q_norm, qk_eps, weight_first), norm(k, k_norm, qk_eps, weight_first)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        keys.index_copy_(0, flat, k.reshape(rows * length, nkv, hd))
-        values.index_copy_(0, flat, v.reshape(rows * length, nkv, hd))
+        if kernels and fits(hd, q_norm):
+            q, k, v = prefill_rope(qkv, q_norm, k_norm, cos, sin, flat, keys, values, qk_eps, nh, nkv, hd)
+        else:
+            q, k, v = qkv.view(rows, length, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
+            if q_norm is not None:
+                q, k = norm(q, q_norm, qk_eps, weight_first), norm(k, k_norm, qk_eps, weight_first)
+            q, k = rope(q, cos, sin), rope(k, cos, sin)
+            keys.index_copy_(0, flat, k.reshape(rows * length, nkv, hd))
+            values.index_copy_(0, flat, v.reshape(rows * length, nkv, hd))
         # each KV head repeated for its query heads, as transformers' repeat_kv does
         kk = k.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
         vv = v.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)

@@ -8,6 +8,7 @@ tests/generate/kernels/test_<op>.py):
   path; ``nvkit::paged_decode_attention``).
 - ``add_rms_norm``, ``silu_mul``, ``lora_add`` (with ``linear``, a projection with an adapter's
   products): the elementwise work of the decode steps that run without ``torch.compile``.
+- ``prefill_rope``: the eager rows prefill's q/k norms, RoPE and KV pool writes in one launch.
 - ``invariant_linear``: a projection whose every row is computed as it is alone, whatever the row
   count (the batch-invariant step of ``deterministic=True``).
 - ``common``: what several of them share (the attention kernels' slice merge and RoPE, row views).

@@ -19,7 +19,8 @@ import threading
 import time
 
 #: nvkit's kernel modules the batch-1 and the rows steps launch
-MODULES = ("common", "gemv", "decode_attention", "add_rms_norm", "silu_mul", "lora_add", "paged_attention")
+MODULES = ("common", "gemv", "decode_attention", "add_rms_norm", "silu_mul", "lora_add", "paged_attention",
+           "prefill_rope")
 #: Triton's own modules that its first launch in a process imports (where the release has them)
 TRITON_MODULES = ("triton.experimental.gluon",)
 #: seconds each part of the warm-up took in this process ("triton key", "import NAME"), for a profile

@@ -275,8 +275,9 @@ def test_the_rows_prefill_with_kernels_computes_what_the_prefill_of_torch_operat
     nvkit's kernels, the projections torch's) against ``kernels=False``, in float32 over a group of
     3 padded prompts, for the layouts the kernels take apart: Llama's (the demo model), Gemma 3's
     (norms after each branch, GELU, sliding layers with a rotary table of their own), OLMo 2's
-    (norms rounded weight first, q and k normed over all heads) and Granite's (residual
-    multiplier): the same last-token logits and the same keys and values written. The compiled
+    (norms rounded weight first, q and k normed over all heads), Granite's (residual
+    multiplier), Qwen3's (q and k normed per head, in ``prefill_rope``) and Phi-3's (partial
+    rotary): the same last-token logits and the same keys and values written. The compiled
     prefill traces the layer of torch's operations (``traced_layer``)."""
     out = _interpret("""
         import torch
@@ -294,8 +295,12 @@ def test_the_rows_prefill_with_kernels_computes_what_the_prefill_of_torch_operat
             torch.manual_seed(0)
             return getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval()
 
+        import nvkit.generate.kernels.prefill_rope as fused_rope
+        calls = []
+        real = fused_rope.prefill_rope
+        fused_rope.prefill_rope = lambda *a, **k: calls.append(1) or real(*a, **k)
         s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
-        for name, model in (("demo", s.model), *((f, tiny(f)) for f in ("Gemma3Text", "Olmo2", "Granite"))):
+        for name, model in (("demo", s.model), *((f, tiny(f)) for f in ("Gemma3Text", "Olmo2", "Granite", "Qwen3", "Phi3"))):
             fw = FusedWeights(model)
             g = torch.Generator().manual_seed(1)
             rows, length = 3, 24
@@ -318,6 +323,9 @@ def test_the_rows_prefill_with_kernels_computes_what_the_prefill_of_torch_operat
             assert diff < 1e-3 and float(ref.abs().max()) > 0.1, (name, diff)
             assert torch.equal(got.argmax(-1), ref.argmax(-1)), name
             assert all(torch.allclose(a, b, atol=1e-4) for a, b in zip(k_got + v_got, k_ref + v_ref)), name
+            # every layer's q/k norms, RoPE and pool writes in one launch (power-of-two heads here)
+            assert fw.hd & (fw.hd - 1) == 0 and len(calls) == len(fw.layers), (name, fw.hd, len(calls))
+            calls.clear()
             print(name, fw.weight_first, fw.activation, diff)
         print("OK")
     """)
