@@ -95,6 +95,43 @@ def test_a_compile_that_fails_gives_way_to_the_eager_prefill(fw):
     assert any("compiled prefill failed" in e.text for e in events.events(since))
 
 
+def test_nvkits_kernels_failing_in_the_eager_prefill_give_way_to_torchs_operations(fw):
+    """A list's prefill runs before its step is captured, where the step's own fallback from
+    nvkit's kernels would catch a kernel that does not build here: the prefill falls back itself,
+    writes every key again with torch's operations, says why once, and stays on them; a prefill of
+    torch's operations that fails raises (nothing to fall back to)."""
+    ref_step = prefill_rows_step(fw)
+    step = prefill_rows_step(fw)
+    calls = []
+
+    def kernels_fail(*args):  # as nvkit's kernels on a GPU they cannot build for, part way in
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("PTX .version 9.9 does not support .target sm_200")
+        return step.traced_layer(*args)
+    step.eager_layer = step.layer = kernels_fail  # what prefill_rows_step(fw, kernels=True) holds
+    since = events.now()
+    args = _inputs(fw, 3, 32, 4)
+    ref_args, got_args = _copy(args), _copy(args)
+    with torch.inference_mode():
+        ref = ref_step(*ref_args)
+        got = step(*got_args)
+        again = step(*_copy(args))
+    assert torch.equal(got, ref) and torch.equal(again, ref) and len(calls) == 2  # never again
+    assert all(torch.equal(a, b) for a, b in zip(got_args[5] + got_args[6], ref_args[5] + ref_args[6]))
+    assert step.kernel_error and "PTX" in step.kernel_error and step.layer is step.traced_layer
+    said = [e.text for e in events.events(since) if "prompt prefill" in e.text]
+    assert len(said) == 1 and "nvkit's kernels failed" in said[0] and "torch's operations" in said[0]
+    plain = prefill_rows_step(fw)
+
+    def torch_fails(*args):
+        raise RuntimeError("out of memory")
+    plain.eager_layer = plain.traced_layer = plain.layer = torch_fails
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="out of memory"):
+        plain(*_copy(args))
+    assert plain.kernel_error is None
+
+
 def test_without_compile_it_is_the_eager_prefill(fw):
     eager = prefill_rows_step(fw)
     pre = RowsPrefill(eager, compile=False, page=PAGE, scratch=SCRATCH)

@@ -17,6 +17,9 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ... import events
+from ...errors import error_summary
+
 from .llama_step import (attend_scores, embed, full_qk_norm, layer_args, layer_ends, linear, lm_logits,
                          prefill_attention, projection, rope, rms_norm, rotaries, rotary_kinds, window_masks)
 from .fused_weights import FusedWeights
@@ -259,7 +262,9 @@ class RowsPrefillStep:
     The layers run through ``eager_layer`` (default: ``prefill_rows_layer``'s function, with
     nvkit's kernels where ``kernels``); ``with_layer(fn)`` is the same prefill through ``fn`` instead
     (``traced_layer``, the layer of torch's operations, compiled), with the sizes that vary marked
-    dynamic before each layer."""
+    dynamic before each layer. Where nvkit's kernels fail (a GPU or Triton release they do not
+    build for), the prefill runs torch's operations from then on and ``kernel_error`` says why: a
+    list's prefill runs before its step is captured, so the step's own fallback comes too late."""
 
     def __init__(self, fw: FusedWeights, lora=None, eager_layer: Callable | None = None, kernels: bool = False):
         self.fw, self.lora = fw, lora
@@ -272,6 +277,7 @@ class RowsPrefillStep:
         self.traced_layer = layer(False) if kernels and eager_layer is None else self.eager_layer
         self.layer = self.eager_layer
         self.dynamic = False
+        self.kernel_error: str | None = None
 
     def with_layer(self, layer: Callable) -> "RowsPrefillStep":
         import copy
@@ -280,6 +286,18 @@ class RowsPrefillStep:
         return other
 
     def __call__(self, ids, last, where, cos, sin, keys, values):
+        if self.layer is not self.eager_layer or self.eager_layer is self.traced_layer:  # not nvkit's kernels
+            return self._forward(ids, last, where, cos, sin, keys, values)
+        try:
+            return self._forward(ids, last, where, cos, sin, keys, values)
+        except Exception as e:  # noqa: BLE001 - torch's operations compute the same; say why and go on
+            self.kernel_error = error_summary(e)
+            events.record("compile", f"fast batch: nvkit's kernels failed in the prompt prefill ({self.kernel_error}); "
+                                     "it runs torch's operations")
+            self.layer = self.eager_layer = self.traced_layer
+            return self._forward(ids, last, where, cos, sin, keys, values)  # every key written again
+
+    def _forward(self, ids, last, where, cos, sin, keys, values):
         import torch
         fw, lora = self.fw, self.lora
         rows, length = ids.shape
