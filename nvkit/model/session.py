@@ -468,6 +468,11 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     flag("trust_remote_code", trust_remote_code)
     check_max_memory(max_memory, device_type)
     config_overrides = _split_from_pretrained_kwargs(from_pretrained_kwargs)
+    if device_type == "cuda":
+        # Triton's once-a-process costs beside the load (config, tokenizer and weights), not in the
+        # first request's warm-up: started as soon as the arguments are known to be good
+        from ..generate.kernels import warm
+        warm.start()
 
     kwargs = dict(dtype=torch_dtype, device_map=dm, trust_remote_code=trust_remote_code, **from_pretrained_kwargs)
     if max_memory is not None:
@@ -499,10 +504,6 @@ def load(model: str = "demo", dtype="auto", device_map=None, attn_implementation
     mem_before = torch_allocated() if cuda_in_use() else rss_bytes()
     peaks.tracker()  # the load's peak is measured from its start event on
     events.record("load-start", str(model))
-    if device_type == "cuda":
-        # Triton's once-a-process costs beside the load, not in the first request's warm-up
-        from ..generate.kernels import warm
-        warm.start()
     from transformers.utils import logging as hf_logging
     # The demo model loads in well under a second: a weight-loading bar would only interleave with
     # the text that %nvkit generate prints right after it. Real checkpoints keep their bar.
