@@ -80,4 +80,3 @@ def words() -> str:
         return "the Triton warm-up has not started in this process"
     parts = ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()) or "nothing done"
     return f"the Triton warm-up is {'still running' if _thread.is_alive() else 'done'}: {parts}"
-
