@@ -64,6 +64,9 @@ def prefill_rope(qkv: torch.Tensor, q_norm, k_norm, cos: torch.Tensor, sin: torc
     ((rows · length,)), as ``index_copy_`` would."""
     if not fits(hd, q_norm) or (q_norm is None) != (k_norm is None):
         raise ValueError(f"prefill_rope takes power-of-two heads with per-head q/k norms or none (head_dim {hd})")
+    if keys.shape[1:] != (nkv, hd) or values.shape[1:] != (nkv, hd) or keys.stride(-1) != 1 or values.stride(-1) != 1:
+        raise ValueError(f"prefill_rope writes pools of (slots, {nkv}, {hd}) with each head's values side by side, "
+                         f"not {tuple(keys.shape)} / {tuple(values.shape)}")
     rows, length = qkv.shape[0], qkv.shape[1]
     qkv = qkv.contiguous()
     rot = cos.shape[-1]

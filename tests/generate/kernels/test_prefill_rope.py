@@ -80,6 +80,9 @@ def test_the_heads_and_the_pool_match_torch():
                                      torch.arange(4), pool, pool, 1e-6, 2, 1, 64), "a q norm without a k norm")
         refused(lambda: prefill_rope(ones, None, None, torch.ones(3, 64), torch.zeros(3, 64), torch.arange(4), pool,
                                      pool, 1e-6, 2, 1, 64), "tables shorter than the prompts")
+        across = torch.zeros(8, 1, 128)[..., ::2]  # (slots, 1, 64), a head's values two apart
+        refused(lambda: prefill_rope(ones, None, None, torch.ones(4, 64), torch.zeros(4, 64), torch.arange(4), across,
+                                     pool, 1e-6, 2, 1, 64), "a pool whose head values are not side by side")
         print("OK")
     """)
-    assert out.strip().endswith("OK") and out.count(" ok") == 8 and out.count("refused:") == 3, out
+    assert out.strip().endswith("OK") and out.count(" ok") == 8 and out.count("refused:") == 4, out
