@@ -218,12 +218,8 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
         if kernels and fits(hd, q_norm):
             q, k, v = prefill_rope(qkv, q_norm, k_norm, cos, sin, flat, keys, values, qk_eps, nh, nkv, hd)
         else:
-            q, k, v = qkv.view(rows, length, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
-            if q_norm is not None:
-                q, k = norm(q, q_norm, qk_eps, weight_first), norm(k, k_norm, qk_eps, weight_first)
-            q, k = rope(q, cos, sin), rope(k, cos, sin)
-            keys.index_copy_(0, flat, k.reshape(rows * length, nkv, hd))
-            values.index_copy_(0, flat, v.reshape(rows * length, nkv, hd))
+            q, k, v = prefill_heads(qkv, q_norm, k_norm, cos, sin, flat, keys, values, qk_eps, nh, nkv, hd, norm=norm,
+                                    weight_first=weight_first)
         # each KV head repeated for its query heads, as transformers' repeat_kv does
         kk = k.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
         vv = v.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
@@ -235,6 +231,22 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
         return h + m
 
     return layer
+
+
+def prefill_heads(qkv, q_norm, k_norm, cos, sin, flat, keys, values, eps: float, nh: int, nkv: int, hd: int, *,
+                  norm: Callable = rms_norm, weight_first: bool = False):
+    """(q, k, v) heads of a prefill group's stacked projection ``qkv`` ((rows, length, width)) in
+    torch's operations: q and k normed per head (``norm``, where the model has q/k norms) and
+    rotated, each token's key and value written into ``keys``/``values`` at its pool index in
+    ``flat``. ``kernels.prefill_rope`` is the same in one launch (its test holds it to this)."""
+    rows, length = qkv.shape[0], qkv.shape[1]
+    q, k, v = qkv.view(rows, length, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
+    if q_norm is not None:
+        q, k = norm(q, q_norm, eps, weight_first), norm(k, k_norm, eps, weight_first)
+    q, k = rope(q, cos, sin), rope(k, cos, sin)
+    keys.index_copy_(0, flat, k.reshape(rows * length, nkv, hd))
+    values.index_copy_(0, flat, v.reshape(rows * length, nkv, hd))
+    return q, k, v
 
 
 def mark_layer_dynamic(h, cos, sin, flat, keys, values) -> None:

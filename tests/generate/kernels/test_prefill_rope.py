@@ -12,18 +12,12 @@ pytest.importorskip("triton", reason="triton is part of the test extra on Linux 
 from tests.triton_interpreter import interpret as _interpret  # noqa: E402
 
 
-def prefill_rope_reference(qkv, q_norm, k_norm, cos, sin, flat, keys, values, eps, nh, nkv, hd):
-    """``prefill_rope`` in torch's operations: the eager rows prefill's own (``llama_step.rms_norm``
-    and ``rope``, then ``index_copy_`` into the pool)."""
-    from nvkit.generate.fast.llama_step import rms_norm, rope
-    rows, length = qkv.shape[0], qkv.shape[1]
-    q, k, v = qkv.view(rows, length, nh + 2 * nkv, hd).split((nh, nkv, nkv), dim=2)
-    if q_norm is not None:
-        q, k = rms_norm(q, q_norm, eps, True), rms_norm(k, k_norm, eps, True)
-    q, k = rope(q, cos, sin), rope(k, cos, sin)
-    keys.index_copy_(0, flat, k.reshape(rows * length, nkv, hd))
-    values.index_copy_(0, flat, v.reshape(rows * length, nkv, hd))
-    return q, k, v
+def prefill_rope_reference(*args):
+    """``prefill_rope`` in torch's operations: the eager rows prefill's own
+    (``llama_rows_step.prefill_heads``), its norms multiplied by the weight in float32 and rounded
+    after, as the kernel rounds."""
+    from nvkit.generate.fast.llama_rows_step import prefill_heads
+    return prefill_heads(*args, weight_first=True)
 
 
 def test_the_heads_and_the_pool_match_torch():
