@@ -188,7 +188,7 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
 
     ``kernels`` (CUDA, uncompiled): the norms, the residual sums before them and the activation
     in nvkit's Triton kernels (``layer_ends``), and the per-head q/k norms, RoPE and the pool's
-    writes in one (``prefill_rope``, for power-of-two heads), the projections still torch's. Why:
+    writes in one (``prefill_rope``, where it fits the heads), the projections still torch's. Why:
     the eager prefill launches each elementwise operation as a kernel of its own (a norm is eight,
     a Gemma layer has six norms, RoPE is five per tensor), which the host issues more slowly than
     the GPU runs the layer's matrix products; the compiled prefill fuses them itself and traces

@@ -23,35 +23,44 @@ from .common import norm_rope, rope_lanes
 @triton.jit
 def _prefill_rope_kernel(QKV, QW, KW, COS, SIN, FLAT, Q, K, KEYS, VALUES, eps, length, stride_t,
                          stride_ks, stride_kh, stride_vs, stride_vh,
-                         NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, ROT: tl.constexpr,
-                         HAS_NORM: tl.constexpr):
+                         NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, LANES: tl.constexpr,
+                         ROT: tl.constexpr, HAS_NORM: tl.constexpr):
     t = tl.program_id(0)     # the token: row t // length, position t % length
     head = tl.program_id(1)  # query heads, then key heads, then value heads
-    d = tl.arange(0, HD)
+    # LANES: HD rounded up to a power of two (Triton's blocks are); the lanes past HD are pass
+    # lanes of the rotation (rope_lanes over LANES with ROT <= HD), read as 0 and never stored
+    d = tl.arange(0, LANES)
+    live = d < HD
     src = QKV + t.to(tl.int64) * stride_t + head * HD
     slot = tl.load(FLAT + t).to(tl.int64)
     if head < NH + NKV:
         pos = t % length
-        rd, sign, cos, sin = rope_lanes(COS + pos * ROT, SIN + pos * ROT, d, HD, ROT)
-        x = tl.load(src + d).to(tl.float32)[None, :]
-        xr = tl.load(src + rd).to(tl.float32)[None, :]
+        rd, sign, cos, sin = rope_lanes(COS + pos * ROT, SIN + pos * ROT, d, LANES, ROT)
+        x = tl.load(src + d, mask=live, other=0.0).to(tl.float32)[None, :]
+        xr = tl.load(src + rd, mask=live, other=0.0).to(tl.float32)[None, :]
         if head < NH:
             y = norm_rope(x, xr, QW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
-            tl.store(Q + (t.to(tl.int64) * NH + head) * HD + d[None, :], y.to(Q.dtype.element_ty))
+            tl.store(Q + (t.to(tl.int64) * NH + head) * HD + d[None, :], y.to(Q.dtype.element_ty), mask=live[None, :])
         else:
             kh = head - NH
             y = norm_rope(x, xr, KW, d, rd, sign, cos, sin, eps, HAS_NORM, HD)
-            tl.store(K + (t.to(tl.int64) * NKV + kh) * HD + d[None, :], y.to(K.dtype.element_ty))
-            tl.store(KEYS + slot * stride_ks + kh * stride_kh + d[None, :], y.to(KEYS.dtype.element_ty))
+            tl.store(K + (t.to(tl.int64) * NKV + kh) * HD + d[None, :], y.to(K.dtype.element_ty), mask=live[None, :])
+            tl.store(KEYS + slot * stride_ks + kh * stride_kh + d[None, :], y.to(KEYS.dtype.element_ty),
+                     mask=live[None, :])
     else:
         vh = head - NH - NKV
-        tl.store(VALUES + slot * stride_vs + vh * stride_vh + d, tl.load(src + d).to(VALUES.dtype.element_ty))
+        tl.store(VALUES + slot * stride_vs + vh * stride_vh + d,
+                 tl.load(src + d, mask=live, other=0.0).to(VALUES.dtype.element_ty), mask=live)
 
 
 def fits(hd: int, q_norm) -> bool:
     """Whether ``prefill_rope`` takes heads of ``hd`` with the q/k norm weights ``q_norm`` (None, or
-    one weight per head dim: norms over all heads are applied before it)."""
-    return hd >= 2 and hd & (hd - 1) == 0 and (q_norm is None or q_norm.shape[0] == hd)
+    one weight per head dim: norms over all heads are applied before it). Heads of any even width
+    without per-head norms (Phi-3/4-mini's 96); with them, power-of-two heads, as the decode
+    kernels' norm (``common.norm_rope``) reads its weight on every lane."""
+    if hd < 2 or hd % 2:
+        return False
+    return q_norm is None or (hd & (hd - 1) == 0 and q_norm.shape[0] == hd)
 
 
 def prefill_rope(qkv: torch.Tensor, q_norm, k_norm, cos: torch.Tensor, sin: torch.Tensor, flat: torch.Tensor,
@@ -63,7 +72,9 @@ def prefill_rope(qkv: torch.Tensor, q_norm, k_norm, cos: torch.Tensor, sin: torc
     value written into ``keys``/``values`` ((slots, nkv, hd)) at its slot in ``flat``
     ((rows · length,)), as ``index_copy_`` would."""
     if not fits(hd, q_norm) or (q_norm is None) != (k_norm is None):
-        raise ValueError(f"prefill_rope takes power-of-two heads with per-head q/k norms or none (head_dim {hd})")
+        raise ValueError(f"prefill_rope takes heads of an even width without per-head q/k norms, or power-of-two "
+                         f"heads with both norms (head_dim {hd}, q norm {q_norm is not None}, k norm "
+                         f"{k_norm is not None})")
     if keys.shape[1:] != (nkv, hd) or values.shape[1:] != (nkv, hd) or keys.stride(-1) != 1 or values.stride(-1) != 1:
         raise ValueError(f"prefill_rope writes pools of (slots, {nkv}, {hd}) with each head's values side by side, "
                          f"not {tuple(keys.shape)} / {tuple(values.shape)}")
@@ -81,6 +92,7 @@ def prefill_rope(qkv: torch.Tensor, q_norm, k_norm, cos: torch.Tensor, sin: torc
         _prefill_rope_kernel[(rows * length, nh + 2 * nkv)](
             qkv, q_norm if norm else qkv, k_norm if norm else qkv, cos, sin, flat, q, k, keys, values, eps, length,
             qkv.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
-            NH=nh, NKV=nkv, HD=hd, ROT=rot, HAS_NORM=norm, num_warps=1 if hd <= 128 else 2)
+            NH=nh, NKV=nkv, HD=hd, LANES=triton.next_power_of_2(hd), ROT=rot, HAS_NORM=norm,
+            num_warps=1 if hd <= 128 else 2)
     v = qkv.view(rows, length, nh + 2 * nkv, hd)[:, :, nh + nkv:]
     return q, k, v

@@ -24,7 +24,8 @@ def test_the_heads_and_the_pool_match_torch():
     """Float32, 3 rows of 11 positions whose slots are scattered in a pool (the padded positions of
     shorter prompts all in one scratch slot, whose contents are never read): grouped heads with and
     without per-head norms, full and partial rotary tables (Phi-3's), tables in float32 or the
-    model's dtype (float16), and heads of 64 and 128; then the refusals."""
+    model's dtype (float16), and heads of 64, 128 and 96 (Phi-4-mini's: not a power of two, its lanes
+    padded to 128, with its partial table of 72 and a full one); then the refusals."""
     out = _interpret("""
         import torch
         from nvkit.generate.kernels.prefill_rope import fits, prefill_rope
@@ -35,7 +36,7 @@ def test_the_heads_and_the_pool_match_torch():
         lens = (11, 4, 7)
         for dtype, tol in ((torch.float32, 1e-5), (torch.float16, 2e-3)):
             for nh, nkv, hd, rot, norm in ((4, 2, 64, 64, True), (4, 4, 64, 32, False), (2, 1, 128, 128, False),
-                                           (6, 2, 64, 48, True)):
+                                           (6, 2, 64, 48, True), (4, 2, 96, 72, False), (2, 2, 96, 96, False)):
                 width = (nh + 2 * nkv) * hd
                 qkv = torch.randn(rows, length, width, generator=g).to(dtype)
                 qn = (1 + 0.1 * torch.randn(hd, generator=g)).to(dtype) if norm else None
@@ -65,9 +66,10 @@ def test_the_heads_and_the_pool_match_torch():
         ones = torch.ones(1, 4, 4 * 48)
         tables = torch.ones(4, 48), torch.zeros(4, 48)
         pool = torch.zeros(8, 1, 48)
-        assert not fits(48, None) and not fits(64, torch.ones(128))  # not a power of two; norms over all heads
-        refused(lambda: prefill_rope(ones, None, None, *tables, torch.arange(4), pool, pool, 1e-6, 2, 1, 48),
-                "a head of 48")
+        # per-head norms on a head that is not a power of two; norms over all heads; an odd head
+        assert fits(48, None) and not fits(48, torch.ones(48)) and not fits(64, torch.ones(128)) and not fits(47, None)
+        refused(lambda: prefill_rope(ones, torch.ones(48), torch.ones(48), *tables, torch.arange(4), pool, pool, 1e-6,
+                                     2, 1, 48), "per-head norms on a head of 48")
         ones = torch.ones(1, 4, 4 * 64)
         pool = torch.zeros(8, 1, 64)
         refused(lambda: prefill_rope(ones, torch.ones(64), None, torch.ones(4, 64), torch.zeros(4, 64),
@@ -79,4 +81,4 @@ def test_the_heads_and_the_pool_match_torch():
                                      pool, 1e-6, 2, 1, 64), "a pool whose head values are not side by side")
         print("OK")
     """)
-    assert out.strip().endswith("OK") and out.count(" ok") == 8 and out.count("refused:") == 4, out
+    assert out.strip().endswith("OK") and out.count(" ok") == 12 and out.count("refused:") == 4, out
