@@ -29,6 +29,8 @@ def main(argv=None) -> int:
     p.add_argument("--device-map", default="cuda")
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="profile the first call: its N costliest functions by own and by total time")
+    p.add_argument("--list", type=int, default=0, metavar="N",
+                   help="each way's request is a list of N prompts of 32 to 159 tokens (the session bench's)")
     p.add_argument("--finetune", type=int, default=0, metavar="STEPS",
                    help="first one base request (fast=True on a GPU, unprofiled), then nvkit.finetune STEPS steps on the "
                         "demo corpus with its adapter left attached; the ways run after it")
@@ -36,8 +38,8 @@ def main(argv=None) -> int:
     choice = {"fast": True, "plain": False, "auto": None}
     ways = a.ways.split(",")
     bad = [w for w in ways if w not in choice]
-    if bad or a.tokens < 1 or a.profile < 0 or a.finetune < 0:
-        p.error(f"ways are {', '.join(choice)} (not {bad}); --tokens ≥ 1; --profile ≥ 0; --finetune ≥ 0")
+    if bad or a.tokens < 1 or a.profile < 0 or a.finetune < 0 or a.list < 0:
+        p.error(f"ways are {', '.join(choice)} (not {bad}); --tokens ≥ 1; --profile, --finetune and --list ≥ 0")
     import nvkit
     from nvkit.benchmarks.gc_passes import full_passes
     with full_passes() as passes:
@@ -61,18 +63,27 @@ def _requests(nvkit, a, choice, ways, passes) -> None:
         nvkit.finetune(s, lines, max_steps=a.finetune, batch_size=4, seq_len=256,
                        output_dir=tempfile.mkdtemp(prefix="nvkit-first-request-")).result()
         print(f"fine-tune, {a.finetune} steps: {time.perf_counter() - t:.1f} s; {_gc(passes)}", flush=True)
+    from nvkit.generate.fast.first_request import triton_cache_entries
     for i, way in enumerate(ways):
+        prompt = "Tell me about GPUs."
+        if a.list:  # the session bench's lengths, each list its own words (no prefix the last one cached)
+            words = "the GPU streams each weight once per token while the host issues kernels".split()
+            prompt = [" ".join(words[(j + k + i) % len(words)] for k in range(32 + (j * 37) % 128)) for j in range(a.list)]
+        entries = triton_cache_entries()
         prof = cProfile.Profile() if a.profile and i == 0 else None
         if prof and sys.version_info >= (3, 12):
             prof.enable()  # sys.monitoring: every thread, the session's worker too
         elif prof:  # the request runs in the session's worker thread, which the first request starts
             threading.setprofile(lambda *_: prof.enable())
         t = time.perf_counter()
-        s.generate("Tell me about GPUs.", max_new_tokens=a.tokens, fast=choice[way])
+        s.generate(prompt, max_new_tokens=a.tokens, fast=choice[way])
         threading.setprofile(None)
         if prof:
             prof.disable()
-        print(f"{way} #{i}: {time.perf_counter() - t:.2f} s: {s.last_stats}; {_gc(passes)}", flush=True)
+        after = triton_cache_entries()
+        compiled = "?" if entries is None or after is None else after - entries
+        print(f"{way} #{i}: {time.perf_counter() - t:.2f} s: {s.last_stats}; Triton's cache gained {compiled} "
+              f"entries; {_gc(passes)}", flush=True)
         if i == 0:
             print(f"after it, {warm.words()}", flush=True)
         if prof and not prof.getstats():

@@ -111,6 +111,8 @@
 #            families rows of SHAPES (default gemma-3-4b phi-4-mini)            (carry .whl-core)
 #   first39  a session's first 24-token request in three fresh processes, the machine's first one
 #            and two after it, with where the Triton warm-up stood           (carry .whl-core)
+#   list-first  the first list of 64 prompts after a fine-tune and a second one, in a fresh Triton
+#            cache and again on it: what Triton compiled in each, the first one profiled (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 #   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
 #            $OUT/strategies-one-gpu.json, ZeRO-3's speed against DDP
@@ -365,6 +367,17 @@ case "$phase" in
       echo "=== first request, process $i ($(date +%T))"
       timeout 200 python3 scripts/first_request.py auto > "$out/first39-$i.log" 2>&1
       echo "=== exit $? ($(date +%T))"; grep -E "^(load|after|auto)" "$out/first39-$i.log"
+    done ;;
+  list-first)
+    # the first list of 64 prompts after a fine-tune (the session bench's cold phase), then a second
+    # list: in a fresh Triton cache (the machine's first), then again on that cache, with what Triton
+    # compiled inside each list and where the first one's time went
+    export TRITON_CACHE_DIR=$(mktemp -d /tmp/triton-list-first-XXXX)
+    for i in 1 2; do
+      echo "=== first list after a fine-tune, process $i ($(date +%T))"
+      timeout "${TF:-200}" python3 scripts/first_request.py fast,fast --finetune 10 --list 64 --tokens 128 \
+        --profile "${PROF:-25}" > "$out/list-first-$i.log" 2>&1
+      echo "=== exit $? ($(date +%T))"; grep -E "^(load|base request|fine-tune|fast #)" "$out/list-first-$i.log"
     done ;;
   first-adapter)
     # where the first request after a fine-tune spends its time (issue 39: at most 0.5 s more than
