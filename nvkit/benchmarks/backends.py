@@ -346,7 +346,8 @@ def _families_cli(a, chosen: str, options: dict, flags: dict):
               f"vs plain {rate(row['plain_tok_s'])} ({share} of the HBM roofline); list {row['list_path']} "
               f"{rate(row['list_tok_s'])} tok/s vs padded plain {rate(row['padded_plain_tok_s'])}"
               f"{'' if row['ok'] else ' · NOT HEALTHY: tokens short'}\n    batch 1: {row['batch1_detail']}\n"
-              f"    list: {row['list_detail']}", flush=True)
+              f"    list: {row['list_detail']}\n    host: {row['host_cpu'] or 'its CPU unnamed'} (plain's pace)",
+              flush=True)
         if "list_settled_tok_s" in row:
             print(f"    settled: batch 1 {rate(row['batch1_settled_tok_s'])} tok/s "
                   f"({row['batch1_settled_detail']}); list {rate(row['list_settled_tok_s'])} tok/s, "

@@ -13,6 +13,10 @@ GPU's nominal figure where nvkit knows the GPU, else what NVML's memory clock an
 
 Each timed request is checked: it produced the tokens it claims (``min_new_tokens`` holds every
 prompt to its full length), and a row says so in ``ok``.
+
+Each row names the host's CPU (``host_cpu``): plain ``generate`` is bound by the host issuing its
+kernels, so its rates, and every "× plain" column, follow the CPU as much as the GPU, where the fast
+path's replayed graphs do not. Rows from two machines compare on their tok/s, not on their ratios.
 """
 
 from __future__ import annotations
@@ -39,6 +43,19 @@ NOMINAL_BANDWIDTH = {
 }
 
 PROMPT = "The history of the graphics processor began with"
+
+
+def host_cpu() -> str:
+    """The CPU's model name (Linux's /proc/cpuinfo; else what ``platform`` says; "" where neither knows)."""
+    import platform
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return " ".join(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return platform.processor() or ""
 
 
 def bandwidth(device) -> float | None:
@@ -185,6 +202,7 @@ def run_family(model: str, *, new_tokens: int = 200, n_prompts: int = 32, list_t
             "batch1_detail": one.detail,
             "list_detail": many.detail,
             "gib_read_per_token": read / 2 ** 30,
+            "host_cpu": host_cpu(),
             **later,
         }
     finally:

@@ -58,6 +58,7 @@ def test_one_familys_row_on_the_cpu(tmp_path, monkeypatch):
     assert row["batch1_path"] == "generate" and row["list_path"] == "generate"  # no CUDA: plain everywhere
     assert row["batch1_tok_s"] > 0 and row["list_tok_s"] > 0 and row["roofline"] is None
     assert row["gib_read_per_token"] > 0
+    assert row["host_cpu"] == families.host_cpu() and isinstance(row["host_cpu"], str)  # plain's pace is the host's
 
 
 @pytest.mark.parametrize("kw, match", [(dict(new_tokens=1), "new_tokens"), (dict(n_prompts=0), "n_prompts"),
