@@ -122,16 +122,19 @@ def test_minimum_lengths_hold_eos_back_per_prompt(s):
     assert len(got[1]) > 3  # the minimum held this prompt's early EOS back
 
 
-@pytest.mark.parametrize("fold", [False, True], ids=["apart", "spare rows"])
-def test_trained_adapter_decodes_as_peft_does(s, fold):
-    """Also on weights with spare rows for folded adapters (``lora_fold``: the rows' products
-    stay apart; only the batch-1 step folds)."""
+@pytest.mark.parametrize("fold, merged", [(False, True), (False, False), (True, False)],
+                         ids=["merged", "apart", "spare rows"])
+def test_trained_adapter_decodes_as_peft_does(s, fold, merged):
+    """The rows read the batch-1 decoder's merged copy where it merges the adapters (the default:
+    the base step over the copy), else add the adapters' products; also on weights with spare rows
+    for folded adapters (``lora_fold``: the rows' products stay apart; only the batch-1 step
+    folds). Once the adapters are gone, no rows step keeps their copy."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
     base = AutoModelForCausalLM.from_pretrained(demo_model.path(), dtype=torch.float32).eval()
     torch.manual_seed(0)
     pm = get_peft_model(base, LoraConfig(r=8, target_modules="all-linear", init_lora_weights=False)).eval()
-    bd = _decoder(base, max_rows=2, lora_fold=fold)
+    bd = _decoder(base, max_rows=2, lora_fold=fold, lora_merged=merged)
     sampling, _ = fast.resolve(base, dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER))
     with torch.inference_mode():
         got = bd.generate(_ids(s, PROMPTS[:3]), sampling)
@@ -141,10 +144,17 @@ def test_trained_adapter_decodes_as_peft_does(s, fold):
             ref = pm.generate(input_ids=ids, max_new_tokens=12, do_sample=False, eos_token_id=NEVER,
                               pad_token_id=s.tokenizer.pad_token_id)[0, ids.shape[1]:].tolist()
         assert tokens == ref, prompt
-    assert "LoRA unmerged" in bd.describe()
+    assert ("LoRA merged into a copy of 16 projection groups" if merged else "LoRA unmerged") in bd.describe()
+    copy = bd.single._adapters.merged
+    assert (copy is not None) == merged and (bd._lora.weights is copy.weights if merged else bd._lora.slots)
     with pm.disable_adapter(), torch.inference_mode():
         off = bd.generate(_ids(s, PROMPTS[:1]), sampling)[0]
     assert off == _plain(s, PROMPTS[0], max_new_tokens=12, eos_token_id=NEVER) != got[0]
+    assert True in bd._steps  # switched off, not gone: the adapters' steps stay for the next request
+    pm.unload()  # the LoRA layers taken out of the model
+    with torch.inference_mode():
+        assert bd.generate(_ids(s, PROMPTS[:1]), sampling)[0] == off
+    assert True not in bd._steps and bd._lora_built is None and bd.single._adapters.merged is None
 
 
 def test_sampling_depends_on_the_seed_not_on_the_neighbours(s):

@@ -69,8 +69,8 @@ def test_the_invariant_rows_decoder_gives_each_prompt_its_own_tokens_in_any_list
                 assert d.describe().startswith("batch-invariant kernels, fused step over rows, no CUDA graphs"), d.describe()
             if family != "Qwen3":
                 continue  # the adapters' kernels are the same for every layout: checked once
-            # with a LoRA adapter attached (its products in lora_add's row kernels): PEFT's greedy text,
-            # alone and in the list
+            # with a LoRA adapter attached (merged into a copy, and apart: its products in lora_add's
+            # row kernels): PEFT's greedy text, alone and in the list
             from peft import LoraConfig, get_peft_model
             torch.manual_seed(1)
             pm = get_peft_model(m, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
@@ -80,7 +80,11 @@ def test_the_invariant_rows_decoder_gives_each_prompt_its_own_tokens_in_any_list
                                      eos_token_id=10 ** 7)[0, len(p):].tolist() for p in prompts[:3]]
                 assert tuned != plain[:3]  # the adapter changes the answer, so the checks can tell them apart
                 assert [d.generate([p], sampling)[0] for p in prompts[:3]] == tuned, family
-                assert d.generate(prompts[:3], sampling) == tuned and "LoRA unmerged" in d.describe(), d.describe()
+                # the rows read the batch-1 decoder's merged copy (its default), as a prompt alone does
+                assert d.generate(prompts[:3], sampling) == tuned and "LoRA merged" in d.describe(), d.describe()
+                apart = InvariantRowsDecoder(fast.FastDecoder(m, k_steps=2, graphs=False, attention="triton-fused",
+                                                              lora_merged=False), max_rows=4)
+                assert apart.generate(prompts[:3], sampling) == tuned and "LoRA unmerged" in apart.describe()
         print("OK")
     """)
     assert out.strip().endswith("OK"), out

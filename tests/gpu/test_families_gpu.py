@@ -145,19 +145,23 @@ def _list_as_peft_alone(pm, bd, seed: int) -> None:
             assert bd.generate(prompts, sampling) == alone() != tuned
 
 
+@pytest.mark.parametrize("merged", [True, False], ids=["merged", "folded"])
 @pytest.mark.parametrize("family", ["Llama", "Qwen3", "Gemma2", "Gemma3Text"])
-def test_a_list_with_an_adapter_on_the_fused_rows_folds_it(family):
-    """A LoRA adapter on a fused family's list: the rows step with nvkit's kernels folds its first
-    product into the base one (one float32 product and one kernel per projection group, for every
-    row at once), each prompt as PEFT's ``generate`` of it alone; switched off, the base model's."""
+def test_a_list_with_an_adapter_on_the_fused_rows_folds_it(family, merged):
+    """A LoRA adapter on a fused family's list, each prompt as PEFT's ``generate`` of it alone and,
+    switched off, the base model's: by default the rows step is the base step over the batch-1
+    decoder's merged copy; with the adapters apart (``lora_merged=False``), the rows step with
+    nvkit's kernels folds its first product into the base one (one float32 product and one kernel
+    per projection group, for every row at once)."""
     from peft import LoraConfig, get_peft_model
     pm = get_peft_model(_model(family), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                                                    init_lora_weights=False))
-    d = fast.FastDecoder(pm.get_base_model(), k_steps=8)
+    d = fast.FastDecoder(pm.get_base_model(), k_steps=8, lora_merged=merged)
     bd = BatchedDecoder(d, max_rows=4)
     try:
         _list_as_peft_alone(pm, bd, seed=8)
         assert bd.describe().startswith("fused step over rows") and bd.kernels, bd.describe()
+        assert (d._adapters.merged is not None) == merged, d.describe()
     finally:
         bd.release()
         d.release()

@@ -285,6 +285,21 @@ class MergedWeights:
         return _group_bytes(self.weights, self.groups)
 
 
+@dataclass(frozen=True, eq=False)
+class AdapterWeights:
+    """What a step with the adapters on reads: ``weights``, the merged copy's fused weights (or the
+    base ones, where the adapters stay apart), and ``slots``, the buffers whose products it adds
+    (None where merged); ``words`` for the stats line. A decoder sharing the batch-1 step's adapters
+    (``rows.BatchedDecoder``) builds its adapter steps on these, and again when either changes."""
+    weights: FusedWeights
+    slots: LoraSlots | None
+    words: str
+
+    def same(self, other: AdapterWeights | None) -> bool:
+        """Whether ``other`` reads the very same tensors (steps built on it still hold)."""
+        return other is not None and other.weights is self.weights and other.slots is self.slots
+
+
 class Adapters:
     """The batch-1 fused step's adapters: their buffers (``slots``) and, with ``merge``
     (``StepVariant.lora_merged``), their merged copy (``merged``; ``merged_why`` says why there is

@@ -22,7 +22,9 @@ and how many of its rows hold real work. Here:
   request's text depends on its seed and never on which prompts share its batch.
 
 The host loop is pipelined like the batch-1 path's (the next replay queued before the ids of the
-one before are read). The weights and LoRA buffers are the batch-1 decoder's (``FastDecoder.weights``).
+one before are read). The weights and adapters are the batch-1 decoder's (``FastDecoder.weights``):
+its LoRA buffers, or the copy it merged them into, whose rows step is the base step over the copy
+(the base kernels and rate, and a prompt's tokens those it gets alone, from the same weights).
 ``graphs=False`` runs the same code without capture or compile, for checking on a CPU.
 """
 
@@ -74,8 +76,9 @@ class BatchedDecoder(GraphRunner):
         self.prefill_tokens = prefill_tokens
         self.attention, self.attention_why = self._choose_attention(self.options.attention)
         self._fw = None
-        self._lora = None          # the adapter buffers of the request running now (None: no adapter)
-        self._lora_built = None    # the buffers the LoRA steps were built on
+        #: the adapters of the request running now (``lora.AdapterWeights``; None: no adapter on)
+        self._lora = None
+        self._lora_built = None    # the adapters the LoRA steps were built on
         self._arena: Arena | None = None
         self._steps: dict = {}       # LoRA on? -> the eager rows step
         self._compiled: dict = {}    # LoRA on? -> its torch.compile wrapper
@@ -111,7 +114,7 @@ class BatchedDecoder(GraphRunner):
         parts = [f"fused step over rows, {self._class_how()}", f"{self.attention} attention"]
         parts += filter(None, [prefill_rows.describe(list(self._prefills.values()), self.options.prefill_after)])
         if self._lora is not None:
-            parts.append(f"LoRA unmerged (rank ≤ {self._lora.rank})")
+            parts.append(self._lora.words)
         if self.last_batches:
             parts.append("batch " + "/".join(str(b) for b in sorted(self.last_batches, reverse=True)))
         parts.append(f"{self.k} steps per replay")
@@ -134,11 +137,18 @@ class BatchedDecoder(GraphRunner):
             self._drop_arena()
             self._forget_steps(None)
             self._fw = fw
-        if lora is not None and lora is not self._lora_built:  # new adapter buffers (a larger rank)
+        if lora is not None and not lora.same(self._lora_built):  # new buffers (a larger rank) or a new copy
             self._forget_steps(True)
             self._lora_built = lora
+        elif lora is None and self._lora_built is not None and not lora_mod.attached(self.model):
+            self._forget_steps(True)  # the adapters are gone: steps on their merged copy would keep it
+            self._lora_built = None
         self._lora = lora
         return lora is not None
+
+    def _reads(self, lora_on: bool):
+        """(the fused weights, the adapter buffers or None) a step with ``lora_on`` reads."""
+        return (self._lora.weights, self._lora.slots) if lora_on and self._lora is not None else (self._fw, None)
 
     def _forget_steps(self, lora_on: bool | None) -> None:
         """Drop the steps (and their graphs) built for ``lora_on`` (None: all of them)."""
@@ -217,14 +227,14 @@ class BatchedDecoder(GraphRunner):
     # --- the steps and their graphs ----------------------------------------------------------------
     def _step(self, lora_on: bool) -> Callable:
         if lora_on not in self._steps:
-            self._steps[lora_on] = decode_rows_step(self._fw, self.attention, PAGE, self._lora if lora_on else None,
-                                                    kernels=self.kernels)
+            fw, slots = self._reads(lora_on)
+            self._steps[lora_on] = decode_rows_step(fw, self.attention, PAGE, slots, kernels=self.kernels)
         return self._steps[lora_on]
 
     def _prefill_fn(self, lora_on: bool) -> Callable:
         if lora_on not in self._prefills:
             self._prefills[lora_on] = prefill_rows.RowsPrefill(
-                prefill_rows_step(self._fw, self._lora if lora_on else None, kernels=self.kernels),
+                prefill_rows_step(*self._reads(lora_on), kernels=self.kernels),
                 compile=bool(self.options.compile and self.graphs), page=PAGE, scratch=SCRATCH,
                 # no coordinate-descent tuning: it pays on the batch-1 step's matrix-vector products,
                 # while the prefill's matrix products go to cuBLAS and its fused elementwise kernels
@@ -251,16 +261,13 @@ class BatchedDecoder(GraphRunner):
         if lora_on not in self._compiled:
             # the sizes that change from one class or pool to the next are marked dynamic, so one
             # compile serves them all
-            if self.variant.regional:
-                # one layer compiled serves every layer; the step around it is captured per class
-                fw = self._fw
-                layer = model_decode_rows_layer(fw, self.attention, PAGE)
-                self._compiled[lora_on] = decode_rows_step(fw, self.attention, PAGE, self._lora if lora_on else None,
-                                                           layer=compile_fullgraph(layer),
+            fw, slots = self._reads(lora_on)
+            if self.variant.regional:  # one layer compiled serves every layer; the step around it is captured per class
+                layer = compile_fullgraph(model_decode_rows_layer(fw, self.attention, PAGE))
+                self._compiled[lora_on] = decode_rows_step(fw, self.attention, PAGE, slots, layer=layer,
                                                            head=compile_fullgraph(decode_head(fw)))
             else:  # the step of torch operations, for inductor to fuse
-                step = decode_rows_step(self._fw, self.attention, PAGE, self._lora if lora_on else None)
-                self._compiled[lora_on] = compile_fullgraph(step)
+                self._compiled[lora_on] = compile_fullgraph(decode_rows_step(fw, self.attention, PAGE, slots))
         return self._compiled[lora_on], True
 
     def _body(self, a: Arena, key: RowsKey, fn, dynamic: bool):
@@ -297,8 +304,7 @@ class BatchedDecoder(GraphRunner):
             fn, dynamic = self._compiled_step(key.lora) if compiling else (self._step(key.lora), False)
             return graphs_mod.capture(self.device, self._body(a, key, fn, dynamic), a.pos.zero_, compiling=dynamic,
                                       warmups=graphs_mod.warmups(dynamic), inductor=self.inductor_options(dynamic),
-                                      pool=a.pool,
-                                      timings=self.timings)
+                                      pool=a.pool, timings=self.timings)
 
         def clean():
             a.table.fill_(SCRATCH)  # a failed warm-up may have left rows anywhere
@@ -385,7 +391,10 @@ class BatchedDecoder(GraphRunner):
         extra = {"regional": True} if self.variant.regional else {}  # the whole-step compile's keys stay as they were
         if part != "step":
             extra["part"] = part
-        return self.disk_key(self._lora if lora_on else None, batched=True, page=PAGE, **extra)
+        slots = self._reads(lora_on)[1]
+        if lora_on and slots is None:
+            extra["lora_merged"] = True  # the base step's code over the adapters' copy, kept apart
+        return self.disk_key(slots, batched=True, page=PAGE, **extra)
 
     # --- the public side ---------------------------------------------------------------------------
     def release(self) -> None:

@@ -82,14 +82,13 @@ class InvariantRowsDecoder(BatchedDecoder):
 
     def _step(self, lora_on: bool) -> Callable:
         if lora_on not in self._steps:
-            self._steps[lora_on] = decode_rows_step(self._fw, self.attention, PAGE, self._lora if lora_on else None,
-                                                    kernels=True, invariant=True)
+            fw, slots = self._reads(lora_on)
+            self._steps[lora_on] = decode_rows_step(fw, self.attention, PAGE, slots, kernels=True, invariant=True)
         return self._steps[lora_on]
 
     def _prefill_fn(self, lora_on: bool) -> Callable:
         if lora_on not in self._prefills:
-            graphs = PrefillGraphs(prefill_rows_step(self._fw, self._lora if lora_on else None), graphs=self.graphs,
-                                   timings=self.timings)
+            graphs = PrefillGraphs(prefill_rows_step(*self._reads(lora_on)), graphs=self.graphs, timings=self.timings)
             self._prefills[lora_on] = prefill_rows.RowsPrefill(graphs, compile=False, page=PAGE, scratch=SCRATCH,
                                                                timings=self.timings)
         return self._prefills[lora_on]

@@ -146,8 +146,7 @@ class FastDecoder(GraphRunner):
             return self._drop_merged()
 
     def _drop_merged(self) -> int:
-        freed = self._adapters.release_merged()
-        if freed and self._cache is not None:
+        if (freed := self._adapters.release_merged()) and self._cache is not None:
             self._cache.forget_lora()
         return freed
 
@@ -435,12 +434,14 @@ class FastDecoder(GraphRunner):
             return tokens
 
     def weights(self):
-        """(fused weights, adapter buffers or None) as the model has them now, for a decoder that
-        shares them (``rows.BatchedDecoder``): one fused copy of the weights per model, and
-        the adapters loaded once. (None, None) where the fused step does not run."""
+        """(fused weights, ``lora.AdapterWeights`` or None: no adapter on) as the model has them now,
+        for a decoder that shares them (``rows.BatchedDecoder``): one fused copy of the weights per
+        model, the adapters loaded (or merged) once. (None, None) where the fused step does not run."""
         with self._lock:
-            lora_on = self._sync()
-            return self._fw, (self._adapters.slots if lora_on else None)
+            if not self._sync() or self._fw is None:
+                return self._fw, None
+            weights, slots = self._adapters.weights(self._fw, True)
+            return self._fw, lora_mod.AdapterWeights(weights, slots, self._adapters.words(True, folds=False))
 
     def release(self) -> None:
         """Drop every captured graph and cache, and the compiled steps (memory back to the allocator)."""
