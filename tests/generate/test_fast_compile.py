@@ -171,7 +171,7 @@ def test_prefill_after_from_the_environment(raw, ok):
     """``NVKIT_FAST_PREFILL_AFTER``: seconds of eager prefill before the batched prefill compiles."""
     from nvkit.errors import NvkitError
     from nvkit.generate.fast.options import FastOptions
-    assert FastOptions().prefill_after == 1.0
+    assert FastOptions().prefill_after == 10.0
     if ok is None:
         with pytest.raises(NvkitError, match="NVKIT_FAST_PREFILL_AFTER"):
             FastOptions.from_env({"NVKIT_FAST_PREFILL_AFTER": raw})

@@ -61,8 +61,10 @@ class FastOptions:
       decoder before it is compiled (0: compiled at the first list). A list's first call already
       compiles the rows' decode step; compiling the prefill with it would make that wait much
       longer to save tenths of a second per list, so it waits until the eager prefill has cost
-      this much.
-      Compile artifacts of an earlier compile on disk make it compile at once.
+      about what the compile costs (then the eager calls never cost more than compiling at the
+      first list would have). Compile artifacts on disk are read when it compiles; they shorten
+      the compile by a part only (the layer is still traced and its kernels loaded), so they do
+      not bring it forward: a new session's first list would wait for it.
     """
     k_steps: int = 8
     compile: bool = True
@@ -72,7 +74,7 @@ class FastOptions:
     cache_tokens: int = DEFAULT_CACHE_TOKENS
     disk_cache: bool = True
     lora_fold: bool = True
-    prefill_after: float = 1.0
+    prefill_after: float = 10.0
     compile_after: float = 30.0
 
     def __post_init__(self):

@@ -15,9 +15,10 @@ specialises a size of 1 and would compile again.
 When the compile runs: the first call of a list compiles the rows' decode step already, and the
 prefill's compile would about double that wait, to save a few tenths of a second of host work
 per call. So the prefill runs eagerly until it has spent ``compile_after`` seconds of host time
-that way in this decoder (a few calls of dozens of prompts), and compiles at its next call;
-artifacts of an earlier compile on disk make that compile cheap, so then it compiles at once.
-``compile_after=0`` compiles at the first call.
+that way in this decoder (``FastOptions.prefill_after``: about what the compile costs, so the eager
+calls never cost more than compiling at once would have), and compiles at its next call. Artifacts
+of an earlier compile on disk are read then; they shorten the compile by a part only, so they do not
+bring it forward. ``compile_after=0`` compiles at the first call.
 
 Compiling is kept only where it measures faster (``compile_policy``'s rule): on the GPU the call
 that compiles then runs the eager and the compiled prefill in alternation on its own prompts
@@ -53,8 +54,8 @@ class RowsPrefill:
 
     ``page`` and ``scratch`` (a page id whose contents are never read) place the keys of the empty
     row a one-prompt group gets. ``inductor``: a context-manager factory for the compile's inductor
-    settings; ``restore``: loads earlier compile artifacts from disk, True when there were some
-    (asked once, at the first call); ``store``: writes them after the compile; ``timings``: where
+    settings; ``restore``: loads earlier compile artifacts from disk (asked once, when the compile
+    runs); ``store``: writes them after the compile; ``timings``: where
     the compile's seconds are counted ("compile prefill"). ``compile_after``: seconds of eager
     prefill before the compile (see the module docstring); ``clock``: where those seconds come from."""
 
@@ -71,7 +72,6 @@ class RowsPrefill:
         self._clock = clock
         self._fn = None
         self._first = True
-        self._asked_disk = False
         #: why the eager prefill was kept although compiled (measured slower), None otherwise
         self.declined: str | None = None
         #: measure compiled against eager after the compile: None on CUDA only (where the host
@@ -100,17 +100,10 @@ class RowsPrefill:
         """Compile at the next call, whatever the eager prefill has spent (a warm-up on purpose)."""
         self.compile_after = 0.0
 
-    def _due(self) -> bool:
-        if not self._asked_disk:
-            self._asked_disk = True
-            if self._restore is not None and self._restore():
-                self.compile_after = 0.0  # an earlier compile's artifacts: it costs seconds, not tens
-        return self.eager_seconds >= self.compile_after
-
     def __call__(self, ids, last, where, cos, sin, keys, values, on_progress=None):
         if self._fn is None or self.error is not None:
             return self.eager(ids, last, where, cos, sin, keys, values)
-        if self._first and not self._due():
+        if self._first and self.eager_seconds < self.compile_after:
             t = self._clock()
             out = self.eager(ids, last, where, cos, sin, keys, values)
             self.eager_seconds += self._clock() - t
@@ -122,6 +115,8 @@ class RowsPrefill:
             if self._first:
                 events.record("compile", "fast batch: compiling the prompt prefill (once per session)")
                 timed = self._timings.part("compile prefill") if self._timings is not None else contextlib.nullcontext()
+                if self._restore is not None:
+                    self._restore()
                 with ticking(on_progress), timed, self._inductor():
                     out = self._fn(ids, last, where, cos, sin, keys, values)
                 self._first = False
