@@ -68,7 +68,8 @@ def _requests(nvkit, a, choice, ways, passes) -> None:
         prompt = "Tell me about GPUs."
         if a.list:  # the session bench's lengths, each list its own words (no prefix the last one cached)
             words = "the GPU streams each weight once per token while the host issues kernels".split()
-            prompt = [" ".join(words[(j + k + i) % len(words)] for k in range(32 + (j * 37) % 128)) for j in range(a.list)]
+            prompt = [" ".join(words[(j + k + i) % len(words)] for k in range(32 + (j * 37) % 128))
+                      for j in range(a.list)]
         entries = triton_cache_entries()
         prof = cProfile.Profile() if a.profile and i == 0 else None
         if prof and sys.version_info >= (3, 12):

@@ -277,8 +277,9 @@ def test_the_rows_prefill_with_kernels_computes_what_the_prefill_of_torch_operat
     (norms after each branch, GELU, sliding layers with a rotary table of their own), OLMo 2's
     (norms rounded weight first, q and k normed over all heads), Granite's (residual
     multiplier), Qwen3's (q and k normed per head, in ``prefill_rope``) and Phi-3's (partial
-    rotary; also with heads of 24, not a power of two, as Phi-4-mini's 96): the same last-token logits and the same keys and values written. The compiled
-    prefill traces the layer of torch's operations (``traced_layer``)."""
+    rotary; also with heads of 24, not a power of two, as Phi-4-mini's 96): the same last-token
+    logits and the same keys and values written. The compiled prefill traces the layer of torch's
+    operations (``traced_layer``)."""
     out = _interpret("""
         import torch
         import transformers
