@@ -25,7 +25,8 @@ case "$workers" in
   0) par=(); threads=() ;;
   1) threads=() ;;
 esac
-env "${threads[@]}" "$PY" -m pytest -ra "${par[@]}" -m "not ui" "$@"; rest=$?
+# --durations: the slowest tests named in every run's log, where keeping CI under half an hour starts
+env "${threads[@]}" "$PY" -m pytest -ra --durations=15 "${par[@]}" -m "not ui" "$@"; rest=$?
 "$PY" -m pytest -ra -m ui "$@"; ui=$?
 
 echo "[test] everything but the browser: exit $rest; the browser tests: exit $ui"
