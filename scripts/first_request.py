@@ -63,13 +63,12 @@ def _requests(nvkit, a, choice, ways, passes) -> None:
         nvkit.finetune(s, lines, max_steps=a.finetune, batch_size=4, seq_len=256,
                        output_dir=tempfile.mkdtemp(prefix="nvkit-first-request-")).result()
         print(f"fine-tune, {a.finetune} steps: {time.perf_counter() - t:.1f} s; {_gc(passes)}", flush=True)
+    from nvkit.benchmarks.decode import mixed_prompts
     from nvkit.generate.fast.first_request import triton_cache_entries
     for i, way in enumerate(ways):
         prompt = "Tell me about GPUs."
-        if a.list:  # the session bench's lengths, each list its own words (no prefix the last one cached)
-            words = "the GPU streams each weight once per token while the host issues kernels".split()
-            prompt = [" ".join(words[(j + k + i) % len(words)] for k in range(32 + (j * 37) % 128))
-                      for j in range(a.list)]
+        if a.list:  # the session bench's lengths, each list its own text (no prefix the last one cached)
+            prompt = mixed_prompts(s.tokenizer, a.list, seed=i, lo=32, hi=159)
         entries = triton_cache_entries()
         prof = cProfile.Profile() if a.profile and i == 0 else None
         if prof and sys.version_info >= (3, 12):
