@@ -43,7 +43,10 @@ INVARIANT_SPLITS = MAX_SPLITS
 
 def _sm_count(device) -> int:
     if device.type != "cuda":
-        return 64  # Triton's interpreter: any figure; the result does not depend on it
+        # Triton's interpreter runs the programs one after another: a small GPU's figure keeps them
+        # few (two slices per row and KV head at two rows of two KV heads, so the merge still runs)
+        # and the result does not depend on it
+        return 4
     key = device.index if device.index is not None else torch.cuda.current_device()
     if key not in _SM_COUNT:
         _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
