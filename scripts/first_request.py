@@ -14,6 +14,7 @@ docs/benchmarks.md's table in a process of its own:
 
 import argparse
 import cProfile
+import os
 import pstats
 import sys
 import tempfile
@@ -69,7 +70,7 @@ def _requests(nvkit, a, choice, ways, passes) -> None:
         prompt = "Tell me about GPUs."
         if a.list:  # the session bench's lengths, each list its own text (no prefix the last one cached)
             prompt = mixed_prompts(s.tokenizer, a.list, seed=i, lo=32, hi=159)
-        entries = triton_cache_entries()
+        entries, folders = triton_cache_entries(), _triton_folders()
         prof = cProfile.Profile() if a.profile and i == 0 else None
         if prof and sys.version_info >= (3, 12):
             prof.enable()  # sys.monitoring: every thread, the session's worker too
@@ -84,6 +85,8 @@ def _requests(nvkit, a, choice, ways, passes) -> None:
         compiled = "?" if entries is None or after is None else after - entries
         print(f"{way} #{i}: {time.perf_counter() - t:.2f} s: {s.last_stats}; Triton's cache gained {compiled} "
               f"entries; {_gc(passes)}", flush=True)
+        if compiled not in ("?", 0):
+            print(f"what Triton compiled: {_compiled(folders)}", flush=True)
         if i == 0:
             print(f"after it, {warm.words()}", flush=True)
         if prof and not prof.getstats():
@@ -92,6 +95,36 @@ def _requests(nvkit, a, choice, ways, passes) -> None:
         elif prof:
             for key in ("tottime", "cumulative"):
                 pstats.Stats(prof, stream=sys.stdout).sort_stats(key).print_stats(a.profile)
+
+
+def _triton_folder() -> str:
+    try:
+        import triton.knobs
+        return str(triton.knobs.cache.dir)
+    except Exception:  # noqa: BLE001 - a Triton without knobs: its documented default
+        return os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+
+
+def _triton_folders() -> set:
+    """The entries of Triton's on-disk cache now (one folder per compiled kernel or built launcher)."""
+    try:
+        return set(os.listdir(_triton_folder()))
+    except OSError:
+        return set()
+
+
+def _compiled(before: set) -> str:
+    """The kernels and launchers in the cache entries added since ``before``, by the names of their
+    files (a kernel's entry holds NAME.cubin, NAME.json, ...; a launcher's the module it built)."""
+    folder, names = _triton_folder(), []
+    for entry in sorted(_triton_folders() - before):
+        try:
+            files = os.listdir(os.path.join(folder, entry))
+        except OSError:
+            continue
+        stems = sorted({f.split(".")[0] for f in files if not f.startswith("__grp__")})
+        names.append("/".join(stems) or "(empty)")
+    return ", ".join(sorted(names)) or "nothing"
 
 
 def _gc(passes) -> str:

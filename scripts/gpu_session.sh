@@ -377,7 +377,7 @@ case "$phase" in
       echo "=== first list after a fine-tune, process $i ($(date +%T))"
       timeout "${TF:-200}" python3 scripts/first_request.py fast,fast --finetune 10 --list 64 --tokens 128 \
         --profile "${PROF:-25}" > "$out/list-first-$i.log" 2>&1
-      echo "=== exit $? ($(date +%T))"; grep -E "^(load|base request|fine-tune|fast #)" "$out/list-first-$i.log"
+      echo "=== exit $? ($(date +%T))"; grep -E "^(load|base request|fine-tune|fast #|what Triton compiled)" "$out/list-first-$i.log"
     done ;;
   first-adapter)
     # where the first request after a fine-tune spends its time (issue 39: at most 0.5 s more than
