@@ -4,7 +4,8 @@ for the tables' width in ``rotary_width_fits``), one block's step of their onlin
 (``attend_block``), their score soft-capping (``tanh``) and the check
 of its and the sliding window's arguments (``window_softcap_why``), their merge of the slices per
 query head (``combine_kernel``; ``merge_kernel`` with the slice count at run time), the most slices
-per KV head, and the row view the elementwise kernels take their inputs in."""
+per KV head, the row view the elementwise kernels take their inputs in, and the SM count the
+automatic launches are sized for (``device_sms``)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,21 @@ try:  # Grid Dependency Control (Hopper on): what Programmatic Dependent Launch 
     from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 except ImportError:  # an older Triton: pdl=True says so (``pdl_why``), nothing else needs them
     gdc_launch_dependents = gdc_wait = None
+
+_SM_COUNT: dict = {}
+
+
+def device_sms(device, interpreted: int) -> int:
+    """The SM count of the CUDA ``device``, read once per device, that the kernels size their
+    automatic launches for; elsewhere (Triton's interpreter, which runs the programs one after
+    another) ``interpreted``, the caller's figure."""
+    if device.type != "cuda":
+        return interpreted
+    key = device.index if device.index is not None else torch.cuda.current_device()
+    if key not in _SM_COUNT:
+        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
+    return _SM_COUNT[key]
+
 
 MAX_SPLITS = 16  # slices of the cache per KV head: 8 KV heads x 16 programs fill a large GPU's SMs about once
 #: the caches whose attention runs on tensor cores (``tl.dot``) by default on a GPU; an fp32 cache

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import gdc_launch_dependents, gdc_wait, launch_why, next_pow2, pdl_why
+from .common import device_sms, gdc_launch_dependents, gdc_wait, launch_why, next_pow2, pdl_why
 
 #: the most weight elements one program holds per step of its loop (BLOCK_N × BLOCK_K)
 TILE = 16384
@@ -45,17 +45,9 @@ TILE = 16384
 #: inputs of ``LONG_K`` or more (an o or down projection of a wide model), fitted apart because
 #: there the loop has more steps than the pipeline has stages.
 K_STEP, PROGRAMS_PER_SM, WIDE_TILE, LONG_K, LONG_K_STEP = 1024, 8, 1 << 30, 4096, 1024
-_SM_COUNT: dict = {}
-
-
 def sm_count(device) -> int:
     """The SM count ``gemv_launch`` sizes the automatic launch for on ``device``."""
-    if device.type != "cuda":
-        return 1  # Triton's interpreter runs programs one by one: the fewest, the largest tiles
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SM_COUNT:
-        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SM_COUNT[key]
+    return device_sms(device, 1)  # Triton's interpreter runs programs one by one: the fewest, the largest tiles
 
 
 def gemv_launch(n: int, k: int, sms: int, cap: int = K_STEP, per_sm: int = PROGRAMS_PER_SM,

@@ -21,22 +21,14 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import as_rows, next_pow2
+from .common import as_rows, device_sms, next_pow2
 
 BM, BN, BK = 16, 64, 64       # tl.dot's smallest M tile: a decode step's rows are few
 NUM_WARPS, NUM_STAGES = 4, 3
 MAX_SPLITS = 32
 
-_SM_COUNT: dict = {}
-
-
 def _sm_count(device) -> int:
-    if device.type != "cuda":
-        return 64  # Triton's interpreter: any figure (the splits depend on it, never on the rows)
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SM_COUNT:
-        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SM_COUNT[key]
+    return device_sms(device, 64)  # Triton's interpreter: any figure (the splits depend on it, never on the rows)
 
 
 def splits_for(n: int, k: int, sms: int) -> int:

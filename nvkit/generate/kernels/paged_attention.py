@@ -32,25 +32,19 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import (DOT_DTYPES, MAX_SPLITS, MAX_WINDOW, attend_block, launch_why, merge_kernel, next_pow2, norm_rope,
-                     rope_lanes, rotary_width_fits, window_softcap_why)
+from .common import (DOT_DTYPES, MAX_SPLITS, MAX_WINDOW, attend_block, device_sms, launch_why, merge_kernel, next_pow2,
+                     norm_rope, rope_lanes, rotary_width_fits, window_softcap_why)
 
-_SM_COUNT: dict = {}
 #: the batch-invariant step's slices per (row, KV head): a row's blocks go to the slices by their
 #: index alone, so its partial sums and their merge do not depend on the rows beside it
 INVARIANT_SPLITS = MAX_SPLITS
 
 
 def _sm_count(device) -> int:
-    if device.type != "cuda":
-        # Triton's interpreter runs the programs one after another: a small GPU's figure keeps them
-        # few (two slices per row and KV head at two rows of two KV heads, so the merge still runs)
-        # and the result does not depend on it
-        return 4
-    key = device.index if device.index is not None else torch.cuda.current_device()
-    if key not in _SM_COUNT:
-        _SM_COUNT[key] = torch.cuda.get_device_properties(key).multi_processor_count
-    return _SM_COUNT[key]
+    # Triton's interpreter runs the programs one after another: a small GPU's figure keeps them
+    # few (two slices per row and KV head at two rows of two KV heads, so the merge still runs)
+    # and the result does not depend on it
+    return device_sms(device, 4)
 
 
 # the launch ``paged_launch`` takes on a 16-bit cache when nothing is asked (see its docstring;
