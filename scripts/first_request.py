@@ -97,18 +97,11 @@ def _requests(nvkit, a, choice, ways, passes) -> None:
                 pstats.Stats(prof, stream=sys.stdout).sort_stats(key).print_stats(a.profile)
 
 
-def _triton_folder() -> str:
-    try:
-        import triton.knobs
-        return str(triton.knobs.cache.dir)
-    except Exception:  # noqa: BLE001 - a Triton without knobs: its documented default
-        return os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
-
-
 def _triton_folders() -> set:
     """The entries of Triton's on-disk cache now (one folder per compiled kernel or built launcher)."""
+    from nvkit.generate.fast.first_request import triton_cache_folder
     try:
-        return set(os.listdir(_triton_folder()))
+        return set(os.listdir(triton_cache_folder()))
     except OSError:
         return set()
 
@@ -116,7 +109,8 @@ def _triton_folders() -> set:
 def _compiled(before: set) -> str:
     """The kernels and launchers in the cache entries added since ``before``, by the names of their
     files (a kernel's entry holds NAME.cubin, NAME.json, ...; a launcher's the module it built)."""
-    folder, names = _triton_folder(), []
+    from nvkit.generate.fast.first_request import triton_cache_folder
+    folder, names = triton_cache_folder(), []
     for entry in sorted(_triton_folders() - before):
         try:
             files = os.listdir(os.path.join(folder, entry))

@@ -148,18 +148,23 @@ def _lookup(data: dict, model, device, what: str, most: float = 3600) -> float |
     return v if v is not None and 0 < v < most else None
 
 
+def triton_cache_folder() -> str:
+    """The folder of Triton's on-disk kernel cache in this process (one entry per compiled kernel
+    or built launcher)."""
+    try:
+        import triton.knobs
+        return str(triton.knobs.cache.dir)
+    except Exception:  # noqa: BLE001 - a Triton without knobs: its documented default
+        return os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
+
+
 def triton_cache_entries() -> int | None:
     """How many entries Triton's on-disk kernel cache holds now (None: it cannot be read): it only
     grows while it lasts, so more entries after a capture mean Triton compiled during it. A folder
     not there yet holds none: Triton makes it at its first compile, the fresh machine's first capture,
     which must count as compiling."""
     try:
-        import triton.knobs
-        folder = str(triton.knobs.cache.dir)
-    except Exception:  # noqa: BLE001 - a Triton without knobs: its documented default
-        folder = os.environ.get("TRITON_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".triton", "cache")
-    try:
-        with os.scandir(folder) as entries:
+        with os.scandir(triton_cache_folder()) as entries:
             return sum(1 for _ in entries)
     except FileNotFoundError:
         return 0

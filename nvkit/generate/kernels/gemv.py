@@ -45,6 +45,8 @@ TILE = 16384
 #: inputs of ``LONG_K`` or more (an o or down projection of a wide model), fitted apart because
 #: there the loop has more steps than the pipeline has stages.
 K_STEP, PROGRAMS_PER_SM, WIDE_TILE, LONG_K, LONG_K_STEP = 1024, 8, 1 << 30, 4096, 1024
+
+
 def sm_count(device) -> int:
     """The SM count ``gemv_launch`` sizes the automatic launch for on ``device``."""
     return device_sms(device, 1)  # Triton's interpreter runs programs one by one: the fewest, the largest tiles

@@ -27,6 +27,7 @@ BM, BN, BK = 16, 64, 64       # tl.dot's smallest M tile: a decode step's rows a
 NUM_WARPS, NUM_STAGES = 4, 3
 MAX_SPLITS = 32
 
+
 def _sm_count(device) -> int:
     return device_sms(device, 64)  # Triton's interpreter: any figure (the splits depend on it, never on the rows)
 
