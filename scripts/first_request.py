@@ -65,12 +65,11 @@ def _requests(nvkit, a, choice, ways, passes) -> None:
                        output_dir=tempfile.mkdtemp(prefix="nvkit-first-request-")).result()
         print(f"fine-tune, {a.finetune} steps: {time.perf_counter() - t:.1f} s; {_gc(passes)}", flush=True)
     from nvkit.benchmarks.decode import mixed_prompts
-    from nvkit.generate.fast.first_request import triton_cache_entries
     for i, way in enumerate(ways):
         prompt = "Tell me about GPUs."
         if a.list:  # the session bench's lengths, each list its own text (no prefix the last one cached)
             prompt = mixed_prompts(s.tokenizer, a.list, seed=i, lo=32, hi=159)
-        entries, folders = triton_cache_entries(), _triton_folders()
+        entries = _triton_folders()
         prof = cProfile.Profile() if a.profile and i == 0 else None
         if prof and sys.version_info >= (3, 12):
             prof.enable()  # sys.monitoring: every thread, the session's worker too
@@ -81,12 +80,13 @@ def _requests(nvkit, a, choice, ways, passes) -> None:
         threading.setprofile(None)
         if prof:
             prof.disable()
-        after = triton_cache_entries()
-        compiled = "?" if entries is None or after is None else after - entries
+        after = _triton_folders()
+        new = None if entries is None or after is None else after - entries
+        compiled = "?" if new is None else len(new)
         print(f"{way} #{i}: {time.perf_counter() - t:.2f} s: {s.last_stats}; Triton's cache gained {compiled} "
               f"entries; {_gc(passes)}", flush=True)
-        if compiled not in ("?", 0):
-            print(f"what Triton compiled: {_compiled(folders)}", flush=True)
+        if new:
+            print(f"what Triton compiled: {_compiled(new)}", flush=True)
         if i == 0:
             print(f"after it, {warm.words()}", flush=True)
         if prof and not prof.getstats():
@@ -97,21 +97,25 @@ def _requests(nvkit, a, choice, ways, passes) -> None:
                 pstats.Stats(prof, stream=sys.stdout).sort_stats(key).print_stats(a.profile)
 
 
-def _triton_folders() -> set:
-    """The entries of Triton's on-disk cache now (one folder per compiled kernel or built launcher)."""
+def _triton_folders() -> set | None:
+    """The entries of Triton's on-disk cache now, one folder per compiled kernel or built launcher
+    (None: it cannot be read; none yet where Triton has not made it: the fresh machine's first
+    compile makes it)."""
     from nvkit.generate.fast.first_request import triton_cache_folder
     try:
         return set(os.listdir(triton_cache_folder()))
-    except OSError:
+    except FileNotFoundError:
         return set()
+    except OSError:
+        return None
 
 
-def _compiled(before: set) -> str:
-    """The kernels and launchers in the cache entries added since ``before``, by the names of their
-    files (a kernel's entry holds NAME.cubin, NAME.json, ...; a launcher's the module it built)."""
+def _compiled(new: set) -> str:
+    """The kernels and launchers in the cache entries ``new``, by the names of their files (a
+    kernel's entry holds NAME.cubin, NAME.json, ...; a launcher's the module it built)."""
     from nvkit.generate.fast.first_request import triton_cache_folder
     folder, names = triton_cache_folder(), []
-    for entry in sorted(_triton_folders() - before):
+    for entry in sorted(new):
         try:
             files = os.listdir(os.path.join(folder, entry))
         except OSError:
