@@ -14,7 +14,7 @@ import threading
 from typing import Callable
 
 from ...errors import NvkitError, require
-from . import support
+from . import compile_ahead, support
 from .options import default_options
 from .model_rows import ModelRowsDecoder
 from .rows import BatchedDecoder
@@ -53,6 +53,9 @@ class Decoders:
             if d is not None:
                 d.release()  # its graphs and caches go before the new one captures
             self.single = FastDecoder(base, wanted[0], variant=wanted[1])
+            if self.single.kernels and self.single.fused:
+                # a list's first prompt prefill would otherwise compile its kernels while it waits
+                compile_ahead.start(self.single.fused_weights)
             return self.single
 
     def batched(self, model) -> BatchedDecoder:

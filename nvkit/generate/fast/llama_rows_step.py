@@ -172,7 +172,7 @@ def mark_dynamic(tok, pos, table, cos, sin, keys, values) -> None:
 
 def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None,
                        weight_first: bool = False, act: str = "silu", softcap: float | None = None,
-                       kernels: bool = False) -> Callable:
+                       kernels: bool = False, attend: Callable | None = None) -> Callable:
     """One decoder layer of the rows prefill, on tensors only: ``layer(h, cos, sin, flat, keys,
     values, *layer_args(w, lo))`` -> the layer's output h. ``h``: (rows, length, hidden);
     ``cos``/``sin``: (1, length, 1, rotary width); ``flat``: (rows * length,) pool indices where the
@@ -192,7 +192,12 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
     the eager prefill launches each elementwise operation as a kernel of its own (a norm is eight,
     a Gemma layer has six norms, RoPE is five per tensor), which the host issues more slowly than
     the GPU runs the layer's matrix products; the compiled prefill fuses them itself and traces
-    this layer with ``kernels`` False."""
+    this layer with ``kernels`` False.
+
+    ``attend(q, k, v, scaling, window, softcap)``: the attention of (rows, heads, length, head dim)
+    tensors, torch's fused attention by default; ``compile_ahead`` runs the layer on meta tensors in
+    a thread of its own and stands in a tensor of the right shape, since ``sdpa_kernel`` below
+    switches torch's attention backends for the whole process, not for one thread."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     groups = nh // nkv
     _, leave = layer_ends(kernels, residual, weight_first, act=act, products=False)
@@ -207,6 +212,11 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
     # thread) builds them all again: that was most of a many-prompt request's prefill. Flash and
     # memory-efficient attention plan nothing; math stays as the last resort.
     backends = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+    def fused_attention(q, k, v, scaling, window, softcap):
+        with sdpa_kernel(backends):
+            return prefill_attention(q, k, v, scaling, window, softcap)
+    attend = attend or fused_attention
 
     def layer(h, cos, sin, flat, keys, values, in_norm, in_eps, qkv_w, qkv_bias, q_norm, k_norm, qk_eps, o_w,
               o_bias, post_norm, post_eps, ff_norm, ff_eps, mlp_norm, mlp_eps, gate_up_w, gate_up_bias, down_w,
@@ -223,8 +233,7 @@ def prefill_rows_layer(nh: int, nkv: int, hd: int, residual: float | None = None
         # each KV head repeated for its query heads, as transformers' repeat_kv does
         kk = k.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
         vv = v.transpose(1, 2)[:, :, None].expand(rows, nkv, groups, length, hd).reshape(rows, nh, length, hd)
-        with sdpa_kernel(backends):
-            o = prefill_attention(q.transpose(1, 2), kk, vv, scaling, window, softcap)
+        o = attend(q.transpose(1, 2), kk, vv, scaling, window, softcap)
         h, m = leave(h, linear(o.transpose(1, 2).reshape(rows, length, nh * hd), o_w, o_bias, lo_o), post_norm,
                      post_eps, ff_norm, ff_eps, mlp_norm, mlp_eps, gate_up_w, gate_up_bias, down_w, down_bias,
                      lo_gate_up, lo_down)

@@ -25,6 +25,7 @@ import triton
 import triton.language as tl
 
 from .common import as_rows
+from .launch import launch
 
 
 @triton.jit
@@ -82,11 +83,10 @@ def add_rms_norm(h: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor | No
     total = torch.empty((rows, n), dtype=h.dtype, device=h.device)
     out = total if weight is None else torch.empty((rows, n), dtype=_norm_dtype(h, weight, weight_first),
                                                    device=h.device)
-    _add_rms_norm_kernel[(rows,)](h2, d2, total if weight is None else weight,
-                                  total if delta_norm is None else delta_norm, total, out, n, float(eps),
-                                  float(delta_eps), h2.stride(0), d2.stride(0), total.stride(0), out.stride(0),
-                                  BLOCK=triton.next_power_of_2(n), WEIGHT_FIRST=bool(weight_first), HAS_H=True,
-                                  NORM_D=delta_norm is not None, HAS_W=weight is not None)
+    launch(_add_rms_norm_kernel, (rows,), h2, d2, total if weight is None else weight,
+           total if delta_norm is None else delta_norm, total, out, n, float(eps), float(delta_eps), h2.stride(0),
+           d2.stride(0), total.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(n),
+           WEIGHT_FIRST=bool(weight_first), HAS_H=True, NORM_D=delta_norm is not None, HAS_W=weight is not None)
     return total.view(h.shape), out.view(h.shape)
 
 
@@ -100,7 +100,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, weight_first: bo
     rows, n = x2.shape
     out = torch.empty((rows, n), dtype=_norm_dtype(x, weight, weight_first), device=x.device)
     # x itself stands in for the unused sum (never written: HAS_H) and gives the rounding dtype
-    _add_rms_norm_kernel[(rows,)](x2, x2, weight, weight, x2, out, n, float(eps), 0.0, x2.stride(0), x2.stride(0),
-                                  x2.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(n),
-                                  WEIGHT_FIRST=bool(weight_first), HAS_H=False, NORM_D=False, HAS_W=True)
+    launch(_add_rms_norm_kernel, (rows,), x2, x2, weight, weight, x2, out, n, float(eps), 0.0, x2.stride(0),
+           x2.stride(0), x2.stride(0), out.stride(0), BLOCK=triton.next_power_of_2(n),
+           WEIGHT_FIRST=bool(weight_first), HAS_H=False, NORM_D=False, HAS_W=True)
     return out.view(x.shape)

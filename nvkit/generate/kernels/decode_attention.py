@@ -49,6 +49,7 @@ import triton.language as tl
 
 from .common import (DOT_DTYPES, MAX_SPLITS, MAX_WINDOW, attend_block, combine_kernel, gdc_launch_dependents, gdc_wait,
                      launch_why, next_pow2, norm_rope, pdl_why, rope_lanes, rotary_width_fits, window_softcap_why)
+from .launch import launch
 
 BLOCK_L = 32  # cache positions per step inside a slice
 
@@ -195,14 +196,13 @@ def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, o
     s_sum = torch.empty((nh, n_splits), dtype=torch.float32, device=out.device)  # running sum
     o = torch.empty((nh, n_splits, hd), dtype=torch.float32, device=out.device)  # weighted sum
     groups = nh // nkv
-    launch = {name: n for name, n in (("num_warps", num_warps), ("num_stages", num_stages)) if n is not None}
+    tuning = {name: n for name, n in (("num_warps", num_warps), ("num_stages", num_stages)) if n is not None}
     chained = {"launch_pdl": True} if pdl else {}
-    split_kernel[(nkv, n_splits)](
-        *lead, m, s_sum, o, *scalars,
-        k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        GROUPS=groups, GROUPS_P2=max(16, next_pow2(groups)) if dot else next_pow2(groups), HD=hd, N_SPLITS=n_splits,
-        BLOCK=block, DOT=dot, PDL=pdl, **constexprs, **launch, **chained)
-    combine_kernel[(nh,)](m, s_sum, o, out, N_SPLITS=n_splits, HD=hd, PDL=pdl, **chained)
+    launch(split_kernel, (nkv, n_splits), *lead, m, s_sum, o, *scalars,
+           k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+           GROUPS=groups, GROUPS_P2=max(16, next_pow2(groups)) if dot else next_pow2(groups), HD=hd,
+           N_SPLITS=n_splits, BLOCK=block, DOT=dot, PDL=pdl, **constexprs, **tuning, **chained)
+    launch(combine_kernel, (nh,), m, s_sum, o, out, N_SPLITS=n_splits, HD=hd, PDL=pdl, **chained)
 
 
 def check_shapes(q, k, v) -> str | None:

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from .common import device_sms, gdc_launch_dependents, gdc_wait, launch_why, next_pow2, pdl_why
+from .launch import launch
 
 #: the most weight elements one program holds per step of its loop (BLOCK_N × BLOCK_K)
 TILE = 16384
@@ -186,18 +187,18 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     block_n, block_k, num_warps = block_n or auto_n, block_k or auto_k, num_warps or auto_warps
     x = x.reshape(-1).contiguous()
     out = torch.empty((1, n), dtype=weight.dtype, device=weight.device)
-    launch = {name: v for name, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
+    tuning = {name: v for name, v in (("num_warps", num_warps), ("num_stages", num_stages)) if v is not None}
     if pdl:
-        launch["launch_pdl"] = True
+        tuning["launch_pdl"] = True
     t, lb = (lora[0].reshape(-1), lora[1]) if lora is not None else (x, weight)  # unread without an adapter
     rank = lb.shape[1] if lora is not None else 1
-    _gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, norm if norm is not None else x, bias if bias is not None else x,
-        residual.reshape(-1) if residual is not None else x, out, t, lb, n, k, rank, float(eps),
-        float(scale or 1.0), weight.stride(0), lb.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
-        NORM=norm is not None, WEIGHT_FIRST=bool(weight_first), HAS_BIAS=bias is not None, GLU=bool(glu),
-        HAS_SCALE=scale is not None, RESIDUAL=residual is not None, LORA=lora is not None,
-        RANK_P2=max(16, next_pow2(rank)), PDL=bool(pdl), **launch)
+    launch(_gemv_kernel, (triton.cdiv(n, block_n),),
+           x, weight, norm if norm is not None else x, bias if bias is not None else x,
+           residual.reshape(-1) if residual is not None else x, out, t, lb, n, k, rank, float(eps),
+           float(scale or 1.0), weight.stride(0), lb.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
+           NORM=norm is not None, WEIGHT_FIRST=bool(weight_first), HAS_BIAS=bias is not None, GLU=bool(glu),
+           HAS_SCALE=scale is not None, RESIDUAL=residual is not None, LORA=lora is not None,
+           RANK_P2=max(16, next_pow2(rank)), PDL=bool(pdl), **tuning)
     return out
 
 

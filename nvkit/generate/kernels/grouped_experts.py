@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import launch
+
 #: rows per block: a block is one expert's, padded to this many (``tl.dot``'s smallest M)
 BLOCK_M = 16
 
@@ -111,7 +113,7 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, ids: torch.Tensor, blo
         return out
     stride_wn, stride_wk = (weight.stride(2), weight.stride(1)) if transposed else (weight.stride(1), weight.stride(2))
     block_n = 64
-    _grouped_kernel[(block_expert.numel(), triton.cdiv(n, block_n))](
-        x, weight, out, ids, block_expert, pairs, n, k_dim, row_div, x.stride(0), weight.stride(0), stride_wn,
-        stride_wk, out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=64, IEEE=x.dtype == torch.float32)
+    launch(_grouped_kernel, (block_expert.numel(), triton.cdiv(n, block_n)),
+           x, weight, out, ids, block_expert, pairs, n, k_dim, row_div, x.stride(0), weight.stride(0), stride_wn,
+           stride_wk, out.stride(0), BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=64, IEEE=x.dtype == torch.float32)
     return out

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from .common import as_rows, device_sms, next_pow2
+from .launch import launch
 
 BM, BN, BK = 16, 64, 64       # tl.dot's smallest M tile: a decode step's rows are few
 NUM_WARPS, NUM_STAGES = 4, 3
@@ -106,13 +107,13 @@ def invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     whole = splits == 1
     partial = out.view(1, m, n) if whole else torch.empty((splits, m, n), dtype=torch.float32, device=x.device)
     b = bias if bias is not None else partial
-    launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES) if x.is_cuda else {}
-    _partial_kernel[(triton.cdiv(m, BM), triton.cdiv(n, BN), splits)](
-        x2, w, partial, b, m, n, k, k_per_split, x2.stride(0), w.stride(0), partial.stride(0), partial.stride(1),
-        BM=BM, BN=BN, BK=BK, IEEE=x.dtype == torch.float32, WHOLE=whole, HAS_BIAS=bias is not None, **launch)
+    tuning = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES) if x.is_cuda else {}
+    launch(_partial_kernel, (triton.cdiv(m, BM), triton.cdiv(n, BN), splits),
+           x2, w, partial, b, m, n, k, k_per_split, x2.stride(0), w.stride(0), partial.stride(0), partial.stride(1),
+           BM=BM, BN=BN, BK=BK, IEEE=x.dtype == torch.float32, WHOLE=whole, HAS_BIAS=bias is not None, **tuning)
     if not whole:
-        _sum_kernel[(m, triton.cdiv(n, 256))](partial, b, out, m, n, splits, partial.stride(0), partial.stride(1),
-                                              out.stride(0), HAS_BIAS=bias is not None, BN=256)
+        launch(_sum_kernel, (m, triton.cdiv(n, 256)), partial, b, out, m, n, splits, partial.stride(0),
+               partial.stride(1), out.stride(0), HAS_BIAS=bias is not None, BN=256)
     return out.view(*x.shape[:-1], n)
 
 

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from .common import as_rows
+from .launch import launch
 
 
 @triton.jit
@@ -66,13 +67,12 @@ def lora_add(y: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor)
     rows, n_out = y2.shape
     n_in, r = x2.shape[1], a.shape[0]
     t = torch.empty((rows, r), dtype=a.dtype, device=y.device)
-    _lora_down_kernel[(rows, r)](x2, a, t, n_in, r, x2.stride(0), a.stride(0), t.stride(0),
-                                 BK=min(1024, triton.next_power_of_2(n_in)))
+    launch(_lora_down_kernel, (rows, r), x2, a, t, n_in, r, x2.stride(0), a.stride(0), t.stride(0),
+           BK=min(1024, triton.next_power_of_2(n_in)))
     out = torch.empty((rows, n_out), dtype=y.dtype, device=y.device)
     bn = 128
-    _lora_up_add_kernel[(rows, triton.cdiv(n_out, bn))](y2, t, b, out, n_out, r, y2.stride(0), t.stride(0),
-                                                         b.stride(0), out.stride(0),
-                                                         R=max(16, triton.next_power_of_2(r)), BN=bn)
+    launch(_lora_up_add_kernel, (rows, triton.cdiv(n_out, bn)), y2, t, b, out, n_out, r, y2.stride(0), t.stride(0),
+           b.stride(0), out.stride(0), R=max(16, triton.next_power_of_2(r)), BN=bn)
     return out.view(y.shape)
 
 
@@ -138,10 +138,9 @@ def folded_linear(x: torch.Tensor, weight: torch.Tensor, bias, a: torch.Tensor, 
     rows = x2.shape[0]
     out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     bn = 128
-    _folded_up_add_kernel[(rows, triton.cdiv(n, bn))](full, bias if bias is not None else full, b, out, n, r,
-                                                      full.stride(0), b.stride(0), out.stride(0),
-                                                      HAS_BIAS=bias is not None, R=max(64, triton.next_power_of_2(r)),
-                                                      BN=bn)
+    launch(_folded_up_add_kernel, (rows, triton.cdiv(n, bn)), full, bias if bias is not None else full, b, out, n, r,
+           full.stride(0), b.stride(0), out.stride(0), HAS_BIAS=bias is not None,
+           R=max(64, triton.next_power_of_2(r)), BN=bn)
     return out.view(*x.shape[:-1], n)
 
 

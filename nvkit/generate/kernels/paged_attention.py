@@ -34,6 +34,7 @@ import triton.language as tl
 
 from .common import (DOT_DTYPES, MAX_SPLITS, MAX_WINDOW, attend_block, device_sms, launch_why, merge_kernel, next_pow2,
                      norm_rope, rope_lanes, rotary_width_fits, window_softcap_why)
+from .launch import launch
 
 #: the batch-invariant step's slices per (row, KV head): a row's blocks go to the slices by their
 #: index alone, so its partial sums and their merge do not depend on the rows beside it
@@ -233,18 +234,18 @@ def paged_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, table, page: int,
     o = torch.empty((rows * nh, n_splits, hd), **f32)
     has_norm = q_weight is not None
     groups = nh // nkv
-    launch = {name: n for name, n in (("num_warps", num_warps), ("num_stages", num_stages)) if n is not None}
+    tuning = {name: n for name, n in (("num_warps", num_warps), ("num_stages", num_stages)) if n is not None}
     rows_p2 = next_pow2(groups)
     if dot:
         rows_p2 = max(16, rows_p2)  # tl.dot's smallest M
-    _paged_rope_split_kernel[(rows, nkv, n_splits)](
-        qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos, sin, k, v, pos, table,
-        m, s_sum, o, out, scale, eps, n_splits, min(window, MAX_WINDOW), float(softcap),
-        qkv.stride(0), table.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        NH=nh, NKV=nkv, GROUPS=groups, GROUPS_P2=rows_p2, HD=hd, PAGE=page,
-        HAS_NORM=has_norm, PAGES=pages_per_step, DOT=dot, SOFTCAP=softcap > 0, ROT=cos.shape[1], **launch)
+    launch(_paged_rope_split_kernel, (rows, nkv, n_splits),
+           qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos, sin, k, v, pos, table,
+           m, s_sum, o, out, scale, eps, n_splits, min(window, MAX_WINDOW), float(softcap),
+           qkv.stride(0), table.stride(0), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+           NH=nh, NKV=nkv, GROUPS=groups, GROUPS_P2=rows_p2, HD=hd, PAGE=page,
+           HAS_NORM=has_norm, PAGES=pages_per_step, DOT=dot, SOFTCAP=softcap > 0, ROT=cos.shape[1], **tuning)
     if n_splits > 1:
-        merge_kernel[(rows * nh,)](m, s_sum, o, out, n_splits, MAX_N=max(MAX_SPLITS, n_splits), HD=hd)
+        launch(merge_kernel, (rows * nh,), m, s_sum, o, out, n_splits, MAX_N=max(MAX_SPLITS, n_splits), HD=hd)
     return out
 
 

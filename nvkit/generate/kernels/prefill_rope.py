@@ -18,9 +18,10 @@ import triton
 import triton.language as tl
 
 from .common import norm_rope, rope_lanes
+from .launch import launch
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["length"])  # one compile for every prompt length
 def _prefill_rope_kernel(QKV, QW, KW, COS, SIN, FLAT, Q, K, KEYS, VALUES, eps, length, stride_t,
                          stride_ks, stride_kh, stride_vs, stride_vh,
                          NH: tl.constexpr, NKV: tl.constexpr, HD: tl.constexpr, LANES: tl.constexpr,
@@ -89,10 +90,10 @@ def prefill_rope(qkv: torch.Tensor, q_norm, k_norm, cos: torch.Tensor, sin: torc
     k = torch.empty((rows, length, nkv, hd), dtype=qkv.dtype, device=qkv.device)
     if rows * length:
         norm = q_norm is not None
-        _prefill_rope_kernel[(rows * length, nh + 2 * nkv)](
-            qkv, q_norm if norm else qkv, k_norm if norm else qkv, cos, sin, flat, q, k, keys, values, eps, length,
-            qkv.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
-            NH=nh, NKV=nkv, HD=hd, LANES=triton.next_power_of_2(hd), ROT=rot, HAS_NORM=norm,
-            num_warps=1 if hd <= 128 else 2)
+        launch(_prefill_rope_kernel, (rows * length, nh + 2 * nkv),
+               qkv, q_norm if norm else qkv, k_norm if norm else qkv, cos, sin, flat, q, k, keys, values, eps, length,
+               qkv.stride(1), keys.stride(0), keys.stride(1), values.stride(0), values.stride(1),
+               NH=nh, NKV=nkv, HD=hd, LANES=triton.next_power_of_2(hd), ROT=rot, HAS_NORM=norm,
+               num_warps=1 if hd <= 128 else 2)
     v = qkv.view(rows, length, nh + 2 * nkv, hd)[:, :, nh + nkv:]
     return q, k, v

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from .common import as_rows
+from .launch import launch
 
 
 @triton.jit
@@ -44,6 +45,6 @@ def silu_mul(gate_up: torch.Tensor, act: str = "silu") -> torch.Tensor:
     rows, n = gu.shape[0], gu.shape[1] // 2
     out = torch.empty((rows, n), dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(n))
-    _silu_mul_kernel[(rows, triton.cdiv(n, block))](gu, out, n, gu.stride(0), out.stride(0), BLOCK=block,
-                                                     GELU=act == "gelu_tanh")
+    launch(_silu_mul_kernel, (rows, triton.cdiv(n, block)), gu, out, n, gu.stride(0), out.stride(0), BLOCK=block,
+           GELU=act == "gelu_tanh")
     return out.view(*gate_up.shape[:-1], n)

@@ -23,8 +23,11 @@ MODULES = ("common", "gemv", "decode_attention", "add_rms_norm", "silu_mul", "lo
            "prefill_rope")
 #: Triton's own modules that its first launch in a process imports (where the release has them)
 TRITON_MODULES = ("triton.experimental.gluon",)
-#: seconds each part of the warm-up took in this process ("triton key", "import NAME"), for a profile
+#: seconds each part of the warm-up took in this process ("triton key", "import NAME"; the rows
+#: prefill's compile ahead, ``fast.compile_ahead``, adds its own), for a profile
 seconds: dict[str, float] = {}
+#: what failed in a part, by its name (the part's work is then left to the request)
+errors: dict[str, str] = {}
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
@@ -76,7 +79,9 @@ def _triton_key():
 def words() -> str:
     """Where this process's warm-up stands, for a profile's log: not started, still running, or
     done, with what its parts took."""
-    if _thread is None:
+    if _thread is None and not seconds and not errors:
         return "the Triton warm-up has not started in this process"
-    parts = ", ".join(f"{k} {v:.2f} s" for k, v in seconds.items()) or "nothing done"
-    return f"the Triton warm-up is {'still running' if _thread.is_alive() else 'done'}: {parts}"
+    parts = ", ".join([f"{k} {v:.2f} s" for k, v in seconds.items()] + [f"{k} failed: {v}" for k, v in errors.items()])
+    parts = parts or "nothing done"
+    state = "not started" if _thread is None else "still running" if _thread.is_alive() else "done"
+    return f"the Triton warm-up is {state}: {parts}"
