@@ -9,6 +9,7 @@
   with it), and switching them off and on compiles nothing;
 - compile artifacts on disk make a second process's compile quick;
 - the prefill of a 64-token prompt on the Qwen3-0.6B shape (its first token in 25 ms);
+- the rows prefill's kernels compiled ahead of a new machine's first list, which compiles none of them;
 - a session's first short request takes the quicker way, plain generate or the capture first
   (issue 39: 24 tokens in ≤ 1.2 s on a machine whose first capture of the shape is on record).
 Run with -s to see the figures.
@@ -219,6 +220,42 @@ def test_compile_artifacts_on_disk_make_the_next_process_quick(tmp_path):
     print(f"\nprepare: cold process {cold:.1f} s, warm process {warm:.1f} s (artifacts from disk: {warm_disk})")
     assert warm_disk and compiles == 1
     assert warm < cold
+
+
+def test_the_first_list_compiles_none_of_the_prefill_kernels_compiled_ahead(tmp_path):
+    """A fresh process with an empty Triton cache (a new machine): its first fast request starts the
+    rows prefill's compile ahead (``fast.compile_ahead``); once that is done, the first list's
+    prompt prefill finds every kernel it launches compiled (Triton's in-memory caches of the three
+    kernels gain nothing), on two shapes of two layouts (Qwen3's per-head q/k norms, Llama's)."""
+    code = textwrap.dedent("""
+        import sys, time, nvkit
+        from nvkit.generate.kernels import add_rms_norm, prefill_rope, silu_mul, warm
+        kernels = (add_rms_norm._add_rms_norm_kernel, prefill_rope._prefill_rope_kernel, silu_mul._silu_mul_kernel)
+
+        def compiled():
+            return [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels]
+        s = nvkit.load(nvkit.demo.shaped(sys.argv[1]), device_map="cuda", dtype="bfloat16")
+        s.generate("Tell me about GPUs.", max_new_tokens=24, fast=True)
+        t = time.perf_counter()
+        while not any(k.startswith("rows prefill kernels") for k in warm.seconds) and time.perf_counter() - t < 300:
+            time.sleep(0.1)
+        ahead = compiled()
+        prompts = [f"Prompt {i}: " + "tell me more " * (3 * i + 1) for i in range(12)]
+        t = time.perf_counter()
+        s.generate(prompts, max_new_tokens=16, fast=True)
+        print("RESULT", sys.argv[1], ahead, compiled(), f"{time.perf_counter() - t:.2f}", warm.words(), s.last_stats)
+    """)
+    for shape in ("qwen3-0.6b", "llama-3.2-1b"):
+        env = dict(os.environ, PYTHONPATH=ROOT, NVKIT_CACHE=str(tmp_path / "nvkit"),
+                   TRITON_CACHE_DIR=str(tmp_path / f"triton-{shape}"), TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+        r = subprocess.run([sys.executable, "-c", code, shape], env=env, capture_output=True, text=True, timeout=500)
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+        line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT"))
+        print("\n" + line)
+        assert "rows prefill kernels (3)" in line and "failed" not in line, line
+        ahead, after = line.split("] [")[0].split("[")[1], line.split("] [")[1].split("]")[0]
+        assert ahead == after and "0" not in ahead.split(", "), (ahead, after)
+        assert "fast batch" in line or "fused step over rows" in line, line
 
 
 def test_prefill_of_a_64_token_prompt_on_the_qwen3_shape():
