@@ -213,6 +213,7 @@ def run_fast(session, req: Request, route: support.Route | None = None) -> list[
         stats.prepared = d.timings.since(before).describe()
     if fresh:  # what the next session's short first request weighs against plain generate
         first_request.remember_first_capture(d.model, session.device, d.timings, entries_before=entries)
+        fast_decoders.start_compile_ahead(session)
     stats.detail = d.describe()
     streamer.end()
     return [tok.decode(produced, skip_special_tokens=True)]

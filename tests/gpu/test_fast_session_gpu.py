@@ -223,8 +223,8 @@ def test_compile_artifacts_on_disk_make_the_next_process_quick(tmp_path):
 
 
 def test_the_first_list_compiles_none_of_the_prefill_kernels_compiled_ahead(tmp_path):
-    """A fresh process with an empty Triton cache (a new machine): its first fast request starts the
-    rows prefill's compile ahead (``fast.compile_ahead``); once that is done, the first list's
+    """A fresh process with an empty Triton cache (a new machine): its first fast request, once answered,
+    starts the rows prefill's compile ahead (``fast.compile_ahead``); once that is done, the first list's
     prompt prefill finds every kernel it launches compiled (Triton's in-memory caches of the three
     kernels gain nothing), on two shapes of two layouts (Qwen3's per-head q/k norms, Llama's)."""
     code = textwrap.dedent("""

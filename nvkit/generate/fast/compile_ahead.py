@@ -5,7 +5,8 @@ container), a list's first prompt prefill compiles the kernels its eager layer l
 with their residual sums, the activation, the per-head q/k norms with RoPE and the pool's writes:
 ``llama_rows_step.prefill_rows_layer``) one after another, on the request's thread, before its first
 token. What they are compiled for depends on the model's shapes and dtypes only, so once the batch-1
-decoder has built the fused weights (a session's first fast request), a daemon thread runs that
+decoder has answered a session's first fast request (``Decoders.compile_ahead``: not during it,
+whose host time the compile would share), a daemon thread runs that
 layer on meta tensors (shapes and dtypes, no memory, no GPU work) inside
 ``kernels.launch.compile_only``: each launch is compiled for the arguments the request's launch
 will have, and nothing runs. A list that comes sooner compiles whatever is left itself; on a

@@ -53,10 +53,16 @@ class Decoders:
             if d is not None:
                 d.release()  # its graphs and caches go before the new one captures
             self.single = FastDecoder(base, wanted[0], variant=wanted[1])
-            if self.single.kernels and self.single.fused:
-                # a list's first prompt prefill would otherwise compile its kernels while it waits
-                compile_ahead.start(self.single.fused_weights)
             return self.single
+
+    def compile_ahead(self) -> None:
+        """Start compiling the kernels a first list's prompt prefill would otherwise compile while
+        it waits (``compile_ahead``), where the lists run the fused step with nvkit's kernels. Called
+        once the batch-1 decoder has answered its first request, so the compile does not share the
+        host with that request."""
+        d = self.single
+        if d is not None and d.kernels and d.fused:
+            compile_ahead.start(d.fused_weights)
 
     def batched(self, model) -> BatchedDecoder:
         """The rows decoder (created on first use beside the batch-1 decoder whose weights it
@@ -157,6 +163,11 @@ def batched_decoder(session) -> BatchedDecoder:
 def invariant_decoder(session) -> InvariantRowsDecoder:
     """The session's batch-invariant rows decoder (``Decoders.invariant``)."""
     return of(session).invariant(session.model)
+
+
+def start_compile_ahead(session) -> None:
+    """``Decoders.compile_ahead`` for the session."""
+    of(session).compile_ahead()
 
 
 def current(session) -> FastDecoder | None:
