@@ -44,7 +44,11 @@ def start(fw) -> threading.Thread | None:
     """Compile the rows prefill's kernels for the fused weights ``fw`` in a daemon thread; None
     where this process has done so for these shapes already. Its seconds, the kernels it compiled
     and any error go into ``kernels.warm.seconds`` / ``warm.words()`` ("rows prefill kernels")."""
-    work = plan(fw)
+    try:
+        work = plan(fw)
+    except Exception as e:  # noqa: BLE001 - a head start only, never a reason for the request to fail
+        warm.errors["rows prefill kernels"] = error_summary(e)
+        return None
     with _lock:
         if work.key in _started:
             return None
