@@ -139,8 +139,8 @@ def test_what_the_invariant_path_cannot_run_is_said(s, monkeypatch):
                                          ("Starcoder2", "model type 'starcoder2' is not one of")])
 def test_which_families_the_invariant_step_fits(family, why):
     from nvkit.generate.fast import support
-    from tests.generate.test_families_step import _tiny
-    m = _tiny(family)
+    from tests.generate.test_families_step import tiny
+    m = tiny(family)
     got = support.deterministic_why(_session(m), dict(max_new_tokens=4, do_sample=False))
     assert (got is None) if why is None else (why in got), got
 

@@ -87,8 +87,9 @@ def list_case(model, new_tokens: int, lengths, seed: int, device: str = "cpu"):
     return gen, prompts, sampling, ref
 
 
-def _tiny(family):
-    cfg = getattr(transformers, family + "Config")(**SIZES, **ALL_FAMILIES[family])
+def tiny(family, **sizes):
+    """A tiny random model of ``family`` (``ALL_FAMILIES``' config at ``SIZES``, with ``sizes`` over them)."""
+    cfg = getattr(transformers, family + "Config")(**{**SIZES, **ALL_FAMILIES[family], **sizes})
     cfg._attn_implementation = "eager" if family in ("GptOss", "Gemma2") else "sdpa"  # sinks; Gemma 2's soft-caps
     torch.manual_seed(0)
     return getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval()
@@ -103,7 +104,7 @@ def test_a_lora_adapter_runs_in_the_models_own_forward(family):
     from peft import LoraConfig, get_peft_model
 
     from nvkit.generate.fast import lora
-    model = _tiny(family)
+    model = tiny(family)
     pm = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False))
 
     s = _session(pm)
@@ -156,7 +157,7 @@ def test_a_lora_adapter_runs_in_the_models_own_forward(family):
 
 def test_other_adapter_types_on_the_models_own_forward_say_why():
     from peft import PromptTuningConfig, get_peft_model
-    pm = get_peft_model(_tiny("Phi3"), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
+    pm = get_peft_model(tiny("Phi3"), PromptTuningConfig(task_type="CAUSAL_LM", num_virtual_tokens=4))
 
     s = _session(pm)
     assert "PROMPT_TUNING" in support.single_why(s, dict(max_new_tokens=8, do_sample=False))
@@ -176,7 +177,7 @@ def test_a_list_runs_on_the_fused_rows_where_the_family_fits(family):
     from peft import LoraConfig, get_peft_model
 
     from nvkit.generate.fast.rows import BatchedDecoder
-    model = _tiny(family)
+    model = tiny(family)
 
     s = _session(model)
     gen = dict(max_new_tokens=12, do_sample=False, eos_token_id=NEVER)
@@ -215,7 +216,7 @@ def test_the_decode_step_runs_experts_a_graph_can_capture(family):
     "batched_mm" (gathered on the device) and puts the model's own setting back after each call;
     the prompt's forward keeps the model's setting; a dense model is left alone."""
     from nvkit.generate.fast import static_cache
-    model = _tiny(family)
+    model = tiny(family)
     own = getattr(model.config, "_experts_implementation", None)
     seen = []
     model.register_forward_pre_hook(
@@ -247,7 +248,7 @@ def test_the_compiled_step_over_a_mixtures_forward_switches_its_experts_outside_
     step runs the switch around the compiled forward, never inside it, and decodes what the eager
     step decodes."""
     from nvkit.generate.fast import static_cache
-    model = _tiny("Olmoe")
+    model = tiny("Olmoe")
     switches = []
     own_switch = model.set_experts_implementation
 
@@ -284,7 +285,7 @@ def test_each_fused_family_runs_in_bfloat16(family):
     tables are float32), the first logits agree with the model's own forward within bf16's
     rounding, and the list's first tokens are the batch-1 step's."""
     from nvkit.generate.fast.rows import BatchedDecoder
-    model = _tiny(family).to(torch.bfloat16)
+    model = tiny(family).to(torch.bfloat16)
     rng = torch.Generator().manual_seed(3)
     prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (9, 5)]
     sampling, _ = fast.resolve(model, dict(max_new_tokens=6, do_sample=False, eos_token_id=NEVER))
@@ -339,9 +340,9 @@ def test_a_list_over_a_models_own_forward_attends_through_the_paged_kernel():
         import torch
         import nvkit.generate.fast as fast
         from nvkit.generate.fast.model_rows import ModelRowsDecoder, paged_rows_why
-        from tests.generate.test_families_step import SIZES, _tiny, list_case
+        from tests.generate.test_families_step import SIZES, tiny, list_case
         for family in ("Starcoder2", "Cohere2", "Olmoe"):  # every layer sliding; hybrid; a mixture of experts
-            model = _tiny(family)
+            model = tiny(family)
             own = model.config._attn_implementation
             assert paged_rows_why(model) is None, family
             bd = ModelRowsDecoder(fast.FastDecoder(model, k_steps=4, graphs=False), max_rows=2)
@@ -362,11 +363,11 @@ def test_a_list_over_a_models_own_forward_attends_through_the_paged_kernel():
 def test_the_paged_attention_over_a_models_forward_says_where_it_cannot_run():
     from nvkit.errors import NvkitError
     from nvkit.generate.fast.model_rows import ModelRowsDecoder, paged_rows_attention, paged_rows_why
-    gpt_oss = _tiny("GptOss")
+    gpt_oss = tiny("GptOss")
     assert paged_rows_why(gpt_oss) == "its attention has sinks"  # gpt-oss gathers its rows' positions
     bd = ModelRowsDecoder(fast.FastDecoder(gpt_oss, k_steps=4, graphs=False), max_rows=2)
     assert bd.attention == "matmul" and "CUDA" in bd.attention_why and "matmul attention" in bd.describe()
-    d = fast.FastDecoder(_tiny("Olmoe"), k_steps=4, graphs=False, attention="matmul")
+    d = fast.FastDecoder(tiny("Olmoe"), k_steps=4, graphs=False, attention="matmul")
     assert ModelRowsDecoder(d, max_rows=2).attention == "matmul"  # asked for by name: no kernel looked for
     q = torch.zeros(2, 4, 1, 16)
     with pytest.raises(NvkitError, match="only inside nvkit's rows decode step"):
@@ -380,12 +381,12 @@ def test_the_models_own_forward_refuses_a_fused_model_and_the_session_picks_the_
     from nvkit.generate.fast.decoders import Decoders
     from nvkit.generate.fast.model_rows import ModelRowsDecoder
     from nvkit.generate.fast.rows import BatchedDecoder
-    fused = fast.FastDecoder(_tiny("Llama"), k_steps=4, graphs=False)
+    fused = fast.FastDecoder(tiny("Llama"), k_steps=4, graphs=False)
     with pytest.raises(NvkitError, match="use BatchedDecoder"):
         ModelRowsDecoder(fused)
     for family, kind in (("Llama", BatchedDecoder), ("Starcoder2", ModelRowsDecoder)):
         decoders = Decoders()
-        model = _tiny(family)
+        model = tiny(family)
         decoders.swap(model, fast.FastDecoder(model, k_steps=4, graphs=False))
         rows = decoders.batched(model)
         assert type(rows) is kind, (family, type(rows))
@@ -397,7 +398,7 @@ def test_a_sampled_list_on_the_models_own_forward_depends_on_each_prompts_seed_o
     prompt's text depends on its seed, not on the prompts beside it or the row it lands in, and a
     repetition penalty and ``min_new_tokens`` hold per row."""
     from nvkit.generate.fast.model_rows import ModelRowsDecoder
-    model = _tiny("Cohere2")
+    model = tiny("Cohere2")
     bd = ModelRowsDecoder(fast.FastDecoder(model, k_steps=4, graphs=False), max_rows=2)
     rng = torch.Generator().manual_seed(8)
     prompts = [torch.randint(1, SIZES["vocab_size"], (n,), generator=rng).tolist() for n in (4, 12, 7)]

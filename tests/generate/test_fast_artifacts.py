@@ -15,7 +15,7 @@ from nvkit.generate.fast import artifacts
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _tiny(seed=0, dtype=torch.float32, **shape):
+def tiny(seed=0, dtype=torch.float32, **shape):
     torch.manual_seed(seed)
     cfg = Qwen3Config(**{**dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
                                 num_key_value_heads=2, head_dim=16, vocab_size=128), **shape})
@@ -25,13 +25,13 @@ def _tiny(seed=0, dtype=torch.float32, **shape):
 
 def test_key_holds_the_shape_dtype_options_and_versions_not_the_weights_or_name():
     opts = dict(k=8, attention="triton-fused", length=4096, lora=None)
-    a = artifacts.key(_tiny(0), opts, torch.device("cpu"))
-    assert a == artifacts.key(_tiny(1), opts, torch.device("cpu"))  # other weights, other path: same compiled code
-    assert a != artifacts.key(_tiny(0, dtype=torch.bfloat16), opts, torch.device("cpu"))
-    assert a != artifacts.key(_tiny(0, num_hidden_layers=3), opts, torch.device("cpu"))
-    assert a != artifacts.key(_tiny(0), dict(opts, length=8192), torch.device("cpu"))
-    assert a != artifacts.key(_tiny(0), dict(opts, lora=(16, "torch.float32")), torch.device("cpu"))
-    assert a != artifacts.key(_tiny(0), dict(opts, k=4), torch.device("cpu"))
+    a = artifacts.key(tiny(0), opts, torch.device("cpu"))
+    assert a == artifacts.key(tiny(1), opts, torch.device("cpu"))  # other weights, other path: same compiled code
+    assert a != artifacts.key(tiny(0, dtype=torch.bfloat16), opts, torch.device("cpu"))
+    assert a != artifacts.key(tiny(0, num_hidden_layers=3), opts, torch.device("cpu"))
+    assert a != artifacts.key(tiny(0), dict(opts, length=8192), torch.device("cpu"))
+    assert a != artifacts.key(tiny(0), dict(opts, lora=(16, "torch.float32")), torch.device("cpu"))
+    assert a != artifacts.key(tiny(0), dict(opts, k=4), torch.device("cpu"))
 
 
 def test_artifacts_of_one_process_make_the_next_compile_a_cache_hit(tmp_path, monkeypatch):

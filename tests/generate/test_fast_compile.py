@@ -101,19 +101,19 @@ def test_the_six_kernel_layers_say_where_they_run_and_why_not():
     the six-kernel layers run and why not; without those kernels, or compiled, it says nothing of
     them (they are not that step's)."""
     from nvkit.generate.fast.single import FastDecoder
-    from tests.generate.test_families_step import _tiny
+    from tests.generate.test_families_step import tiny
 
     def with_kernels(d):  # what a GPU gives the uncompiled step; only the step's wiring is read here
         d.kernels = True
         return d
-    asked = with_kernels(FastDecoder(_tiny("Qwen3"), graphs=False, attention="triton-fused"))
+    asked = with_kernels(FastDecoder(tiny("Qwen3"), graphs=False, attention="triton-fused"))
     assert "six-kernel layers: uncompiled" in asked.describe() and "apart" not in asked.describe(), asked.describe()
-    assert "six-kernel" not in with_kernels(FastDecoder(_tiny("Qwen3"), graphs=False, gemv=False,
+    assert "six-kernel" not in with_kernels(FastDecoder(tiny("Qwen3"), graphs=False, gemv=False,
                                                         attention="triton-fused")).describe()
-    assert "six-kernel" not in FastDecoder(_tiny("Qwen3"), graphs=False, attention="triton-fused").describe()
-    matmul = with_kernels(FastDecoder(_tiny("Qwen3"), graphs=False, attention="matmul"))
+    assert "six-kernel" not in FastDecoder(tiny("Qwen3"), graphs=False, attention="triton-fused").describe()
+    matmul = with_kernels(FastDecoder(tiny("Qwen3"), graphs=False, attention="matmul"))
     assert "six-kernel layers: it runs on the triton-fused attention" in matmul.describe()
-    gemma = with_kernels(FastDecoder(_tiny("Gemma2"), graphs=False, attention="matmul"))
+    gemma = with_kernels(FastDecoder(tiny("Gemma2"), graphs=False, attention="matmul"))
     assert "six-kernel layers: it runs on the triton-fused" in gemma.describe()
 
     def layer_of(d, lora_on=False):  # the layer function the decoder's step runs
@@ -122,9 +122,9 @@ def test_the_six_kernel_layers_say_where_they_run_and_why_not():
                     if name == "layer").__qualname__
     # the adapter's step too: its products apart in the layer's kernels
     assert layer_of(asked).startswith("gemv_decode_layer") and layer_of(asked, True).startswith("gemv_decode_layer")
-    nine = with_kernels(FastDecoder(_tiny("Qwen3"), graphs=False, gemv=False, attention="triton-fused"))
+    nine = with_kernels(FastDecoder(tiny("Qwen3"), graphs=False, gemv=False, attention="triton-fused"))
     assert layer_of(nine).startswith("decode_layer")
-    assert layer_of(FastDecoder(_tiny("Qwen3"), graphs=False, attention="triton-fused")).startswith(
+    assert layer_of(FastDecoder(tiny("Qwen3"), graphs=False, attention="triton-fused")).startswith(
         "decode_layer")  # no Triton kernels in the step: the usual layer
 
 
@@ -206,8 +206,8 @@ def test_a_windowed_family_compiles_fullgraph_whole_and_by_layer(family):
     from torch._dynamo.testing import CompileCounterWithBackend
 
     from nvkit.generate.fast.llama_step import decode_head, decode_step, model_decode_layer
-    from tests.generate.test_families_step import _tiny
-    model = _tiny(family)
+    from tests.generate.test_families_step import tiny
+    model = tiny(family)
     d = fast.FastDecoder(model, k_steps=2, graphs=False)
     fw = d._fw
     assert {w.window for w in fw.layers} == {0, 6}

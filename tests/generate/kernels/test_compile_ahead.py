@@ -50,21 +50,14 @@ def test_the_kernels_compiled_ahead_are_those_a_real_prefill_launches_on_six_fam
     (per-head q/k norms in ``prefill_rope``) and Phi-3's (partial rotary; heads of 24): the real
     prefill's launches are all among the compiles ahead, which launched nothing."""
     out = _interpret(SPEC + """
-import transformers
 import nvkit
 from tests import demo_model
 from nvkit.generate.fast import compile_ahead
 from nvkit.generate.fast.fused_weights import FusedWeights
 from nvkit.generate.fast.llama_rows_step import paged_positions, prefill_rows_step
 from nvkit.generate.kernels import warm
-from tests.generate.test_families_step import ALL_FAMILIES, SIZES
+from tests.generate.test_families_step import tiny
 page, pages = 16, 16
-
-def tiny(family, **sizes):
-    cfg = getattr(transformers, family + "Config")(**{**SIZES, **ALL_FAMILIES[family], **sizes})
-    cfg._attn_implementation = "sdpa"
-    torch.manual_seed(0)
-    return getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval()
 
 s = nvkit.load(demo_model.path(), device_map="cpu", dtype="float32")
 models = (("demo", s.model), *((f, tiny(f)) for f in ("Gemma3Text", "Olmo2", "Granite", "Qwen3", "Phi3")),

@@ -127,10 +127,10 @@ def test_the_gemma_phi3_and_olmo2_steps_with_kernels_compute_as_the_steps_of_tor
         from nvkit.generate.fast.llama_rows_step import decode_rows_step
         from nvkit.generate.fast.llama_step import decode_step
         from nvkit.generate.fast.static_cache import new_cache
-        from tests.generate.test_families_step import _tiny
+        from tests.generate.test_families_step import tiny
         from tests.greedy_steps import greedy_logits
         for family in ("Gemma2", "Gemma3Text", "Phi3", "Olmo2"):
-            model = _tiny(family)
+            model = tiny(family)
             g = torch.Generator().manual_seed(3)
             with torch.no_grad():  # norms that are not all ones (or Gemma's zeros), so a dropped weight shows
                 for name, p in model.named_parameters():
@@ -192,10 +192,10 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
         from nvkit.generate.fast.fused_weights import FusedWeights
         from nvkit.generate.fast.gemv_step import gemv_parts, gemv_why
         from nvkit.generate.fast.llama_step import decode_step
-        from tests.generate.test_families_step import _tiny
+        from tests.generate.test_families_step import tiny
         from tests.greedy_steps import cache_at, greedy_logits
         for family in ("Qwen2", "Qwen3", "Granite", "Mistral"):
-            model = _tiny(family)
+            model = tiny(family)
             g = torch.Generator().manual_seed(3)
             with torch.no_grad():  # norms and biases that are not ones and zeros, so a dropped one shows
                 for name, p in model.named_parameters():
@@ -213,11 +213,11 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
             assert diff < 1e-4 and torch.equal(logits["gemv"].argmax(-1), logits["kernels"].argmax(-1)), (family, diff)
             print(family, diff)
         for family, words in (("Gemma2", "SiLU"), ("Olmo2", "Llama layout"), ("Phi3", None)):
-            fw = FusedWeights(_tiny(family))
+            fw = FusedWeights(tiny(family))
             why = gemv_why(fw, "triton-fused")
             assert (why is None) if words is None else (words in why), (family, why)
             assert (gemv_parts(fw, "triton-fused", True) == {}) == bool(words), family
-        assert "triton-fused" in gemv_why(FusedWeights(_tiny("Llama")), "matmul")
+        assert "triton-fused" in gemv_why(FusedWeights(tiny("Llama")), "matmul")
         print("OK")
     """)
     print(out)
@@ -237,11 +237,11 @@ def test_the_six_kernel_layer_adds_an_adapter_as_the_step_with_kernels():
         from nvkit.generate.fast.fused_weights import FusedWeights
         from nvkit.generate.fast.gemv_step import gemv_parts, gemv_why, gemv_words
         from nvkit.generate.fast.llama_step import decode_step
-        from tests.generate.test_families_step import _tiny
+        from tests.generate.test_families_step import tiny
         from tests.greedy_steps import cache_at, greedy_logits
         for family in ("Qwen3", "Granite"):
             torch.manual_seed(4)
-            base = _tiny(family)
+            base = tiny(family)
             model = get_peft_model(base, LoraConfig(r=4, lora_alpha=8, target_modules="all-linear",
                                                     init_lora_weights=False))
             for fold in (False, True):
@@ -282,19 +282,12 @@ def test_the_rows_prefill_with_kernels_computes_what_the_prefill_of_torch_operat
     operations (``traced_layer``)."""
     out = _interpret("""
         import torch
-        import transformers
         import nvkit
         from tests import demo_model
         from nvkit.generate.fast.fused_weights import FusedWeights
         from nvkit.generate.fast.llama_rows_step import paged_positions, prefill_rows_step
-        from tests.generate.test_families_step import ALL_FAMILIES, SIZES
+        from tests.generate.test_families_step import tiny
         page, pages = 16, 16
-
-        def tiny(family, **sizes):
-            cfg = getattr(transformers, family + "Config")(**{**SIZES, **ALL_FAMILIES[family], **sizes})
-            cfg._attn_implementation = "sdpa"
-            torch.manual_seed(0)
-            return getattr(transformers, family.replace("Text", "") + "ForCausalLM")(cfg).eval()
 
         import nvkit.generate.kernels.prefill_rope as fused_rope
         calls = []
