@@ -63,10 +63,9 @@ class Plan:
 
     def __init__(self, layer, inputs: tuple, layers: list, device, key):
         self.layer, self.inputs, self.layers, self.device, self.key = layer, inputs, layers, device, key
-        #: the kernels each launch compiled, in order, after ``run``
-        self.kernels: list[str] = []
 
     def run(self) -> list[str]:
+        """Compile the kernels; returns their names, one per launch, in order."""
         import contextlib
 
         import torch
@@ -79,9 +78,8 @@ class Plan:
                     self.layer(*self.inputs, *args)
         except Exception as e:  # noqa: BLE001 - a head start only: the list compiles whatever is left
             warm.errors["rows prefill kernels"] = error_summary(e)
-        self.kernels = list(names)
         warm.seconds[f"rows prefill kernels ({len(set(names))})"] = time.perf_counter() - t
-        return self.kernels
+        return names
 
 
 def plan(fw) -> Plan:
@@ -91,7 +89,7 @@ def plan(fw) -> Plan:
     layers: dict = {}
     for w in fw.layers:
         args = layer_args(w, None)
-        layers.setdefault(_signature(args), args)
+        layers.setdefault(_each_tensor(args, _signature), args)
     meta = dict(device="meta")
     hidden = fw.embed.shape[1]
     table = torch.empty((1, LENGTH, 1, cos.shape[-1]), dtype=cos.dtype, **meta)
@@ -103,28 +101,28 @@ def plan(fw) -> Plan:
     device = fw.embed.device
     key = (str(device), str(fw.dtype), fw.nh, fw.nkv, fw.hd, hidden, tuple(cos.shape[1:]), str(cos.dtype),
            fw.residual_scale, fw.weight_first, fw.activation, fw.attn_softcap, tuple(layers))
-    return Plan(layer, inputs, [_meta(a) for a in layers.values()], device, key)
+    return Plan(layer, inputs, [_each_tensor(a, _meta) for a in layers.values()], device, key)
 
 
 def _attention_shape(q, k, v, scaling, window, softcap):
     return q  # (rows, heads, length, head dim), as the attention's output
 
 
-def _meta(x):
+def _each_tensor(x, fn):
+    """``x`` (a layer's arguments: tensors, numbers, None, nested tuples) with ``fn`` applied to each tensor."""
     import torch
     if isinstance(x, torch.Tensor):
-        return torch.empty_strided(tuple(x.shape), tuple(x.stride()), dtype=x.dtype, device="meta")
+        return fn(x)
     if isinstance(x, (tuple, list)):
-        return type(x)(_meta(v) for v in x)
+        return tuple(_each_tensor(v, fn) for v in x)
     return x
 
 
-def _signature(x):
-    """What a launch's compile can depend on in a layer's arguments: each tensor's shape, strides
-    and dtype, every other value as it is."""
+def _meta(t):
     import torch
-    if isinstance(x, torch.Tensor):
-        return ("tensor", tuple(x.shape), tuple(x.stride()), str(x.dtype))
-    if isinstance(x, (tuple, list)):
-        return tuple(_signature(v) for v in x)
-    return x
+    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+
+
+def _signature(t):
+    """What a launch's compile can depend on in a tensor argument: its shape, strides and dtype."""
+    return ("tensor", tuple(t.shape), tuple(t.stride()), str(t.dtype))
