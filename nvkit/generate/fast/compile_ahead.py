@@ -42,8 +42,9 @@ _started: set = set()  # the shapes this process has compiled (or is compiling) 
 
 def start(fw) -> threading.Thread | None:
     """Compile the rows prefill's kernels for the fused weights ``fw`` in a daemon thread; None
-    where this process has done so for these shapes already. Its seconds, the kernels it compiled
-    and any error go into ``kernels.warm.seconds`` / ``warm.words()`` ("rows prefill kernels")."""
+    where this process has done so for these shapes already. The thread, its seconds, the kernels it
+    compiled and any error go into ``kernels.warm`` (``ahead``, ``seconds``, ``errors``: ``warm.words()``
+    says "rows prefill kernels" are still compiling while it runs)."""
     try:
         work = plan(fw)
     except Exception as e:  # noqa: BLE001 - a head start only, never a reason for the request to fail
@@ -54,6 +55,7 @@ def start(fw) -> threading.Thread | None:
             return None
         _started.add(work.key)
     t = threading.Thread(target=work.run, name="nvkit-compile-ahead", daemon=True)
+    warm.ahead["rows prefill kernels"] = t
     t.start()
     return t
 

@@ -28,6 +28,8 @@ TRITON_MODULES = ("triton.experimental.gluon",)
 seconds: dict[str, float] = {}
 #: what failed in a part, by its name (the part's work is then left to the request)
 errors: dict[str, str] = {}
+#: the threads that compile kernels ahead of a request (``fast.compile_ahead``), by what they compile
+ahead: dict[str, threading.Thread] = {}
 
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
@@ -78,10 +80,12 @@ def _triton_key():
 
 def words() -> str:
     """Where this process's warm-up stands, for a profile's log: not started, still running, or
-    done, with what its parts took."""
-    if _thread is None and not seconds and not errors:
+    done, with what its parts took, and what is still being compiled ahead (``ahead``)."""
+    busy = [what for what, t in list(ahead.items()) if t.is_alive()]
+    if _thread is None and not seconds and not errors and not busy:
         return "the Triton warm-up has not started in this process"
     parts = ", ".join([f"{k} {v:.2f} s" for k, v in seconds.items()] + [f"{k} failed: {v}" for k, v in errors.items()])
     parts = parts or "nothing done"
     state = "not started" if _thread is None else "still running" if _thread.is_alive() else "done"
-    return f"the Triton warm-up is {state}: {parts}"
+    compiling = f"; still compiling ahead: {', '.join(busy)}" if busy else ""
+    return f"the Triton warm-up is {state}: {parts}{compiling}"

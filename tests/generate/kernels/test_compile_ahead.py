@@ -90,8 +90,9 @@ for name, model in models:
 # once per process and shape: a second start for the same weights does nothing
 fw = FusedWeights(s.model)
 t = compile_ahead.start(fw)
-assert t is not None
+assert t is not None and warm.ahead["rows prefill kernels"] is t
 t.join(60)
+assert "still compiling" not in warm.words()
 assert compile_ahead.start(fw) is None and compile_ahead.start(FusedWeights(s.model)) is None
 assert any(k.startswith("rows prefill kernels") for k in warm.seconds), warm.seconds
 print(warm.words())
