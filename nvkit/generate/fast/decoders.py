@@ -62,7 +62,7 @@ class Decoders:
         host with that request."""
         d = self.single
         if d is not None and d.kernels and d.fused:
-            compile_ahead.start(d.fused_weights)
+            compile_ahead.start(d.weights()[0])
 
     def batched(self, model) -> BatchedDecoder:
         """The rows decoder (created on first use beside the batch-1 decoder whose weights it

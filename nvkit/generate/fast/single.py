@@ -76,11 +76,6 @@ class FastDecoder(GraphRunner):
         return self._fw is not None
 
     @property
-    def fused_weights(self) -> FusedWeights | None:
-        """The fused copy of the model's weights the steps read (None where the fused step does not run)."""
-        return self._fw
-
-    @property
     def regional(self) -> bool:
         """Whether the compile is one layer's (``StepVariant.regional``; the fused step only)."""
         return self.variant.regional and self._fw is not None
