@@ -222,22 +222,23 @@ def test_compile_artifacts_on_disk_make_the_next_process_quick(tmp_path):
     assert warm < cold
 
 
-def test_the_first_list_compiles_none_of_the_prefill_kernels_compiled_ahead(tmp_path):
+def test_the_first_list_compiles_none_of_the_kernels_compiled_ahead(tmp_path):
     """A fresh process with an empty Triton cache (a new machine): its first fast request, once answered,
-    starts the rows prefill's compile ahead (``fast.compile_ahead``); once that is done, the first list's
-    prompt prefill finds every kernel it launches compiled (Triton's in-memory caches of the three
-    kernels gain nothing), on two shapes of two layouts (Qwen3's per-head q/k norms, Llama's)."""
+    starts the rows steps' compile ahead (``fast.compile_ahead``); once that is done, the first list's
+    prompt prefill and decode steps find every kernel they launch compiled (Triton's in-memory caches
+    of the five kernels gain nothing), on two shapes of two layouts (Qwen3's per-head q/k norms, Llama's)."""
     code = textwrap.dedent("""
         import sys, time, nvkit
-        from nvkit.generate.kernels import add_rms_norm, prefill_rope, silu_mul, warm
-        kernels = (add_rms_norm._add_rms_norm_kernel, prefill_rope._prefill_rope_kernel, silu_mul._silu_mul_kernel)
+        from nvkit.generate.kernels import add_rms_norm, common, paged_attention, prefill_rope, silu_mul, warm
+        kernels = (add_rms_norm._add_rms_norm_kernel, prefill_rope._prefill_rope_kernel, silu_mul._silu_mul_kernel,
+                   paged_attention._paged_rope_split_kernel, common.merge_kernel)
 
         def compiled():
             return [sum(len(c[0]) for c in k.device_caches.values()) for k in kernels]
         s = nvkit.load(nvkit.demo.shaped(sys.argv[1]), device_map="cuda", dtype="bfloat16")
         s.generate("Tell me about GPUs.", max_new_tokens=24, fast=True)
         t = time.perf_counter()
-        while not any(k.startswith("rows prefill kernels") for k in warm.seconds) and time.perf_counter() - t < 300:
+        while not any(k.startswith("rows step kernels") for k in warm.seconds) and time.perf_counter() - t < 300:
             time.sleep(0.1)
         ahead = compiled()
         prompts = [f"Prompt {i}: " + "tell me more " * (3 * i + 1) for i in range(12)]
@@ -252,7 +253,7 @@ def test_the_first_list_compiles_none_of_the_prefill_kernels_compiled_ahead(tmp_
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         line = next(ln for ln in r.stdout.splitlines() if ln.startswith("RESULT"))
         print("\n" + line)
-        assert "rows prefill kernels (3)" in line and "failed" not in line, line
+        assert "rows step kernels (5)" in line and "failed" not in line, line
         ahead, after = line.split("] [")[0].split("[")[1], line.split("] [")[1].split("]")[0]
         assert ahead == after and "0" not in ahead.split(", "), (ahead, after)
         assert "fast batch" in line or "fused step over rows" in line, line

@@ -16,6 +16,8 @@ from typing import Callable
 from ...errors import NvkitError, require
 from . import compile_ahead, support
 from .options import default_options
+from .paged_cache import FIRST_WIDTH, PAGE
+from .schedule import pages_for
 from .model_rows import ModelRowsDecoder
 from .rows import BatchedDecoder
 from .rows_invariant import InvariantRowsDecoder
@@ -56,13 +58,16 @@ class Decoders:
             return self.single
 
     def compile_ahead(self) -> None:
-        """Start compiling the kernels a first list's prompt prefill would otherwise compile while
-        it waits (``compile_ahead``), where the lists run the fused step with nvkit's kernels. Called
-        once the batch-1 decoder has answered its first request, so the compile does not share the
-        host with that request."""
+        """Start compiling the kernels a first list's prompt prefill and decode steps would
+        otherwise compile while it waits (``compile_ahead``), where the lists run the fused step
+        with nvkit's kernels. Called once the batch-1 decoder has answered its first request, so
+        the compile does not share the host with that request."""
         d = self.single
         if d is not None and d.kernels and d.fused:
-            compile_ahead.start(d.weights()[0])
+            # the rows decode step's kernels too, for the page tables of the session's first pool
+            # (``rows.BatchedDecoder._arena_for``), where that step takes the paged attention
+            paged = d.options.attention != "matmul" and d.kernel_why("paged", qk_norms=True) is None
+            compile_ahead.start(d.weights()[0], pages_for(min(d.max_positions, FIRST_WIDTH), PAGE) if paged else 0)
 
     def batched(self, model) -> BatchedDecoder:
         """The rows decoder (created on first use beside the batch-1 decoder whose weights it

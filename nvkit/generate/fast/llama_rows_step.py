@@ -34,7 +34,7 @@ def paged_positions(table, page: int, length: int):
 
 def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: int, kernels: bool = False,
                       residual: float | None = None, weight_first: bool = False, invariant: bool = False,
-                      act: str = "silu", softcap: float | None = None) -> Callable:
+                      act: str = "silu", softcap: float | None = None, paged: Callable | None = None) -> Callable:
     """One layer of the rows decode step, on tensors only: ``layer(h, delta, pos, table, cos, sin,
     c, s, where, here, mask, keys, values, *layer_args(w, lo))`` -> (h, delta), the residual
     carried as ``llama_step.decode_layer`` carries it (the layer's input is ``h + delta``). "paged"
@@ -46,7 +46,9 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     window and a layer without ``in_norm`` (OLMo 2's): as ``llama_step.decode_layer`` (``mask`` is
     the layer's own, ``window_masks``). ``invariant`` (with ``kernels`` and "paged"): every
     product and the attention computed for each row as for that row alone (``kernels.invariant_linear``,
-    the paged kernel's fixed slices): the batch-invariant step."""
+    the paged kernel's fixed slices): the batch-invariant step. ``paged``: what "paged" calls in
+    place of ``paged_decode_attention`` (same arguments; ``compile_ahead`` runs the layer on meta
+    tensors, where the op's fake implementation would launch nothing)."""
     import torch
     groups = nh // nkv
     cap = softcap or 0.0  # the kernel's form of "no cap"
@@ -55,6 +57,7 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
     if attention == "paged":
         from ..kernels.paged_attention import INVARIANT_SPLITS, paged_decode_attention
         splits = INVARIANT_SPLITS if invariant else 0
+        paged = paged or paged_decode_attention
     proj = projection(kernels, invariant)
 
     def layer(h, delta, pos, table, cos, sin, c, s, where, here, mask, keys, values, in_norm, in_eps, qkv_w,
@@ -66,8 +69,8 @@ def decode_rows_layer(nh: int, nkv: int, hd: int, dtype, attention: str, page: i
                                            kernels)
         qkv = qkv.view(-1, nh + 2 * nkv, hd)
         if attention == "paged":
-            o = paged_decode_attention(qkv, q_norm, k_norm, cos, sin, keys, values, pos, table, page, scaling, qk_eps,
-                                       splits, window, cap)
+            o = paged(qkv, q_norm, k_norm, cos, sin, keys, values, pos, table, page, scaling, qk_eps, splits, window,
+                      cap)
         else:
             q, k, v = qkv.split((nh, nkv, nkv), dim=1)
             if q_norm is not None:

@@ -54,7 +54,8 @@ import nvkit
 from tests import demo_model
 from nvkit.generate.fast import compile_ahead
 from nvkit.generate.fast.fused_weights import FusedWeights
-from nvkit.generate.fast.llama_rows_step import paged_positions, prefill_rows_step
+from nvkit.generate.fast.llama_rows_step import decode_rows_step, paged_positions, prefill_rows_step
+from nvkit.generate.fast.paged_cache import PAGE
 from nvkit.generate.kernels import warm
 from tests.generate.test_families_step import tiny
 page, pages = 16, 16
@@ -86,15 +87,37 @@ for name, model in models:
     launched = {c for warmup, c in calls if not warmup}
     assert launched and not (launched - ahead), (name, launched - ahead)
     print(name, len(plan.layers), sorted(set(names)))
+    if fw.hd & (fw.hd - 1):
+        continue  # the paged kernel takes power-of-two heads only (its rows step attends by matmul)
+    # the rows decode step's layer, paged attention and all, for page tables `width` wide
+    width = 16
+    plan = compile_ahead.plan(fw, width)
+    calls.clear()
+    names = plan.run()
+    ahead = {c for warmup, c in calls if warmup}
+    assert all(warmup for warmup, _ in calls) and not warm.errors, (name, warm.errors)
+    calls.clear()
+    with torch.inference_mode():
+        cos, sin = fw.rotary(width * PAGE)
+        keys = [torch.zeros(4 * PAGE, fw.nkv, fw.hd) for _ in fw.layers]
+        values = [torch.zeros(4 * PAGE, fw.nkv, fw.hd) for _ in fw.layers]
+        table = torch.zeros((rows, width), dtype=torch.int32)
+        table[0, :2], table[1, 0] = torch.tensor([1, 2], dtype=torch.int32), 3
+        decode_rows_step(fw, "paged", PAGE, kernels=True)(torch.tensor([5, 7]), torch.tensor([40, 3]), table, cos, sin,
+                                                          keys, values)
+    launched = {c for warmup, c in calls if not warmup}
+    assert {"_paged_rope_split_kernel", "merge_kernel"} <= {c[0] for c in launched}, (name, launched)
+    assert not (launched - ahead), (name, launched - ahead)
+    print(name, "decode", sorted(set(names)))
 
 # once per process and shape: a second start for the same weights does nothing
 fw = FusedWeights(s.model)
 t = compile_ahead.start(fw)
-assert t is not None and warm.ahead["rows prefill kernels"] is t
+assert t is not None and warm.ahead["rows step kernels"] is t
 t.join(60)
 assert "still compiling" not in warm.words()
 assert compile_ahead.start(fw) is None and compile_ahead.start(FusedWeights(s.model)) is None
-assert any(k.startswith("rows prefill kernels") for k in warm.seconds), warm.seconds
+assert any(k.startswith("rows step kernels") for k in warm.seconds), warm.seconds
 print(warm.words())
 print("OK")
 """)

@@ -79,15 +79,15 @@ def test_the_words_say_what_is_still_compiling_ahead_and_stop_saying_it_when_it_
         from nvkit.generate.kernels import warm
         go = threading.Event()
         t = threading.Thread(target=go.wait, daemon=True)
-        warm.ahead["rows prefill kernels"] = t
+        warm.ahead["rows step kernels"] = t
         assert warm.words() == "the Triton warm-up has not started in this process"  # not yet running
         t.start()
         said = warm.words()
-        assert said == "the Triton warm-up is not started: nothing done; still compiling ahead: rows prefill kernels", said
+        assert said == "the Triton warm-up is not started: nothing done; still compiling ahead: rows step kernels", said
         go.set()
         t.join(10)
-        warm.seconds["rows prefill kernels (3)"] = 0.5
-        assert warm.words() == "the Triton warm-up is not started: rows prefill kernels (3) 0.50 s", warm.words()
+        warm.seconds["rows step kernels (3)"] = 0.5
+        assert warm.words() == "the Triton warm-up is not started: rows step kernels (3) 0.50 s", warm.words()
         print("ok")
     """)
     assert out.strip().endswith("ok")
