@@ -1,5 +1,6 @@
-"""The rows prefill's kernels compiled ahead (``fast.compile_ahead``) are the ones a real prefill
-launches, with the same specialisation: every launch of a real eager prefill with nvkit's kernels
+"""The rows steps' kernels compiled ahead (``fast.compile_ahead``) are the ones a real prefill and
+decode step launch, with the same specialisation: every launch of a real eager prefill (and, for
+heads of a power-of-two size, of a real decode step on the paged attention) with nvkit's kernels
 (Triton's interpreter on the CPU, in a child process: TRITON_INTERPRET=1 must be set before triton
 is imported) has a compile ahead for the same kernel whose arguments Triton would specialise alike
 (a tensor's dtype and 16-byte alignment, an integer's value class 1 / multiple of 16 / other unless
@@ -44,7 +45,7 @@ InterpretedFunction.run = run
 """
 
 
-def test_the_kernels_compiled_ahead_are_those_a_real_prefill_launches_on_six_families():
+def test_the_kernels_compiled_ahead_are_those_a_real_prefill_and_decode_step_launch_on_six_families():
     """Llama's layout (the demo model), Gemma 3's (norms after each branch, GELU, sliding layers),
     OLMo 2's (norms over all heads, rounded weight first), Granite's (residual multiplier), Qwen3's
     (per-head q/k norms in ``prefill_rope``) and Phi-3's (partial rotary; heads of 24): the real
