@@ -66,7 +66,7 @@ class Decoders:
         if d is not None and d.kernels and d.fused:
             # the rows decode step's kernels too, for the page tables of the session's first pool
             # (``rows.BatchedDecoder._arena_for``), where that step takes the paged attention
-            paged = d.options.attention != "matmul" and d.kernel_why("paged", qk_norms=True) is None
+            paged = d.options.attention != "matmul" and d.paged_why(d.options.attention) is None
             compile_ahead.start(d.weights()[0], pages_for(min(d.max_positions, FIRST_WIDTH), PAGE) if paged else 0)
 
     def batched(self, model) -> BatchedDecoder:

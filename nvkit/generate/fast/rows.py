@@ -46,7 +46,7 @@ from .single import FastDecoder
 from .llama_step import decode_head
 from .llama_rows_step import decode_rows_step, mark_dynamic, model_decode_rows_layer, prefill_rows_step
 from .replay import ticking
-from .runner import GraphRunner, KeptReplay, triton_cannot_run_on
+from .runner import GraphRunner, KeptReplay
 from .sampling import RowParams, Sampling, StopStrings, choose_rows
 from .schedule import SCRATCH, Scheduler, Sequence, pages_for
 
@@ -102,7 +102,7 @@ class BatchedDecoder(GraphRunner):
         q/k norms itself, so it needs per-head RMS norms (or none) and a power-of-two head size."""
         if asked == "matmul":
             return "matmul", None
-        why = (triton_cannot_run_on(self.device) if asked == "auto" else None) or self.kernel_why("paged", qk_norms=True)
+        why = self.paged_why(asked)
         if why is None:
             return "paged", None
         if asked != "auto":

@@ -226,6 +226,12 @@ class GraphRunner:
         why = qk_norm_why(self.model, hd) if qk_norms else None
         return f"attention={kind!r} does not fit this model: {why}" if why else None
 
+    def paged_why(self, asked: str) -> str | None:
+        """Why the rows step of this model would not take the paged kernel for the attention
+        ``asked`` (not "matmul", which never does): None where it would."""
+        device_why = triton_cannot_run_on(self.device) if asked == "auto" else None
+        return device_why or self.kernel_why("paged", qk_norms=True)
+
     def _forget_kernel_steps(self) -> None:  # pragma: no cover
         raise NotImplementedError
 
