@@ -51,7 +51,9 @@ def test_one_capture_serves_every_length(demo_cuda):
     prepared = s.last_stats.prepared  # where the first request's wait went, in its stats line
     # parts under 0.05 s are left out of the words (a warm process's warm-up), so the parts are read
     assert d.timings.get("warm-up", 0) > 0 and "compile and warm-up" not in d.timings, d.timings
-    assert "compile" not in prepared and "prepared first" in str(s.last_stats), prepared
+    assert "compile" not in prepared, prepared
+    if any(v >= 0.05 for v in d.timings.values()):  # a process that warmed the kernels before: nothing to say
+        assert "prepared first" in str(s.last_stats), (prepared, d.timings)
     seen = []
     for prompt, n in [(PROMPTS[1], 40), (PROMPTS[2], 100), (PROMPTS[0] * 20, 200), (PROMPTS[1], 16), (PROMPTS[2], 600)]:
         t = time.perf_counter()
