@@ -113,10 +113,6 @@
 #            and two after it, with where the Triton warm-up stood           (carry .whl-core)
 #   list-first  the first list of 64 prompts after a fine-tune and a second one, in a fresh Triton
 #            cache and again on it: what Triton compiled in each, the first one profiled (carry .whl-core)
-#   merge38  the six-kernel layers' attention in one kernel (merge_last: each KV head's last slice
-#            program merges): its identity tests (bit for bit against two kernels, eager and 200
-#            graph replays), then the uncompiled step's rate with and without it, one process per
-#            shape (SHAPES, default qwen3-0.6b llama-3.2-1b)                          (carry .whl-core)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 #   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
 #            $OUT/strategies-one-gpu.json, ZeRO-3's speed against DDP
@@ -420,12 +416,6 @@ case "$phase" in
       echo "=== families $sh ($(date +%T))"
       timeout "${TF:-150}" python3 -m nvkit.cli bench --families --shapes "$sh" --json > "$out/family-$sh.json"
       echo "=== exit $? ($(date +%T))"; cat "$out/family-$sh.json"
-    done ;;
-  merge38)
-    T=200 t tests/gpu/test_decode_attention_gpu.py -k "merge_by_the_last"
-    T=150 t tests/gpu/test_fast_gpu.py -k "six_kernel"
-    for m in ${SHAPES:-qwen3-0.6b llama-3.2-1b}; do
-      T=${TB:-150} bench "shape:$m" --decode --repeats 3 --paths "fast+eager,fast+eager+lastmerge"
     done ;;
   deterministic)
     T=${TD:-420} t tests/gpu/test_batched_gpu.py -k deterministic

@@ -56,9 +56,8 @@ BATCH_PATHS = ("padded generate", "generate_batch", "nvkit batch")
 # first product folded into the base one: lora_fold=True), gemv / nogemv (the uncompiled step's
 # layers in six kernels, the default, or nine: gemv=True / False), experts (a mixture of experts'
 # uncompiled steps over its own forward with nvkit's grouped experts kernel: experts=True), apart (an
-# adapter's products apart from the weights, not merged into a copy: lora_merged=False), lastmerge
-# (the six-kernel layers' attention in one kernel: merge_last=True), kN (N decode steps per graph
-# replay). pdl, combo, regional, whole, notune, gemv, experts and lastmerge are
+# adapter's products apart from the weights, not merged into a copy: lora_merged=False), kN (N
+# decode steps per graph replay). pdl, combo, regional, whole, notune, gemv and experts are
 # ``StepVariant`` fields, not user options: the benchmark builds those decoders, users get the
 # defaults.
 # "model.generate": transformers' generate called directly, with the arguments nvkit's plain path
@@ -93,8 +92,6 @@ _FAST_OPTIONS = {"eager": ("compile", False), "matmul": ("attention", "matmul"),
                  "apart": ("lora_merged", False),
                  # a mixture of experts' uncompiled steps with nvkit's grouped experts kernel
                  "experts": ("experts", True),
-                 # the six-kernel layers' attention merged by its split kernel: five launches a layer
-                 "lastmerge": ("merge_last", True),
                  # the model's own forward as the step where the fused step fits too: issue 37's
                  # measure of what the fused step gains on a family, in one process
                  "forward": ("fused", False)}
@@ -109,7 +106,7 @@ def fast_options(path: str) -> dict | None:
         return None
     # None: the process's default (nvkit.generate.fast.default_options()), i.e. what users get
     opts = dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None, lora_fold=None,
-                tune=None, gemv=None, experts=None, lora_merged=None, merge_last=None)
+                tune=None, gemv=None, experts=None, lora_merged=None)
     for part in path.split("+")[1:]:
         part = part.strip()
         if part in _FAST_OPTIONS:

@@ -442,8 +442,7 @@ def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     opts = bench_decode.fast_options
     assert opts("generate") is None and opts("nvkit batch") is None
     assert opts("fast") == dict(compile=True, attention=None, pdl=None, inductor={}, k_steps=None, regional=None,
-                                lora_fold=None, tune=None, gemv=None, experts=None, lora_merged=None,
-                                merge_last=None)
+                                lora_fold=None, tune=None, gemv=None, experts=None, lora_merged=None)
     assert opts("fast+matmul")["attention"] == "matmul"
     assert opts("fast eager")["compile"] is False
     assert opts("fast without pdl")["pdl"] is False
@@ -451,13 +450,12 @@ def test_bench_decode_fast_variants_parse_and_refuse_typos(s):
     assert opts("fast+pdl+tfused+combo+k16") == dict(compile=True, attention="triton-fused", pdl=True,
                                                   inductor={"combo_kernels": True}, k_steps=16, regional=None,
                                                   lora_fold=None, tune=None, gemv=None, experts=None,
-                                                  lora_merged=None, merge_last=None)
+                                                  lora_merged=None)
     assert opts("fast+notune")["tune"] is False
     assert opts("fast+eager+gemv")["gemv"] is True and opts("fast+eager+gemv")["compile"] is False
     assert opts("fast+eager+nogemv")["gemv"] is False and opts("fast+eager")["gemv"] is None  # None: the default
     assert opts("fast+eager+experts")["experts"] is True and opts("fast+eager")["experts"] is None
     assert opts("fast+eager+apart")["lora_merged"] is False and opts("fast+eager")["lora_merged"] is None
-    assert opts("fast+eager+lastmerge")["merge_last"] is True and opts("fast+eager")["merge_last"] is None
     assert opts("fast+regional")["regional"] is True
     assert opts("fast+whole")["regional"] is False
     # the adapter rows take the same options after "fast lora"

@@ -45,43 +45,6 @@ def test_the_default_launch_matches_the_reference(pos, cache, window, norms):
     assert torch.equal(k, ref_k)
 
 
-@pytest.mark.parametrize("pos, cache, window", CASES)
-def test_the_merge_by_the_last_slice_program_is_the_merge_kernels_bit_for_bit(pos, cache, window):
-    """``merge_last=True`` (one kernel: each KV head's last slice program merges): the two-kernel
-    output bit for bit on the GPU, eagerly and replayed from a CUDA graph 200 times (an ordering
-    slip between a slice's writes and the count that says they are done would show as a stray
-    value in some replay), with PDL and without, and the arrival counts back at 0 after."""
-    g = torch.Generator(device="cpu").manual_seed(pos + cache + 1)
-    nh, nkv, hd = 16, 8, 128
-    dev, dt = "cuda", torch.bfloat16
-    k = torch.randn((nkv, cache, hd), generator=g).to(dev, dt)
-    v = torch.randn((nkv, cache, hd), generator=g).to(dev, dt)
-    qkv = torch.randn((nh + 2 * nkv, hd), generator=g).to(dev, dt)
-    qw, kw = ((torch.rand(hd, generator=g) + 0.5).to(dev, dt) for _ in range(2))
-    ang = torch.randn(hd // 2, generator=g).repeat(2)
-    cos, sin = ang.cos().to(dev, dt), ang.sin().to(dev, dt)
-    p = torch.tensor(pos, device=dev)
-    for pdl in ((False, True) if torch.cuda.get_device_capability()[0] >= 9 else (False,)):
-        args = (qkv, qw, kw, cos, sin)
-        want = da.decode_attention_rope(*args, k.clone(), v.clone(), p, hd ** -0.5, 1e-6, window, 0.0, pdl)
-        k1, v1 = k.clone(), v.clone()
-        got = da.decode_attention_rope(*args, k1, v1, p, hd ** -0.5, 1e-6, window, 0.0, pdl, True)
-        torch.cuda.synchronize()
-        assert torch.equal(got, want), (pos, cache, window, pdl)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            replayed = da.decode_attention_rope(*args, k1, v1, p, hd ** -0.5, 1e-6, window, 0.0, pdl, True)
-        bad = 0
-        for _ in range(200):
-            replayed.zero_()
-            graph.replay()
-            bad += not torch.equal(replayed, want)
-        torch.cuda.synchronize()
-        assert bad == 0, f"{bad} of 200 replays differ ({pos}, {cache}, {window}, pdl={pdl})"
-        assert not da.arrivals(k1).any()
-        del graph
-
-
 def test_a_16_bit_cache_on_the_gpu_attends_on_tensor_cores_and_an_fp32_one_does_not():
     for dtype, dot in ((torch.bfloat16, True), (torch.float16, True), (torch.float32, False)):
         for length, blocks in ((32, 1), (1024, 2), (32768, 2)):

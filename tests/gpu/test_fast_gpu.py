@@ -170,15 +170,10 @@ def _qwen3_traces(tokens: int, variants: dict) -> dict:
 def test_six_kernel_layers_are_token_identical_and_logits_close_on_the_qwen3_shape(demo_cuda):
     """``StepVariant.gemv`` (issue 38: each projection in ``kernels.gemv`` with its norm, residual
     sum or gated activation fused in), uncompiled and captured: the demo model's greedy tokens are
-    plain generate's, and with the attention in one kernel (``merge_last``) too, its logits the
-    two-kernel attention's bit for bit; on the Qwen3-0.6B shape in bf16 the first steps' logits stay within the
+    plain generate's; on the Qwen3-0.6B shape in bf16 the first steps' logits stay within the
     tolerance the usual step keeps against plain (``test_logits_close_on_qwen3_shape``)."""
     _demo_decodes_as_plain(demo_cuda, "six-kernel layers: uncompiled", gemv=True)
-    _demo_decodes_as_plain(demo_cuda, "the attention's merge in its split kernel", gemv=True, merge_last=True)
-    runs = _qwen3_traces(16, {"usual": dict(gemv=False), "six": dict(gemv=True),
-                              "five": dict(gemv=True, merge_last=True)})
-    # the attention in one kernel (``merge_last``) merges in the same order: the same logits
-    assert runs["five"][0] == runs["six"][0] and all(torch.equal(a, b) for a, b in zip(runs["five"][1], runs["six"][1]))
+    runs = _qwen3_traces(16, {"usual": dict(gemv=False), "six": dict(gemv=True)})
     (usual, usual_logits), (ours, our_logits) = runs["usual"], runs["six"]
     n = next((i for i, (a, b) in enumerate(zip(usual, ours)) if a != b), len(usual))
     assert n >= 4, (usual, ours)  # random weights: near-ties may part the paths after a few steps

@@ -1,7 +1,6 @@
 """The uncompiled batch-1 decode step with a layer in six kernels (``StepVariant.gemv``): each
 projection in ``kernels.gemv`` with the norm before it, the residual sum after it or the gated
-activation fused in, and the attention in ``decode_attention_rope``'s two (one with
-``StepVariant.merge_last``: the slices merged by the split kernel's last program of each KV head).
+activation fused in, and the attention in ``decode_attention_rope``'s two.
 
 Why: at batch 1 a layer's time is its weights' bytes over the bandwidth plus, per kernel, a launch
 and a ramp in which few bytes stream; the uncompiled step with nvkit's norm and activation kernels
@@ -47,13 +46,12 @@ def gemv_why(fw: FusedWeights | None, attention: str, lora=None) -> str | None:
     return None
 
 
-def gemv_decode_layer(fw: FusedWeights, pdl: bool = False, merge_last: bool = False) -> Callable:
+def gemv_decode_layer(fw: FusedWeights, pdl: bool = False) -> Callable:
     """``llama_step.decode_layer``'s layer in six kernels, for the model whose weights ``fw`` holds
     (``gemv_why`` None): ``layer(h, delta, pos, where, cos, sin, mask, keys, values,
     *llama_step.layer_args(w, None))`` -> (h, delta), ``h`` the whole residual stream. ``pdl``: the
     products and the attention launched with Programmatic Dependent Launch (``kernels.gemv``), so
-    no kernel of the layer waits for the one before to end before it starts. ``merge_last``: the
-    attention in one kernel (``decode_attention_rope``'s)."""
+    no kernel of the layer waits for the one before to end before it starts."""
     from functools import partial
 
     from ..kernels.decode_attention import decode_attention_rope
@@ -74,7 +72,7 @@ def gemv_decode_layer(fw: FusedWeights, pdl: bool = False, merge_last: bool = Fa
               down_w, down_bias, scaling, window, lo_qkv, lo_o, lo_gate_up, lo_down):
         qkv = product(h, qkv_w, qkv_bias, lo_qkv, norm=in_norm, eps=in_eps)
         o = decode_attention_rope(qkv.view(nh + 2 * nkv, hd), q_norm, k_norm, cos.view(-1), sin.view(-1), keys,
-                                  values, pos, scaling, qk_eps, window, cap, pdl, merge_last)
+                                  values, pos, scaling, qk_eps, window, cap, pdl)
         h = product(o.view(1, nh * hd), o_w, o_bias, lo_o, scale=scale, residual=h)
         m = product(h, gate_up_w, gate_up_bias, lo_gate_up, norm=post_norm, eps=post_eps, glu=True)
         return product(m, down_w, down_bias, lo_down, scale=scale, residual=h), delta
@@ -94,25 +92,23 @@ def gemv_head(fw: FusedWeights) -> Callable:
     return head
 
 
-def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool, pdl: bool = False, lora=None,
-               merge_last: bool = False) -> dict:
+def gemv_parts(fw: FusedWeights | None, attention: str, asked: bool, pdl: bool = False, lora=None) -> dict:
     """``llama_step.decode_step``'s ``layer`` and ``head`` for the six-kernel layer where it is
     ``asked`` for and runs (``gemv_why``, with the adapter buffers ``lora`` the step reads, if
     any); none (the usual step) elsewhere. ``pdl``: with Programmatic Dependent Launch where the
-    GPU and Triton give it (``kernels.common.pdl_why``); ``merge_last``: the attention in one kernel."""
+    GPU and Triton give it (``kernels.common.pdl_why``)."""
     if not asked or gemv_why(fw, attention, lora) is not None:
         return {}
     from ..kernels.common import pdl_why
     pdl = pdl and pdl_why(fw.embed.device) is None
-    return {"layer": gemv_decode_layer(fw, pdl, merge_last), "head": gemv_head(fw)}
+    return {"layer": gemv_decode_layer(fw, pdl), "head": gemv_head(fw)}
 
 
-def gemv_words(fw: FusedWeights | None, attention: str, pdl: bool, lora=None, merge_last: bool = False) -> str:
+def gemv_words(fw: FusedWeights | None, attention: str, pdl: bool, lora=None) -> str:
     """The stats line's words for the six-kernel layers asked for: where they run, or why not."""
     why = gemv_why(fw, attention, lora)
     if why:
         return f"six-kernel layers: {why}"
     from ..kernels.common import pdl_why
     return ("six-kernel layers: uncompiled" + (", the adapter's products apart" if lora is not None else "")
-            + (", PDL" if pdl and pdl_why(fw.embed.device) is None else "")
-            + (", the attention's merge in its split kernel" if merge_last else ""))
+            + (", PDL" if pdl and pdl_why(fw.embed.device) is None else ""))

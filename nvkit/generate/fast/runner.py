@@ -58,10 +58,7 @@ class StepVariant:
       decode benchmark's "+experts".
     - ``lora_merged``: the batch-1 fused step's adapters merged into a copy of the projections
       they change (``lora.MergedWeights``), where the copy fits beside the GPU's free memory; False
-      keeps their products apart, the decode benchmark's "+apart".
-    - ``merge_last``: the six-kernel layers' attention in one kernel, not two: each KV head's last
-      slice program merges the slices (``kernels.common.merge_if_last``), so a layer is five
-      launches; the decode benchmark's "+lastmerge"."""
+      keeps their products apart, the decode benchmark's "+apart"."""
     regional: bool = True
     tune: bool = True
     pdl: bool | None = None
@@ -69,10 +66,9 @@ class StepVariant:
     gemv: bool = True
     experts: bool = False
     lora_merged: bool = True
-    merge_last: bool = False
 
     def __post_init__(self):
-        for name in ("regional", "tune", "gemv", "experts", "lora_merged", "merge_last"):
+        for name in ("regional", "tune", "gemv", "experts", "lora_merged"):
             if not isinstance(getattr(self, name), bool):
                 raise NvkitError(f"{name} must be True or False, not {getattr(self, name)!r}.")
         if self.pdl not in (None, True, False):

@@ -3,8 +3,7 @@
 for the tables' width in ``rotary_width_fits``), one block's step of their online softmax
 (``attend_block``), their score soft-capping (``tanh``) and the check
 of its and the sliding window's arguments (``window_softcap_why``), their merge of the slices per
-query head (``combine_kernel``, or inside the split kernel ``merge_if_last``; ``merge_kernel`` with the
-slice count at run time), the most slices
+query head (``combine_kernel``; ``merge_kernel`` with the slice count at run time), the most slices
 per KV head, the row view the elementwise kernels take their inputs in, and the SM count the
 automatic launches are sized for (``device_sms``)."""
 
@@ -171,48 +170,24 @@ MAX_WINDOW = 2 ** 31 - 1
 
 
 @triton.jit
-def merge_slices(M, L, O, OUT, h, N_SPLITS: tl.constexpr, HD: tl.constexpr):
-    """Merges query head ``h``'s slices (running max ``M``, sum ``L``, weighted sum ``O``) into
-    ``OUT``. The loads skip the SM's L1 (``.cg``): under ``merge_if_last`` other SMs wrote the
-    slices in this kernel, and only L2 is sure to hold their writes."""
+def combine_kernel(M, L, O, OUT, N_SPLITS: tl.constexpr, HD: tl.constexpr, PDL: tl.constexpr = False):
+    """Merges one query head's slices (running max ``M``, sum ``L``, weighted sum ``O``) into ``OUT``;
+    ``PDL``: launched with Programmatic Dependent Launch after the kernel that wrote the slices."""
+    if PDL:
+        gdc_wait()  # the slices are the kernel before's outputs
+        gdc_launch_dependents()
+    h = tl.program_id(0)
     sp = tl.arange(0, N_SPLITS)
     d = tl.arange(0, HD)
-    m = tl.load(M + h * N_SPLITS + sp, cache_modifier=".cg")
-    s_sum = tl.load(L + h * N_SPLITS + sp, cache_modifier=".cg")
+    m = tl.load(M + h * N_SPLITS + sp)
+    s_sum = tl.load(L + h * N_SPLITS + sp)
     # a slice with no position up to pos (m = -inf: a short sequence in a long cache) wrote a
     # weighted sum of zeros; it is not read
-    o = tl.load(O + (h * N_SPLITS + sp)[:, None] * HD + d[None, :], mask=(m > float("-inf"))[:, None], other=0.0,
-                cache_modifier=".cg")
+    o = tl.load(O + (h * N_SPLITS + sp)[:, None] * HD + d[None, :], mask=(m > float("-inf"))[:, None], other=0.0)
     top = tl.max(m, axis=0)  # finite: the slice that holds pos has at least pos itself
     w = tl.exp(m - top)      # 0 for the slices with no position in the window up to pos (m = -inf)
     out = tl.sum(w[:, None] * o, axis=0) / tl.sum(w * s_sum, axis=0)
     tl.store(OUT + h * HD + d, out.to(OUT.dtype.element_ty))
-
-
-@triton.jit
-def combine_kernel(M, L, O, OUT, N_SPLITS: tl.constexpr, HD: tl.constexpr, PDL: tl.constexpr = False):
-    """Merges one query head's slices (``merge_slices``) into ``OUT``; ``PDL``: launched with
-    Programmatic Dependent Launch after the kernel that wrote the slices."""
-    if PDL:
-        gdc_wait()  # the slices are the kernel before's outputs
-        gdc_launch_dependents()
-    merge_slices(M, L, O, OUT, tl.program_id(0), N_SPLITS, HD)
-
-
-@triton.jit
-def merge_if_last(COUNT, kvh, M, L, O, OUT, GROUPS: tl.constexpr, N_SPLITS: tl.constexpr, HD: tl.constexpr):
-    """The merge inside the split kernel, in place of ``combine_kernel``'s launch: each (KV head,
-    slice) program calls this once its slice is written, and the last of a KV head's ``N_SPLITS``
-    programs to arrive (``COUNT``, one int32 per KV head, 0 before the launch) merges the group's
-    ``GROUPS`` query heads and sets the count back to 0 for the next launch. No program waits for
-    another, so nothing depends on which programs the GPU runs at once; the merge reads the slices
-    in their fixed order, so the result does not depend on which program merged."""
-    tl.debug_barrier()  # every thread's stores of this slice are done before the count says so
-    done = tl.atomic_add(COUNT + kvh, 1, sem="acq_rel", scope="gpu")  # the others' slices visible after it
-    if done == N_SPLITS - 1:
-        for g in range(GROUPS):
-            merge_slices(M, L, O, OUT, kvh * GROUPS + g, N_SPLITS, HD)
-        tl.atomic_xchg(COUNT + kvh, 0)
 
 
 # the slice count is not specialised on (Triton compiles a variant for a count of 1): one compiled

@@ -48,8 +48,7 @@ import triton
 import triton.language as tl
 
 from .common import (DOT_DTYPES, MAX_SPLITS, MAX_WINDOW, attend_block, combine_kernel, gdc_launch_dependents, gdc_wait,
-                     launch_why, merge_if_last, next_pow2, norm_rope, pdl_why, rope_lanes, rotary_width_fits,
-                     window_softcap_why)
+                     launch_why, next_pow2, norm_rope, pdl_why, rope_lanes, rotary_width_fits, window_softcap_why)
 from .launch import launch
 
 BLOCK_L = 32  # cache positions per step inside a slice
@@ -90,11 +89,10 @@ def _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, liv
 # the window is not specialised on (Triton would compile a variant of its own for a window of 1
 # or a multiple of 16): one compiled kernel serves every window, and no window
 @triton.jit(do_not_specialize=["window"])
-def _split_kernel(Q, K, V, POS, M, L, O, COUNT, OUT, scale, window, softcap,
+def _split_kernel(Q, K, V, POS, M, L, O, scale, window, softcap,
                   stride_kh, stride_kl, stride_vh, stride_vl,
                   GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr, HD: tl.constexpr, N_SPLITS: tl.constexpr,
-                  BLOCK: tl.constexpr, SOFTCAP: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
-                  MERGE_LAST: tl.constexpr):
+                  BLOCK: tl.constexpr, SOFTCAP: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):
     if PDL:
         gdc_wait()  # the query and the cache are the kernels before's outputs
         gdc_launch_dependents()
@@ -108,18 +106,15 @@ def _split_kernel(Q, K, V, POS, M, L, O, COUNT, OUT, scale, window, softcap,
     q = tl.load(Q + heads[:, None] * HD + d[None, :], mask=live[:, None], other=0.0).to(tl.float32)
     _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, live, d, scale,
                   stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK, SOFTCAP, DOT)
-    if MERGE_LAST:
-        merge_if_last(COUNT, kvh, M, L, O, OUT, GROUPS, N_SPLITS, HD)
 
 
 
 @triton.jit(do_not_specialize=["window"])
-def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, COUNT, OUT, scale, window, softcap, eps,
+def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, scale, window, softcap, eps,
                        stride_kh, stride_kl, stride_vh, stride_vl,
                        NH: tl.constexpr, NKV: tl.constexpr, GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr,
                        HD: tl.constexpr, N_SPLITS: tl.constexpr, BLOCK: tl.constexpr, HAS_NORM: tl.constexpr,
-                       SOFTCAP: tl.constexpr, ROT: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr,
-                       MERGE_LAST: tl.constexpr):
+                       SOFTCAP: tl.constexpr, ROT: tl.constexpr, DOT: tl.constexpr, PDL: tl.constexpr):
     kvh = tl.program_id(0)
     split = tl.program_id(1)
     pos = tl.load(POS)
@@ -147,8 +142,6 @@ def _rope_split_kernel(QKV, QW, KW, COS, SIN, K, V, POS, M, L, O, COUNT, OUT, sc
     tl.debug_barrier()  # the new key and value are read back below by other threads of this program
     _attend_slice(q, K, V, M, L, O, kvh, split, pos, window, softcap, heads, live, d, scale,
                   stride_kh, stride_kl, stride_vh, stride_vl, GROUPS_P2, HD, N_SPLITS, BLOCK, SOFTCAP, DOT)
-    if MERGE_LAST:
-        merge_if_last(COUNT, kvh, M, L, O, OUT, GROUPS, N_SPLITS, HD)
 
 
 
@@ -181,22 +174,17 @@ def splits_for(length: int) -> int:
 
 def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, out, *, splits: int | None = None,
             blocks_per_step: int = 1, dot: bool = False, num_warps: int | None = None, num_stages: int | None = None,
-            pdl: bool = False, merge_last: bool = False, **constexprs) -> None:
+            pdl: bool = False, **constexprs) -> None:
     """Both ops' launches (on the GPU, or in Triton's interpreter under ``TRITON_INTERPRET=1``):
     ``split_kernel`` over (KV heads × slices of the cache), called with ``lead`` (its tensors up to
     the cache position), the per-slice results, ``scalars`` (the scale, window and soft cap first)
     and the cache strides; then the merge of the slices per query head into ``out``. The launch
     shape (``decode_launch``): ``splits`` slices (None: ``splits_for``), ``blocks_per_step`` blocks
     of ``BLOCK_L`` positions per step of the kernel's loop, ``dot``, ``num_warps``, ``num_stages``;
-    ``pdl``: both launched with Programmatic Dependent Launch (``common.pdl_why``);
-    ``merge_last``: the merge done by each KV head's last slice program (``common.merge_if_last``)
-    instead of a kernel of its own, one launch fewer (where ``arrivals`` has no count for this
-    cache during a CUDA-graph capture, the merge kernel still runs)."""
+    ``pdl``: both launched with Programmatic Dependent Launch (``common.pdl_why``)."""
     nkv, length, _ = k.shape
     why = launch_why(num_stages, dot, splits=splits, blocks_per_step=blocks_per_step, num_warps=num_warps)
     why = why or pdl_why(out.device, pdl)
-    if not why and not isinstance(merge_last, bool):
-        why = f"merge_last must be True or False, not {merge_last!r}"
     if why:
         raise ValueError(f"nvkit::decode_attention {why}")
     block = min(BLOCK_L * blocks_per_step, length)
@@ -207,38 +195,14 @@ def _launch(split_kernel, lead: tuple, scalars: tuple, k, v, nh: int, hd: int, o
     m = torch.empty((nh, n_splits), dtype=torch.float32, device=out.device)      # running max
     s_sum = torch.empty((nh, n_splits), dtype=torch.float32, device=out.device)  # running sum
     o = torch.empty((nh, n_splits, hd), dtype=torch.float32, device=out.device)  # weighted sum
-    count = arrivals(k) if merge_last else None
     groups = nh // nkv
     tuning = {name: n for name, n in (("num_warps", num_warps), ("num_stages", num_stages)) if n is not None}
     chained = {"launch_pdl": True} if pdl else {}
-    launch(split_kernel, (nkv, n_splits), *lead, m, s_sum, o, count if count is not None else m, out, *scalars,
+    launch(split_kernel, (nkv, n_splits), *lead, m, s_sum, o, *scalars,
            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
            GROUPS=groups, GROUPS_P2=max(16, next_pow2(groups)) if dot else next_pow2(groups), HD=hd,
-           N_SPLITS=n_splits, BLOCK=block, DOT=dot, PDL=pdl, MERGE_LAST=count is not None, **constexprs, **tuning,
-           **chained)
-    if count is None:
-        launch(combine_kernel, (nh,), m, s_sum, o, out, N_SPLITS=n_splits, HD=hd, PDL=pdl, **chained)
-
-
-#: per KV cache (its device and address): how many of each KV head's slice programs have written
-#: their slice in the launch under way (``common.merge_if_last``), 0 between launches. Kept for the
-#: process's life: a captured CUDA graph holds the count's address, and a cache freed and another
-#: made at its address finds a count of 0s, which is what every finished launch leaves.
-_ARRIVALS: dict = {}
-
-
-def arrivals(k) -> torch.Tensor | None:
-    """The arrival count for the key cache ``k`` (one int32 per KV head, zeros when made); None
-    where there is none yet and the current stream is capturing a CUDA graph (a count made there
-    would be the graph's memory, zeroed by a node of its own)."""
-    key = (str(k.device), k.data_ptr())
-    count = _ARRIVALS.get(key)
-    if count is None or count.numel() < k.shape[0]:
-        if k.is_cuda and torch.cuda.is_current_stream_capturing():
-            return None
-        count = _ARRIVALS[key] = torch.zeros(max(k.shape[0], 1 if count is None else count.numel()),
-                                             dtype=torch.int32, device=k.device)
-    return count
+           N_SPLITS=n_splits, BLOCK=block, DOT=dot, PDL=pdl, **constexprs, **tuning, **chained)
+    launch(combine_kernel, (nh,), m, s_sum, o, out, N_SPLITS=n_splits, HD=hd, PDL=pdl, **chained)
 
 
 def check_shapes(q, k, v) -> str | None:
@@ -280,7 +244,7 @@ def _(q, k, v, pos, scale, window=0, softcap=0.0):
 
 
 def decode_attention_rope(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float, window: int = 0,
-                          softcap: float = 0.0, pdl: bool = False, merge_last: bool = False):
+                          softcap: float = 0.0, pdl: bool = False):
     """The whole attention of one decode step after the q/k/v projection, in two kernels: per-head
     RMS norm of q and k over the whole head (Qwen3's q_norm/k_norm; skipped when the weights are
     None), rotary embedding (``cos``/``sin`` of the current position, (r,)), the new key and value
@@ -300,38 +264,34 @@ def decode_attention_rope(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: f
     ``pdl=True`` launches both kernels with Programmatic Dependent Launch (a Hopper GPU on and a
     Triton with grid dependency control: ``common.pdl_why``), for a step whose kernels are all so
     launched (``fast.gemv_step``): each starts while the one before ends and waits for its outputs
-    before reading them. ``merge_last=True``: one kernel, the slices merged by each KV head's last
-    slice program (``decode_launch``).
+    before reading them.
 
     The op (``nvkit::decode_attention_rope``) has no defaults and gets every argument by position:
     torch 2.11 finds the tensors an op mutates by their place among the arguments it is handed,
     and the dispatcher drops trailing arguments equal to their defaults before that, so a mutated
     argument with a default would be looked for past their end. The defaults are this wrapper's."""
-    return _decode_attention_rope_op(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window, softcap, pdl,
-                                     merge_last)
+    return _decode_attention_rope_op(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window, softcap, pdl)
 
 
 @torch.library.custom_op("nvkit::decode_attention_rope", mutates_args=("k", "v"))
 def _decode_attention_rope_op(qkv: torch.Tensor, q_weight: Optional[torch.Tensor], k_weight: Optional[torch.Tensor],
                               cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                              scale: float, eps: float, window: int, softcap: float, pdl: bool,
-                              merge_last: bool) -> torch.Tensor:
+                              scale: float, eps: float, window: int, softcap: float, pdl: bool) -> torch.Tensor:
     return decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window=window, softcap=softcap,
-                         pdl=pdl, merge_last=merge_last)
+                         pdl=pdl)
 
 
 def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, eps: float, *, window: int = 0,
                   softcap: float = 0.0, splits: int | None = None, blocks_per_step: int | None = None,
                   dot: bool | None = None, num_warps: int | None = None, num_stages: int | None = None,
-                  pdl: bool = False, merge_last: bool = False):
+                  pdl: bool = False):
     """What ``decode_attention_rope`` runs, with the kernel's launch shape as arguments, each None
     the op's own for this cache (``default_launch``): ``splits`` slices per KV head (a power of
     two), ``blocks_per_step`` blocks of ``BLOCK_L`` positions per step of the kernel's loop,
     ``dot=True`` the scores and the weighted sum on tensor cores (``common.attend_block``),
     ``num_warps`` and ``num_stages`` (where the op's are None too: Triton's). ``python -m
     nvkit.benchmarks.attention --batch1`` times the shapes against each other; ``pdl`` as
-    ``decode_attention_rope`` takes it; ``merge_last``: the slices merged inside the split kernel
-    (``_launch``)."""
+    ``decode_attention_rope`` takes it."""
     nkv = k.shape[0]
     nh, hd = qkv.shape[0] - 2 * nkv, qkv.shape[-1]
     why = (check_shapes(qkv[:nh], k, v) if qkv.dim() == 2 and nh > 0
@@ -353,11 +313,10 @@ def decode_launch(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale: float, ep
     lead = (qkv, q_weight if has_norm else cos, k_weight if has_norm else cos, cos.contiguous(), sin.contiguous(),
             k, v, pos)
     _launch(_rope_split_kernel, lead, (scale, min(window, MAX_WINDOW), float(softcap), eps), k, v, nh, hd, out,
-            **launch, pdl=pdl, merge_last=merge_last, NH=nh, NKV=nkv, HAS_NORM=has_norm, SOFTCAP=softcap > 0,
-            ROT=cos.shape[0])
+            **launch, pdl=pdl, NH=nh, NKV=nkv, HAS_NORM=has_norm, SOFTCAP=softcap > 0, ROT=cos.shape[0])
     return out
 
 
 @_decode_attention_rope_op.register_fake
-def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window, softcap, pdl, merge_last):
+def _(qkv, q_weight, k_weight, cos, sin, k, v, pos, scale, eps, window, softcap, pdl):
     return qkv.new_empty((qkv.shape[0] - 2 * k.shape[0], qkv.shape[-1]))

@@ -541,48 +541,6 @@ def test_rope_kernel_refuses_rotary_tables_that_do_not_fit():
     assert out.strip().endswith("ok")
 
 
-def test_the_last_slice_program_merges_as_the_merge_kernel_does():
-    """``merge_last=True``: each KV head's last slice program merges its group's query heads, in
-    place of the merge kernel, and gives the merge kernel's output bit for bit (the slices are
-    merged in one fixed order whichever program arrives last), with the arrival counts back at 0
-    after every launch; over calls at several positions, slice counts, windows and the tensor-core
-    products, in float32 and bf16, and a cache of its own (a count of its own) beside another."""
-    out = _interpret("""
-        import torch
-        from tests.generate.kernels.test_decode_attention import token_inputs
-        from tests.triton_interpreter import refused
-        from nvkit.generate.kernels import decode_attention as da
-        torch.manual_seed(0)
-        launched, real = [], da.launch
-        da.launch = lambda kernel, *a, **kw: launched.append(kernel.fn.__name__) or real(kernel, *a, **kw)
-        launches = [dict(), dict(splits=1), dict(splits=4), dict(splits=32), dict(dot=True, splits=2, blocks_per_step=2)]
-        for nh, nkv, hd, length, dtype in [(6, 2, 32, 256, torch.float32), (8, 1, 16, 128, torch.bfloat16),
-                                           (4, 4, 16, 64, torch.float32)]:
-            qkv, qw, kw, cos, sin, k, v = token_inputs(nh, nkv, hd, hd, length, dtype, True)
-            for p, window in [(0, 0), (37, 0), (length - 1, 0), (length - 1, 40)]:
-                for launch in launches:
-                    if launch.get("dot") and dtype != torch.float32:
-                        continue  # the interpreter's bf16 tl.dot is not the GPU's
-                    k1, v1, k2, v2 = k.clone(), v.clone(), k.clone(), v.clone()
-                    args = (qkv, qw, kw, cos, sin)
-                    at = (torch.tensor(p), hd ** -0.5, 1e-6)
-                    apart = da.decode_launch(*args, k1, v1, *at, window=window, **launch)
-                    del launched[:]
-                    merged = da.decode_launch(*args, k2, v2, *at, window=window, merge_last=True, **launch)
-                    assert launched == ["_rope_split_kernel"], launched  # one launch: no merge kernel
-                    assert torch.equal(apart, merged), (nh, nkv, dtype, p, window, launch)
-                    assert torch.equal(k1, k2) and torch.equal(v1, v2)
-                    count = da.arrivals(k2)
-                    assert count.dtype == torch.int32 and count.numel() >= nkv and not count.any(), count
-        qkv, qw, kw, cos, sin, k, v = token_inputs(6, 2, 32, 32, 64, torch.float32, True)
-        refused(lambda: da.decode_launch(qkv, qw, kw, cos, sin, k, v, torch.tensor(3), 0.1, 1e-6, merge_last=1),
-                "merge_last=1")
-        print("ok")
-    """)
-    assert out.strip().endswith("ok") and out.count("refused:") == 1, out
-    assert "merge_last must be True or False" in out, out
-
-
 def test_every_launch_shape_of_the_rope_kernel_attends_the_same():
     """``decode_launch``: more or fewer slices than the cache has blocks, two blocks per loop step,
     the products on ``tl.dot`` (float32 here: the interpreter's bf16 dot is not the GPU's), with a

@@ -185,9 +185,8 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
     """``StepVariant.gemv``'s layer (``fast.gemv_step``: every projection in ``kernels.gemv`` with
     its norm, residual sum or gated activation, the attention in the fused Triton kernel) against
     the uncompiled step with nvkit's kernels on the same attention: Qwen2 (biases, no q/k norms),
-    Qwen3 (per-head q/k norms), Granite (branch multipliers) and Mistral (a window), 8 steps in float32,
-    and with the attention in one kernel (``merge_last``) the same logits bit for bit; the layouts
-    it does not run say why, and the step they get is the usual one."""
+    Qwen3 (per-head q/k norms), Granite (branch multipliers) and Mistral (a window), 8 steps in float32;
+    the layouts it does not run say why, and the step they get is the usual one."""
     out = _interpret("""
         import torch
         from nvkit.generate.fast.fused_weights import FusedWeights
@@ -207,11 +206,9 @@ def test_the_six_kernel_layer_decodes_as_the_step_with_kernels():
             parts = gemv_parts(fw, "triton-fused", True)
             assert set(parts) == {"layer", "head"} and gemv_parts(fw, "triton-fused", False) == {}
             logits = {}
-            merged = gemv_parts(fw, "triton-fused", True, merge_last=True)
-            for name, kw in (("kernels", {}), ("gemv", parts), ("merged", merged)):
+            for name, kw in (("kernels", {}), ("gemv", parts)):
                 c = cache_at(model, fw)
                 logits[name] = greedy_logits(decode_step(fw, c, "triton-fused", None, kernels=True, **kw), c, 8)
-            assert torch.equal(logits["merged"], logits["gemv"]), family
             diff = (logits["gemv"] - logits["kernels"]).abs().max().item()
             assert diff < 1e-4 and torch.equal(logits["gemv"].argmax(-1), logits["kernels"].argmax(-1)), (family, diff)
             print(family, diff)
