@@ -9,9 +9,10 @@ model's shapes), a background thread can run the same wrapper code on meta tenso
 dtypes, no memory) inside ``compile_only()``: each launch becomes Triton's ``warmup``, which binds
 the arguments as the launch would (a tensor by its dtype, at an aligned address as fresh
 allocations are; the other arguments as they are), compiles that specialisation into Triton's
-caches and returns. The same code path builds the arguments either way, so what is compiled ahead
-is what the request launches. Every launch site goes through here: a wrapper that launched directly
-would, in that thread, launch on meta tensors' null addresses."""
+caches and returns, and its launcher is built (``build_launcher``). The same code path builds the
+arguments either way, so what is compiled ahead is what the request launches. Every launch site
+goes through here: a wrapper that launched directly would, in that thread, launch on meta
+tensors' null addresses."""
 
 from __future__ import annotations
 
@@ -28,9 +29,28 @@ def launch(kernel, grid, *args, **meta):
     names = getattr(_local, "names", None)
     if names is None:
         return kernel[grid](*args, **meta)
-    kernel.warmup(*(a.dtype if isinstance(a, torch.Tensor) else a for a in args), grid=grid, **meta)
+    compiled = kernel.warmup(*(a.dtype if isinstance(a, torch.Tensor) else a for a in args), grid=grid, **meta)
+    build_launcher(compiled)
     names.append(getattr(kernel, "__name__", None) or repr(kernel))
     return None
+
+
+def build_launcher(compiled) -> None:
+    """Build the launcher of a compiled kernel (Triton's ``warmup`` result) into Triton's on-disk
+    cache, which its first launch otherwise builds on the launching thread. Why: the Triton that
+    torch 2.11 brings compiles a small C module per kernel signature with the system's C compiler
+    when a kernel is first launched (a few tenths of a second each, a list's first token waiting
+    on them on a new machine); a Triton whose launcher is generic builds nothing here. The launcher
+    object is dropped: the first launch makes its own, from the cache. Nothing touches the GPU,
+    and a launcher that cannot be built here is left to the launch (a head start only)."""
+    src, metadata = getattr(compiled, "src", None), getattr(compiled, "metadata", None)
+    if src is None or metadata is None:  # Triton's interpreter compiles nothing
+        return
+    try:
+        from triton.runtime import driver
+        driver.active.launcher_cls(src, metadata)
+    except Exception:  # noqa: BLE001 - the launch builds it, and reports what is wrong, itself
+        pass
 
 
 @contextlib.contextmanager
