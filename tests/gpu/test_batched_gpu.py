@@ -21,25 +21,15 @@ import time
 import pytest
 import torch
 
-import nvkit
 import nvkit.generate.fast as fast
 from nvkit.benchmarks.decode import mixed_prompts
 from nvkit.generate.fast.paged_cache import FIRST_POSITIONS
 from nvkit.generate.fast.rows import BatchedDecoder
 from nvkit.memory.estimate import kv_bytes_per_token
-from tests import demo_model  # noqa: E402
 
 NEVER = 10 ** 7
 PROMPTS = ["A", "NVIDIA GPUs are", "Hello there", "The memory of a GPU holds the weights, the KV cache and " * 20,
            "Training a model on many prompts at once", "CUDA graphs replay", "Tokens per second", "The memory of a GPU"]
-
-
-@pytest.fixture(scope="module")
-def demo_cuda():
-    from tests import demo_model  # noqa: E402
-    s = nvkit.load(demo_model.path(), device_map="cuda", dtype="auto" if demo_model.ready() else "float32")
-    yield s
-    s.unload()
 
 
 def _plain_ids(s, prompt, **kw):
@@ -167,13 +157,6 @@ def test_stop_returns_what_finished_and_sampling_repeats(demo_cuda):
     a = s.generate(PROMPTS, seed=7, **gen)
     assert s.last_stats.path == "fast batch"
     assert a == s.generate(PROMPTS, seed=7, **gen) and a != s.generate(PROMPTS, seed=8, **gen)
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    s = nvkit.load(demo_model.shaped("qwen3-0.6b"), device_map="cuda", dtype="bfloat16")
-    yield s
-    s.unload()
 
 
 @pytest.mark.parametrize("n, new, target", [(64, 128, 20_000), (256, 512, 40_000)])

@@ -24,18 +24,6 @@ from tests import demo_model  # noqa: E402
 PROMPTS = ["NVIDIA GPUs are", "The memory of a GPU", "Hello there", "A model is loaded when"]
 
 
-@pytest.fixture
-def demo_cuda():
-    # one load per test (the demo model loads in under a second): a test that loads another model
-    # (the Qwen3 shape) unloads this one, as nvkit.load does, and the tests after it get their own
-    from tests import demo_model  # noqa: E402
-    # The trained demo model in its GPU dtype (bf16), as users get it; without it the random tiny
-    # stand-in in fp32, whose near-ties bf16 would flip.
-    s = nvkit.load(demo_model.path(), device_map="cuda", dtype="auto" if demo_model.ready() else "float32")
-    yield s
-    s.unload()
-
-
 def _same_as_plain_greedy(s, decoder, prompt: str, n: int) -> None:
     """The decoder's greedy ids for ``prompt`` equal transformers' generate (cut after EOS)."""
     ids = s.tokenizer(prompt, return_tensors="pt").to("cuda")["input_ids"]

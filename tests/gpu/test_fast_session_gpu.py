@@ -33,14 +33,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PROMPTS = ["NVIDIA GPUs are", "The memory of a GPU", "Hello there"]
 
 
-@pytest.fixture(scope="module")
-def demo_cuda():
-    from tests import demo_model  # noqa: E402
-    s = nvkit.load(demo_model.path(), device_map="cuda", dtype="auto" if demo_model.ready() else "float32")
-    yield s
-    s.unload()
-
-
 def test_one_capture_serves_every_length(demo_cuda):
     s = demo_cuda
     t = time.perf_counter()
