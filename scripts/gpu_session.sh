@@ -113,6 +113,10 @@
 #            and two after it, with where the Triton warm-up stood           (carry .whl-core)
 #   list-first  the first list of 64 prompts after a fine-tune and a second one, in a fresh Triton
 #            cache and again on it: what Triton compiled in each, the first one profiled (carry .whl-core)
+#   owed36a/owed36b  issue 36's owed GPU checks in two calls on one warm machine: a) the compile
+#            ahead's test (kernels and launchers), then the session A/B's new side; b) its old side
+#            (.before/42e0f10: bash scripts/ab.sh --prepare 42e0f10 here, the demo weights copied in),
+#            then the fast path's batch-1 and session tests         (carry .whl-core and .before)
 #   x2a/x2b  two GPUs: DDP, FSDP2, ZeRO, TP through nvkit.launch (nvidia-h200-x2, carry .whl-core)
 #   one-gpu  every strategy and launcher of nvkit.launch on ONE GPU (issue 41), its table as JSON in
 #            $OUT/strategies-one-gpu.json, ZeRO-3's speed against DDP
@@ -417,6 +421,16 @@ case "$phase" in
       timeout "${TF:-150}" python3 -m nvkit.cli bench --families --shapes "$sh" --json > "$out/family-$sh.json"
       echo "=== exit $? ($(date +%T))"; cat "$out/family-$sh.json"
     done ;;
+  owed36a|owed36b)
+    [ -d .before/42e0f10/nvkit ] || { echo "$phase needs .before/42e0f10 (scripts/ab.sh --prepare 42e0f10)"; exit 2; }
+    cp nvkit/demo/model/model.safetensors .before/42e0f10/nvkit/demo/model/
+    if [ "$phase" = owed36a ]; then
+      T=200 t tests/gpu/test_fast_session_gpu.py -k compiles_none
+      ONLY=new ROUNDS=1 T=260 bash scripts/ab.sh .before/42e0f10 bench shape:qwen3-0.6b --session --phases cold
+    else
+      ONLY=old ROUNDS=1 T=260 bash scripts/ab.sh .before/42e0f10 bench shape:qwen3-0.6b --session --phases cold
+      T=${TE:-300} t tests/gpu/test_fast_gpu.py -k "not decode_benchmark_table"
+    fi ;;
   deterministic)
     T=${TD:-420} t tests/gpu/test_batched_gpu.py -k deterministic
     T=120 t tests/gpu/test_batched_gpu.py -k "each_prompt or batch_of_one" ;;
