@@ -78,8 +78,13 @@ def prepare_lora_model(model, lora: dict, gradient_checkpointing: bool):
         notes.append("removed the adapter the session had (it stays on disk; load it again with s.load_adapter)")
     kbit = is_kbit(model)
     if kbit:
+        import inspect
+        # peft 0.22 renamed the keyword (the old name warns, and goes in peft 1.2); older ones know only the old
+        takes = inspect.signature(prepare_model_for_kbit_training).parameters
+        kw = "activation_checkpointing_kwargs" if "activation_checkpointing_kwargs" in takes else \
+            "gradient_checkpointing_kwargs"
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=gradient_checkpointing,
-                                                gradient_checkpointing_kwargs={"use_reentrant": False})
+                                                **{kw: {"use_reentrant": False}})
     elif gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     tm = lora["target_modules"]

@@ -22,7 +22,10 @@ def main(model_path: str, out: str) -> None:
     cfg = {"model": model_path, "attn_implementation": "sdpa"}
     model = load_model(cfg, "tp", torch.float32, "cpu", int(os.environ["LOCAL_RANK"]), world)
     model, _, _ = prepare_lora_model(model, {**DEFAULT_LORA, "dropout": 0.0}, False)
-    fixed = fix_tp_lora(model)
+    fixed = fix_tp_lora(model)  # none where PEFT gave the row-wise A its global width itself (0.22 on)
+    rowwise = [a for m in model.modules() if getattr(getattr(m, "base_layer", None), "_hf_tp_plan", None) == "rowwise"
+               and hasattr(m, "lora_A") for a in m.lora_A.values()]
+    mismatched = sum(getattr(a, "in_features", a.weight.shape[1]) != a.weight.shape[1] for a in rowwise)
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_path)
     ids = torch.tensor([tok("NVIDIA GPUs are fast at matrix multiplication, which is most of the work.")["input_ids"]] * 4)
@@ -42,7 +45,8 @@ def main(model_path: str, out: str) -> None:
         losses.append(float(loss))
     model.save_pretrained(os.path.join(out, f"adapter-{rank}"))  # gathers the slices: every rank takes part
     with open(os.path.join(out, f"rank-{rank}.json"), "w") as f:
-        json.dump({"losses": losses, "fixed": fixed, "foreach": opt.defaults["foreach"],
+        json.dump({"losses": losses, "fixed": fixed, "rowwise": len(rowwise), "mismatched": mismatched,
+                   "foreach": opt.defaults["foreach"],
                    "sharded": type(model.get_base_model().model.layers[0].self_attn.o_proj.base_layer.weight).__name__},
                   f)
     torch.distributed.barrier()
