@@ -181,21 +181,25 @@ def load_model(cfg: dict, strategy: str, dtype, device_type: str, local_rank: in
     return model
 
 
+def rowwise_lora_a(model) -> list:
+    """The LoRA A matrices of ``model``'s row-wise sharded layers (o_proj, down_proj under TP)."""
+    return [a for module in model.modules()
+            if getattr(getattr(module, "base_layer", None), "_hf_tp_plan", None) == "rowwise"
+            and hasattr(module, "lora_A") for a in module.lora_A.values()]
+
+
 def fix_tp_lora(model) -> int:
-    """PEFT gives the LoRA A matrix of a row-wise sharded layer (o_proj, down_proj) its local input
-    width as ``in_features`` while its weight is the whole (sharded) one, and transformers' row-wise
-    input hook builds the input's global shape from ``in_features``: the shapes disagree in the
-    first forward. Setting the global width makes them agree. Returns how many were fixed."""
+    """PEFT before 0.22 gives the LoRA A matrix of a row-wise sharded layer (o_proj, down_proj) its
+    local input width as ``in_features`` while its weight is the whole (sharded) one, and
+    transformers' row-wise input hook builds the input's global shape from ``in_features``: the
+    shapes disagree in the first forward. Setting the global width makes them agree. Returns how
+    many were fixed (none where PEFT set it)."""
     fixed = 0
-    for module in model.modules():
-        base = getattr(module, "base_layer", None)
-        if getattr(base, "_hf_tp_plan", None) != "rowwise" or not hasattr(module, "lora_A"):
-            continue
-        for a in module.lora_A.values():
-            width = int(a.weight.shape[1])  # the DTensor's global shape
-            if getattr(a, "in_features", width) != width:
-                a.in_features = width
-                fixed += 1
+    for a in rowwise_lora_a(model):
+        width = int(a.weight.shape[1])  # the DTensor's global shape
+        if getattr(a, "in_features", width) != width:
+            a.in_features = width
+            fixed += 1
     return fixed
 
 

@@ -13,7 +13,7 @@ import sys
 import torch
 
 from nvkit.train.lora import DEFAULT_LORA, prepare_lora_model
-from nvkit.train.worker import fix_tp_lora, load_model, tp_optimizer
+from nvkit.train.worker import fix_tp_lora, load_model, rowwise_lora_a, tp_optimizer
 
 
 def main(model_path: str, out: str) -> None:
@@ -23,8 +23,7 @@ def main(model_path: str, out: str) -> None:
     model = load_model(cfg, "tp", torch.float32, "cpu", int(os.environ["LOCAL_RANK"]), world)
     model, _, _ = prepare_lora_model(model, {**DEFAULT_LORA, "dropout": 0.0}, False)
     fixed = fix_tp_lora(model)  # none where PEFT gave the row-wise A its global width itself (0.22 on)
-    rowwise = [a for m in model.modules() if getattr(getattr(m, "base_layer", None), "_hf_tp_plan", None) == "rowwise"
-               and hasattr(m, "lora_A") for a in m.lora_A.values()]
+    rowwise = rowwise_lora_a(model)
     mismatched = sum(getattr(a, "in_features", a.weight.shape[1]) != a.weight.shape[1] for a in rowwise)
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(model_path)
